@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// Collective operations and their handles (API.md, "Collectives").
+//
+// Every op is asynchronous: the `_async` call checks its own arguments (throwing
+// InvalidArgument at once, before anything is sent), queues the op and returns a Handle. The
+// background thread matches ops across the ranks of the process set BY NAME, so ranks may
+// submit in different orders; it fuses small tensors and runs the collective. Disagreements
+// between ranks (dtype, shape, op, root, scale factors, device) fail the op on every rank with
+// Mismatch, thrown by Handle::wait(). The blocking forms are `_async(...)` then wait().
+//
+// Names: a name may not be reused within a process set while an op with that name is in
+// flight (InvalidArgument); afterwards it may be reused with any shape or dtype. An empty name
+// becomes "<op>.noname.<n>" with a per-set counter, so unnamed ops must be issued in the same
+// order on every rank.
+//
+// Memory: every TensorView passed in must stay alive and unmodified until the handle is done.
+// All functions are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/export.h"
+#include "tutti/process_set.h"
+#include "tutti/tensor.h"
+
+namespace tutti {
+
+namespace detail {
+class OpState;
+}
+
+// Average = Sum / set size. Adasum: adaptive summation, floating types only.
+enum class ReduceOp : std::uint8_t { Average, Sum, Min, Max, Product, Adasum };
+
+// "AVERAGE", "SUM", "MIN", "MAX", "PRODUCT", "ADASUM".
+TUTTI_API std::string_view to_string(ReduceOp op);
+
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::Average;
+  double prescale_factor = 1.0;   // Applied to each input before the reduction.
+  double postscale_factor = 1.0;  // Applied to the result (after Average's division).
+  ProcessSet process_set = ProcessSet::global();
+};
+
+// The result of an asynchronous op. Copies share the same op.
+class TUTTI_API Handle {
+ public:
+  Handle() = default;  // Refers to no op: poll() is true, wait() throws InvalidArgument.
+  explicit Handle(std::shared_ptr<detail::OpState> state);
+
+  bool poll() const;  // Done (successfully or not)? Never blocks, never throws.
+  void wait();        // Blocks until done; throws tutti::Error if the op failed.
+  // The result of allgather, alltoall and reducescatter (waits first, throws as wait()).
+  const Tensor& output() const;
+  // The results of grouped allgather and grouped reducescatter, in input order (waits first).
+  const std::vector<Tensor>& outputs() const;
+  // alltoall: rows received from each set rank (waits first).
+  const std::vector<std::int64_t>& received_splits() const;
+
+ private:
+  std::shared_ptr<detail::OpState> state_;
+};
+
+TUTTI_API bool poll(const Handle& h);    // h.poll()
+TUTTI_API void synchronize(Handle& h);   // h.wait()
+
+// Reduces `tensor` in place: result = postscale · reduce(prescale · input) over the set.
+// Every numeric dtype; Float16/BFloat16 are reduced in float32; Bool only with Min/Max;
+// Adasum floating types only, and on CPU a power-of-two set size. Integers without scale
+// factors and not averaged are exact; otherwise computed in double and truncated.
+// Throws InvalidArgument for an unsupported dtype/op, a name in flight, a set without this rank.
+TUTTI_API Handle allreduce_async(TensorView tensor, std::string name = {}, ReduceOptions = {});
+// Out of place: `input` is left unchanged, `output` (same dtype, element count and device)
+// receives the result. They must not overlap unless they are the same memory.
+TUTTI_API Handle allreduce_async(TensorView input, TensorView output, std::string name = {},
+                                 ReduceOptions = {});
+// Reduces all `tensors` in place as one unit: negotiated, fused and completed together. The
+// tensors may have different dtypes. The group's tensors are named "<name>.<i>" internally.
+TUTTI_API Handle grouped_allreduce_async(std::vector<TensorView> tensors, std::string name = {},
+                                         ReduceOptions = {});
+
+// Concatenates every member's `input` along dim 0 in set-rank order; output() holds it.
+// Dim 0 may differ per rank, the other dims and the dtype must match. 0-d is InvalidArgument.
+TUTTI_API Handle allgather_async(TensorView input, std::string name = {},
+                                 ProcessSet = ProcessSet::global());
+TUTTI_API Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name = {},
+                                         ProcessSet = ProcessSet::global());
+// Copies the root's `tensor` into every member's `tensor` (in place). `root_rank` is a global
+// rank and must be a member. Shapes and dtypes must match.
+TUTTI_API Handle broadcast_async(TensorView tensor, int root_rank, std::string name = {},
+                                 ProcessSet = ProcessSet::global());
+// Sends splits[i] rows of dim 0 to set rank i (in order); empty splits = equal parts (dim 0
+// divisible by the set size). output() holds the received rows in set-rank order and
+// received_splits() the count from each rank.
+TUTTI_API Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits = {},
+                                std::string name = {}, ProcessSet = ProcessSet::global());
+// Reduces (Sum or Average) and scatters along dim 0: set rank r receives rows
+// [r·q + min(r, m), ...) with q = n / size, m = n % size.
+TUTTI_API Handle reducescatter_async(TensorView input, std::string name = {}, ReduceOptions = {});
+TUTTI_API Handle grouped_reducescatter_async(std::vector<TensorView> inputs, std::string name = {},
+                                             ReduceOptions = {});
+
+// Blocking forms: the `_async` call, then wait().
+TUTTI_API void allreduce(TensorView tensor, std::string name = {}, ReduceOptions = {});
+TUTTI_API void grouped_allreduce(std::vector<TensorView> tensors, std::string name = {},
+                                 ReduceOptions = {});
+TUTTI_API Tensor allgather(TensorView input, std::string name = {},
+                           ProcessSet = ProcessSet::global());
+TUTTI_API void broadcast(TensorView tensor, int root_rank, std::string name = {},
+                         ProcessSet = ProcessSet::global());
+struct AlltoallResult {
+  Tensor output;
+  std::vector<std::int64_t> received_splits;
+};
+TUTTI_API AlltoallResult alltoall(TensorView input, std::vector<std::int64_t> splits = {},
+                                  std::string name = {}, ProcessSet = ProcessSet::global());
+TUTTI_API Tensor reducescatter(TensorView input, std::string name = {}, ReduceOptions = {});
+
+// Blocks until every member of the set reaches the barrier. Collective.
+TUTTI_API void barrier(ProcessSet = ProcessSet::global());
+// This rank has no more data. Blocks until every member has joined; meanwhile the others'
+// allreduces see zeros from joined ranks and their allgathers skip joined ranks' rows.
+// Returns the global rank whose join the coordinator saw last (the same on every rank).
+TUTTI_API int join(ProcessSet = ProcessSet::global());
+
+// Byte-string helpers over broadcast and allgather (for serialized objects).
+TUTTI_API std::string broadcast_object(std::string_view bytes, int root_rank, std::string name = {},
+                                       ProcessSet = ProcessSet::global());
+TUTTI_API std::vector<std::string> allgather_object(std::string_view bytes, std::string name = {},
+                                                    ProcessSet = ProcessSet::global());
+
+}  // namespace tutti

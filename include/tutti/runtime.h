@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// Starting and stopping Tutti, and where this process stands in the job (API.md, "Runtime").
+#pragma once
+
+#include <string>
+
+#include "tutti/export.h"
+
+namespace tutti {
+
+// Starts the runtime: initializes MPI with MPI_THREAD_MULTIPLE unless the application already
+// did, duplicates MPI_COMM_WORLD, reads the TUTTI_* (else HOROVOD_*) environment and starts the
+// background thread. Collective over MPI_COMM_WORLD. Calling it while initialized does nothing.
+// Throws InvalidArgument naming the variable for a malformed setting, Communication if MPI fails.
+TUTTI_API void init();
+
+// Stops the runtime: ops still pending fail with ShutDown, the background thread ends and the
+// communicators are freed. Collective (every rank calls it); idempotent; never finalizes MPI
+// (Tutti finalizes MPI at process exit if it initialized it). init() may be called again.
+TUTTI_API void shutdown();
+
+TUTTI_API bool is_initialized();
+
+// Where this process stands. Each throws NotInitialized outside a session.
+TUTTI_API int rank();         // In the global process set.
+TUTTI_API int size();
+TUTTI_API int local_rank();   // Among the ranks on this host.
+TUTTI_API int local_size();
+TUTTI_API int cross_rank();   // Among the ranks with the same local_rank, across hosts.
+TUTTI_API int cross_size();
+TUTTI_API bool is_homogeneous();         // Every host runs the same number of ranks.
+TUTTI_API bool mpi_threads_supported();  // MPI provides MPI_THREAD_MULTIPLE.
+
+// Compile-time facts about this build; callable any time.
+TUTTI_API bool cuda_built();
+TUTTI_API bool nccl_built();
+
+// Starts writing a Chrome-trace timeline to `path` (rank 0 writes; other ranks only record
+// nothing). Collective. Replaces a timeline already running. See README "Timeline".
+TUTTI_API void start_timeline(const std::string& path, bool mark_cycles = false);
+// Stops the timeline, leaving a complete JSON file. Collective. No-op if none runs.
+TUTTI_API void stop_timeline();
+
+}  // namespace tutti

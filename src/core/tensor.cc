@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// DataType helpers, TensorView and Tensor.
+#include "tutti/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "src/common/strings.h"
+#include "src/core/device_memory.h"
+
+namespace tutti {
+
+std::size_t element_size(DataType dtype) {
+  switch (dtype) {
+    case DataType::UInt8:
+    case DataType::Int8:
+    case DataType::Bool: return 1;
+    case DataType::UInt16:
+    case DataType::Int16:
+    case DataType::Float16:
+    case DataType::BFloat16: return 2;
+    case DataType::Int32:
+    case DataType::Float32: return 4;
+    case DataType::Int64:
+    case DataType::Float64: return 8;
+  }
+  throw Error(ErrorCode::InvalidArgument,
+              detail::str_cat("unknown DataType ", static_cast<int>(dtype)));
+}
+
+std::string_view to_string(DataType dtype) {
+  switch (dtype) {
+    case DataType::UInt8: return "uint8";
+    case DataType::Int8: return "int8";
+    case DataType::UInt16: return "uint16";
+    case DataType::Int16: return "int16";
+    case DataType::Int32: return "int32";
+    case DataType::Int64: return "int64";
+    case DataType::Float16: return "float16";
+    case DataType::BFloat16: return "bfloat16";
+    case DataType::Float32: return "float32";
+    case DataType::Float64: return "float64";
+    case DataType::Bool: return "bool";
+  }
+  return "unknown";
+}
+
+bool is_floating(DataType dtype) {
+  return dtype == DataType::Float16 || dtype == DataType::BFloat16 ||
+         dtype == DataType::Float32 || dtype == DataType::Float64;
+}
+
+std::int64_t num_elements(const Shape& shape) {
+  std::int64_t count = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) {
+      throw Error(ErrorCode::InvalidArgument,
+                  detail::str_cat("negative dimension in shape ", detail::shape_string(shape)));
+    }
+    count *= d;
+  }
+  return count;
+}
+
+TensorView::TensorView(void* data, DataType dtype, Shape shape, Device device)
+    : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {
+  count_ = tutti::num_elements(shape_);
+  static_cast<void>(element_size(dtype_));  // Rejects values outside the enumeration.
+  if (data_ == nullptr && count_ > 0) {
+    throw Error(ErrorCode::InvalidArgument,
+                detail::str_cat("TensorView of shape ", detail::shape_string(shape_),
+                                " has no data"));
+  }
+}
+
+void TensorView::check_span(DataType requested) const {
+  if (requested != dtype_) {
+    throw Error(ErrorCode::InvalidArgument,
+                detail::str_cat("span<", to_string(requested), "> of a ", to_string(dtype_),
+                                " tensor"));
+  }
+  if (device_.kind != Device::Kind::CPU) {
+    throw Error(ErrorCode::InvalidArgument, "span() of a CUDA tensor: its memory is on the device");
+  }
+}
+
+Tensor::Tensor(DataType dtype, Shape shape, Device device) {
+  const std::int64_t count = tutti::num_elements(shape);
+  const std::size_t bytes = static_cast<std::size_t>(count) * element_size(dtype);
+  storage_ = core::allocate_zeroed(bytes, device);
+  view_ = TensorView(storage_.get(), dtype, std::move(shape), device);
+}
+
+Tensor Tensor::clone() const {
+  Tensor copy(dtype(), shape(), device());
+  core::copy_bytes(copy.data(), data(), byte_size(), device());
+  return copy;
+}
+
+void Tensor::check_from(std::size_t count) const {
+  if (count != static_cast<std::size_t>(num_elements())) {
+    throw Error(ErrorCode::InvalidArgument,
+                detail::str_cat("Tensor::from got ", count, " values for shape ",
+                                detail::shape_string(shape()), " (", num_elements(),
+                                " elements)"));
+  }
+}
+
+}  // namespace tutti

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers for MPI tests.
+//
+// Note [Collective assertions]
+// Every rank runs every TEST_CASE in order, and an assertion after a collective must agree on
+// all ranks, or the failing ones skip the next collective and the rest hang in it. So assert
+// all_ranks(local_ok) (an MPI_LAND allreduce); fixed GENERATE values are fine, rank-dependent
+// SECTIONs are not.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+namespace tutti::test {
+
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+inline int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// True on every rank iff `ok` is true on every rank. Collective over MPI_COMM_WORLD.
+inline bool all_ranks(bool ok) {
+  int value = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  return value != 0;
+}
+
+}  // namespace tutti::test
