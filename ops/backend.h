@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+// The data-moving interface core runs collectives through. One Backend per process set and
+// device kind; every call is collective over the set, blocking, and made on the communication
+// thread in the same order on every member (core guarantees that order).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "src/common/status.h"
+#include "tutti/collectives.h"
+#include "tutti/tensor.h"
+
+namespace tutti::ops {
+
+// Which reduction the transport applies. Average and scale factors are core's business: it
+// sends Sum and scales around the call, so every backend averages alike.
+enum class WireOp : std::uint8_t { Sum, Min, Max, Product };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual int rank() const = 0;  // In the set.
+  virtual int size() const = 0;
+
+  // In place over `count` elements. dtype is any DataType except Float16/BFloat16 (core
+  // widens those to Float32); Bool only with Min/Max.
+  virtual Status allreduce(void* data, std::size_t count, DataType dtype, WireOp op) = 0;
+  // Every rank's `input` (counts[rank] elements) concatenated in rank order into `output`.
+  virtual Status allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                            DataType dtype) = 0;
+  // The root's `data` into every member's `data`. `root` is a set rank.
+  virtual Status broadcast(void* data, std::size_t count, DataType dtype, int root) = 0;
+  // send_counts[i] elements from `input` (in order) to rank i; recv_counts[i] from rank i into
+  // `output` (in order).
+  virtual Status alltoallv(const void* input, std::span<const std::size_t> send_counts,
+                           void* output, std::span<const std::size_t> recv_counts,
+                           DataType dtype) = 0;
+  // Sums `input` over the set; rank i receives recv_counts[i] elements (consecutive blocks
+  // of `input` in rank order) into `output`.
+  virtual Status reducescatter(const void* input, void* output,
+                               std::span<const std::size_t> recv_counts, DataType dtype,
+                               WireOp op) = 0;
+  virtual Status barrier() = 0;
+};
+
+}  // namespace tutti::ops

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+// The small-message channel negotiation runs over: ranks send requests to the coordinator
+// (rank 0), the coordinator sends responses back. Non-blocking both ways, so the communication
+// thread can sleep when idle instead of sitting in a collective (DESIGN.md section 3).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "src/common/status.h"
+
+namespace tutti::ops {
+
+struct Message {
+  int source = 0;
+  std::string bytes;
+};
+
+// Communication thread only. Messages from one sender to one receiver arrive in send order.
+class ControlPlane {
+ public:
+  virtual ~ControlPlane() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Queues `bytes` for `destination` (not this rank) and returns at once.
+  virtual Status send(int destination, std::string bytes) = 0;
+  // The next message addressed to this rank, if one has arrived. Never blocks.
+  virtual Result<std::optional<Message>> poll() = 0;
+  // True once every queued send has completed. Never blocks.
+  virtual bool sends_done() = 0;
+};
+
+}  // namespace tutti::ops

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MPI transport: communicators for control, data and topology over a duplicate of the
+// parent communicator.
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "ops/mpi/mpi_backend.h"
+#include "ops/mpi/mpi_control_plane.h"
+#include "ops/mpi/mpi_error.h"
+#include "ops/transport.h"
+#include "src/common/strings.h"
+
+namespace tutti::ops {
+namespace mpi {
+namespace {
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+// MPI as the application left it, or initialized by us (then finalized at exit, so init()
+// after shutdown() works: MPI cannot be initialized twice).
+Status ensure_initialized(bool* threads_multiple) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return Status(ErrorCode::InvalidArgument, "MPI was finalized; Tutti cannot start");
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    std::atexit(finalize_at_exit);
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    return Status(ErrorCode::InvalidArgument,
+                  "MPI was initialized below MPI_THREAD_SERIALIZED; Tutti's background thread "
+                  "needs MPI_Init_thread with MPI_THREAD_MULTIPLE (or SERIALIZED)");
+  }
+  *threads_multiple = provided >= MPI_THREAD_MULTIPLE;
+  return Status();
+}
+
+class MpiTransport final : public Transport {
+ public:
+  static Result<std::unique_ptr<Transport>> create(MPI_Comm parent) {
+    auto transport = std::unique_ptr<MpiTransport>(new MpiTransport());
+    TUTTI_RETURN_IF_ERROR(ensure_initialized(&transport->topology_.threads_multiple));
+    TUTTI_ASSIGN_OR_RETURN(transport->base_, MpiComm::duplicate(parent));
+    TUTTI_ASSIGN_OR_RETURN(MpiComm control, MpiComm::duplicate(transport->base_.get()));
+    transport->control_ = std::make_unique<MpiControlPlane>(std::move(control));
+    TUTTI_RETURN_IF_ERROR(transport->read_topology());
+    return std::unique_ptr<Transport>(std::move(transport));
+  }
+
+  const Topology& topology() const override { return topology_; }
+  ControlPlane& control_plane() override { return *control_; }
+
+  Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) override {
+    TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
+    if (!comm.valid()) return std::unique_ptr<Backend>();
+    return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+  }
+
+ private:
+  MpiTransport() = default;
+
+  Status read_topology() {
+    Topology& t = topology_;
+    t.rank = base_.rank();
+    t.size = base_.size();
+    MPI_Comm local = MPI_COMM_NULL;
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(base_.get(), MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local));
+    MPI_Comm_rank(local, &t.local_rank);
+    MPI_Comm_size(local, &t.local_size);
+    MPI_Comm_free(&local);
+    MPI_Comm cross = MPI_COMM_NULL;
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split(base_.get(), t.local_rank, t.rank, &cross));
+    MPI_Comm_rank(cross, &t.cross_rank);
+    MPI_Comm_size(cross, &t.cross_size);
+    MPI_Comm_free(&cross);
+    int min_local = t.local_size;
+    int max_local = t.local_size;
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, base_.get()));
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, &max_local, 1, MPI_INT, MPI_MAX, base_.get()));
+    t.homogeneous = min_local == max_local;
+    return Status();
+  }
+
+  Topology topology_;
+  MpiComm base_;
+  std::unique_ptr<MpiControlPlane> control_;
+};
+
+}  // namespace
+}  // namespace mpi
+
+Result<std::unique_ptr<Transport>> create_mpi_transport(const void* parent) {
+  return mpi::MpiTransport::create(parent ? *static_cast<const MPI_Comm*>(parent) : MPI_COMM_WORLD);
+}
+
+}  // namespace tutti::ops

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a session needs from the job's processes: its place in the job, the control plane,
+// and a backend per process set. Created by init() on the application thread; used by the
+// communication thread afterwards.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/control_plane.h"
+#include "src/common/status.h"
+
+namespace tutti::ops {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  bool homogeneous = true;
+  bool threads_multiple = true;  // MPI provides MPI_THREAD_MULTIPLE.
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const Topology& topology() const = 0;
+  virtual ControlPlane& control_plane() = 0;
+  // A backend over the given global ranks (sorted). Collective over ALL ranks of the job, in
+  // the same order everywhere; returns null on ranks outside `ranks`.
+  virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) = 0;
+};
+
+// The MPI transport over MPI_COMM_WORLD (parent == nullptr) or over *parent (an MPI_Comm*).
+// Initializes MPI with MPI_THREAD_MULTIPLE if nobody has; then MPI is finalized at exit.
+// Application thread; collective over the parent communicator.
+Result<std::unique_ptr<Transport>> create_mpi_transport(const void* parent);
+
+}  // namespace tutti::ops

@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: Apache-2.0
+// API.md's collectives: argument checks on the caller's thread (InvalidArgument before
+// anything is queued), then an Entry on the session's queue and a Handle.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "src/common/strings.h"
+#include "src/core/op_state.h"
+#include "src/core/runtime.h"
+#include "tutti/collectives.h"
+
+namespace tutti {
+namespace {
+
+using core::Collective;
+using detail::str_cat;
+
+[[noreturn]] void invalid(const std::string& message) { throw Error(ErrorCode::InvalidArgument, message); }
+
+// The op being built: session, set and entry, with the checks every op shares.
+struct Submission {
+  std::shared_ptr<core::Session> session;
+  core::SetInfo set;
+  std::shared_ptr<core::Entry> entry = std::make_shared<core::Entry>();
+
+  Submission(Collective op, std::string name, int process_set_id) {
+    session = core::Runtime::get().session_for_op().value_or_throw();
+    set = session->process_set(process_set_id).value_or_throw();
+    if (set.set_rank < 0) {
+      invalid(str_cat(to_string(op), " on process set ", process_set_id, " which does not include rank ",
+                      session->topology().rank));
+    }
+    entry->request.op = op;
+    entry->request.name = std::move(name);
+    entry->request.process_set_id = process_set_id;
+  }
+
+  void add(const TensorView& input, const TensorView& output) {
+    core::Request& request = entry->request;
+    if (!entry->inputs.empty() && input.device().kind != request.device) {
+      invalid(str_cat(to_string(request.op), " '", request.name, "' mixes CPU and CUDA tensors"));
+    }
+    if (input.device().kind == Device::Kind::CUDA) {
+      invalid(str_cat(to_string(request.op), " '", request.name,
+                      "': CUDA tensors are not supported by this build's backends yet"));
+    }
+    request.device = input.device().kind;
+    request.tensors.push_back(core::TensorSpec{.dtype = input.dtype(), .shape = input.shape()});
+    entry->inputs.push_back(input);
+    entry->outputs.push_back(output);
+  }
+
+  Handle submit() {
+    entry->state = std::make_shared<detail::OpState>();
+    entry->submitted = std::chrono::steady_clock::now();
+    std::shared_ptr<detail::OpState> state = entry->state;
+    session->submit(std::move(entry)).throw_if_error();
+    return Handle(std::move(state));
+  }
+};
+
+void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options, Collective op) {
+  const DataType dtype = tensor.dtype();
+  if (dtype == DataType::Bool && options.op != ReduceOp::Min && options.op != ReduceOp::Max) {
+    invalid(str_cat(to_string(op), " '", name, "': bool tensors reduce only with MIN or MAX, not ",
+                    to_string(options.op)));
+  }
+  if (options.op == ReduceOp::Adasum) {
+    invalid(str_cat(to_string(op), " '", name, "': ADASUM is not supported yet"));
+  }
+  if (!std::isfinite(options.prescale_factor) || !std::isfinite(options.postscale_factor)) {
+    invalid(str_cat(to_string(op), " '", name, "': scale factors must be finite"));
+  }
+}
+
+Handle allreduce_impl(std::vector<std::pair<TensorView, TensorView>> tensors, std::string name,
+                      const ReduceOptions& options, bool grouped) {
+  Submission submission(Collective::Allreduce, std::move(name), options.process_set.id());
+  if (grouped && tensors.empty()) invalid("grouped_allreduce_async needs at least one tensor");
+  for (const auto& [input, output] : tensors) {
+    check_reduce(submission.entry->request.name, input, options, Collective::Allreduce);
+    if (output.dtype() != input.dtype() || output.num_elements() != input.num_elements() ||
+        output.device() != input.device()) {
+      invalid(str_cat("ALLREDUCE '", submission.entry->request.name, "': output ",
+                      to_string(output.dtype()), detail::shape_string(output.shape()),
+                      " does not match input ", to_string(input.dtype()), detail::shape_string(input.shape())));
+    }
+    submission.add(input, output);
+  }
+  core::Request& request = submission.entry->request;
+  request.reduce_op = options.op;
+  request.prescale = options.prescale_factor;
+  request.postscale = options.postscale_factor;
+  return submission.submit();
+}
+
+}  // namespace
+
+Handle::Handle(std::shared_ptr<detail::OpState> state) : state_(std::move(state)) {}
+
+bool Handle::poll() const { return state_ == nullptr || state_->done(); }
+
+void Handle::wait() {
+  if (state_ == nullptr) invalid("wait() on a Handle that refers to no op");
+  state_->wait().throw_if_error();
+}
+
+const Tensor& Handle::output() const {
+  Handle(*this).wait();
+  return state_->output;
+}
+
+const std::vector<Tensor>& Handle::outputs() const {
+  Handle(*this).wait();
+  return state_->outputs;
+}
+
+const std::vector<std::int64_t>& Handle::received_splits() const {
+  Handle(*this).wait();
+  return state_->received_splits;
+}
+
+bool poll(const Handle& h) { return h.poll(); }
+void synchronize(Handle& h) { h.wait(); }
+
+std::string_view to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Average: return "AVERAGE";
+    case ReduceOp::Sum: return "SUM";
+    case ReduceOp::Min: return "MIN";
+    case ReduceOp::Max: return "MAX";
+    case ReduceOp::Product: return "PRODUCT";
+    case ReduceOp::Adasum: return "ADASUM";
+  }
+  return "UNKNOWN";
+}
+
+Handle allreduce_async(TensorView tensor, std::string name, ReduceOptions options) {
+  return allreduce_impl({{tensor, tensor}}, std::move(name), options, false);
+}
+
+Handle allreduce_async(TensorView input, TensorView output, std::string name, ReduceOptions options) {
+  return allreduce_impl({{input, output}}, std::move(name), options, false);
+}
+
+Handle grouped_allreduce_async(std::vector<TensorView> tensors, std::string name, ReduceOptions options) {
+  std::vector<std::pair<TensorView, TensorView>> pairs;
+  for (const TensorView& t : tensors) pairs.emplace_back(t, t);
+  return allreduce_impl(std::move(pairs), std::move(name), options, true);
+}
+
+Handle allgather_async(TensorView input, std::string name, ProcessSet set) {
+  return grouped_allgather_async({input}, std::move(name), set);
+}
+
+Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name, ProcessSet set) {
+  Submission submission(Collective::Allgather, std::move(name), set.id());
+  if (inputs.empty()) invalid("grouped_allgather_async needs at least one tensor");
+  for (const TensorView& input : inputs) {
+    if (input.dim() == 0) invalid(str_cat("ALLGATHER '", submission.entry->request.name, "' of a 0-d tensor"));
+    submission.add(input, input);
+  }
+  return submission.submit();
+}
+
+Handle broadcast_async(TensorView tensor, int root_rank, std::string name, ProcessSet set) {
+  Submission submission(Collective::Broadcast, std::move(name), set.id());
+  const std::vector<int>& ranks = *submission.set.ranks;
+  if (std::find(ranks.begin(), ranks.end(), root_rank) == ranks.end()) {
+    invalid(str_cat("BROADCAST '", submission.entry->request.name, "': root rank ", root_rank,
+                    " is not in process set ", set.id(), " (ranks ", detail::join_list(ranks), ")"));
+  }
+  submission.entry->request.root_rank = root_rank;
+  submission.add(tensor, tensor);
+  return submission.submit();
+}
+
+Handle alltoall_async(TensorView, std::vector<std::int64_t>, std::string, ProcessSet) {
+  invalid("alltoall is not implemented yet");
+}
+
+Handle reducescatter_async(TensorView, std::string, ReduceOptions) {
+  invalid("reducescatter is not implemented yet");
+}
+
+Handle grouped_reducescatter_async(std::vector<TensorView>, std::string, ReduceOptions) {
+  invalid("reducescatter is not implemented yet");
+}
+
+void allreduce(TensorView tensor, std::string name, ReduceOptions options) {
+  allreduce_async(tensor, std::move(name), options).wait();
+}
+
+void grouped_allreduce(std::vector<TensorView> tensors, std::string name, ReduceOptions options) {
+  grouped_allreduce_async(std::move(tensors), std::move(name), options).wait();
+}
+
+Tensor allgather(TensorView input, std::string name, ProcessSet set) {
+  Handle h = allgather_async(input, std::move(name), set);
+  h.wait();
+  return h.output();
+}
+
+void broadcast(TensorView tensor, int root_rank, std::string name, ProcessSet set) {
+  broadcast_async(tensor, root_rank, std::move(name), set).wait();
+}
+
+AlltoallResult alltoall(TensorView input, std::vector<std::int64_t> splits, std::string name, ProcessSet set) {
+  Handle h = alltoall_async(input, std::move(splits), std::move(name), set);
+  h.wait();
+  return AlltoallResult{.output = h.output(), .received_splits = h.received_splits()};
+}
+
+Tensor reducescatter(TensorView input, std::string name, ReduceOptions options) {
+  Handle h = reducescatter_async(input, std::move(name), options);
+  h.wait();
+  return h.output();
+}
+
+void barrier(ProcessSet set) {
+  Submission submission(Collective::Barrier, {}, set.id());
+  submission.submit().wait();
+}
+
+int join(ProcessSet) { invalid("join is not implemented yet"); }
+
+std::string broadcast_object(std::string_view bytes, int root_rank, std::string name, ProcessSet set) {
+  if (name.empty()) name = "broadcast_object.noname";
+  std::int64_t length = static_cast<std::int64_t>(bytes.size());
+  broadcast(TensorView(&length, {1}), root_rank, name + ".size", set);
+  std::string result(bytes);
+  result.resize(static_cast<std::size_t>(length));
+  broadcast(TensorView(result.data(), DataType::UInt8, {length}), root_rank, name + ".bytes", set);
+  return result;
+}
+
+std::vector<std::string> allgather_object(std::string_view bytes, std::string name, ProcessSet set) {
+  if (name.empty()) name = "allgather_object.noname";
+  std::int64_t length = static_cast<std::int64_t>(bytes.size());
+  Tensor lengths = allgather(TensorView(&length, {1}), name + ".sizes", set);
+  std::string copy(bytes);
+  Tensor all = allgather(TensorView(copy.data(), DataType::UInt8, {length}), name + ".bytes", set);
+  std::vector<std::string> result;
+  const char* at = static_cast<const char*>(all.data());
+  for (std::int64_t n : lengths.span<std::int64_t>()) {
+    result.emplace_back(at, static_cast<std::size_t>(n));
+    at += n;
+  }
+  return result;
+}
+
+}  // namespace tutti

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// API.md's runtime functions.
+#include "ops/registry.h"
+#include "src/core/runtime.h"
+#include "tutti/runtime.h"
+
+namespace tutti {
+namespace {
+
+ops::Topology topology() { return core::Runtime::get().session().value_or_throw()->topology(); }
+
+}  // namespace
+
+void init() { core::Runtime::get().init(nullptr).throw_if_error(); }
+void shutdown() { core::Runtime::get().shutdown(); }
+bool is_initialized() { return core::Runtime::get().initialized(); }
+int rank() { return topology().rank; }
+int size() { return topology().size; }
+int local_rank() { return topology().local_rank; }
+int local_size() { return topology().local_size; }
+int cross_rank() { return topology().cross_rank; }
+int cross_size() { return topology().cross_size; }
+bool is_homogeneous() { return topology().homogeneous; }
+bool mpi_threads_supported() { return topology().threads_multiple; }
+bool cuda_built() { return ops::built_with_cuda(); }
+bool nccl_built() { return ops::built_with_nccl(); }
+
+void start_timeline(const std::string&, bool) {
+  core::Runtime::get().session().value_or_throw();
+  throw Error(ErrorCode::Internal, "the timeline is not implemented yet");
+}
+
+void stop_timeline() { core::Runtime::get().session().value_or_throw(); }
+
+}  // namespace tutti

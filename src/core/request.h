@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// What ranks tell the coordinator (Request) and what it answers (Response). Plain data: the
+// message codec turns lists of them into bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/collectives.h"
+#include "tutti/error.h"
+#include "tutti/tensor.h"
+
+namespace tutti::core {
+
+enum class Collective : std::uint8_t {
+  Allreduce,
+  Allgather,
+  Broadcast,
+  Alltoall,
+  Reducescatter,
+  Barrier,
+  Join,
+};
+inline constexpr int kCollectiveCount = 7;
+
+// "ALLREDUCE", "ALLGATHER", ... as in error messages and the timeline.
+std::string_view to_string(Collective op);
+
+// The dtype and shape of one tensor of an op (several for grouped ops).
+struct TensorSpec {
+  DataType dtype = DataType::Float32;
+  Shape shape;
+  friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
+};
+
+// One rank's submission of one op (a grouped op is one Request with several tensors).
+struct Request {
+  int process_set_id = 0;
+  std::string name;
+  Collective op = Collective::Allreduce;
+  Device::Kind device = Device::Kind::CPU;
+  ReduceOp reduce_op = ReduceOp::Sum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root_rank = -1;                // Broadcast: global rank.
+  std::vector<std::int64_t> splits;  // Alltoall: rows this rank sends to each set rank.
+  std::vector<TensorSpec> tensors;
+  friend bool operator==(const Request&, const Request&) = default;
+};
+
+// The coordinator's verdict on one op, identical on every rank of the set.
+struct Response {
+  int process_set_id = 0;
+  std::string name;
+  Collective op = Collective::Allreduce;
+  Device::Kind device = Device::Kind::CPU;
+  ReduceOp reduce_op = ReduceOp::Sum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root_rank = -1;
+  std::vector<TensorSpec> tensors;  // As agreed (allgather: this is rank 0's spec).
+  // Allgather: dim 0 of every set rank for each tensor, tensor-major
+  // (rows[t * set_size + r]). Alltoall: the split matrix, sender-major
+  // (rows[sender * set_size + receiver]). Empty otherwise.
+  std::vector<std::int64_t> rows;
+  // Set ranks that had joined when this op was decided (their data is absent: zeros in an
+  // allreduce, no rows in an allgather).
+  std::vector<int> joined;
+  bool ok = true;
+  ErrorCode error_code = ErrorCode::Internal;
+  std::string error_message;
+  int last_joined_rank = -1;  // Join: the global rank whose join completed it.
+  friend bool operator==(const Response&, const Response&) = default;
+};
+
+// A message from a rank to the coordinator.
+struct RequestList {
+  std::vector<Request> requests;
+  std::vector<std::int32_t> cache_hits;  // Response-cache ids standing for full requests.
+  bool shutdown = false;                 // This rank is shutting down.
+};
+
+// A message from the coordinator to every rank (or to one rank, for `resend`).
+struct ResponseList {
+  std::vector<Response> responses;
+  // For each response: the cache id it was stored under, or -1. A response that is a pure
+  // cache hit travels as an empty Response with only `hit` set; see ResponseCache.
+  std::vector<std::int32_t> cache_ids;
+  std::vector<std::uint8_t> hit;  // 1 where responses[i] is to be taken from the cache.
+  std::vector<std::int32_t> evicted;  // Cache ids to forget (before inserting new ones).
+  std::vector<std::int32_t> resend;   // Cache hits the coordinator no longer knows: resend.
+  bool shutdown = false;              // The job is stopping; see `shutdown_code`.
+  ErrorCode shutdown_code = ErrorCode::ShutDown;
+  std::string shutdown_message;
+};
+
+}  // namespace tutti::core

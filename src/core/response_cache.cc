@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/response_cache.h"
+
+#include "src/common/strings.h"
+
+namespace tutti::core {
+
+std::string cache_key(int process_set_id, const std::string& name) {
+  std::string key = std::to_string(process_set_id);
+  key += ':';
+  key += name;
+  return key;
+}
+
+const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return &it->second.entry;
+}
+
+std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* evicted) {
+  const std::string key = cache_key(entry.process_set_id, entry.name);
+  if (auto old = by_key_.find(key); old != by_key_.end()) erase(old->second, evicted);
+  while (!lru_.empty() && static_cast<std::int64_t>(entries_.size()) >= capacity_) {
+    erase(lru_.back(), evicted);
+  }
+  const std::int32_t id = next_id_++;
+  lru_.push_front(id);
+  entries_.emplace(id, Slot{.entry = std::move(entry), .lru = lru_.begin()});
+  by_key_[key] = id;
+  return id;
+}
+
+void CoordinatorCache::erase_set(int process_set_id, std::vector<std::int32_t>* evicted) {
+  std::vector<std::int32_t> ids;
+  for (const auto& [id, slot] : entries_) {
+    if (slot.entry.process_set_id == process_set_id) ids.push_back(id);
+  }
+  for (std::int32_t id : ids) erase(id, evicted);
+}
+
+void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  by_key_.erase(cache_key(it->second.entry.process_set_id, it->second.entry.name));
+  lru_.erase(it->second.lru);
+  entries_.erase(it);
+  evicted->push_back(id);
+}
+
+std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
+  auto key = by_key_.find(cache_key(request.process_set_id, request.name));
+  if (key == by_key_.end()) return std::nullopt;
+  auto it = entries_.find(key->second);
+  if (it == entries_.end() || !(it->second.request == request)) return std::nullopt;
+  return key->second;
+}
+
+const Response* RankCache::response(std::int32_t id) const {
+  auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : &it->second.response;
+}
+
+void RankCache::insert(std::int32_t id, const Request& request, const Response& response) {
+  by_key_[cache_key(request.process_set_id, request.name)] = id;
+  entries_[id] = Slot{.request = request, .response = response};
+}
+
+void RankCache::erase(std::int32_t id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  auto key = by_key_.find(cache_key(it->second.request.process_set_id, it->second.request.name));
+  if (key != by_key_.end() && key->second == id) by_key_.erase(key);
+  entries_.erase(it);
+}
+
+}  // namespace tutti::core

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// The response cache: a compression of negotiation messages in steady state.
+//
+// Once the coordinator has negotiated an op, it stores every rank's request and the response
+// under a cache id (ids are never reused) and tells every rank the id. Next time a rank
+// submits the same request under that name it sends the 4-byte id instead; when every rank of
+// the set did so, the coordinator answers with the id alone and each rank replays its cached
+// response. The coordinator decides insertions and evictions (least recently used beyond the
+// capacity) and announces them in its response lists, which every rank applies in the same
+// order, so every rank's cache holds the same ids. A hit on an id the coordinator evicted
+// meanwhile is answered with "resend", and the rank sends the full request.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "src/core/request.h"
+
+namespace tutti::core {
+
+// Coordinator side. Communication thread only.
+class CoordinatorCache {
+ public:
+  struct Entry {
+    int process_set_id = 0;
+    std::string name;
+    std::vector<std::shared_ptr<const Request>> requests;  // By set rank.
+    Response response;
+  };
+
+  explicit CoordinatorCache(std::int64_t capacity) : capacity_(capacity) {}
+
+  bool enabled() const { return capacity_ > 0; }
+  // The entry for `id`, marked as recently used; null if unknown (evicted).
+  const Entry* find(std::int32_t id);
+  // Stores a negotiated op and returns its new id. Ids of the same name and of the least
+  // recently used entries beyond the capacity are appended to `evicted`.
+  std::int32_t insert(Entry entry, std::vector<std::int32_t>* evicted);
+  void erase_set(int process_set_id, std::vector<std::int32_t>* evicted);
+  std::size_t size() const { return entries_.size(); }
+
+ private:
+  void erase(std::int32_t id, std::vector<std::int32_t>* evicted);
+
+  std::int64_t capacity_;
+  std::int32_t next_id_ = 0;
+  std::list<std::int32_t> lru_;  // Most recent first.
+  struct Slot {
+    Entry entry;
+    std::list<std::int32_t>::iterator lru;
+  };
+  std::unordered_map<std::int32_t, Slot> entries_;
+  std::unordered_map<std::string, std::int32_t> by_key_;  // "<set>:<name>" -> id
+};
+
+// Rank side. Communication thread only.
+class RankCache {
+ public:
+  // The id to send for `request`, if it equals the request cached under its name.
+  std::optional<std::int32_t> lookup(const Request& request) const;
+  // The response stored under `id`; null if unknown (a protocol error).
+  const Response* response(std::int32_t id) const;
+  void insert(std::int32_t id, const Request& request, const Response& response);
+  void erase(std::int32_t id);
+
+ private:
+  struct Slot {
+    Request request;
+    Response response;
+  };
+  std::unordered_map<std::int32_t, Slot> entries_;
+  std::unordered_map<std::string, std::int32_t> by_key_;
+};
+
+// "<set>:<name>", the key both caches file entries under.
+std::string cache_key(int process_set_id, const std::string& name);
+
+}  // namespace tutti::core

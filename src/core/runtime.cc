@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/runtime.h"
+
+#include <cstdlib>
+
+#include "src/common/logging.h"
+
+namespace tutti::core {
+
+Runtime& Runtime::get() {
+  // Never destroyed: the exit hook and late threads may still reach it during static teardown.
+  static Runtime* runtime = new Runtime();
+  return *runtime;
+}
+
+Status Runtime::init(const void* parent) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (session_ != nullptr) return Status();
+  TUTTI_ASSIGN_OR_RETURN(Config config, Config::from_env());
+  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::Transport> transport, ops::create_mpi_transport(parent));
+  detail::set_log_rank(transport->topology().rank);
+  TUTTI_ASSIGN_OR_RETURN(session_, Session::create(std::move(config), std::move(transport)));
+  if (!exit_hook_registered_) {
+    // Registered after MPI's own finalize hook, so it runs before it: a process that exits
+    // without shutdown() is shut down first.
+    std::atexit([] { Runtime::get().shutdown(); });
+    exit_hook_registered_ = true;
+  }
+  return Status();
+}
+
+void Runtime::shutdown() {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    session = std::move(session_);
+    was_shut_down_ = was_shut_down_ || session != nullptr;
+  }
+  if (session) session->stop();
+}
+
+bool Runtime::initialized() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return session_ != nullptr;
+}
+
+Result<std::shared_ptr<Session>> Runtime::session() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (session_ == nullptr) {
+    return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");
+  }
+  return session_;
+}
+
+}  // namespace tutti::core
+
+namespace tutti::core {
+
+Result<std::shared_ptr<Session>> Runtime::session_for_op() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (session_ != nullptr) return session_;
+  if (was_shut_down_) return Status(ErrorCode::ShutDown, "Tutti has shut down; call tutti::init() to start again");
+  return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");
+}
+
+}  // namespace tutti::core

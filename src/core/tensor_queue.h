@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// The ops this rank has submitted and not yet finished: a table by (process set, name) and a
+// FIFO of those not yet sent to the coordinator.
+//
+// Note [Automatic names]
+// An op submitted without a name gets "<op>.noname.<n>", n counting unnamed ops per process
+// set from 0 in each session. Ranks agree on the name only if they submit unnamed ops in the
+// same order, as API.md tells users.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "src/common/status.h"
+#include "src/core/op_state.h"
+#include "src/core/request.h"
+
+namespace tutti::core {
+
+// One submitted op on this rank.
+struct Entry {
+  Request request;
+  std::vector<TensorView> inputs;
+  std::vector<TensorView> outputs;  // Same as inputs for in-place ops; empty when core allocates.
+  std::shared_ptr<detail::OpState> state;
+  std::chrono::steady_clock::time_point submitted;
+  std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
+};
+
+class TensorQueue {
+ public:
+  // Any thread. InvalidArgument if the name is in flight in its set; ShutDown after close().
+  // Fills in an automatic name when the request has none.
+  Status push(std::shared_ptr<Entry> entry);
+
+  // Communication thread. Entries pushed since the last call, oldest first.
+  std::vector<std::shared_ptr<Entry>> drain_new();
+  // Communication thread. Removes and returns the in-flight entry, or null.
+  std::shared_ptr<Entry> take(int process_set_id, const std::string& name);
+  std::shared_ptr<Entry> find(int process_set_id, const std::string& name) const;
+  // Communication thread. In-flight entries that were sent as cache hit `id`.
+  std::vector<std::shared_ptr<Entry>> with_cache_hit(std::int32_t id) const;
+  // Communication thread. Whether anything is in flight.
+  bool empty() const;
+
+  // Any thread. Refuses later pushes with `status`; returns every entry in flight (for the
+  // caller to fail).
+  std::vector<std::shared_ptr<Entry>> close(const Status& status);
+
+  // Communication thread: sleeps until a push, a wake(), or `timeout`.
+  void wait_for_work(std::chrono::microseconds timeout);
+  void wake();  // Any thread.
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool sleeping_ = false;  // The communication thread waits on cv_; push() must notify.
+  bool woken_ = false;
+  Status closed_;  // OK while open.
+  std::vector<std::shared_ptr<Entry>> new_;
+  std::map<int, std::unordered_map<std::string, std::shared_ptr<Entry>>> in_flight_;
+  std::map<int, std::uint64_t> unnamed_counts_;
+};
+
+}  // namespace tutti::core

@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/validation.h"
+
+#include <optional>
+#include <string>
+
+#include "src/common/strings.h"
+
+namespace tutti::core {
+namespace {
+
+using detail::shape_string;
+using detail::str_cat;
+
+std::string_view device_name(Device::Kind kind) { return kind == Device::Kind::CPU ? "CPU" : "CUDA"; }
+
+std::string dims_after_first(const Shape& shape) {
+  return shape_string(Shape(shape.begin() + (shape.empty() ? 0 : 1), shape.end()));
+}
+
+// The error text of API.md: "Mismatched ALLREDUCE tensor shapes for 'x': rank 0 sent [17, 3],
+// rank 2 sent [17, 4]".
+Response mismatch(const Request& first, int first_rank, int other_rank, std::string_view what,
+                  const std::string& first_value, const std::string& other_value,
+                  const std::string& tensor) {
+  Response response;
+  response.ok = false;
+  response.error_code = ErrorCode::Mismatch;
+  response.error_message = str_cat("Mismatched ", to_string(first.op), " ", what, " for '", tensor,
+                                   "': rank ", first_rank, " sent ", first_value, ", rank ",
+                                   other_rank, " sent ", other_value);
+  return response;
+}
+
+std::string tensor_label(const Request& request, std::size_t index) {
+  return request.tensors.size() == 1 ? request.name : str_cat(request.name, "[", index, "]");
+}
+
+// Compares `other` with `first`; an error Response on the first difference.
+std::optional<Response> compare(const Request& first, int first_rank, const Request& other,
+                                int other_rank) {
+  if (other.op != first.op) {
+    Response response;
+    response.ok = false;
+    response.error_code = ErrorCode::Mismatch;
+    response.error_message = str_cat("Mismatched operations for '", first.name, "': rank ", first_rank,
+                                     " sent ", to_string(first.op), ", rank ", other_rank, " sent ",
+                                     to_string(other.op));
+    return response;
+  }
+  auto differ = [&](std::string_view what, const std::string& a, const std::string& b,
+                    const std::string& tensor) {
+    return mismatch(first, first_rank, other_rank, what, a, b, tensor);
+  };
+  if (other.device != first.device) {
+    return differ("devices", std::string(device_name(first.device)),
+                  std::string(device_name(other.device)), first.name);
+  }
+  if (other.tensors.size() != first.tensors.size()) {
+    return differ("group sizes", str_cat(first.tensors.size(), " tensors"),
+                  str_cat(other.tensors.size(), " tensors"), first.name);
+  }
+  const bool reduces = first.op == Collective::Allreduce || first.op == Collective::Reducescatter;
+  if (reduces && other.reduce_op != first.reduce_op) {
+    return differ("reduction ops", std::string(to_string(first.reduce_op)),
+                  std::string(to_string(other.reduce_op)), first.name);
+  }
+  if (reduces && other.prescale != first.prescale) {
+    return differ("prescale factors", str_cat(first.prescale), str_cat(other.prescale), first.name);
+  }
+  if (reduces && other.postscale != first.postscale) {
+    return differ("postscale factors", str_cat(first.postscale), str_cat(other.postscale), first.name);
+  }
+  if (first.op == Collective::Broadcast && other.root_rank != first.root_rank) {
+    return differ("root ranks", str_cat(first.root_rank), str_cat(other.root_rank), first.name);
+  }
+  for (std::size_t t = 0; t < first.tensors.size(); ++t) {
+    const TensorSpec& a = first.tensors[t];
+    const TensorSpec& b = other.tensors[t];
+    const std::string label = tensor_label(first, t);
+    if (a.dtype != b.dtype) {
+      return differ("data types", std::string(to_string(a.dtype)), std::string(to_string(b.dtype)), label);
+    }
+    // Allgather and alltoall may differ in dim 0; everything else must match exactly.
+    const bool rows_vary = first.op == Collective::Allgather || first.op == Collective::Alltoall;
+    if (rows_vary) {
+      if (a.shape.size() != b.shape.size() || dims_after_first(a.shape) != dims_after_first(b.shape)) {
+        return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape), label);
+      }
+    } else if (a.shape != b.shape) {
+      return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape), label);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Response negotiate_response(const std::vector<int>& global_ranks,
+                            const std::vector<std::shared_ptr<const Request>>& requests) {
+  const Request& first = *requests.front();
+  for (std::size_t i = 1; i < requests.size(); ++i) {
+    if (std::optional<Response> error = compare(first, global_ranks[0], *requests[i], global_ranks[i])) {
+      error->process_set_id = first.process_set_id;
+      error->name = first.name;
+      error->op = first.op;
+      return *error;
+    }
+  }
+  Response response;
+  response.process_set_id = first.process_set_id;
+  response.name = first.name;
+  response.op = first.op;
+  response.device = first.device;
+  response.reduce_op = first.reduce_op;
+  response.prescale = first.prescale;
+  response.postscale = first.postscale;
+  response.root_rank = first.root_rank;
+  response.tensors = first.tensors;
+  const std::size_t size = requests.size();
+  if (first.op == Collective::Allgather) {
+    for (std::size_t t = 0; t < first.tensors.size(); ++t) {
+      for (const auto& request : requests) response.rows.push_back(request->tensors[t].shape.at(0));
+    }
+  } else if (first.op == Collective::Alltoall) {
+    for (const auto& request : requests) {
+      if (request->splits.size() != size) {
+        response = Response();
+        response.process_set_id = first.process_set_id;
+        response.name = first.name;
+        response.op = first.op;
+        response.ok = false;
+        response.error_code = ErrorCode::InvalidArgument;
+        response.error_message = str_cat("ALLTOALL '", first.name, "' got ", request->splits.size(),
+                                         " splits from a rank of a set of ", size);
+        return response;
+      }
+      response.rows.insert(response.rows.end(), request->splits.begin(), request->splits.end());
+    }
+  }
+  return response;
+}
+
+}  // namespace tutti::core
+
+namespace tutti::core {
+
+std::string_view to_string(Collective op) {
+  switch (op) {
+    case Collective::Allreduce: return "ALLREDUCE";
+    case Collective::Allgather: return "ALLGATHER";
+    case Collective::Broadcast: return "BROADCAST";
+    case Collective::Alltoall: return "ALLTOALL";
+    case Collective::Reducescatter: return "REDUCESCATTER";
+    case Collective::Barrier: return "BARRIER";
+    case Collective::Join: return "JOIN";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace tutti::core

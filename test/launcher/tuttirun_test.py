@@ -1,0 +1,441 @@
+# SPDX-License-Identifier: Apache-2.0
+# Tests of scripts/tuttirun, the horovodrun-compatible launcher.
+#
+# Usage: TUTTIRUN=scripts/tuttirun python3 test/launcher/tuttirun_test.py [-v]
+# (without TUTTIRUN the script is found relative to this file). The command-building functions
+# are tested in-process; errors, --dry-run, --check-build and a few real mpirun jobs run the
+# script as a subprocess. Real jobs need OpenMPI's mpirun on PATH.
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TUTTIRUN = os.environ.get("TUTTIRUN") or os.path.join(HERE, "..", "..", "scripts", "tuttirun")
+TUTTIRUN = os.path.abspath(TUTTIRUN)
+
+
+def load_launcher():
+    loader = importlib.machinery.SourceFileLoader("tuttirun", TUTTIRUN)
+    spec = importlib.util.spec_from_loader("tuttirun", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+tuttirun = load_launcher()
+
+BASE_ENV = {"PATH": "/usr/bin:/bin"}
+DEFAULT_BINDING = ["--bind-to", "none", "--map-by", "slot"]
+
+
+def parse(argv):
+    """parse_args with argparse's stderr swallowed (error cases raise SystemExit)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        return tuttirun.parse_args(argv)
+
+
+def build(argv, environ=None, cpu_count=64, is_root=False):
+    environ = dict(BASE_ENV if environ is None else environ)
+    return tuttirun.build_command(parse(argv), environ, cpu_count, is_root)
+
+
+def exported(command):
+    """Names following each -x in an mpirun command."""
+    return [command[i + 1] for i, arg in enumerate(command) if arg == "-x"]
+
+
+def clean_environ(**extra):
+    """This process's environment without TUTTI_*/HOROVOD_* settings, plus extra."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUTTI_", "HOROVOD_"))}
+    env.update(extra)
+    return env
+
+
+def run_launcher(args, env=None, timeout=60):
+    return subprocess.run([sys.executable, TUTTIRUN] + args, capture_output=True, text=True,
+                          env=clean_environ() if env is None else env, timeout=timeout)
+
+
+class FlagMappingTest(unittest.TestCase):
+    # (flags, variable, expected value): every tuning flag and the TUTTI_* variable it sets.
+    CASES = [
+        (["--fusion-threshold-mb", "8"], "TUTTI_FUSION_THRESHOLD", "8388608"),
+        (["--fusion-threshold-mb", "0"], "TUTTI_FUSION_THRESHOLD", "0"),
+        (["--fusion-threshold-mb", "0.5"], "TUTTI_FUSION_THRESHOLD", "524288"),
+        (["--cycle-time-ms", "2.5"], "TUTTI_CYCLE_TIME", "2.5"),
+        (["--cycle-time-ms", "3"], "TUTTI_CYCLE_TIME", "3"),
+        (["--cache-capacity", "2048"], "TUTTI_CACHE_CAPACITY", "2048"),
+        (["--hierarchical-allreduce"], "TUTTI_HIERARCHICAL_ALLREDUCE", "1"),
+        (["--no-hierarchical-allreduce"], "TUTTI_HIERARCHICAL_ALLREDUCE", "0"),
+        (["--hierarchical-allgather"], "TUTTI_HIERARCHICAL_ALLGATHER", "1"),
+        (["--no-hierarchical-allgather"], "TUTTI_HIERARCHICAL_ALLGATHER", "0"),
+        (["--autotune"], "TUTTI_AUTOTUNE", "1"),
+        (["--no-autotune"], "TUTTI_AUTOTUNE", "0"),
+        (["--autotune-log-file", "/tmp/at.csv"], "TUTTI_AUTOTUNE_LOG", "/tmp/at.csv"),
+        (["--autotune-warmup-samples", "5"], "TUTTI_AUTOTUNE_WARMUP_SAMPLES", "5"),
+        (["--autotune-steps-per-sample", "12"], "TUTTI_AUTOTUNE_STEPS_PER_SAMPLE", "12"),
+        (["--autotune-bayes-opt-max-samples", "30"], "TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+         "30"),
+        (["--autotune-gaussian-process-noise", "0.25"], "TUTTI_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+         "0.25"),
+        (["--timeline-filename", "/tmp/t.json"], "TUTTI_TIMELINE", "/tmp/t.json"),
+        (["--timeline-mark-cycles"], "TUTTI_TIMELINE_MARK_CYCLES", "1"),
+        (["--no-stall-check"], "TUTTI_STALL_CHECK_DISABLE", "1"),
+        (["--stall-check"], "TUTTI_STALL_CHECK_DISABLE", "0"),
+        (["--stall-check-warning-time-seconds", "30"], "TUTTI_STALL_CHECK_TIME_SECONDS", "30"),
+        (["--stall-check-shutdown-time-seconds", "120"], "TUTTI_STALL_SHUTDOWN_TIME_SECONDS",
+         "120"),
+        (["--log-level", "DEBUG"], "TUTTI_LOG_LEVEL", "DEBUG"),
+        (["--log-level", "trace"], "TUTTI_LOG_LEVEL", "TRACE"),
+        (["--log-hide-timestamp"], "TUTTI_LOG_HIDE_TIME", "1"),
+        (["--log-without-timestamp"], "TUTTI_LOG_HIDE_TIME", "1"),
+        (["--num-nccl-streams", "4"], "TUTTI_NUM_NCCL_STREAMS", "4"),
+        (["--thread-affinity", "3"], "TUTTI_THREAD_AFFINITY", "3"),
+        (["--thread-affinity", "0,8"], "TUTTI_THREAD_AFFINITY", "0,8"),
+        (["--start-timeout", "45"], "TUTTI_START_TIMEOUT", "45"),
+    ]
+
+    def test_each_flag_sets_its_variable_and_exports_it(self):
+        for flags, variable, value in self.CASES:
+            with self.subTest(flags=flags):
+                command, env = build(["-np", "2"] + flags + ["prog"])
+                self.assertEqual(env.get(variable), value)
+                self.assertEqual(exported(command), [variable, "PATH"])
+                self.assertEqual(command[-1], "prog")
+
+    def test_no_flags_set_no_variables(self):
+        command, env = build(["-np", "2", "prog"])
+        self.assertEqual(env, BASE_ENV)
+        self.assertEqual(exported(command), ["PATH"])
+
+    def test_start_timeout_adds_no_mpirun_option(self):
+        plain, _ = build(["-np", "2", "prog"])
+        timed, _ = build(["-np", "2", "--start-timeout", "45", "prog"])
+        pair = timed.index("TUTTI_START_TIMEOUT") - 1
+        self.assertEqual(timed[pair], "-x")
+        self.assertEqual(timed[:pair] + timed[pair + 2:], plain)
+
+    def test_flag_overrides_the_callers_variable(self):
+        command, env = build(["-np", "2", "--cycle-time-ms", "5", "prog"],
+                             environ={"TUTTI_CYCLE_TIME": "3"})
+        self.assertEqual(env["TUTTI_CYCLE_TIME"], "5")
+        self.assertEqual(exported(command), ["TUTTI_CYCLE_TIME"])
+
+    def test_callers_environment_is_not_modified(self):
+        environ = {"PATH": "/bin"}
+        tuttirun.build_command(parse(["-np", "2", "--autotune", "prog"]), environ, 4, True)
+        self.assertEqual(environ, {"PATH": "/bin"})
+
+    def test_bad_values_are_usage_errors(self):
+        for flags in (["--fusion-threshold-mb", "abc"], ["--fusion-threshold-mb", "-1"],
+                      ["--fusion-threshold-mb", "inf"], ["--cycle-time-ms", "x"],
+                      ["--cache-capacity", "1.5"], ["--num-nccl-streams", "0"],
+                      ["--log-level", "LOUD"], ["--thread-affinity", "a,b"],
+                      ["--start-timeout", "0"], ["--start-timeout", "soon"],
+                      ["--autotune-gaussian-process-noise", "1.5"],
+                      ["--stall-check-warning-time-seconds", "-3"],
+                      ["--hierarchical-allreduce", "--no-hierarchical-allreduce"]):
+            with self.subTest(flags=flags):
+                with self.assertRaises(SystemExit) as raised:
+                    parse(["-np", "2"] + flags + ["prog"])
+                self.assertEqual(raised.exception.code, 2)
+
+
+class HostsTest(unittest.TestCase):
+    def test_parse_hosts(self):
+        self.assertEqual(tuttirun.parse_hosts("a:2,b:3"), [("a", 2), ("b", 3)])
+        self.assertEqual(tuttirun.parse_hosts("a"), [("a", 1)])
+        self.assertEqual(tuttirun.parse_hosts("a,b:4"), [("a", 1), ("b", 4)])
+        self.assertEqual(tuttirun.parse_hosts("a,a,b"), [("a", 2), ("b", 1)])
+        self.assertEqual(tuttirun.parse_hosts("10.0.0.1:8"), [("10.0.0.1", 8)])
+
+    def test_malformed_hosts(self):
+        for text in ("host:abc", "host:0", "host:-1", "host:", ":2", "a,,b", "", "a b:2"):
+            with self.subTest(text=text):
+                with self.assertRaises(ValueError):
+                    tuttirun.parse_hosts(text)
+
+    def write(self, text):
+        f = tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False)
+        self.addCleanup(os.unlink, f.name)
+        f.write(text)
+        f.close()
+        return f.name
+
+    def test_parse_hostfile(self):
+        path = self.write("# the cluster\n\nnode1 slots=4\n  node2   slots = 2  # spare\n"
+                          "node3 slots=1 max_slots=2\n")
+        self.assertEqual(tuttirun.parse_hostfile(path), [("node1", 4), ("node2", 2), ("node3", 1)])
+
+    def test_malformed_hostfiles(self):
+        for text in ("node1\n", "node1 slots=x\n", "node1 slots=0\n", "node1 slots=2 extra\n",
+                     "node1 cores=2\n", "# only a comment\n\n"):
+            with self.subTest(text=text):
+                with self.assertRaisesRegex(ValueError, "hostfile|malformed"):
+                    tuttirun.parse_hostfile(self.write(text))
+
+    def test_malformed_line_is_named(self):
+        path = self.write("node1 slots=2\nnode2 slots=two\n")
+        with self.assertRaisesRegex(ValueError, re.escape(path) + ":2: malformed"):
+            tuttirun.parse_hostfile(path)
+
+    def test_missing_hostfile(self):
+        with self.assertRaisesRegex(ValueError, "cannot read hostfile"):
+            tuttirun.parse_hostfile("/nonexistent/hosts")
+
+    def test_hosts_pass_to_mpirun(self):
+        command, _ = build(["-np", "5", "-H", "a:2,b:3", "prog"], cpu_count=1)
+        self.assertEqual(command[command.index("-H") + 1], "a:2,b:3")
+        self.assertNotIn("--oversubscribe", command)
+        command, _ = build(["-np", "2", "-H", "a,b", "prog"])
+        self.assertEqual(command[command.index("-H") + 1], "a:1,b:1")
+
+    def test_hostfile_passes_to_mpirun(self):
+        path = self.write("a slots=2\nb slots=2\n")
+        command, _ = build(["-np", "4", "--hostfile", path, "prog"], cpu_count=1)
+        self.assertEqual(command[command.index("--hostfile") + 1], path)
+        self.assertNotIn("-H", command)
+        self.assertNotIn("--oversubscribe", command)
+
+
+class CommandTest(unittest.TestCase):
+    def test_plain_local_command(self):
+        command, env = build(["-np", "2", "prog", "a", "b"], cpu_count=4)
+        self.assertEqual(command, ["mpirun", "--tag-output", "-np", "2"] + DEFAULT_BINDING +
+                         ["-x", "PATH", "prog", "a", "b"])
+        self.assertEqual(env, BASE_ENV)
+
+    def test_root(self):
+        command, env = build(["-np", "2", "prog"], cpu_count=4, is_root=True)
+        self.assertEqual(command[:3], ["mpirun", "--allow-run-as-root", "--tag-output"])
+        self.assertEqual(env["OMPI_ALLOW_RUN_AS_ROOT"], "1")
+        self.assertEqual(env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"], "1")
+        command, env = build(["-np", "2", "prog"], cpu_count=4, is_root=False)
+        self.assertNotIn("--allow-run-as-root", command)
+        self.assertNotIn("OMPI_ALLOW_RUN_AS_ROOT", env)
+
+    def test_oversubscribe_when_ranks_outnumber_local_cores(self):
+        self.assertNotIn("--oversubscribe", build(["-np", "4", "prog"], cpu_count=4)[0])
+        self.assertIn("--oversubscribe", build(["-np", "5", "prog"], cpu_count=4)[0])
+
+    def test_ranks_beyond_host_slots(self):
+        with self.assertRaises(SystemExit) as raised:
+            parse(["-np", "6", "-H", "a:2,b:3", "prog"])
+        self.assertEqual(raised.exception.code, 2)
+        command, _ = build(["-np", "6", "-H", "a:2,b:3", "--mpi-args=--oversubscribe", "prog"])
+        self.assertEqual(command.count("--oversubscribe"), 1)
+
+    def test_existing_tutti_and_horovod_variables_are_exported(self):
+        environ = {"TUTTI_CYCLE_TIME": "3", "HOROVOD_FUSION_THRESHOLD": "1", "OTHER": "x",
+                   "LD_LIBRARY_PATH": "/l", "PATH": "/p", "MY_TUTTI_X": "y"}
+        command, env = build(["-np", "2", "--autotune", "prog"], environ=environ)
+        self.assertEqual(exported(command), ["HOROVOD_FUSION_THRESHOLD", "TUTTI_AUTOTUNE",
+                                             "TUTTI_CYCLE_TIME", "LD_LIBRARY_PATH", "PATH"])
+        self.assertEqual(env["OTHER"], "x")
+
+    def test_no_path_no_export(self):
+        command, _ = build(["-np", "2", "prog"], environ={})
+        self.assertEqual(exported(command), [])
+
+    def test_mpi_args_are_split_and_inserted_before_the_program(self):
+        command, _ = build(["-np", "2", "--mpi-args=--mca btl 'tcp,self' -x FOO=a\\ b",
+                            "prog", "x"], cpu_count=4)
+        self.assertEqual(command[-8:], ["PATH", "--mca", "btl", "tcp,self", "-x", "FOO=a b",
+                                        "prog", "x"])
+
+    def test_binding_args_replace_the_default(self):
+        command, _ = build(["-np", "2", "--binding-args=--bind-to core --map-by socket", "prog"])
+        self.assertNotIn("none", command)
+        start = command.index("--bind-to")
+        self.assertEqual(command[start:start + 4], ["--bind-to", "core", "--map-by", "socket"])
+
+    def test_output_filename_and_ssh(self):
+        command, _ = build(["-np", "2", "-H", "a:2", "--output-filename", "/tmp/out", "-p", "2222",
+                            "-i", "/k/id", "prog"])
+        self.assertEqual(command[command.index("--output-filename") + 1], "/tmp/out")
+        start = command.index("--mca")
+        self.assertEqual(command[start:start + 3], ["--mca", "plm_rsh_args", "-p 2222 -i /k/id"])
+
+    def test_program_arguments_pass_through_untouched(self):
+        command, _ = build(["-np", "2", "prog", "--verbose", "-np", "7", "a b", "--"])
+        self.assertEqual(command[-6:], ["prog", "--verbose", "-np", "7", "a b", "--"])
+        command, _ = build(["-np", "2", "--", "prog", "-x"])
+        self.assertEqual(command[-2:], ["prog", "-x"])
+
+    def test_format_command_shows_what_the_launcher_set(self):
+        environ = {"PATH": "/p", "TUTTI_LOG_LEVEL": "INFO"}
+        command, env = tuttirun.build_command(
+            parse(["-np", "2", "--cache-capacity", "0", "prog", "a b"]), environ, 4, True)
+        self.assertEqual(
+            tuttirun.format_command(command, env, environ),
+            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TUTTI_CACHE_CAPACITY=0 "
+            "mpirun --allow-run-as-root --tag-output -np 2 --bind-to none --map-by slot "
+            "-x TUTTI_CACHE_CAPACITY -x TUTTI_LOG_LEVEL -x PATH prog 'a b'")
+
+    def test_local_job(self):
+        self.assertTrue(tuttirun.is_local_job(None))
+        self.assertTrue(tuttirun.is_local_job([("localhost", 2)]))
+        self.assertFalse(tuttirun.is_local_job([("localhost", 2), ("node7", 2)]))
+
+    def test_version_from_meson_build(self):
+        with tempfile.TemporaryDirectory() as repo:
+            self.assertEqual(tuttirun.read_version(repo), "0.1.0")  # No meson.build: default.
+            with open(os.path.join(repo, "meson.build"), "w", encoding="utf-8") as f:
+                f.write("project('tutti', 'cpp', version: '9.8.7', meson_version: '>=1.0.1')\n")
+            self.assertEqual(tuttirun.read_version(repo), "9.8.7")
+
+
+class ErrorTest(unittest.TestCase):
+    def assert_usage_error(self, args, message, env=None):
+        result = run_launcher(args, env=env)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertIn("usage: tuttirun", result.stderr)
+        self.assertIn(message, result.stderr)
+
+    def test_no_arguments(self):
+        self.assert_usage_error([], "required: -np/--num-proc")
+
+    def test_bad_np(self):
+        self.assert_usage_error(["-np", "0", "true"], "'0' must be >= 1")
+        self.assert_usage_error(["-np", "x", "true"], "'x' is not an integer")
+
+    def test_no_program(self):
+        self.assert_usage_error(["-np", "2"], "no program given")
+
+    def test_hosts_and_hostfile_conflict(self):
+        self.assert_usage_error(["-np", "2", "-H", "a:2", "--hostfile", "/etc/hosts", "true"],
+                                "not allowed with argument")
+
+    def test_bad_hosts(self):
+        self.assert_usage_error(["-np", "2", "-H", "a:0", "true"], "malformed -H entry 'a:0'")
+        self.assert_usage_error(["-np", "2", "-H", "host:abc", "true"], "malformed -H entry")
+        self.assert_usage_error(["-np", "4", "-H", "a:1,b:2", "true"],
+                                "-np 4 exceeds the 3 slots")
+        self.assert_usage_error(["-np", "2", "--hostfile", "/nonexistent/hosts", "true"],
+                                "cannot read hostfile")
+
+    def test_missing_program(self):
+        self.assert_usage_error(["-np", "1", "no-such-program-xyz"],
+                                "tuttirun: error: program 'no-such-program-xyz' not found")
+        self.assert_usage_error(["-np", "1", "/nonexistent/prog"],
+                                "program '/nonexistent/prog' not found")
+
+    def test_missing_mpirun(self):
+        with tempfile.TemporaryDirectory() as empty:
+            self.assert_usage_error(["-np", "1", "/bin/true"], "mpirun not found",
+                                    env=clean_environ(PATH=empty))
+
+    def test_version(self):
+        result = run_launcher(["-v"])
+        self.assertEqual(result.returncode, 0)
+        self.assertRegex(result.stdout, r"^tuttirun \d+\.\d+\.\d+\n$")
+
+
+class DryRunTest(unittest.TestCase):
+    def test_prints_and_runs_nothing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            marker = os.path.join(tmp, "ran")
+            result = run_launcher(["-np", "3", "--dry-run", "--fusion-threshold-mb", "8",
+                                   "sh", "-c", f"touch {marker}"])
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertFalse(os.path.exists(marker))
+        self.assertEqual(result.stdout.count("\n"), 1)
+        self.assertIn("TUTTI_FUSION_THRESHOLD=8388608 ", result.stdout)
+        self.assertIn(" -np 3 ", result.stdout)
+        self.assertIn(" -x TUTTI_FUSION_THRESHOLD ", result.stdout)
+        self.assertTrue(result.stdout.rstrip().endswith(f"sh -c 'touch {marker}'"))
+
+    def test_remote_program_is_not_checked(self):
+        result = run_launcher(["-np", "2", "-H", "node7:2", "--dry-run", "/only/on/node7"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("-H node7:2", result.stdout)
+
+
+class CheckBuildTest(unittest.TestCase):
+    def check_build(self, config_text):
+        with tempfile.TemporaryDirectory() as build_dir:
+            if config_text is not None:
+                with open(os.path.join(build_dir, "tutti_config.h"), "w", encoding="utf-8") as f:
+                    f.write(config_text)
+            return run_launcher(["--check-build"], env=clean_environ(TUTTI_BUILD_DIR=build_dir))
+
+    def test_cpu_only_build(self):
+        result = self.check_build("#pragma once\n#define TUTTI_HAVE_CUDA 0\n"
+                                  "#define TUTTI_HAVE_NCCL 0\n")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertRegex(lines[0], r"^Tutti v\d+\.\d+\.\d+:$")
+        self.assertEqual(lines[3:], ["Available Frameworks:", "    [X] C++", "",
+                                     "Available Controllers:", "    [X] MPI", "",
+                                     "Available Tensor Operations:", "    [ ] NCCL",
+                                     "    [ ] CUDA", "    [X] MPI"])
+
+    def test_gpu_build(self):
+        result = self.check_build("#define TUTTI_HAVE_CUDA 1\n\n#define TUTTI_HAVE_NCCL 1\n")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("    [X] NCCL\n    [X] CUDA\n    [X] MPI\n", result.stdout)
+
+    def test_no_build(self):
+        result = self.check_build(None)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stdout, "")
+        self.assertIn("no Tutti build found", result.stderr)
+
+
+@unittest.skipUnless(shutil.which("mpirun"), "needs OpenMPI's mpirun")
+class RealJobTest(unittest.TestCase):
+    def test_exit_code_propagates(self):
+        result = run_launcher(["-np", "1", "sh", "-c", "exit 3"])
+        self.assertEqual(result.returncode, 3, result.stderr)
+
+    def test_success_with_tagged_output_and_exported_settings(self):
+        result = run_launcher(["-np", "2", "--cycle-time-ms", "7", "sh", "-c",
+                               "echo cycle=$TUTTI_CYCLE_TIME"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("[1,0]<stdout>:cycle=7", result.stdout)
+        self.assertIn("[1,1]<stdout>:cycle=7", result.stdout)
+
+    def test_true_on_two_ranks_verbose(self):
+        result = run_launcher(["--verbose", "-np", "2", "true"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("--tag-output -np 2 ", result.stdout)
+
+    def test_more_ranks_than_cores(self):
+        cores = tuttirun.local_core_count()
+        if cores > 7:
+            self.skipTest("too many cores to oversubscribe cheaply")
+        result = run_launcher(["-np", str(cores + 1), "true"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_sigterm_and_sigint_end_the_job(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with self.subTest(signal=signum.name):
+                child = subprocess.Popen([sys.executable, TUTTIRUN, "-np", "1", "sleep", "30"],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, env=clean_environ())
+                time.sleep(1.0)
+                start = time.monotonic()
+                child.send_signal(signum)
+                try:
+                    returncode = child.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+                    self.fail("the job outlived the signal")
+                self.assertNotEqual(returncode, 0)
+                self.assertLess(time.monotonic() - start, 20)
+
+if __name__ == "__main__":
+    unittest.main()

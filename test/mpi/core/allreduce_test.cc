@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+// allreduce against plain MPI: every dtype x op x shape, async batches in rank-dependent
+// order, scale factors, grouped and out-of-place forms. Values are small integers, so every
+// summation order gives the same result and the oracle compares exactly (up to the final
+// scaling, compared with a tolerance).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test/mpi/core/oracle.h"
+#include "test/support/mpi_test_util.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+struct Session {
+  Session() { tutti::init(); }
+  ~Session() { tutti::shutdown(); }
+};
+
+const std::vector<Shape> kShapes = {{}, {0}, {1}, {17, 3}, {1023}, {1025}, {3, 0, 2}, {4096}};
+
+TEST_CASE("allreduce matches plain MPI for every dtype, op and shape", "[allreduce]") {
+  Session session;
+  const int size = world_size();
+  bool all_ok = true;
+  std::string first_failure;
+  for (DataType dtype : kAllDtypes) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
+      if (dtype == DataType::Bool && op != ReduceOp::Min && op != ReduceOp::Max) continue;
+      for (const Shape& shape : kShapes) {
+        HostTensor t(dtype, shape, world_rank(), op == ReduceOp::Product);
+        const std::vector<double> expected = oracle_allreduce(t, op, 1.0, 1.0, size);
+        tutti::allreduce(t.view(), "sweep", {.op = op});
+        const std::string failure = t.compare(expected);
+        if (!failure.empty() && all_ok) {
+          first_failure = std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " " +
+                          std::to_string(shape.size()) + "-d: " + failure;
+        }
+        all_ok = all_ok && failure.empty();
+      }
+    }
+  }
+  INFO(first_failure);
+  CHECK(all_ranks(all_ok));
+}
+
+TEST_CASE("prescale and postscale apply before and after the reduction", "[allreduce]") {
+  Session session;
+  const int size = world_size();
+  bool all_ok = true;
+  std::string failure;
+  for (DataType dtype : {DataType::Float32, DataType::Float64, DataType::Float16, DataType::BFloat16,
+                         DataType::Int32, DataType::Int64, DataType::UInt8}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
+      HostTensor t(dtype, {33}, world_rank(), false);
+      const std::vector<double> expected = oracle_allreduce(t, op, 0.5, 3.0, size);
+      tutti::allreduce(t.view(), "scaled", {.op = op, .prescale_factor = 0.5, .postscale_factor = 3.0});
+      const std::string f = t.compare(expected);
+      if (!f.empty() && failure.empty()) failure = std::string(to_string(dtype)) + ": " + f;
+      all_ok = all_ok && f.empty();
+    }
+  }
+  INFO(failure);
+  CHECK(all_ranks(all_ok));
+}
+
+TEST_CASE("a batch of mixed tensors submitted in a different order on each rank", "[allreduce]") {
+  Session session;
+  const int size = world_size();
+  constexpr int kCount = 300;
+  std::vector<HostTensor> tensors;
+  std::vector<std::vector<double>> expected;
+  for (int i = 0; i < kCount; ++i) {
+    const DataType dtype = kAllDtypes[static_cast<std::size_t>(i) % 10];  // Every numeric type.
+    const Shape shape = {static_cast<std::int64_t>((i * 37) % 700)};
+    tensors.emplace_back(dtype, shape, world_rank() + i, false);
+    expected.push_back(oracle_allreduce(tensors.back(), ReduceOp::Sum, 1.0, 1.0, size));
+  }
+  std::vector<int> order(kCount);
+  for (int i = 0; i < kCount; ++i) order[i] = i;
+  std::mt19937 shuffle(static_cast<unsigned>(1234 + world_rank()));
+  std::shuffle(order.begin(), order.end(), shuffle);
+  std::vector<Handle> handles(kCount);
+  for (int i : order) {
+    handles[i] = allreduce_async(tensors[i].view(), "batch." + std::to_string(i), {.op = ReduceOp::Sum});
+  }
+  bool all_ok = true;
+  for (int i = 0; i < kCount; ++i) {
+    handles[i].wait();
+    all_ok = all_ok && tensors[i].compare(expected[i]).empty();
+  }
+  CHECK(all_ranks(all_ok));
+}
+
+TEST_CASE("grouped allreduce of mixed dtypes completes as one unit", "[allreduce]") {
+  Session session;
+  const int size = world_size();
+  HostTensor a(DataType::Float32, {5, 4}, world_rank(), false);
+  HostTensor b(DataType::Int64, {7}, world_rank(), false);
+  HostTensor c(DataType::BFloat16, {3}, world_rank(), false);
+  const auto ea = oracle_allreduce(a, ReduceOp::Average, 1, 1, size);
+  const auto eb = oracle_allreduce(b, ReduceOp::Average, 1, 1, size);
+  const auto ec = oracle_allreduce(c, ReduceOp::Average, 1, 1, size);
+  Handle h = grouped_allreduce_async({a.view(), b.view(), c.view()}, "group");
+  h.wait();
+  CHECK(all_ranks(a.compare(ea).empty() && b.compare(eb).empty() && c.compare(ec).empty()));
+}
+
+TEST_CASE("out-of-place allreduce leaves the input alone", "[allreduce]") {
+  Session session;
+  const int size = world_size();
+  for (std::int64_t n : {1, 1000, 300000}) {
+    HostTensor in(DataType::Float32, {n}, world_rank(), false);
+    HostTensor out(DataType::Float32, {n}, 99, false);
+    const std::vector<double> before = in.values();
+    const auto expected = oracle_allreduce(in, ReduceOp::Sum, 2.0, 1.0, size);
+    allreduce_async(in.view(), out.view(), "oop", {.op = ReduceOp::Sum, .prescale_factor = 2.0}).wait();
+    CHECK(all_ranks(out.compare(expected).empty() && in.values() == before));
+  }
+}
+
+TEST_CASE("the same name can be reused once the op is done, with another shape", "[allreduce]") {
+  Session session;
+  bool ok = true;
+  for (std::int64_t n : {3, 9, 1}) {
+    std::vector<float> v(static_cast<std::size_t>(n), 1.0f);
+    allreduce(TensorView(v.data(), {n}), "reused", {.op = ReduceOp::Sum});
+    ok = ok && std::all_of(v.begin(), v.end(), [](float x) { return x == static_cast<float>(world_size()); });
+  }
+  CHECK(all_ranks(ok));
+}
+
+TEST_CASE("unnamed ops match by submission order", "[allreduce]") {
+  Session session;
+  std::vector<int> a(4, 1), b(2, 10);
+  Handle ha = allreduce_async(TensorView(a.data(), {4}), {}, {.op = ReduceOp::Sum});
+  Handle hb = allreduce_async(TensorView(b.data(), {2}), {}, {.op = ReduceOp::Sum});
+  ha.wait();
+  hb.wait();
+  CHECK(all_ranks(a[3] == world_size() && b[1] == 10 * world_size()));
+}
+
+}  // namespace
+}  // namespace tutti::test

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every error of API.md's allreduce part: argument errors from the call, cross-rank
+// disagreements as Mismatch on every rank (and the runtime usable afterwards), states before
+// init() and after shutdown(), re-init, and malformed settings.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test/support/mpi_test_util.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+// The code of the tutti::Error `f` throws, or nullopt if it throws none.
+template <class F>
+std::optional<ErrorCode> error_of(F&& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return std::nullopt;
+}
+
+bool sum_works() {
+  std::vector<float> v(5, 1.0f);
+  allreduce(TensorView(v.data(), {5}), "after.error", {.op = ReduceOp::Sum});
+  return v[4] == static_cast<float>(world_size());
+}
+
+TEST_CASE("before init, queries throw NotInitialized and ops too", "[errors]") {
+  CHECK_FALSE(is_initialized());
+  CHECK(error_of([] { static_cast<void>(rank()); }) == ErrorCode::NotInitialized);
+  std::vector<float> v(1);
+  CHECK(error_of([&] { allreduce_async(TensorView(v.data(), {1})); }) == ErrorCode::NotInitialized);
+  static_cast<void>(cuda_built());  // Compile-time facts: callable any time.
+  static_cast<void>(nccl_built());
+}
+
+TEST_CASE("init reports its place in the job", "[errors]") {
+  init();
+  CHECK(all_ranks(rank() == world_rank() && size() == world_size()));
+  CHECK(all_ranks(local_size() >= 1 && local_rank() < local_size() && cross_rank() < cross_size()));
+  CHECK(all_ranks(ProcessSet::global().size() == world_size() && ProcessSet::global().rank() == world_rank()));
+  shutdown();
+}
+
+TEST_CASE("argument errors are thrown by the call", "[errors]") {
+  init();
+  std::vector<float> v(4);
+  std::vector<double> d(4);
+  std::vector<std::uint8_t> flags(4);
+  TensorView t(v.data(), {4});
+  Handle first = allreduce_async(t, "dup");
+  std::string message;
+  CHECK(error_of([&] { allreduce_async(t, "dup"); }, &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("'dup'") != std::string::npos);
+  first.wait();
+  CHECK(error_of([&] { allreduce_async(TensorView(flags.data(), DataType::Bool, {4}), "b"); }) ==
+        ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { allreduce_async(t, TensorView(d.data(), {4}), "oop"); }) == ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { allreduce_async(t, "p", {.process_set = ProcessSet(42)}); }) == ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { grouped_allreduce_async({}, "g"); }) == ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { broadcast_async(t, world_size(), "root"); }) == ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { Handle().wait(); }) == ErrorCode::InvalidArgument);
+  CHECK(all_ranks(sum_works()));
+  shutdown();
+}
+
+TEST_CASE("ranks that disagree get Mismatch on every rank, naming both values", "[errors]") {
+  if (world_size() < 2) return;
+  init();
+  const int last = world_size() - 1;
+  const bool odd = world_rank() == last;
+  std::vector<float> a(68), b(68);
+  std::vector<std::int32_t> ints(68);
+
+  std::string message;
+  auto shape = error_of([&] {
+    allreduce(TensorView(a.data(), {17, odd ? 4 : 3}), "grad.fc1");
+  }, &message);
+  const std::string expected = "Mismatched ALLREDUCE tensor shapes for 'grad.fc1': rank 0 sent [17, 3], rank " +
+                               std::to_string(last) + " sent [17, 4]";
+  CHECK(all_ranks(shape == ErrorCode::Mismatch && message == expected));
+  CHECK(all_ranks(sum_works()));
+
+  auto dtype = error_of([&] {
+    if (odd) allreduce(TensorView(ints.data(), {5}), "dtype"); else allreduce(TensorView(a.data(), {5}), "dtype");
+  }, &message);
+  CHECK(all_ranks(dtype == ErrorCode::Mismatch && message.find("data types") != std::string::npos &&
+                  message.find("int32") != std::string::npos && message.find("float32") != std::string::npos));
+
+  auto op = error_of([&] {
+    allreduce(TensorView(a.data(), {5}), "op", {.op = odd ? ReduceOp::Max : ReduceOp::Sum});
+  }, &message);
+  CHECK(all_ranks(op == ErrorCode::Mismatch && message.find("SUM") != std::string::npos &&
+                  message.find("MAX") != std::string::npos));
+
+  auto scale = error_of([&] {
+    allreduce(TensorView(a.data(), {5}), "scale", {.prescale_factor = odd ? 2.0 : 1.0});
+  }, &message);
+  CHECK(all_ranks(scale == ErrorCode::Mismatch && message.find("prescale") != std::string::npos));
+
+  auto kind = error_of([&] {
+    if (odd) broadcast(TensorView(a.data(), {5}), 0, "kind"); else allreduce(TensorView(a.data(), {5}), "kind");
+  }, &message);
+  CHECK(all_ranks(kind == ErrorCode::Mismatch && message.find("BROADCAST") != std::string::npos));
+
+  auto group = error_of([&] {
+    std::vector<TensorView> views = {TensorView(a.data(), {5})};
+    if (odd) views.push_back(TensorView(b.data(), {5}));
+    grouped_allreduce(views, "group");
+  }, &message);
+  CHECK(all_ranks(group == ErrorCode::Mismatch));
+  CHECK(all_ranks(sum_works()));
+  shutdown();
+}
+
+TEST_CASE("after shutdown pending ops fail with ShutDown, new ones too, and init works again", "[errors]") {
+  init();
+  std::vector<float> v(3, 1.0f);
+  // Only the last rank submits: nobody else ever will, so shutdown must fail it, not hang.
+  Handle lonely;
+  if (world_size() > 1 && world_rank() == world_size() - 1) lonely = allreduce_async(TensorView(v.data(), {3}), "lonely");
+  MPI_Barrier(MPI_COMM_WORLD);
+  shutdown();
+  CHECK(all_ranks(world_size() == 1 || world_rank() != world_size() - 1 ||
+                  error_of([&] { lonely.wait(); }) == ErrorCode::ShutDown));
+  CHECK(error_of([&] { allreduce_async(TensorView(v.data(), {3}), "late"); }) == ErrorCode::ShutDown);
+  CHECK(error_of([] { static_cast<void>(size()); }) == ErrorCode::NotInitialized);
+  shutdown();  // Idempotent.
+  init();
+  CHECK(all_ranks(rank() == world_rank() && size() == world_size() && sum_works()));
+  shutdown();
+}
+
+TEST_CASE("a malformed setting fails init naming the variable", "[errors]") {
+  setenv("TUTTI_CYCLE_TIME", "12x", 1);
+  std::string message;
+  CHECK(error_of([] { init(); }, &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("TUTTI_CYCLE_TIME") != std::string::npos);
+  unsetenv("TUTTI_CYCLE_TIME");
+  setenv("HOROVOD_FUSION_THRESHOLD", "lots", 1);
+  CHECK(error_of([] { init(); }, &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("HOROVOD_FUSION_THRESHOLD") != std::string::npos);
+  unsetenv("HOROVOD_FUSION_THRESHOLD");
+  CHECK_FALSE(is_initialized());
+}
+
+}  // namespace
+}  // namespace tutti::test
