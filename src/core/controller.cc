@@ -68,7 +68,9 @@ ResponseList Coordinator::take_ready() {
     SetState& set = sets_.at(set_id);
     auto node = set.pending.extract(name);
     Pending& pending = node.mapped();
-    if (pending.common_hit >= 0) {
+    // A hit is replayed only if its id is still cached here; then every rank still has it too
+    // (ranks apply a list's evictions after its inserts). Otherwise negotiate afresh.
+    if (pending.common_hit >= 0 && cache_.find(pending.common_hit) != nullptr) {
       // Every member sent the same cache id: replay the cached response.
       list.responses.emplace_back();
       list.cache_ids.push_back(pending.common_hit);
