@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Element conversion with scaling, the inner loop of fusion pack and unpack:
+// Element conversion with scaling, the inner loop of fusion pack and unpack (implemented in
+// ops/cpu/convert.cc):
 //   destination[i] = DestinationType(source[i] * factor)
 // computed in float for Float16/BFloat16/Float32 sources and targets, in double otherwise;
 // conversion to an integer type truncates toward zero (API.md's integer Average). With

@@ -3,7 +3,7 @@
 // cheap cost model leaves `d[i] = s[i] * f` scalar, which made unpack 2x slower than memcpy.
 #pragma GCC optimize("O3")
 
-#include "ops/cpu/convert.h"
+#include "ops/convert.h"
 
 #include <cmath>
 #include <cstdint>

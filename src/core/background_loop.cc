@@ -215,7 +215,6 @@ void Session::begin_shutdown(ErrorCode code, const std::string& message) {
 }
 
 Status Session::execute(ResponseList list) {
-  for (std::int32_t id : list.evicted) cache_.erase(id);
   if (!list.resend.empty()) {
     // The coordinator evicted ids this rank sent as hits: send those requests in full.
     RequestList again;
@@ -244,6 +243,9 @@ Status Session::execute(ResponseList list) {
     }
     works.push_back(Work{.response = response, .entry = std::move(entry)});
   }
+  // Evictions after the inserts: ids are never reused, and a list that inserts more entries
+  // than the capacity evicts some of its own (the coordinator did so while building it).
+  for (std::int32_t id : list.evicted) cache_.erase(id);
   std::vector<FusionItem> items;
   items.reserve(works.size());
   for (const Work& work : works) {

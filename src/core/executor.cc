@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ops/cpu/convert.h"
+#include "ops/convert.h"
 #include "src/common/check.h"
 
 namespace tutti::core {

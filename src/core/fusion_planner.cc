@@ -22,11 +22,8 @@ std::vector<std::vector<std::size_t>> plan_fusion(std::span<const FusionItem> it
       continue;
     }
     batches.push_back({i});
-    if (item.bytes < threshold_bytes) {
-      open[item.key] = Open{.batch = batches.size() - 1, .bytes = item.bytes};
-    } else {
-      open.erase(item.key);  // Rule 2: a big item leaves no room; keep order simple after it.
-    }
+    // Rule 2: an item at or over the threshold travels alone and leaves the open batch open.
+    if (item.bytes < threshold_bytes) open[item.key] = Open{.batch = batches.size() - 1, .bytes = item.bytes};
   }
   return batches;
 }

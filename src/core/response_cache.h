@@ -7,8 +7,9 @@
 // the set did so, the coordinator answers with the id alone and each rank replays its cached
 // response. The coordinator decides insertions and evictions (least recently used beyond the
 // capacity) and announces them in its response lists, which every rank applies in the same
-// order, so every rank's cache holds the same ids. A hit on an id the coordinator evicted
-// meanwhile is answered with "resend", and the rank sends the full request.
+// order (a list's evictions after its inserts), so every rank's cache holds the same ids. A hit
+// on an id the coordinator evicted meanwhile is answered with "resend", and the rank sends the
+// full request; ops whose hits were filed before their id was evicted are negotiated afresh.
 #pragma once
 
 #include <cstdint>

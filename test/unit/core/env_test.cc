@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/common/env.h"
+
+#include <cstdlib>
+
+#include <catch2/catch.hpp>
+
+#include "src/core/config.h"
+
+namespace tutti::detail {
+namespace {
+
+// Sets a variable for the scope of a test.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  const char* name_;
+};
+
+TEST_CASE("TUTTI_ wins over HOROVOD_, which is the fallback", "[env]") {
+  {
+    ScopedEnv horovod("HOROVOD_CACHE_CAPACITY", "5");
+    CHECK(int_setting("CACHE_CAPACITY", 1).value() == 5);
+    ScopedEnv tutti("TUTTI_CACHE_CAPACITY", "6");
+    CHECK(int_setting("CACHE_CAPACITY", 1).value() == 6);
+  }
+  CHECK(int_setting("CACHE_CAPACITY", 1).value() == 1);
+}
+
+TEST_CASE("Malformed values name the variable", "[env]") {
+  ScopedEnv bad("TUTTI_CYCLE_TIME", "12x");
+  Result<double> cycle = double_setting("CYCLE_TIME", 1);
+  REQUIRE_FALSE(cycle.ok());
+  CHECK(cycle.status().code() == ErrorCode::InvalidArgument);
+  CHECK(cycle.status().message() == "TUTTI_CYCLE_TIME='12x' is not a number");
+  ScopedEnv flag("HOROVOD_TIMELINE_MARK_CYCLES", "maybe");
+  CHECK(bool_setting("TIMELINE_MARK_CYCLES", false).status().message().find("HOROVOD_TIMELINE_MARK_CYCLES") == 0);
+}
+
+TEST_CASE("Config::from_env parses every knob and rejects out-of-range values", "[env]") {
+  {
+    ScopedEnv threshold("TUTTI_FUSION_THRESHOLD", "1048576");
+    ScopedEnv cycle("TUTTI_CYCLE_TIME", "2.5");
+    ScopedEnv stall("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", "0");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE(config.ok());
+    CHECK(config.value().fusion_threshold_bytes == 1048576);
+    CHECK(config.value().cycle_time == std::chrono::microseconds(2500));
+    CHECK(config.value().stall_shutdown_time.count() == 0);
+  }
+  ScopedEnv negative("TUTTI_FUSION_THRESHOLD", "-1");
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message().find("TUTTI_FUSION_THRESHOLD") != std::string_view::npos);
+  ScopedEnv level("TUTTI_LOG_LEVEL", "LOUD");
+  CHECK_FALSE(core::Config::from_env().ok());
+}
+
+TEST_CASE("Every knob is documented", "[env]") {
+  for (const Knob& knob : knobs()) {
+    CHECK_FALSE(knob.name.empty());
+    CHECK_FALSE(knob.doc.empty());
+  }
+}
+
+}  // namespace
+}  // namespace tutti::detail

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/message_codec.h"
+
+#include <catch2/catch.hpp>
+
+namespace tutti::core {
+namespace {
+
+Request named(const std::string& name) {
+  Request request;
+  request.name = name;
+  return request;
+}
+
+RequestList sample_requests() {
+  RequestList list;
+  list.shutdown = true;
+  list.cache_hits = {3, 7, 42};
+  Request request = named("grad.fc1");
+  request.process_set_id = 2;
+  request.op = Collective::Alltoall;
+  request.reduce_op = ReduceOp::Max;
+  request.prescale = 0.5;
+  request.postscale = 4.0;
+  request.root_rank = 3;
+  request.splits = {1, 0, 5};
+  request.tensors = {TensorSpec{.dtype = DataType::BFloat16, .shape = {6, 2}},
+                     TensorSpec{.dtype = DataType::Int64, .shape = {}}};
+  list.requests.push_back(request);
+  list.requests.push_back(named(""));
+  return list;
+}
+
+ResponseList sample_responses() {
+  ResponseList list;
+  Response full;
+  full.process_set_id = 1;
+  full.name = "x";
+  full.op = Collective::Allgather;
+  full.tensors = {TensorSpec{.dtype = DataType::Float16, .shape = {0, 3}}};
+  full.rows = {0, 4, 2};
+  full.joined = {1};
+  full.ok = false;
+  full.error_code = ErrorCode::Mismatch;
+  full.error_message = "Mismatched ...";
+  full.last_joined_rank = 2;
+  list.responses = {full, Response{}};
+  list.cache_ids = {5, 9};
+  list.hit = {0, 1};
+  list.evicted = {1, 2};
+  list.resend = {8};
+  list.shutdown = true;
+  list.shutdown_code = ErrorCode::Stalled;
+  list.shutdown_message = "stalled";
+  return list;
+}
+
+TEST_CASE("RequestList round-trips through bytes", "[codec]") {
+  const RequestList list = sample_requests();
+  Result<RequestList> decoded = decode_request_list(encode(list));
+  REQUIRE(decoded.ok());
+  CHECK(decoded.value().shutdown);
+  CHECK(decoded.value().cache_hits == list.cache_hits);
+  CHECK(decoded.value().requests == list.requests);
+}
+
+TEST_CASE("ResponseList round-trips, with hits carried as ids alone", "[codec]") {
+  const ResponseList list = sample_responses();
+  const std::string bytes = encode(list);
+  Result<ResponseList> decoded = decode_response_list(bytes);
+  REQUIRE(decoded.ok());
+  const ResponseList& got = decoded.value();
+  CHECK(got.responses[0] == list.responses[0]);
+  CHECK(got.cache_ids == list.cache_ids);
+  CHECK(got.hit == list.hit);
+  CHECK(got.evicted == list.evicted);
+  CHECK(got.resend == list.resend);
+  CHECK(got.shutdown_code == ErrorCode::Stalled);
+  CHECK(got.shutdown_message == "stalled");
+}
+
+TEST_CASE("Every truncation of a message is rejected, never read past", "[codec]") {
+  const std::string requests = encode(sample_requests());
+  for (std::size_t n = 0; n < requests.size(); ++n) {
+    Result<RequestList> r = decode_request_list(std::string_view(requests).substr(0, n));
+    CHECK_FALSE(r.ok());
+    CHECK(r.status().code() == ErrorCode::Internal);
+  }
+  const std::string responses = encode(sample_responses());
+  for (std::size_t n = 0; n < responses.size(); ++n) {
+    CHECK_FALSE(decode_response_list(std::string_view(responses).substr(0, n)).ok());
+  }
+}
+
+TEST_CASE("Corrupt bytes are rejected", "[codec]") {
+  std::string bytes = encode(sample_requests());
+  SECTION("bad magic") {
+    bytes[0] ^= 0x5a;
+    CHECK_FALSE(decode_request_list(bytes).ok());
+  }
+  SECTION("trailing garbage") {
+    bytes += "x";
+    CHECK_FALSE(decode_request_list(bytes).ok());
+  }
+  SECTION("a huge length") {
+    // The cache-hit count follows the 4-byte magic and the 1-byte shutdown flag.
+    bytes[5] = '\xff';
+    bytes[6] = '\xff';
+    bytes[7] = '\xff';
+    bytes[8] = '\x7f';
+    CHECK_FALSE(decode_request_list(bytes).ok());
+  }
+  SECTION("an enum out of range") {
+    RequestList list;
+    list.requests.push_back(named("a"));
+    std::string one = encode(list);
+    // The op byte follows magic(4) shutdown(1) hits(4) count(4) set(4) name(4+1).
+    one[4 + 1 + 4 + 4 + 4 + 5] = 99;
+    CHECK_FALSE(decode_request_list(one).ok());
+  }
+  SECTION("a response list that is a request list") {
+    CHECK_FALSE(decode_response_list(bytes).ok());
+  }
+}
+
+}  // namespace
+}  // namespace tutti::core

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/response_cache.h"
+
+#include <catch2/catch.hpp>
+
+namespace tutti::core {
+namespace {
+
+Request named(const std::string& name) {
+  Request request;
+  request.name = name;
+  return request;
+}
+
+CoordinatorCache::Entry entry(const std::string& name) {
+  CoordinatorCache::Entry e;
+  e.name = name;
+  e.requests = {std::make_shared<const Request>(named(name))};
+  e.response.name = name;
+  return e;
+}
+
+TEST_CASE("The coordinator cache evicts the least recently used beyond its capacity", "[cache]") {
+  CoordinatorCache cache(2);
+  std::vector<std::int32_t> evicted;
+  const std::int32_t a = cache.insert(entry("a"), &evicted);
+  const std::int32_t b = cache.insert(entry("b"), &evicted);
+  CHECK(evicted.empty());
+  REQUIRE(cache.find(a) != nullptr);  // a is now the most recent.
+  const std::int32_t c = cache.insert(entry("c"), &evicted);
+  CHECK(evicted == std::vector<std::int32_t>{b});
+  CHECK(cache.find(b) == nullptr);
+  CHECK(cache.find(c)->name == "c");
+  CHECK(cache.size() == 2);
+}
+
+TEST_CASE("Re-negotiating a name evicts its old id; ids are never reused", "[cache]") {
+  CoordinatorCache cache(10);
+  std::vector<std::int32_t> evicted;
+  const std::int32_t first = cache.insert(entry("a"), &evicted);
+  const std::int32_t second = cache.insert(entry("a"), &evicted);
+  CHECK(second != first);
+  CHECK(evicted == std::vector<std::int32_t>{first});
+  CHECK(cache.find(first) == nullptr);
+}
+
+TEST_CASE("The rank cache answers only identical requests", "[cache]") {
+  RankCache cache;
+  Request request = named("w");
+  request.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = {3}}};
+  Response response;
+  response.name = "w";
+  cache.insert(7, request, response);
+  CHECK(cache.lookup(request) == std::optional<std::int32_t>(7));
+  Request other = request;
+  other.tensors[0].shape = {4};
+  CHECK_FALSE(cache.lookup(other).has_value());
+  REQUIRE(cache.response(7) != nullptr);
+  cache.erase(7);
+  CHECK_FALSE(cache.lookup(request).has_value());
+  CHECK(cache.response(7) == nullptr);
+}
+
+}  // namespace
+}  // namespace tutti::core

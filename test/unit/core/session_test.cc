@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+// Whole sessions over the in-memory transport: N threads as N ranks, no MPI.
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "src/core/session.h"
+#include "test/support/fake_transport.h"
+
+namespace tutti::test {
+namespace {
+
+std::shared_ptr<core::Entry> allreduce_entry(const std::string& name, TensorView view, ReduceOp op = ReduceOp::Sum) {
+  auto entry = std::make_shared<core::Entry>();
+  entry->request.name = name;
+  entry->request.op = core::Collective::Allreduce;
+  entry->request.reduce_op = op;
+  entry->request.tensors = {core::TensorSpec{.dtype = view.dtype(), .shape = view.shape()}};
+  entry->inputs = {view};
+  entry->outputs = {view};
+  entry->state = std::make_shared<detail::OpState>();
+  return entry;
+}
+
+// Runs `body(session, rank)` on `size` ranks, each with its own Session over one FakeWorld.
+template <class F>
+void with_sessions(int size, F&& body) {
+  FakeWorld world(size);
+  std::vector<std::unique_ptr<ops::Transport>> transports;
+  for (int r = 0; r < size; ++r) transports.push_back(world.transport(r));
+  run_ranks(size, [&](int rank) {
+    // Session::create cannot fail over the fake transport (no MPI, no environment).
+    std::shared_ptr<core::Session> session =
+        core::Session::create(core::Config{}, std::move(transports[static_cast<std::size_t>(rank)])).value();
+    body(*session, rank);
+    session->stop();
+  });
+}
+
+TEST_CASE("Sessions sum tensors submitted in a different order on each rank", "[session]") {
+  const int size = GENERATE(2, 3, 5);
+  constexpr int kTensors = 40;
+  std::vector<int> ok(static_cast<std::size_t>(size), 0);
+  with_sessions(size, [&](core::Session& session, int rank) {
+    std::vector<std::vector<float>> data(kTensors);
+    std::vector<std::shared_ptr<core::Entry>> entries(kTensors);
+    std::vector<int> order(kTensors);
+    for (int i = 0; i < kTensors; ++i) {
+      data[i].assign(static_cast<std::size_t>(i + 1), static_cast<float>(rank + i));
+      entries[i] = allreduce_entry("t." + std::to_string(i), TensorView(data[i].data(), {i + 1}));
+      order[i] = i;
+    }
+    std::mt19937 rng(static_cast<unsigned>(rank));
+    std::shuffle(order.begin(), order.end(), rng);
+    bool all = true;
+    for (int i : order) all = all && session.submit(entries[i]).ok();
+    for (int i = 0; i < kTensors; ++i) {
+      all = all && entries[i]->state->wait().ok();
+      // Closed form: sum over ranks of (rank + i).
+      const float expected = static_cast<float>(size * (size - 1) / 2 + size * i);
+      all = all && std::all_of(data[i].begin(), data[i].end(), [&](float x) { return x == expected; });
+    }
+    ok[static_cast<std::size_t>(rank)] = all;
+  });
+  for (int v : ok) CHECK(v == 1);
+}
+
+TEST_CASE("Sessions fail a shape mismatch on every rank, naming both shapes", "[session]") {
+  const int size = GENERATE(2, 3, 5);
+  std::vector<std::string> messages(static_cast<std::size_t>(size));
+  std::vector<int> codes(static_cast<std::size_t>(size), -1);
+  std::vector<int> usable(static_cast<std::size_t>(size), 0);
+  with_sessions(size, [&](core::Session& session, int rank) {
+    const std::int64_t rows = rank == size - 1 ? 4 : 3;
+    std::vector<float> data(68);
+    auto entry = allreduce_entry("grad.fc1", TensorView(data.data(), {17, rows}));
+    const Status submitted = session.submit(entry);
+    const Status status = submitted.ok() ? entry->state->wait() : submitted;
+    codes[static_cast<std::size_t>(rank)] = static_cast<int>(status.code());
+    messages[static_cast<std::size_t>(rank)] = std::string(status.message());
+    // Still usable afterwards.
+    float one = 1.0f;
+    auto after = allreduce_entry("after", TensorView(&one, {1}));
+    usable[static_cast<std::size_t>(rank)] =
+        session.submit(after).ok() && after->state->wait().ok() && one == static_cast<float>(size);
+  });
+  const std::string expected = "Mismatched ALLREDUCE tensor shapes for 'grad.fc1': rank 0 sent [17, 3], rank " +
+                               std::to_string(size - 1) + " sent [17, 4]";
+  for (int r = 0; r < size; ++r) {
+    CHECK(codes[static_cast<std::size_t>(r)] == static_cast<int>(ErrorCode::Mismatch));
+    CHECK(messages[static_cast<std::size_t>(r)] == expected);
+    CHECK(usable[static_cast<std::size_t>(r)] == 1);
+  }
+}
+
+TEST_CASE("A name already in flight is refused by submit", "[session]") {
+  std::vector<int> refused(2, 0);
+  with_sessions(2, [&](core::Session& session, int rank) {
+    float x = 1.0f;
+    auto first = allreduce_entry("dup", TensorView(&x, {1}));
+    const bool submitted = session.submit(first).ok();
+    const Status second = session.submit(allreduce_entry("dup", TensorView(&x, {1})));
+    refused[static_cast<std::size_t>(rank)] =
+        submitted && second.code() == ErrorCode::InvalidArgument && first->state->wait().ok();
+  });
+  CHECK(refused == std::vector<int>{1, 1});
+}
+
+TEST_CASE("Stopping one rank fails the other's pending op with ShutDown", "[session]") {
+  int code = -1;
+  with_sessions(2, [&](core::Session& session, int rank) {
+    if (rank != 1) return;  // Rank 0 stops at once; rank 1's op can never be matched.
+    float x = 1.0f;
+    auto lonely = allreduce_entry("lonely", TensorView(&x, {1}));
+    // Either the submission already sees the stopped session, or the pending op is failed.
+    const Status submitted = session.submit(lonely);
+    code = static_cast<int>(submitted.ok() ? lonely->state->wait().code() : submitted.code());
+  });
+  CHECK(code == static_cast<int>(ErrorCode::ShutDown));
+}
+
+}  // namespace
+}  // namespace tutti::test
