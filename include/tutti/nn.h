@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+// The neural-network layer (API.md, "tutti/nn.h"): Variable with reverse-mode autograd, modules,
+// layers, losses and the differentiable functions they are built from.
+#pragma once
+
+#include "tutti/nn/activations.h"  // IWYU pragma: export
+#include "tutti/nn/batch_norm.h"   // IWYU pragma: export
+#include "tutti/nn/conv2d.h"       // IWYU pragma: export
+#include "tutti/nn/flatten.h"      // IWYU pragma: export
+#include "tutti/nn/functional.h"   // IWYU pragma: export
+#include "tutti/nn/linear.h"       // IWYU pragma: export
+#include "tutti/nn/losses.h"       // IWYU pragma: export
+#include "tutti/nn/module.h"       // IWYU pragma: export
+#include "tutti/nn/pooling.h"      // IWYU pragma: export
+#include "tutti/nn/random.h"       // IWYU pragma: export
+#include "tutti/nn/sequential.h"   // IWYU pragma: export
+#include "tutti/nn/variable.h"     // IWYU pragma: export

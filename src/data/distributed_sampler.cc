@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// DistributedSampler: torch's padded, strided split of a (shuffled) index list.
+#include "tutti/data/distributed_sampler.h"
+
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tutti/error.h"
+
+namespace tutti::data {
+namespace {
+
+// A uniform draw from [0, bound) without modulo bias. std::uniform_int_distribution is not
+// used because its algorithm differs between standard libraries, and every rank must draw the
+// same permutation. Values below 2^64 mod bound are rejected so the rest split evenly.
+std::uint64_t draw_below(std::mt19937_64& engine, std::uint64_t bound) {
+  const std::uint64_t threshold = (0 - bound) % bound;
+  std::uint64_t value = engine();
+  while (value < threshold) value = engine();
+  return value % bound;
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(std::size_t dataset_size, int num_replicas, int rank,
+                                       bool shuffle, std::uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size),
+      num_replicas_(num_replicas),
+      rank_(rank),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last) {
+  if (num_replicas < 1) {
+    throw Error(
+        ErrorCode::InvalidArgument,
+        "DistributedSampler: num_replicas must be at least 1, got " + std::to_string(num_replicas));
+  }
+  if (rank < 0 || rank >= num_replicas) {
+    throw Error(ErrorCode::InvalidArgument, "DistributedSampler: rank " + std::to_string(rank) +
+                                                " is outside [0, " + std::to_string(num_replicas) +
+                                                ")");
+  }
+  const auto replicas = static_cast<std::size_t>(num_replicas);
+  // torch: ceil(len / replicas), or with drop_last ceil((len - replicas) / replicas), which is
+  // floor(len / replicas) (and 0 when len < replicas).
+  num_samples_ = drop_last ? dataset_size / replicas : (dataset_size + replicas - 1) / replicas;
+}
+
+void DistributedSampler::set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
+
+std::vector<std::size_t> DistributedSampler::indices() const {
+  std::vector<std::size_t> order(dataset_size_);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  if (shuffle_ && dataset_size_ > 1) {
+    std::mt19937_64 engine(seed_ + epoch_);  // Wraps on overflow, identically everywhere.
+    for (std::size_t i = dataset_size_ - 1; i > 0; --i) {  // Fisher-Yates.
+      std::swap(order[i], order[draw_below(engine, static_cast<std::uint64_t>(i) + 1)]);
+    }
+  }
+  const std::size_t total = total_size();
+  const auto stride = static_cast<std::size_t>(num_replicas_);
+  std::vector<std::size_t> mine;
+  mine.reserve(num_samples_);
+  // Position p of the padded list is order[p % dataset_size]: padding repeats the list from its
+  // start, cycling when it must add more than one copy (torch's `indices * ceil(...)`).
+  for (std::size_t p = static_cast<std::size_t>(rank_); p < total; p += stride) {
+    mine.push_back(order[p % dataset_size_]);
+  }
+  return mine;
+}
+
+}  // namespace tutti::data

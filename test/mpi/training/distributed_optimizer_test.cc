@@ -1,0 +1,477 @@
+// SPDX-License-Identifier: Apache-2.0
+// DistributedOptimizer at 1-4 ranks against single-process oracles: N ranks on shards of a
+// batch must end where one process on the whole batch ends (computed on every rank with a
+// second model and no communication). See Note [Collective assertions] in
+// test/support/mpi_test_util.h: every check after a collective is CHECK(all_ranks(...)).
+#include "tutti/optim/distributed_optimizer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test/mpi/training/capture_stderr.h"
+#include "test/mpi/training/training_test_util.h"
+#include "test/support/mpi_test_util.h"
+#include "tutti/nn.h"
+#include "tutti/optim.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+using optim::Compression;
+using optim::DistributedOptimizer;
+using optim::DistributedOptions;
+
+// The error code `f` throws, or Internal if it throws none.
+template <class F>
+ErrorCode code_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::Internal;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(int kind, std::vector<nn::Variable> params,
+                                                 double lr_scale = 1.0) {
+  switch (kind) {
+    case 0:
+      return std::make_unique<optim::SGD>(
+          std::move(params),
+          optim::SGDOptions{
+              .lr = 0.1 * lr_scale, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+    case 1: return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 0.01});
+    case 2:
+      return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 0.01});
+    default:
+      return std::make_unique<optim::SGD>(std::move(params),
+                                          optim::SGDOptions{.lr = 0.1 * lr_scale});
+  }
+}
+
+// Scales every gradient so that their global L2 norm is at most `max_norm` (as
+// torch.nn.utils.clip_grad_norm_).
+void clip_grad_norm(const nn::NamedParameters& params, double max_norm) {
+  double total = 0;
+  for (const auto& [name, p] : params) {
+    for (float g : p.grad().span<float>()) total += static_cast<double>(g) * g;
+  }
+  const double norm = std::sqrt(total);
+  if (norm <= max_norm) return;
+  const auto factor = static_cast<float>(max_norm / (norm + 1e-6));
+  for (const auto& [name, p] : params) {
+    for (float& g : p.grad().span<float>()) g *= factor;
+  }
+}
+
+TEST_CASE("N ranks on shards end with the parameters of one process on the whole batch",
+          "[distributed]") {
+  Session session;
+  const int kind = GENERATE(0, 1, 2);  // SGD (momentum, Nesterov, weight decay), Adam, AdamW.
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(7);
+  auto reference = make_model(7);
+  const nn::NamedParameters named = model->named_parameters();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  auto inner = make_optimizer(kind, variables(named));
+  auto ref_opt = make_optimizer(kind, variables(ref_named));
+  DistributedOptimizer dist(*inner, named);
+  optim::broadcast_parameters(named, 0);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    dist.zero_grad();
+    forward_backward(*model, shard(rank, size, step));
+    dist.step();
+    ref_opt->zero_grad();
+    forward_backward(*reference, full_batch(step));
+    ref_opt->step();
+  }
+  const double diff = max_diff(named, ref_named);
+  INFO("kind " << kind << " max |difference| " << diff);
+  CHECK(all_ranks(diff < 1e-5));
+  CHECK(all_ranks(max_diff(named, make_model(7)->named_parameters()) > 1e-3));  // It trained.
+}
+
+struct ReductionCase {
+  const char* what;
+  DistributedOptions options;
+  bool sum;          // The oracle is size · the batch gradient instead of the gradient.
+  double tolerance;  // Absolute, on gradients of magnitude ~1.
+};
+
+TEST_CASE("Reduced gradients equal the whole batch's, for every op, compression and grouping",
+          "[distributed]") {
+  Session session;
+  const std::vector<ReductionCase> cases = {
+      {"average", {}, false, 1e-6},
+      {"sum", {.op = ReduceOp::Sum}, true, 1e-5},
+      {"predivide 3", {.gradient_predivide_factor = 3.0}, false, 1e-6},
+      {"fp16", {.compression = Compression::FP16}, false, 4e-3},
+      {"bf16", {.compression = Compression::BF16}, false, 3e-2},
+      {"sum bf16", {.op = ReduceOp::Sum, .compression = Compression::BF16}, true, 6e-2},
+      {"2 groups", {.num_groups = 2}, false, 1e-6},
+      {"10 groups (clamped)", {.num_groups = 10}, false, 1e-6},
+      {"explicit groups", {.groups = {{"2.bias", "0.weight"}, {"2.weight"}}}, false, 1e-6},
+      {"groups fp16 sum",
+       {.op = ReduceOp::Sum, .compression = Compression::FP16, .num_groups = 1},
+       true,
+       1.5e-2},
+  };
+  const std::size_t which = GENERATE(range<std::size_t>(0, 10));
+  const ReductionCase& c = cases.at(which);
+  INFO(c.what);
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const double scale = c.sum ? size : 1.0;
+  auto model = make_model(11);
+  auto reference = make_model(11);
+  const nn::NamedParameters named = model->named_parameters();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  auto ref_opt = make_optimizer(3, variables(ref_named), scale);  // Same steps under Sum.
+  DistributedOptimizer dist(*inner, named, c.options);
+  for (std::int64_t step = 0; step < 2; ++step) {  // Two rounds: the round state resets.
+    dist.zero_grad();
+    forward_backward(*model, shard(rank, size, step));
+    dist.synchronize();
+    ref_opt->zero_grad();
+    forward_backward(*reference, full_batch(step));
+    const double diff = max_diff(named, ref_named, /*grads=*/true, scale);
+    INFO("step " << step << " max |gradient difference| " << diff);
+    CHECK(all_ranks(diff < c.tolerance));
+    {
+      auto guard = dist.skip_synchronize();
+      dist.step();
+    }
+    ref_opt->step();
+  }
+  CHECK(all_ranks(max_diff(named, ref_named) < 20 * c.tolerance));
+}
+
+TEST_CASE("Adasum of identical gradients is the gradient; a set of 3 is refused on CPU",
+          "[distributed][adasum]") {
+  Session session;
+  const int size = tutti::size();
+  auto model = make_model(5);
+  auto reference = make_model(5);
+  const nn::NamedParameters named = model->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  DistributedOptimizer dist(*inner, named, {.op = ReduceOp::Adasum});
+  forward_backward(*reference, full_batch(0));
+  if ((size & (size - 1)) == 0) {             // The same on every rank.
+    forward_backward(*model, full_batch(0));  // Every rank the same data.
+    dist.synchronize();
+    CHECK(all_ranks(max_diff(named, reference->named_parameters(), true) < 1e-5));
+  } else {
+    // The first hook's allreduce_async refuses, from backward() itself.
+    CHECK(all_ranks(code_of([&] { forward_backward(*model, full_batch(0)); }) ==
+                    ErrorCode::InvalidArgument));
+  }
+}
+
+TEST_CASE("backward_passes_per_step = 2 sums the gradients of two passes, not their mean",
+          "[distributed][accumulation]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(13);
+  auto reference = make_model(13);
+  const nn::NamedParameters named = model->named_parameters();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  auto ref_opt = make_optimizer(3, variables(ref_named));
+  DistributedOptimizer dist(*inner, named, {.backward_passes_per_step = 2});
+  for (std::int64_t round = 0; round < 2; ++round) {
+    dist.zero_grad();
+    forward_backward(*model, shard(rank, size, 2 * round));
+    forward_backward(*model, shard(rank, size, 2 * round + 1));
+    dist.synchronize();
+    ref_opt->zero_grad();
+    forward_backward(*reference, full_batch(2 * round));
+    forward_backward(*reference, full_batch(2 * round + 1));
+    CHECK(all_ranks(max_diff(named, ref_named, /*grads=*/true) < 1e-5));
+    {
+      auto guard = dist.skip_synchronize();
+      dist.step();
+    }
+    ref_opt->step();
+  }
+  CHECK(all_ranks(max_diff(named, ref_named) < 1e-5));
+}
+
+TEST_CASE("Reductions start at the k-th pass; a (k+1)-th pass before step() is InvalidArgument",
+          "[distributed][accumulation]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(13);
+  auto reference = make_model(13);
+  const nn::NamedParameters named = model->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  DistributedOptimizer dist(*inner, named, {.backward_passes_per_step = 2});
+
+  forward_backward(*model, shard(rank, size, 0));
+  // Nothing is in flight after the first pass, so zero_grad() is allowed (the pass still
+  // counts; its gradient is discarded).
+  CHECK(all_ranks(code_of([&] { dist.zero_grad(); }) == ErrorCode::Internal));
+  forward_backward(*model, shard(rank, size, 1));
+  // The second pass started the reductions: zero_grad() now refuses, and so does a third pass.
+  CHECK(all_ranks(code_of([&] { dist.zero_grad(); }) == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(code_of([&] { forward_backward(*model, shard(rank, size, 2)); }) ==
+                  ErrorCode::InvalidArgument));
+  dist.synchronize();
+  // What was reduced is the gradient when the second pass's hooks fired: batch 1 only.
+  forward_backward(*reference, full_batch(1));
+  CHECK(all_ranks(max_diff(named, reference->named_parameters(), true) < 1e-5));
+  auto guard = dist.skip_synchronize();
+  dist.step();
+}
+
+TEST_CASE("A second backward() before step() is InvalidArgument with one pass per step",
+          "[distributed][accumulation]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(17);
+  const nn::NamedParameters named = model->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  DistributedOptimizer dist(*inner, named);
+  forward_backward(*model, shard(rank, size, 0));
+  CHECK(all_ranks(code_of([&] { forward_backward(*model, shard(rank, size, 0)); }) ==
+                  ErrorCode::InvalidArgument));
+  CHECK(all_ranks(code_of([&] { dist.step(); }) == ErrorCode::Internal));
+  // A new round accepts a backward pass again; one after synchronize() is refused too (the
+  // step's gradients are already reduced).
+  dist.zero_grad();
+  CHECK(all_ranks(code_of([&] { forward_backward(*model, shard(rank, size, 1)); }) ==
+                  ErrorCode::Internal));
+  dist.synchronize();
+  CHECK(all_ranks(code_of([&] { forward_backward(*model, shard(rank, size, 2)); }) ==
+                  ErrorCode::InvalidArgument));
+  auto guard = dist.skip_synchronize();
+  CHECK(all_ranks(code_of([&] { dist.step(); }) == ErrorCode::Internal));
+}
+
+TEST_CASE("step() inside skip_synchronize() without synchronize() uses this rank's gradients",
+          "[distributed]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(37);
+  auto reference = make_model(37);
+  const nn::NamedParameters named = model->named_parameters();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  auto ref_opt = make_optimizer(3, variables(ref_named));
+  DistributedOptimizer dist(*inner, named, {.num_groups = 2});
+  forward_backward(*model, shard(rank, size, 0));  // The hooks start the reductions...
+  {
+    auto guard = dist.skip_synchronize();
+    dist.step();  // ...which are finished, but not applied.
+  }
+  forward_backward(*reference, shard(rank, size, 0));
+  ref_opt->step();
+  CHECK(all_ranks(max_diff(named, ref_named) < 1e-6));
+  // The next round starts clean: names and buffers are free again.
+  dist.zero_grad();
+  forward_backward(*model, shard(rank, size, 1));
+  CHECK(all_ranks(code_of([&] { dist.step(); }) == ErrorCode::Internal));
+}
+
+// w is used by every rank; u only by ranks other than 0, with loss term rank · sum(u²), so
+// d/du on rank r is 2 r u and the average over n ranks is (n - 1) u.
+class TwoBranches : public nn::Module {
+ public:
+  TwoBranches() {
+    w = register_parameter("w", nn::Variable(Tensor(DataType::Float32, {4, 2})));
+    u = register_parameter("u",
+                           nn::Variable(Tensor::from<float>(std::vector<float>{1, -2, 3}, {3})));
+    float value = 0.1f;
+    for (float& x : w.value().span<float>()) x = (value += 0.05f);
+  }
+  nn::Variable forward(const nn::Variable& x) override { return nn::matmul(x, w); }
+  nn::Variable loss(const Batch& batch, int rank) {
+    nn::Variable l = nn::mse_loss(forward(batch.x), batch.y);
+    if (rank == 0) return l;
+    const nn::Variable r(Tensor::from<float>(std::vector<float>{static_cast<float>(rank)}, {1}));
+    return l + nn::sum(u * u) * r;
+  }
+  nn::Variable w, u;
+};
+
+TEST_CASE("A parameter without a gradient on some rank does not hang and averages correctly",
+          "[distributed][unused]") {
+  Session session;
+  const bool rank0_skips_backward = GENERATE(false, true);
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  TwoBranches model;
+  const nn::NamedParameters named = model.named_parameters();
+  optim::SGD sgd(variables(named), {.lr = 0.1});
+  DistributedOptimizer dist(sgd, named);
+  if (!(rank == 0 && rank0_skips_backward)) model.loss(shard(rank, size, 0), rank).backward();
+  dist.synchronize();
+
+  // Oracle for w: the ranks' local gradients, each computed here, summed and divided by size.
+  std::vector<double> expected_w(8, 0.0);
+  for (int r = 0; r < size; ++r) {
+    if (r == 0 && rank0_skips_backward) continue;
+    TwoBranches local;
+    nn::mse_loss(local.forward(shard(r, size, 0).x), shard(r, size, 0).y).backward();
+    const auto g = local.w.grad().span<float>();
+    for (std::size_t i = 0; i < g.size(); ++i) expected_w[i] += g[i] / static_cast<double>(size);
+  }
+  bool ok = true;
+  const auto gw = model.w.grad().span<float>();
+  for (std::size_t i = 0; i < gw.size(); ++i) ok = ok && std::abs(gw[i] - expected_w[i]) < 1e-5;
+  const std::vector<float> u0 = {1, -2, 3};
+  const auto gu = model.u.grad().span<float>();
+  for (std::size_t i = 0; i < gu.size(); ++i) {
+    ok = ok && std::abs(gu[i] - static_cast<float>(size - 1) * u0[i]) < 1e-5f;
+  }
+  CHECK(all_ranks(ok));
+  {
+    auto guard = dist.skip_synchronize();
+    dist.step();
+  }
+}
+
+TEST_CASE("Gradient clipping flow: synchronize, clip, step inside skip_synchronize()",
+          "[distributed][clipping]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(19);
+  auto reference = make_model(19);
+  const nn::NamedParameters named = model->named_parameters();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  auto inner = make_optimizer(0, variables(named));
+  auto ref_opt = make_optimizer(0, variables(ref_named));
+  DistributedOptimizer dist(*inner, named);
+  CaptureStderr capture;
+  for (std::int64_t step = 0; step < 3; ++step) {
+    dist.zero_grad();
+    forward_backward(*model, shard(rank, size, step));
+    dist.synchronize();
+    clip_grad_norm(named, 0.05);  // Small enough to clip every step.
+    {
+      auto guard = dist.skip_synchronize();
+      dist.step();
+    }
+    ref_opt->zero_grad();
+    forward_backward(*reference, full_batch(step));
+    clip_grad_norm(ref_named, 0.05);
+    ref_opt->step();
+  }
+  const std::string err = capture.text();
+  CHECK(all_ranks(max_diff(named, ref_named) < 1e-5));
+  CHECK(all_ranks(count_occurrences(err, "skip_synchronize()") == 0));
+}
+
+TEST_CASE("step() after synchronize() without the guard warns once and does not reduce twice",
+          "[distributed][warning]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(23);
+  auto reference = make_model(23);
+  const nn::NamedParameters named = model->named_parameters();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  // Sum would double-count a second reduction: the reference steps with lr · size.
+  auto inner = make_optimizer(3, variables(named));
+  auto ref_opt = make_optimizer(3, variables(ref_named), size);
+  std::string err;
+  {
+    CaptureStderr capture;
+    DistributedOptimizer dist(*inner, named, {.op = ReduceOp::Sum});
+    for (std::int64_t step = 0; step < 3; ++step) {
+      dist.zero_grad();
+      forward_backward(*model, shard(rank, size, step));
+      dist.synchronize();
+      dist.step();  // Warns the first time only.
+      ref_opt->zero_grad();
+      forward_backward(*reference, full_batch(step));
+      ref_opt->step();
+    }
+    err = capture.text();
+  }
+  const std::string warning = "step() called without skip_synchronize()";
+  INFO("captured stderr: " << err);
+  CHECK(all_ranks(count_occurrences(err, warning) == 1));
+  // One line: the warning's line has no line break inside.
+  const std::size_t at = err.find(warning);
+  const std::size_t begin = err.rfind('\n', at) == std::string::npos ? 0 : err.rfind('\n', at) + 1;
+  const std::size_t end = err.find('\n', at);
+  CHECK(all_ranks(at != std::string::npos && end != std::string::npos &&
+                  err.substr(begin, end - begin).find("WARNING") != std::string::npos));
+  CHECK(all_ranks(max_diff(named, ref_named) < 1e-5));
+
+  // Once per optimizer object: a new one warns again.
+  CaptureStderr capture;
+  DistributedOptimizer again(*inner, named);
+  forward_backward(*model, shard(rank, size, 0));
+  again.synchronize();
+  again.step();
+  CHECK(all_ranks(count_occurrences(capture.text(), warning) == 1));
+}
+
+TEST_CASE("zero_grad() while reductions are in flight is InvalidArgument", "[distributed]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = make_model(29);
+  const nn::NamedParameters named = model->named_parameters();
+  auto inner = make_optimizer(0, variables(named));
+  DistributedOptimizer dist(*inner, named, {.compression = Compression::FP16});
+  forward_backward(*model, shard(rank, size, 0));
+  CHECK(all_ranks(code_of([&] { dist.zero_grad(); }) == ErrorCode::InvalidArgument));
+  dist.synchronize();
+  CHECK(all_ranks(code_of([&] { dist.zero_grad(); }) == ErrorCode::Internal));
+  bool zero = true;
+  for (const auto& [name, p] : named) {
+    for (float g : p.grad().span<float>()) zero = zero && g == 0;
+  }
+  CHECK(all_ranks(zero));
+  auto guard = dist.skip_synchronize();
+  dist.step();
+}
+
+TEST_CASE("A DistributedOptimizer over a process set reduces among its members only",
+          "[distributed][process_set]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  if (size < 3) return;  // {0, 1} must differ from the global set. The same on every rank.
+  ProcessSet pair = add_process_set({0, 1});
+  auto model = make_model(31);
+  auto reference = make_model(31);
+  const nn::NamedParameters named = model->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  {
+    DistributedOptimizer dist(*inner, named, {.process_set = pair});
+    forward_backward(*model, shard(rank, size, 0));
+    dist.synchronize();
+    // Members hold the mean of shards 0 and 1; the others keep their own gradient.
+    if (rank <= 1) {
+      forward_backward(*reference, shard(0, size, 0));
+      forward_backward(*reference, shard(1, size, 0));
+      CHECK(all_ranks(max_diff(named, reference->named_parameters(), true, 0.5) < 1e-5));
+    } else {
+      forward_backward(*reference, shard(rank, size, 0));
+      CHECK(all_ranks(max_diff(named, reference->named_parameters(), true) < 1e-6));
+    }
+    auto guard = dist.skip_synchronize();
+    dist.step();
+  }
+  remove_process_set(pair);
+}
+
+}  // namespace
+}  // namespace tutti::test
