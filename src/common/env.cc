@@ -34,6 +34,13 @@ constexpr Knob kKnobs[] = {
     {"LOG_HIDE_TIME", KnobType::Bool, "0", "omit the time from log lines"},
     {"THREAD_AFFINITY", KnobType::String, "", "comma-separated core per local rank for the "
                                               "background thread"},
+    // Set by tuttirun for horovodrun compatibility; read by nothing yet (documented so).
+    {"START_TIMEOUT", KnobType::Double, "30", "seconds for all ranks to start (launcher)"},
+    {"AUTOTUNE_WARMUP_SAMPLES", KnobType::Int, "3", "autotune: samples discarded at start"},
+    {"AUTOTUNE_STEPS_PER_SAMPLE", KnobType::Int, "10", "autotune: steps per sample"},
+    {"AUTOTUNE_BAYES_OPT_MAX_SAMPLES", KnobType::Int, "20", "autotune: max samples"},
+    {"AUTOTUNE_GAUSSIAN_PROCESS_NOISE", KnobType::Double, "0.8", "autotune: GP noise"},
+    {"BUILD_DIR", KnobType::String, "", "tuttirun --check-build: where to find tutti_config.h"},
 };
 
 const char* get(const std::string& variable) { return std::getenv(variable.c_str()); }
