@@ -45,6 +45,19 @@ class Backend {
                                std::span<const std::size_t> recv_counts, DataType dtype,
                                WireOp op) = 0;
   virtual Status barrier() = 0;
+  // Adasum (adaptive summation) of `data` in place: consecutive tensors of tensor_counts[i]
+  // elements, each combined with its own coefficients. dtype is Float32 or Float64 (core
+  // widens Float16/BFloat16); the set size is a power of two (checked at the call). Not pure,
+  // so that backends without it (test fakes) still build: they refuse it.
+  virtual Status adasum(void* /*data*/, std::span<const std::size_t> /*tensor_counts*/,
+                        DataType /*dtype*/) {
+    return Status(ErrorCode::InvalidArgument, "ADASUM is not supported by this backend");
+  }
+  // Device backends return once their work is enqueued on a stream (see Note [Stream
+  // ordering] in ops/cuda/stream.h); this is an error found since, without blocking: a peer
+  // lost mid-collective, after which the op's completion event would never complete. Core asks
+  // while it polls a device op's event. Host backends finish inside each call: always OK.
+  virtual Status async_error() { return Status(); }
 };
 
 }  // namespace tutti::ops

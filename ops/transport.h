@@ -34,6 +34,11 @@ class Transport {
   virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) = 0;
 };
 
+// Registers `hook` to run at the start of MPI_Finalize (through an attribute on
+// MPI_COMM_SELF, which MPI deletes first), so a session still open then is shut down while
+// MPI works. Application thread; the last registration wins.
+void set_mpi_finalize_hook(void (*hook)());
+
 // The MPI transport over MPI_COMM_WORLD (parent == nullptr) or over *parent (an MPI_Comm*).
 // Initializes MPI with MPI_THREAD_MULTIPLE if nobody has; then MPI is finalized at exit.
 // Application thread; collective over the parent communicator.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops/mpi/adasum.h"
 #include "ops/mpi/mpi_error.h"
 #include "ops/mpi/mpi_types.h"
 #include "src/common/check.h"
@@ -38,8 +39,9 @@ Status MpiBackend::allreduce(void* data, std::size_t count, DataType dtype, Wire
   const std::size_t bytes = element_size(dtype);
   for (std::size_t done = 0; done < count;) {
     const std::size_t piece = std::min(count - done, kMaxMpiCount);
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, at(data, done, bytes), to_mpi_count(piece),
-                                            to_mpi_type(dtype), to_mpi_op(op), comm_.get()));
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, at(data, done, bytes),
+                                            to_mpi_count(piece), to_mpi_type(dtype), to_mpi_op(op),
+                                            comm_.get()));
     done += piece;
   }
   return Status();
@@ -47,7 +49,8 @@ Status MpiBackend::allreduce(void* data, std::size_t count, DataType dtype, Wire
 
 Status MpiBackend::allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                               DataType dtype) {
-  TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()), "allgatherv needs one count per rank");
+  TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
+              "allgatherv needs one count per rank");
   const IntLayout layout = int_layout(counts);
   // Every rank sends from its own buffer; MPI_IN_PLACE would need the input inside `output`.
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Allgatherv(input, layout.counts[rank()], to_mpi_type(dtype), output,
@@ -60,8 +63,8 @@ Status MpiBackend::broadcast(void* data, std::size_t count, DataType dtype, int 
   const std::size_t bytes = element_size(dtype);
   for (std::size_t done = 0; done < count;) {
     const std::size_t piece = std::min(count - done, kMaxMpiCount);
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Bcast(at(data, done, bytes), to_mpi_count(piece), to_mpi_type(dtype),
-                                        root, comm_.get()));
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Bcast(at(data, done, bytes), to_mpi_count(piece),
+                                        to_mpi_type(dtype), root, comm_.get()));
     done += piece;
   }
   return Status();
@@ -72,10 +75,9 @@ Status MpiBackend::alltoallv(const void* input, std::span<const std::size_t> sen
                              DataType dtype) {
   const IntLayout send = int_layout(send_counts);
   const IntLayout recv = int_layout(recv_counts);
-  TUTTI_MPI_RETURN_IF_ERROR(MPI_Alltoallv(input, send.counts.data(), send.displacements.data(),
-                                          to_mpi_type(dtype), output, recv.counts.data(),
-                                          recv.displacements.data(), to_mpi_type(dtype),
-                                          comm_.get()));
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Alltoallv(
+      input, send.counts.data(), send.displacements.data(), to_mpi_type(dtype), output,
+      recv.counts.data(), recv.displacements.data(), to_mpi_type(dtype), comm_.get()));
   return Status();
 }
 
@@ -91,6 +93,10 @@ Status MpiBackend::reducescatter(const void* input, void* output,
 Status MpiBackend::barrier() {
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Barrier(comm_.get()));
   return Status();
+}
+
+Status MpiBackend::adasum(void* data, std::span<const std::size_t> tensor_counts, DataType dtype) {
+  return adasum_allreduce(comm_.get(), data, tensor_counts, dtype);
 }
 
 }  // namespace tutti::ops::mpi

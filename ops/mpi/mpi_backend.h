@@ -25,6 +25,7 @@ class MpiBackend final : public Backend {
   Status reducescatter(const void* input, void* output, std::span<const std::size_t> recv_counts,
                        DataType dtype, WireOp op) override;
   Status barrier() override;
+  Status adasum(void* data, std::span<const std::size_t> tensor_counts, DataType dtype) override;
 
  private:
   MpiComm comm_;

@@ -6,8 +6,19 @@
 
 namespace tutti::ops::mpi {
 namespace {
-constexpr int kTag = 7411;  // Any tag: the communicator is the control plane's alone.
+
+// Each control plane of the process gets its own tag. Sessions create them in the same
+// collective order on every rank, so the tags agree; a message of an earlier session that is
+// still in flight can then never be matched by a later one, even when MPI hands the later
+// session's communicator the freed one's context.
+int next_tag() {
+  static int sessions = 0;
+  return 1000 + (sessions++ % 30000);
 }
+
+}  // namespace
+
+MpiControlPlane::MpiControlPlane(MpiComm comm) : comm_(std::move(comm)), tag_(next_tag()) {}
 
 MpiControlPlane::~MpiControlPlane() {
   // Sends still in flight at teardown go to ranks that are tearing down too; cancel rather
@@ -26,7 +37,7 @@ Status MpiControlPlane::send(int destination, std::string bytes) {
   sends_.push_back(PendingSend{.bytes = std::move(bytes)});
   PendingSend& send = sends_.back();
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Isend(send.bytes.data(), to_mpi_count(send.bytes.size()), MPI_BYTE,
-                                      destination, kTag, comm_.get(), &send.request));
+                                      destination, tag_, comm_.get(), &send.request));
   static_cast<void>(sends_done());  // Frees the buffers of completed sends.
   return Status();
 }
@@ -45,12 +56,12 @@ bool MpiControlPlane::sends_done() {
 Result<std::optional<Message>> MpiControlPlane::poll() {
   int arrived = 0;
   MPI_Status status;
-  TUTTI_MPI_RETURN_IF_ERROR(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_.get(), &arrived, &status));
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Iprobe(MPI_ANY_SOURCE, tag_, comm_.get(), &arrived, &status));
   if (!arrived) return std::optional<Message>();
   int count = 0;
   MPI_Get_count(&status, MPI_BYTE, &count);
   Message message{.source = status.MPI_SOURCE, .bytes = std::string(static_cast<std::size_t>(count), '\0')};
-  TUTTI_MPI_RETURN_IF_ERROR(MPI_Recv(message.bytes.data(), count, MPI_BYTE, status.MPI_SOURCE, kTag,
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Recv(message.bytes.data(), count, MPI_BYTE, status.MPI_SOURCE, tag_,
                                      comm_.get(), MPI_STATUS_IGNORE));
   return std::optional<Message>(std::move(message));
 }

@@ -13,7 +13,7 @@ namespace tutti::ops::mpi {
 
 class MpiControlPlane final : public ControlPlane {
  public:
-  explicit MpiControlPlane(MpiComm comm) : comm_(std::move(comm)) {}
+  explicit MpiControlPlane(MpiComm comm);
   ~MpiControlPlane() override;
 
   int rank() const override { return comm_.rank(); }
@@ -28,6 +28,7 @@ class MpiControlPlane final : public ControlPlane {
     MPI_Request request = MPI_REQUEST_NULL;
   };
   MpiComm comm_;
+  int tag_;
   std::deque<PendingSend> sends_;  // Oldest first; a deque keeps `bytes` in place.
 };
 

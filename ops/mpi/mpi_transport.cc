@@ -96,8 +96,29 @@ class MpiTransport final : public Transport {
   std::unique_ptr<MpiControlPlane> control_;
 };
 
+void (*g_finalize_hook)() = nullptr;
+
+// MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else, MPI still working.
+int run_finalize_hook(MPI_Comm, int, void*, void*) {
+  if (g_finalize_hook) g_finalize_hook();
+  return MPI_SUCCESS;
+}
+
 }  // namespace
 }  // namespace mpi
+
+void set_mpi_finalize_hook(void (*hook)()) {
+  mpi::g_finalize_hook = hook;
+  static bool attached = false;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (attached || !initialized) return;
+  int keyval = MPI_KEYVAL_INVALID;
+  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, mpi::run_finalize_hook, &keyval, nullptr) == MPI_SUCCESS &&
+      MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr) == MPI_SUCCESS) {
+    attached = true;
+  }
+}
 
 Result<std::unique_ptr<Transport>> create_mpi_transport(const void* parent) {
   return mpi::MpiTransport::create(parent ? *static_cast<const MPI_Comm*>(parent) : MPI_COMM_WORLD);

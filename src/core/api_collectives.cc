@@ -16,7 +16,9 @@ namespace {
 using core::Collective;
 using detail::str_cat;
 
-[[noreturn]] void invalid(const std::string& message) { throw Error(ErrorCode::InvalidArgument, message); }
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorCode::InvalidArgument, message);
+}
 
 // The op being built: session, set and entry, with the checks every op shares.
 struct Submission {
@@ -28,8 +30,8 @@ struct Submission {
     session = core::Runtime::get().session_for_op().value_or_throw();
     set = session->process_set(process_set_id).value_or_throw();
     if (set.set_rank < 0) {
-      invalid(str_cat(to_string(op), " on process set ", process_set_id, " which does not include rank ",
-                      session->topology().rank));
+      invalid(str_cat(to_string(op), " on process set ", process_set_id,
+                      " which does not include rank ", session->topology().rank));
     }
     entry->request.op = op;
     entry->request.name = std::move(name);
@@ -51,23 +53,31 @@ struct Submission {
     entry->outputs.push_back(output);
   }
 
-  Handle submit() {
+  Handle submit() { return Handle(submit_state()); }
+
+  // As submit(), for callers that read the state's other results (join's rank).
+  std::shared_ptr<detail::OpState> submit_state() {
     entry->state = std::make_shared<detail::OpState>();
     entry->submitted = std::chrono::steady_clock::now();
     std::shared_ptr<detail::OpState> state = entry->state;
     session->submit(std::move(entry)).throw_if_error();
-    return Handle(std::move(state));
+    return state;
   }
+
+  const std::string& name() const { return entry->request.name; }
+  int set_size() const { return static_cast<int>(set.ranks->size()); }
 };
 
-void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options, Collective op) {
+void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options,
+                  Collective op) {
   const DataType dtype = tensor.dtype();
   if (dtype == DataType::Bool && options.op != ReduceOp::Min && options.op != ReduceOp::Max) {
     invalid(str_cat(to_string(op), " '", name, "': bool tensors reduce only with MIN or MAX, not ",
                     to_string(options.op)));
   }
-  if (options.op == ReduceOp::Adasum) {
-    invalid(str_cat(to_string(op), " '", name, "': ADASUM is not supported yet"));
+  if (options.op == ReduceOp::Adasum && !is_floating(dtype)) {
+    invalid(str_cat(to_string(op), " '", name, "': ADASUM needs a floating-point tensor, not ",
+                    to_string(dtype)));
   }
   if (!std::isfinite(options.prescale_factor) || !std::isfinite(options.postscale_factor)) {
     invalid(str_cat(to_string(op), " '", name, "': scale factors must be finite"));
@@ -84,9 +94,40 @@ Handle allreduce_impl(std::vector<std::pair<TensorView, TensorView>> tensors, st
         output.device() != input.device()) {
       invalid(str_cat("ALLREDUCE '", submission.entry->request.name, "': output ",
                       to_string(output.dtype()), detail::shape_string(output.shape()),
-                      " does not match input ", to_string(input.dtype()), detail::shape_string(input.shape())));
+                      " does not match input ", to_string(input.dtype()),
+                      detail::shape_string(input.shape())));
     }
     submission.add(input, output);
+  }
+  if (options.op == ReduceOp::Adasum) {
+    // The CPU algorithm halves the vector log2(size) times (ops/mpi/adasum.h).
+    const int size = submission.set_size();
+    if ((size & (size - 1)) != 0) {
+      invalid(str_cat("ALLREDUCE '", submission.name(),
+                      "': ADASUM on CPU needs a power-of-two set size; process set ",
+                      options.process_set.id(), " has ", size, " ranks"));
+    }
+  }
+  core::Request& request = submission.entry->request;
+  request.reduce_op = options.op;
+  request.prescale = options.prescale_factor;
+  request.postscale = options.postscale_factor;
+  return submission.submit();
+}
+
+Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string name,
+                          const ReduceOptions& options, bool grouped) {
+  Submission submission(Collective::Reducescatter, std::move(name), options.process_set.id());
+  if (grouped && inputs.empty()) invalid("grouped_reducescatter_async needs at least one tensor");
+  if (options.op != ReduceOp::Sum && options.op != ReduceOp::Average) {
+    invalid(str_cat("REDUCESCATTER '", submission.name(), "': op must be SUM or AVERAGE, not ",
+                    to_string(options.op)));
+  }
+  for (const TensorView& input : inputs) {
+    check_reduce(submission.name(), input, options, Collective::Reducescatter);
+    if (input.dim() == 0)
+      invalid(str_cat("REDUCESCATTER '", submission.name(), "' of a 0-d tensor"));
+    submission.add(input, input);
   }
   core::Request& request = submission.entry->request;
   request.reduce_op = options.op;
@@ -140,11 +181,13 @@ Handle allreduce_async(TensorView tensor, std::string name, ReduceOptions option
   return allreduce_impl({{tensor, tensor}}, std::move(name), options, false);
 }
 
-Handle allreduce_async(TensorView input, TensorView output, std::string name, ReduceOptions options) {
+Handle allreduce_async(TensorView input, TensorView output, std::string name,
+                       ReduceOptions options) {
   return allreduce_impl({{input, output}}, std::move(name), options, false);
 }
 
-Handle grouped_allreduce_async(std::vector<TensorView> tensors, std::string name, ReduceOptions options) {
+Handle grouped_allreduce_async(std::vector<TensorView> tensors, std::string name,
+                               ReduceOptions options) {
   std::vector<std::pair<TensorView, TensorView>> pairs;
   for (const TensorView& t : tensors) pairs.emplace_back(t, t);
   return allreduce_impl(std::move(pairs), std::move(name), options, true);
@@ -158,7 +201,8 @@ Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name,
   Submission submission(Collective::Allgather, std::move(name), set.id());
   if (inputs.empty()) invalid("grouped_allgather_async needs at least one tensor");
   for (const TensorView& input : inputs) {
-    if (input.dim() == 0) invalid(str_cat("ALLGATHER '", submission.entry->request.name, "' of a 0-d tensor"));
+    if (input.dim() == 0)
+      invalid(str_cat("ALLGATHER '", submission.entry->request.name, "' of a 0-d tensor"));
     submission.add(input, input);
   }
   return submission.submit();
@@ -169,23 +213,55 @@ Handle broadcast_async(TensorView tensor, int root_rank, std::string name, Proce
   const std::vector<int>& ranks = *submission.set.ranks;
   if (std::find(ranks.begin(), ranks.end(), root_rank) == ranks.end()) {
     invalid(str_cat("BROADCAST '", submission.entry->request.name, "': root rank ", root_rank,
-                    " is not in process set ", set.id(), " (ranks ", detail::join_list(ranks), ")"));
+                    " is not in process set ", set.id(), " (ranks ", detail::join_list(ranks),
+                    ")"));
   }
   submission.entry->request.root_rank = root_rank;
   submission.add(tensor, tensor);
   return submission.submit();
 }
 
-Handle alltoall_async(TensorView, std::vector<std::int64_t>, std::string, ProcessSet) {
-  invalid("alltoall is not implemented yet");
+Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits, std::string name,
+                      ProcessSet set) {
+  Submission submission(Collective::Alltoall, std::move(name), set.id());
+  const std::string& op_name = submission.name();
+  if (input.dim() == 0) invalid(str_cat("ALLTOALL '", op_name, "' of a 0-d tensor"));
+  const std::int64_t rows = input.shape()[0];
+  const int size = submission.set_size();
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      invalid(str_cat("ALLTOALL '", op_name, "': dim 0 (", rows,
+                      ") is not divisible by the set size (", size, ") for equal splits"));
+    }
+    splits.assign(static_cast<std::size_t>(size), rows / size);
+  }
+  if (splits.size() != static_cast<std::size_t>(size)) {
+    invalid(str_cat("ALLTOALL '", op_name, "': ", splits.size(), " splits for a set of ", size,
+                    " ranks"));
+  }
+  std::int64_t sum = 0;
+  for (std::int64_t split : splits) {
+    if (split < 0)
+      invalid(str_cat("ALLTOALL '", op_name, "': negative split ", split, " in ",
+                      detail::shape_string(splits)));
+    sum += split;
+  }
+  if (sum > rows) {
+    invalid(str_cat("ALLTOALL '", op_name, "': splits ", detail::shape_string(splits),
+                    " add up to ", sum, " rows, more than dim 0 (", rows, ")"));
+  }
+  submission.entry->request.splits = std::move(splits);
+  submission.add(input, input);
+  return submission.submit();
 }
 
-Handle reducescatter_async(TensorView, std::string, ReduceOptions) {
-  invalid("reducescatter is not implemented yet");
+Handle reducescatter_async(TensorView input, std::string name, ReduceOptions options) {
+  return reducescatter_impl({input}, std::move(name), options, false);
 }
 
-Handle grouped_reducescatter_async(std::vector<TensorView>, std::string, ReduceOptions) {
-  invalid("reducescatter is not implemented yet");
+Handle grouped_reducescatter_async(std::vector<TensorView> inputs, std::string name,
+                                   ReduceOptions options) {
+  return reducescatter_impl(inputs, std::move(name), options, true);
 }
 
 void allreduce(TensorView tensor, std::string name, ReduceOptions options) {
@@ -206,7 +282,8 @@ void broadcast(TensorView tensor, int root_rank, std::string name, ProcessSet se
   broadcast_async(tensor, root_rank, std::move(name), set).wait();
 }
 
-AlltoallResult alltoall(TensorView input, std::vector<std::int64_t> splits, std::string name, ProcessSet set) {
+AlltoallResult alltoall(TensorView input, std::vector<std::int64_t> splits, std::string name,
+                        ProcessSet set) {
   Handle h = alltoall_async(input, std::move(splits), std::move(name), set);
   h.wait();
   return AlltoallResult{.output = h.output(), .received_splits = h.received_splits()};
@@ -223,9 +300,17 @@ void barrier(ProcessSet set) {
   submission.submit().wait();
 }
 
-int join(ProcessSet) { invalid("join is not implemented yet"); }
+int join(ProcessSet set) {
+  // One fixed name: a rank has at most one join in flight per set, and the coordinator finds
+  // the joins of all members under it (see Note [Join] in src/core/controller.h).
+  Submission submission(Collective::Join, std::string(core::kJoinName), set.id());
+  std::shared_ptr<detail::OpState> state = submission.submit_state();
+  state->wait().throw_if_error();
+  return state->join_result;
+}
 
-std::string broadcast_object(std::string_view bytes, int root_rank, std::string name, ProcessSet set) {
+std::string broadcast_object(std::string_view bytes, int root_rank, std::string name,
+                             ProcessSet set) {
   if (name.empty()) name = "broadcast_object.noname";
   std::int64_t length = static_cast<std::int64_t>(bytes.size());
   broadcast(TensorView(&length, {1}), root_rank, name + ".size", set);
@@ -235,7 +320,8 @@ std::string broadcast_object(std::string_view bytes, int root_rank, std::string 
   return result;
 }
 
-std::vector<std::string> allgather_object(std::string_view bytes, std::string name, ProcessSet set) {
+std::vector<std::string> allgather_object(std::string_view bytes, std::string name,
+                                          ProcessSet set) {
   if (name.empty()) name = "allgather_object.noname";
   std::int64_t length = static_cast<std::int64_t>(bytes.size());
   Tensor lengths = allgather(TensorView(&length, {1}), name + ".sizes", set);

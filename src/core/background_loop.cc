@@ -3,6 +3,7 @@
 // Note [Negotiation] in controller.h.
 #include <pthread.h>
 
+#include <algorithm>
 #include <thread>
 #include <unordered_map>
 
@@ -30,30 +31,12 @@ constexpr std::chrono::seconds kShutdownAnswerTimeout{10};
 constexpr microseconds kBatchGap{3};
 constexpr std::chrono::seconds kStallCheckInterval{1};
 
-std::uint64_t fusion_key(const Response& response) {
-  if (response.op != Collective::Allreduce || response.tensors.empty()) return 0;
-  const DataType wire = wire_dtype(response.tensors.front().dtype, response.reduce_op,
-                                   response.prescale, response.postscale);
-  return 1 + (static_cast<std::uint64_t>(response.process_set_id) << 24) +
-         (static_cast<std::uint64_t>(wire) << 16) +
-         (static_cast<std::uint64_t>(wire_op(response.reduce_op)) << 8) +
-         static_cast<std::uint64_t>(response.device);
-}
-
-std::size_t wire_bytes(const Response& response) {
-  const DataType wire = wire_dtype(response.tensors.front().dtype, response.reduce_op,
-                                   response.prescale, response.postscale);
-  std::size_t count = 0;
-  for (const TensorSpec& spec : response.tensors) count += static_cast<std::size_t>(num_elements(spec.shape));
-  return count * element_size(wire);
-}
-
 }  // namespace
 
 // Note [Shutdown handshake]
-// Every rank sends the coordinator exactly one RequestList with `shutdown` set per session:
-// its own request when stop() is called, or, if the coordinator's "bye" came first, an
-// acknowledgement of it. The coordinator sends "bye" to every rank once (after the ready
+// Every rank sends the coordinator exactly one RequestList with `shutdown` set per session,
+// and it is the rank's last message: its own request when stop() is called, or, if the
+// coordinator's "bye" came first, an acknowledgement of it. The coordinator sends "bye" to every rank once (after the ready
 // responses) and keeps receiving until it has that one message from every rank. So no message
 // of a session is left unreceived when its communicators are freed; OpenMPI reuses a freed
 // communicator's context, and a stray message would reach the next session.
@@ -71,6 +54,7 @@ void Session::run() {
         }
         RequestList bye;
         bye.shutdown = true;
+        TUTTI_LOG_DEBUG("asking the coordinator to shut down");
         status = plane_->send(0, encode(bye));
         continue;
       }
@@ -103,6 +87,7 @@ Status Session::finish_handshake() {
     shutdown_sent_ = true;
     RequestList ack;
     ack.shutdown = true;
+    TUTTI_LOG_DEBUG("acknowledging the coordinator's shutdown");
     return plane_->send(0, encode(ack));
   }
   const Clock::time_point deadline = Clock::now() + kShutdownAnswerTimeout;
@@ -110,7 +95,8 @@ Status Session::finish_handshake() {
     TUTTI_ASSIGN_OR_RETURN(std::optional<ops::Message> message, plane_->poll());
     if (!message) {
       if (Clock::now() > deadline) {
-        TUTTI_LOG_WARNING("not every rank acknowledged the shutdown; stopping anyway");
+        TUTTI_LOG_WARNING("not every rank acknowledged the shutdown (", shutdown_messages_, " of ",
+                          plane_->size() - 1, "); stopping anyway");
         return Status();
       }
       std::this_thread::sleep_for(microseconds{50});
@@ -137,6 +123,9 @@ Status Session::step(bool* did_work) {
 }
 
 Status Session::send_requests(bool* did_work) {
+  // A rank's shutdown message is its last (Note [Shutdown handshake]); ops still queued then
+  // are failed by finish().
+  if (shutdown_sent_) return Status();
   std::vector<std::shared_ptr<Entry>> entries = queue_.drain_new();
   if (entries.empty() && resend_to_self_.empty()) return Status();
   *did_work = true;
@@ -215,7 +204,7 @@ void Session::begin_shutdown(ErrorCode code, const std::string& message) {
 }
 
 Status Session::execute(ResponseList list) {
-  if (!list.resend.empty()) {
+  if (!list.resend.empty() && !shutdown_sent_) {
     // The coordinator evicted ids this rank sent as hits: send those requests in full.
     RequestList again;
     for (std::int32_t id : list.resend) {
@@ -235,22 +224,35 @@ Status Session::execute(ResponseList list) {
       TUTTI_CHECK(response != nullptr, "cache id ", list.cache_ids[i], " is unknown on rank ", rank_);
     }
     std::shared_ptr<Entry> entry = queue_.take(response->process_set_id, response->name);
-    if (entry == nullptr) continue;  // Not a member of the set.
-    if (!list.hit[i] && list.cache_ids[i] >= 0) cache_.insert(list.cache_ids[i], entry->request, *response);
+    if (!list.hit[i] && list.cache_ids[i] >= 0) {
+      // Every rank stores every cached response, members of its set or not: hits are sent
+      // to every rank, and each must resolve them. A non-member never looks its request up.
+      Request placeholder;
+      placeholder.process_set_id = response->process_set_id;
+      placeholder.name = response->name;
+      cache_.insert(list.cache_ids[i], entry != nullptr ? entry->request : placeholder, *response);
+    }
+    if (entry == nullptr) {
+      // Not a member of the set, or a member that joined without submitting the op: it
+      // still takes part in the collective (see Note [Join] in controller.h).
+      if (is_absent_member(*response)) {
+        queue_.skip_automatic_name(response->process_set_id, response->name);
+        if (response->ok) works.push_back(Work{.response = response, .entry = nullptr});
+      }
+      continue;
+    }
     if (!response->ok) {
       entry->state->complete(Status(response->error_code, response->error_message));
       continue;
     }
     works.push_back(Work{.response = response, .entry = std::move(entry)});
   }
-  // Evictions after the inserts: ids are never reused, and a list that inserts more entries
-  // than the capacity evicts some of its own (the coordinator did so while building it).
-  for (std::int32_t id : list.evicted) cache_.erase(id);
   std::vector<FusionItem> items;
   items.reserve(works.size());
   for (const Work& work : works) {
     const std::uint64_t key = fusion_key(*work.response);
-    items.push_back(FusionItem{.key = key, .bytes = key == 0 ? SIZE_MAX : wire_bytes(*work.response)});
+    items.push_back(
+        FusionItem{.key = key, .bytes = key == 0 ? SIZE_MAX : fusion_bytes(*work.response)});
   }
   Status fault;
   for (const std::vector<std::size_t>& indices : plan_fusion(items, static_cast<std::size_t>(config_.fusion_threshold_bytes))) {
@@ -258,9 +260,15 @@ Status Session::execute(ResponseList list) {
     for (std::size_t i : indices) batch.push_back(works[i]);
     // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
     const Status status = fault.ok() ? execute_batch(batch) : fault;
-    for (Work& work : batch) work.entry->state->complete(status);
+    for (Work& work : batch) {
+      if (work.entry != nullptr) work.entry->state->complete(status);
+    }
     if (!status.ok() && status.code() == ErrorCode::Communication) fault = status;
   }
+  // Evictions last: ids are never reused, a list that inserts more entries than the capacity
+  // evicts some of its own (the coordinator did so while building it), and `works` point into
+  // the cache until their batches have run.
+  for (std::int32_t id : list.evicted) cache_.erase(id);
   if (list.shutdown) {
     shutdown_received_ = true;
     shutdown_status_ = Status(list.shutdown_code, list.shutdown_message);
@@ -270,22 +278,76 @@ Status Session::execute(ResponseList list) {
 
 Status Session::execute_batch(std::vector<Work>& batch) {
   Work& first = batch.front();
-  ops::Backend& backend = *backends_.at(first.response->process_set_id);
-  switch (first.response->op) {
+  const Response& response = *first.response;
+  switch (response.op) {
+    case Collective::Join:
+      // Every member has joined: nothing to move, only the answer (see Note [Join]).
+      first.entry->state->join_result = response.last_joined_rank;
+      return Status();
+    case Collective::AddProcessSet: return add_process_set(first);
+    case Collective::RemoveProcessSet: return remove_process_set(first);
+    default: break;
+  }
+  ops::Backend& backend = *backends_.at(response.process_set_id);
+  switch (response.op) {
     case Collective::Allreduce: return executor_.allreduce(batch, backend);
     case Collective::Broadcast: {
-      const SetInfo set = process_set(first.response->process_set_id).value();
+      const SetInfo set = process_set(response.process_set_id).value();
       const auto& ranks = *set.ranks;
-      const int root = static_cast<int>(std::find(ranks.begin(), ranks.end(), first.response->root_rank) - ranks.begin());
+      const int root = static_cast<int>(std::find(ranks.begin(), ranks.end(), response.root_rank) -
+                                        ranks.begin());
       return executor_.broadcast(first, backend, root);
     }
-    case Collective::Allgather: return executor_.allgather(first, backend);
+    case Collective::Allgather: return executor_.allgather(batch, backend);
     case Collective::Alltoall: return executor_.alltoall(first, backend);
-    case Collective::Reducescatter: return executor_.reducescatter(first, backend);
+    case Collective::Reducescatter: return executor_.reducescatter(batch, backend);
     case Collective::Barrier: return backend.barrier();
-    case Collective::Join: return Status(ErrorCode::Internal, "JOIN is not implemented yet");
+    case Collective::Join:
+    case Collective::AddProcessSet:
+    case Collective::RemoveProcessSet: break;  // Handled above.
   }
-  TUTTI_CHECK(false, "unknown collective ", static_cast<int>(first.response->op));
+  TUTTI_CHECK(false, "unknown collective ", static_cast<int>(response.op));
+}
+
+bool Session::is_absent_member(const Response& response) const {
+  if (response.joined.empty()) return false;
+  Result<SetInfo> set = process_set(response.process_set_id);
+  if (!set.ok() || set.value().set_rank < 0) return false;
+  const int me = set.value().set_rank;
+  return std::find(response.joined.begin(), response.joined.end(), me) != response.joined.end();
+}
+
+// Every rank runs this at the same point of the response order, so create_backend (collective
+// over all ranks) lines up everywhere. The coordinator already numbered and filed the set.
+Status Session::add_process_set(const Work& work) {
+  const Response& response = *work.response;
+  const std::vector<int> ranks(response.rows.begin(), response.rows.end());
+  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, transport_->create_backend(ranks));
+  const auto member = std::find(ranks.begin(), ranks.end(), rank_);
+  if (backend != nullptr) backends_[response.target_set_id] = std::move(backend);
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    sets_[response.target_set_id] =
+        SetInfo{.id = response.target_set_id,
+                .ranks = std::make_shared<const std::vector<int>>(ranks),
+                .set_rank = member == ranks.end() ? -1 : static_cast<int>(member - ranks.begin())};
+  }
+  if (work.entry != nullptr) work.entry->state->join_result = response.target_set_id;
+  return Status();
+}
+
+Status Session::remove_process_set(const Work& work) {
+  const int id = work.response->target_set_id;
+  // Forget the set first, so that new ops on it are refused by the call, then fail the ones
+  // in flight (the coordinator dropped them).
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    sets_.erase(id);
+  }
+  const Status removed(ErrorCode::ShutDown, str_cat("process set ", id, " was removed"));
+  for (const std::shared_ptr<Entry>& entry : queue_.take_set(id)) entry->state->complete(removed);
+  backends_.erase(id);
+  return Status();
 }
 
 void Session::check_stalls() {

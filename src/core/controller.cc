@@ -1,16 +1,48 @@
 // SPDX-License-Identifier: Apache-2.0
+// The coordinator's bookkeeping: filing requests, readiness (with joined ranks), responses,
+// process-set changes. See Note [Negotiation] and Note [Join] in controller.h.
 #include "src/core/controller.h"
 
 #include <algorithm>
 
 #include "src/common/check.h"
+#include "src/common/strings.h"
 #include "src/core/validation.h"
 
 namespace tutti::core {
+namespace {
+
+using detail::str_cat;
+
+bool is_set_change(Collective op) {
+  return op == Collective::AddProcessSet || op == Collective::RemoveProcessSet;
+}
+
+// Join responses, set changes and responses shaped by a join are one-offs: replaying them
+// from the cache would bypass the coordinator's state.
+bool cacheable(const Response& response) {
+  return response.ok && response.joined.empty() && response.op != Collective::Join &&
+         !is_set_change(response.op);
+}
+
+Response error_response(const Response& about, ErrorCode code, std::string message) {
+  Response response;
+  response.process_set_id = about.process_set_id;
+  response.name = about.name;
+  response.op = about.op;
+  response.ok = false;
+  response.error_code = code;
+  response.error_message = std::move(message);
+  return response;
+}
+
+}  // namespace
 
 void Coordinator::add_set(int id, std::vector<int> global_ranks) {
   SetState state;
-  for (std::size_t i = 0; i < global_ranks.size(); ++i) state.set_rank[global_ranks[i]] = static_cast<int>(i);
+  for (std::size_t i = 0; i < global_ranks.size(); ++i)
+    state.set_rank[global_ranks[i]] = static_cast<int>(i);
+  state.joined.assign(global_ranks.size(), false);
   state.ranks = std::move(global_ranks);
   sets_[id] = std::move(state);
 }
@@ -40,6 +72,13 @@ void Coordinator::receive(int global_rank, RequestList list, Clock::time_point n
   }
 }
 
+bool Coordinator::is_ready(const SetState& set, const Pending& pending) {
+  for (std::size_t i = 0; i < pending.requests.size(); ++i) {
+    if (pending.requests[i] == nullptr && !set.joined[i]) return false;
+  }
+  return true;
+}
+
 void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, std::int32_t hit,
                        Clock::time_point now) {
   auto set_it = sets_.find(request->process_set_id);
@@ -47,40 +86,75 @@ void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, 
   SetState& set = set_it->second;
   auto member = set.set_rank.find(global_rank);
   if (member == set.set_rank.end()) return;  // Refused by the rank's own argument checks.
-  Pending& pending = set.pending[request->name];
-  if (pending.count == 0) {
+  const bool is_join = request->op == Collective::Join;
+  const std::string name = request->name;
+  Pending& pending = set.pending[name];
+  if (pending.requests.empty()) {
     pending.requests.assign(set.ranks.size(), nullptr);
     pending.first_seen = now;
   }
   std::shared_ptr<const Request>& slot = pending.requests[member->second];
-  TUTTI_CHECK(slot == nullptr, "rank ", global_rank, " submitted '", request->name, "' twice");
-  const std::string& name = request->name;
+  TUTTI_CHECK(slot == nullptr, "rank ", global_rank, " submitted '", name, "' twice");
   slot = std::move(request);
   pending.common_hit = (pending.common_hit == -2 || pending.common_hit == hit) ? hit : -1;
-  if (++pending.count == static_cast<int>(set.ranks.size())) ready_.emplace_back(set_it->first, name);
+  ++pending.count;
+  // A join first releases the ops that waited only for this rank, so they come before the
+  // Join response in the order (they still see the rank as joined).
+  if (is_join) join(set_it->first, set, global_rank);
+  if (!pending.queued && is_ready(set, pending)) {
+    pending.queued = true;
+    ready_.emplace_back(set_it->first, name);
+  }
+}
+
+void Coordinator::join(int set_id, SetState& set, int global_rank) {
+  set.joined[static_cast<std::size_t>(set.set_rank.at(global_rank))] = true;
+  set.last_joined = global_rank;
+  // Queue in submission order (then by name), so the order does not depend on hashing.
+  std::vector<std::pair<Clock::time_point, const std::string*>> released;
+  for (auto& [name, pending] : set.pending) {
+    if (name == kJoinName || pending.queued || !is_ready(set, pending)) continue;
+    released.emplace_back(pending.first_seen, &name);
+  }
+  std::sort(released.begin(), released.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : *a.second < *b.second;
+  });
+  for (const auto& [when, name] : released) {
+    set.pending.at(*name).queued = true;
+    ready_.emplace_back(set_id, *name);
+  }
 }
 
 ResponseList Coordinator::take_ready() {
   ResponseList list;
   list.evicted = std::move(evicted_);
   evicted_.clear();
-  for (auto& [set_id, name] : ready_) {
-    SetState& set = sets_.at(set_id);
+  std::vector<std::pair<int, std::string>> ready;
+  ready.swap(ready_);
+  for (auto& [set_id, name] : ready) {
+    auto set_it = sets_.find(set_id);
+    if (set_it == sets_.end()) continue;  // Removed earlier in this list; ranks fail it locally.
+    SetState& set = set_it->second;
     auto node = set.pending.extract(name);
     Pending& pending = node.mapped();
+    const bool anyone_joined =
+        std::find(set.joined.begin(), set.joined.end(), true) != set.joined.end();
     // A hit is replayed only if its id is still cached here; then every rank still has it too
-    // (ranks apply a list's evictions after its inserts). Otherwise negotiate afresh.
-    if (pending.common_hit >= 0 && cache_.find(pending.common_hit) != nullptr) {
+    // (ranks apply a list's evictions after its inserts). Otherwise negotiate afresh. Never
+    // while members have joined (see Note [Join]).
+    if (pending.common_hit >= 0 && !anyone_joined && cache_.find(pending.common_hit) != nullptr) {
       // Every member sent the same cache id: replay the cached response.
       list.responses.emplace_back();
       list.cache_ids.push_back(pending.common_hit);
       list.hit.push_back(1);
       continue;
     }
-    Response response = negotiate_response(set.ranks, pending.requests);
+    Response response = decide(set_id, set, name, pending, &list.evicted);
     std::int32_t id = -1;
-    if (response.ok && cache_.enabled()) {
-      id = cache_.insert({.process_set_id = set_id, .name = name, .requests = std::move(pending.requests),
+    if (cacheable(response) && cache_.enabled()) {
+      id = cache_.insert({.process_set_id = set_id,
+                          .name = name,
+                          .requests = std::move(pending.requests),
                           .response = response},
                          &list.evicted);
     }
@@ -88,18 +162,74 @@ ResponseList Coordinator::take_ready() {
     list.cache_ids.push_back(id);
     list.hit.push_back(0);
   }
-  ready_.clear();
   return list;
 }
 
-std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now, Clock::duration after) const {
+Response Coordinator::decide(int set_id, SetState& set, const std::string& name, Pending& pending,
+                             std::vector<std::int32_t>* evicted) {
+  if (name == kJoinName && pending.requests.front() != nullptr &&
+      pending.requests.front()->op == Collective::Join) {
+    // Every member has joined (step 4).
+    Response response;
+    response.process_set_id = set_id;
+    response.name = name;
+    response.op = Collective::Join;
+    response.last_joined_rank = set.last_joined;
+    set.joined.assign(set.ranks.size(), false);
+    set.last_joined = -1;
+    return response;
+  }
+  std::vector<int> joined;
+  for (std::size_t i = 0; i < set.ranks.size(); ++i) {
+    if (set.joined[i]) joined.push_back(set.ranks[i]);
+  }
+  Response response = negotiate_response(set.ranks, pending.requests, joined);
+  if (response.ok && is_set_change(response.op)) change_sets(response, evicted);
+  return response;
+}
+
+void Coordinator::change_sets(Response& response, std::vector<std::int32_t>* evicted) {
+  if (response.op == Collective::AddProcessSet) {
+    const std::vector<int> ranks(response.rows.begin(), response.rows.end());  // Sorted.
+    for (const auto& [id, set] : sets_) {
+      if (set.ranks == ranks) {
+        response = error_response(response, ErrorCode::InvalidArgument,
+                                  str_cat("ADD_PROCESS_SET of ranks [", detail::join_list(ranks),
+                                          "]: process set ", id, " has the same ranks"));
+        return;
+      }
+    }
+    response.target_set_id = next_set_id_++;
+    add_set(response.target_set_id, ranks);
+    return;
+  }
+  const int id = response.target_set_id;
+  if (id == 0 || !sets_.contains(id)) {
+    response = error_response(
+        response, ErrorCode::InvalidArgument,
+        str_cat("REMOVE_PROCESS_SET: process set ", id,
+                id == 0 ? " is the global set, which cannot be removed" : " does not exist"));
+    return;
+  }
+  // Later ready ops of the set are skipped by take_ready(); the ranks fail theirs with
+  // ShutDown when they execute this response.
+  sets_.erase(id);
+  cache_.erase_set(id, evicted);
+}
+
+std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
+                                                    Clock::duration after) const {
   std::vector<Stall> result;
   for (const auto& [set_id, set] : sets_) {
     for (const auto& [name, pending] : set.pending) {
-      if (now - pending.first_seen < after) continue;
-      Stall stall{.process_set_id = set_id, .name = name, .missing = {}, .waited = now - pending.first_seen};
+      // A joined rank may wait for the others for as long as they have data: not a stall.
+      if (name == kJoinName || now - pending.first_seen < after) continue;
+      Stall stall{.process_set_id = set_id,
+                  .name = name,
+                  .missing = {},
+                  .waited = now - pending.first_seen};
       for (std::size_t i = 0; i < set.ranks.size(); ++i) {
-        if (pending.requests[i] == nullptr) stall.missing.push_back(set.ranks[i]);
+        if (pending.requests[i] == nullptr && !set.joined[i]) stall.missing.push_back(set.ranks[i]);
       }
       result.push_back(std::move(stall));
     }

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+// Fusion keys, allreduce (fused, in place, Adasum) and broadcast.
 #include "src/core/executor.h"
 
 #include <algorithm>
@@ -12,12 +13,10 @@ namespace {
 
 bool is_integer(DataType dtype) { return !is_floating(dtype) && dtype != DataType::Bool; }
 
-// The factor unpack applies: postscale, and 1/size for Average.
-double output_factor(const Response& response, int size) {
-  return response.reduce_op == ReduceOp::Average ? response.postscale / size : response.postscale;
+// The reduction part of a fusion key: a wire op, or Adasum (which must not fuse with Sum).
+std::uint64_t reduction_code(ReduceOp op) {
+  return op == ReduceOp::Adasum ? 15 : static_cast<std::uint64_t>(wire_op(op));
 }
-
-std::size_t count_of(const TensorSpec& spec) { return static_cast<std::size_t>(num_elements(spec.shape)); }
 
 }  // namespace
 
@@ -40,6 +39,73 @@ ops::WireOp wire_op(ReduceOp op) {
   TUTTI_CHECK(false, "ReduceOp ", static_cast<int>(op), " has no wire op");
 }
 
+std::uint64_t fusion_key(const Response& response) {
+  if (response.tensors.empty()) return 0;
+  const DataType first = response.tensors.front().dtype;
+  std::uint64_t dtype = 0;
+  std::uint64_t reduction = 0;
+  switch (response.op) {
+    case Collective::Allreduce:
+    case Collective::Reducescatter:
+      dtype = static_cast<std::uint64_t>(
+          wire_dtype(first, response.reduce_op, response.prescale, response.postscale));
+      reduction = reduction_code(response.reduce_op);
+      break;
+    case Collective::Allgather: dtype = static_cast<std::uint64_t>(first); break;
+    // One collective each: broadcast and alltoall carry per-op roots and splits, the rest
+    // move no tensor data.
+    case Collective::Broadcast:
+    case Collective::Alltoall:
+    case Collective::Barrier:
+    case Collective::Join:
+    case Collective::AddProcessSet:
+    case Collective::RemoveProcessSet: return 0;
+  }
+  return 1 + (static_cast<std::uint64_t>(response.process_set_id) << 32) +
+         (static_cast<std::uint64_t>(response.op) << 24) + (dtype << 16) + (reduction << 8) +
+         static_cast<std::uint64_t>(response.device);
+}
+
+std::size_t fusion_bytes(const Response& response) {
+  std::size_t bytes = 0;
+  if (response.op == Collective::Allgather) {
+    // The gathered output: every rank's rows.
+    const std::size_t size =
+        response.rows.size() / std::max<std::size_t>(1, response.tensors.size());
+    for (std::size_t t = 0; t < response.tensors.size(); ++t) {
+      const TensorSpec& spec = response.tensors[t];
+      for (std::size_t r = 0; r < size; ++r) {
+        bytes += static_cast<std::size_t>(response.rows[t * size + r]) * row_count(spec) *
+                 element_size(spec.dtype);
+      }
+    }
+    return bytes;
+  }
+  for (const TensorSpec& spec : response.tensors) {
+    bytes += count_of(spec) * element_size(wire_dtype(spec.dtype, response.reduce_op,
+                                                      response.prescale, response.postscale));
+  }
+  return bytes;
+}
+
+DataType batch_wire_dtype(std::span<const Work> batch) {
+  const Response& first = *batch.front().response;
+  const DataType wire =
+      wire_dtype(first.tensors.front().dtype, first.reduce_op, first.prescale, first.postscale);
+  for (const Work& work : batch) {
+    const Response& r = *work.response;
+    for (const TensorSpec& spec : r.tensors) {
+      if (wire_dtype(spec.dtype, r.reduce_op, r.prescale, r.postscale) != wire)
+        return DataType::Float64;
+    }
+  }
+  return wire;
+}
+
+double output_factor(const Response& response, int size) {
+  return response.reduce_op == ReduceOp::Average ? response.postscale / size : response.postscale;
+}
+
 // A lone tensor that needs no conversion is reduced where it lies, in pieces of chunk_bytes_,
 // each scaled right after its reduction while it is still in cache: packing 100 MB would cost
 // two extra passes over memory, a separate scaling pass one.
@@ -54,7 +120,8 @@ Status Executor::allreduce_in_place(Work& work, ops::Backend& backend) {
   }
   const double factor = output_factor(response, backend.size());
   const std::size_t element = element_size(dtype);
-  const std::size_t piece = chunk_bytes_ == 0 ? count : std::max<std::size_t>(1, chunk_bytes_ / element);
+  const std::size_t piece =
+      chunk_bytes_ == 0 ? count : std::max<std::size_t>(1, chunk_bytes_ / element);
   auto* data = static_cast<std::byte*>(output.data());
   for (std::size_t done = 0; done < count; done += piece) {
     const std::size_t n = std::min(piece, count - done);
@@ -67,9 +134,10 @@ Status Executor::allreduce_in_place(Work& work, ops::Backend& backend) {
 
 Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend) {
   const Response& first = *batch.front().response;
-  const DataType wire = wire_dtype(first.tensors.front().dtype, first.reduce_op, first.prescale,
-                                   first.postscale);
-  if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype) {
+  if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend);
+  const DataType wire = batch_wire_dtype(batch);
+  if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
+      batch.front().entry != nullptr) {
     return allreduce_in_place(batch.front(), backend);
   }
   const std::size_t wire_bytes = element_size(wire);
@@ -80,10 +148,15 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend) {
   std::byte* buffer = buffer_.get(total * wire_bytes);
   std::size_t offset = 0;
   for (const Work& work : batch) {
-    for (const TensorView& input : work.entry->inputs) {
-      const auto n = static_cast<std::size_t>(input.num_elements());
-      ops::cpu::convert_scale(buffer + offset * wire_bytes, wire, input.data(), input.dtype(), n,
-                              work.response->prescale);
+    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      const std::size_t n = count_of(work.response->tensors[t]);
+      if (work.entry == nullptr) {
+        std::memset(buffer + offset * wire_bytes, 0, n * wire_bytes);  // A joined rank adds zeros.
+      } else {
+        const TensorView& input = work.entry->inputs[t];
+        ops::cpu::convert_scale(buffer + offset * wire_bytes, wire, input.data(), input.dtype(), n,
+                                work.response->prescale);
+      }
       offset += n;
     }
   }
@@ -91,9 +164,57 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend) {
   offset = 0;
   for (const Work& work : batch) {
     const double factor = output_factor(*work.response, backend.size());
-    for (const TensorView& output : work.entry->outputs) {
-      const auto n = static_cast<std::size_t>(output.num_elements());
-      ops::cpu::convert_scale(output.data(), output.dtype(), buffer + offset * wire_bytes, wire, n, factor);
+    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      const std::size_t n = count_of(work.response->tensors[t]);
+      if (work.entry != nullptr) {
+        const TensorView& output = work.entry->outputs[t];
+        ops::cpu::convert_scale(output.data(), output.dtype(), buffer + offset * wire_bytes, wire,
+                                n, factor);
+      }
+      offset += n;
+    }
+  }
+  return Status();
+}
+
+// Adasum works on the packed batch: its coefficients are per tensor, so the backend gets the
+// tensor boundaries. Scale factors apply around it as for Sum.
+Status Executor::adasum(std::span<Work> batch, ops::Backend& backend) {
+  const DataType wire = batch_wire_dtype(batch);
+  const std::size_t wire_bytes = element_size(wire);
+  std::vector<std::size_t> counts;
+  for (const Work& work : batch) {
+    for (const TensorSpec& spec : work.response->tensors) counts.push_back(count_of(spec));
+  }
+  std::size_t total = 0;
+  for (std::size_t n : counts) total += n;
+  std::byte* buffer = buffer_.get(total * wire_bytes);
+  std::size_t offset = 0;
+  std::size_t index = 0;
+  for (const Work& work : batch) {
+    for (std::size_t t = 0; t < work.response->tensors.size(); ++t, ++index) {
+      std::byte* at = buffer + offset * wire_bytes;
+      if (work.entry == nullptr) {
+        std::memset(at, 0,
+                    counts[index] * wire_bytes);  // A joined rank: a zero vector adds nothing.
+      } else {
+        const TensorView& input = work.entry->inputs[t];
+        ops::cpu::convert_scale(at, wire, input.data(), input.dtype(), counts[index],
+                                work.response->prescale);
+      }
+      offset += counts[index];
+    }
+  }
+  TUTTI_RETURN_IF_ERROR(backend.adasum(buffer, counts, wire));
+  offset = 0;
+  for (const Work& work : batch) {
+    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      const std::size_t n = count_of(work.response->tensors[t]);
+      if (work.entry != nullptr) {
+        const TensorView& output = work.entry->outputs[t];
+        ops::cpu::convert_scale(output.data(), output.dtype(), buffer + offset * wire_bytes, wire,
+                                n, work.response->postscale);
+      }
       offset += n;
     }
   }
@@ -101,51 +222,16 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend) {
 }
 
 Status Executor::broadcast(Work& work, ops::Backend& backend, int root_set_rank) {
-  for (const TensorView& tensor : work.entry->inputs) {
-    TUTTI_RETURN_IF_ERROR(backend.broadcast(tensor.data(), static_cast<std::size_t>(tensor.num_elements()),
-                                            tensor.dtype(), root_set_rank));
-  }
-  return Status();
-}
-
-Status Executor::allgather(Work& work, ops::Backend& backend) {
   const Response& response = *work.response;
-  const auto size = static_cast<std::size_t>(backend.size());
-  std::vector<Tensor> outputs;
   for (std::size_t t = 0; t < response.tensors.size(); ++t) {
-    const TensorView& input = work.entry->inputs[t];
-    const std::int64_t row = input.dim() == 0 ? 1 : num_elements(input.shape()) / std::max<std::int64_t>(1, input.shape()[0]);
-    Shape shape = input.shape();
-    std::int64_t rows = 0;
-    std::vector<std::size_t> counts(size);
-    for (std::size_t r = 0; r < size; ++r) {
-      const std::int64_t n = response.rows[t * size + r];
-      rows += n;
-      counts[r] = static_cast<std::size_t>(n * row);
-    }
-    shape[0] = rows;
-    Tensor output(input.dtype(), shape);
-    // Rows may be zero on some ranks: element counts come from dims after the first.
-    const std::int64_t row_elements = [&] {
-      std::int64_t e = 1;
-      for (std::size_t d = 1; d < input.shape().size(); ++d) e *= input.shape()[d];
-      return e;
-    }();
-    for (std::size_t r = 0; r < size; ++r) counts[r] = static_cast<std::size_t>(response.rows[t * size + r] * row_elements);
-    TUTTI_RETURN_IF_ERROR(backend.allgatherv(input.data(), output.data(), counts, input.dtype()));
-    outputs.push_back(std::move(output));
+    const TensorSpec& spec = response.tensors[t];
+    const std::size_t count = count_of(spec);
+    // A joined member (never the root: the coordinator refuses that) receives into scratch.
+    void* data = work.entry != nullptr ? work.entry->inputs[t].data()
+                                       : buffer_.get(count * element_size(spec.dtype));
+    TUTTI_RETURN_IF_ERROR(backend.broadcast(data, count, spec.dtype, root_set_rank));
   }
-  work.entry->state->output = outputs.front();
-  work.entry->state->outputs = std::move(outputs);
   return Status();
-}
-
-Status Executor::alltoall(Work&, ops::Backend&) {
-  return Status(ErrorCode::Internal, "ALLTOALL is not implemented yet");
-}
-
-Status Executor::reducescatter(Work&, ops::Backend&) {
-  return Status(ErrorCode::Internal, "REDUCESCATTER is not implemented yet");
 }
 
 }  // namespace tutti::core

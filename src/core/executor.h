@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Runs negotiated ops on this rank: fusion pack, the backend collective, unpack, outputs.
-// Communication thread only.
+// Communication thread only. executor.cc holds allreduce (with Adasum) and broadcast,
+// executor_gather.cc allgather and alltoall, executor_reduce.cc reducescatter.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -16,7 +18,9 @@
 
 namespace tutti::core {
 
-// One negotiated op and this rank's submission of it.
+// One negotiated op and this rank's submission of it. `entry` is null on a member that has
+// joined without submitting the op: it takes part in the collective with no data of its own
+// (zeros, no rows, a scratch receive buffer; see Note [Join] in controller.h).
 struct Work {
   const Response* response = nullptr;
   std::shared_ptr<Entry> entry;
@@ -27,25 +31,51 @@ struct Work {
 DataType wire_dtype(DataType dtype, ReduceOp op, double prescale, double postscale);
 ops::WireOp wire_op(ReduceOp op);
 
+// Which responses may fuse (equal non-zero keys; see Note [Fusion rules]) and how many bytes
+// each adds to a batch. Functions of the response alone, so equal on every rank.
+std::uint64_t fusion_key(const Response& response);
+std::size_t fusion_bytes(const Response& response);
+
+// Elements of one tensor, and of one row (the dims after the first; 1 for a 1-d tensor).
+inline std::size_t count_of(const TensorSpec& spec) {
+  return static_cast<std::size_t>(num_elements(spec.shape));
+}
+inline std::size_t row_count(const TensorSpec& spec) {
+  std::size_t count = 1;
+  for (std::size_t d = 1; d < spec.shape.size(); ++d)
+    count *= static_cast<std::size_t>(spec.shape[d]);
+  return count;
+}
+
 class Executor {
  public:
   // `chunk_bytes`: the piece size for a tensor reduced in place (0 = whole).
   explicit Executor(std::size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
 
-  // Allreduces of one fusion batch (same set, wire dtype, wire op).
+  // Allreduces of one fusion batch (same set, wire dtype, wire op; or all Adasum).
   Status allreduce(std::span<Work> batch, ops::Backend& backend);
   Status broadcast(Work& work, ops::Backend& backend, int root_set_rank);
-  Status allgather(Work& work, ops::Backend& backend);
+  // Allgathers of one fusion batch (same set and dtype of the first tensor).
+  Status allgather(std::span<Work> batch, ops::Backend& backend);
   Status alltoall(Work& work, ops::Backend& backend);
-  Status reducescatter(Work& work, ops::Backend& backend);
+  // Reducescatters of one fusion batch (same set, wire dtype and op).
+  Status reducescatter(std::span<Work> batch, ops::Backend& backend);
 
   void set_chunk_bytes(std::size_t bytes) { chunk_bytes_ = bytes; }
 
  private:
   Status allreduce_in_place(Work& work, ops::Backend& backend);
+  Status adasum(std::span<Work> batch, ops::Backend& backend);
+  Status allgather_one(Work& work, ops::Backend& backend);
 
   std::size_t chunk_bytes_;
   FusionBuffer buffer_;
 };
+
+// The dtype a whole batch of reductions travels in: the wire dtype of every tensor if they
+// agree, else float64 (a grouped op may mix dtypes; float64 holds them all).
+DataType batch_wire_dtype(std::span<const Work> batch);
+// The factor unpack applies: postscale, and 1/size for Average.
+double output_factor(const Response& response, int size);
 
 }  // namespace tutti::core

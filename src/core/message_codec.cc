@@ -157,6 +157,7 @@ std::string encode(const RequestList& list) {
   for (const Request& request : list.requests) {
     put_common(w, request);
     w.put_vector(request.splits);
+    w.put<std::int32_t>(request.target_set_id);
   }
   return w.take();
 }
@@ -174,7 +175,11 @@ Result<RequestList> decode_request_list(std::string_view bytes) {
   list.shutdown = shutdown == 1;
   list.requests.resize(count);
   for (Request& request : list.requests) {
-    if (!get_common(r, &request) || !r.get_vector(&request.splits)) return corrupt("request");
+    std::int32_t target = 0;
+    if (!get_common(r, &request) || !r.get_vector(&request.splits) || !r.get(&target)) {
+      return corrupt("request");
+    }
+    request.target_set_id = target;
   }
   if (!r.done()) return corrupt("request");
   return list;
@@ -201,6 +206,7 @@ std::string encode(const ResponseList& list) {
     w.put(static_cast<std::uint8_t>(response.error_code));
     w.put_string(response.error_message);
     w.put<std::int32_t>(response.last_joined_rank);
+    w.put<std::int32_t>(response.target_set_id);
   }
   return w.take();
 }
@@ -229,14 +235,16 @@ Result<ResponseList> decode_response_list(std::string_view bytes) {
     Response& response = list.responses[i];
     std::uint8_t ok = 0;
     std::int32_t last = 0;
+    std::int32_t target = 0;
     if (!get_common(r, &response) || !r.get_vector(&response.rows) ||
         !r.get_vector(&response.joined) || !r.get(&ok) || ok > 1 ||
         !r.get_enum(&response.error_code, static_cast<int>(ErrorCode::Internal) + 1) ||
-        !r.get_string(&response.error_message) || !r.get(&last)) {
+        !r.get_string(&response.error_message) || !r.get(&last) || !r.get(&target)) {
       return corrupt("response");
     }
     response.ok = ok == 1;
     response.last_joined_rank = last;
+    response.target_set_id = target;
   }
   if (!r.done()) return corrupt("response");
   return list;

@@ -22,8 +22,17 @@ enum class Collective : std::uint8_t {
   Reducescatter,
   Barrier,
   Join,
+  // Process-set changes, negotiated on the global set so that every rank creates or frees
+  // the set's communicator at the same point of the response order.
+  AddProcessSet,
+  RemoveProcessSet,
 };
-inline constexpr int kCollectiveCount = 7;
+inline constexpr int kCollectiveCount = 9;
+
+// The name join() submits under in its set (one join per rank and set is in flight at a time).
+// Like "tutti.process_set.<n>" (see controller.h), it is reserved: a user op of that name
+// would be taken for a join.
+inline constexpr std::string_view kJoinName = "tutti.join";
 
 // "ALLREDUCE", "ALLGATHER", ... as in error messages and the timeline.
 std::string_view to_string(Collective op);
@@ -44,9 +53,12 @@ struct Request {
   ReduceOp reduce_op = ReduceOp::Sum;
   double prescale = 1.0;
   double postscale = 1.0;
-  int root_rank = -1;                // Broadcast: global rank.
-  std::vector<std::int64_t> splits;  // Alltoall: rows this rank sends to each set rank.
+  int root_rank = -1;  // Broadcast: global rank.
+  // Alltoall: rows this rank sends to each set rank (equal splits are filled in at the call).
+  // AddProcessSet: the global ranks of the new set, as the caller gave them.
+  std::vector<std::int64_t> splits;
   std::vector<TensorSpec> tensors;
+  int target_set_id = -1;  // RemoveProcessSet: the set to remove.
   friend bool operator==(const Request&, const Request&) = default;
 };
 
@@ -62,16 +74,19 @@ struct Response {
   int root_rank = -1;
   std::vector<TensorSpec> tensors;  // As agreed (allgather: this is rank 0's spec).
   // Allgather: dim 0 of every set rank for each tensor, tensor-major
-  // (rows[t * set_size + r]). Alltoall: the split matrix, sender-major
-  // (rows[sender * set_size + receiver]). Empty otherwise.
+  // (rows[t * set_size + r]; 0 for a joined rank). Alltoall: the split matrix, sender-major
+  // (rows[sender * set_size + receiver]). AddProcessSet: the new set's sorted global ranks.
+  // Empty otherwise.
   std::vector<std::int64_t> rows;
-  // Set ranks that had joined when this op was decided (their data is absent: zeros in an
-  // allreduce, no rows in an allgather).
+  // Set ranks that had joined without submitting this op (their data is absent: zeros in an
+  // allreduce, no rows in an allgather). They still take part in the collective; see
+  // Note [Join] in controller.h.
   std::vector<int> joined;
   bool ok = true;
   ErrorCode error_code = ErrorCode::Internal;
   std::string error_message;
-  int last_joined_rank = -1;  // Join: the global rank whose join completed it.
+  int last_joined_rank = -1;  // Join: the global rank whose join the coordinator saw last.
+  int target_set_id = -1;     // AddProcessSet: the new set's id. RemoveProcessSet: the set.
   friend bool operator==(const Response&, const Response&) = default;
 };
 
@@ -88,7 +103,7 @@ struct ResponseList {
   // For each response: the cache id it was stored under, or -1. A response that is a pure
   // cache hit travels as an empty Response with only `hit` set; see ResponseCache.
   std::vector<std::int32_t> cache_ids;
-  std::vector<std::uint8_t> hit;  // 1 where responses[i] is to be taken from the cache.
+  std::vector<std::uint8_t> hit;      // 1 where responses[i] is to be taken from the cache.
   std::vector<std::int32_t> evicted;  // Cache ids to forget (before inserting new ones).
   std::vector<std::int32_t> resend;   // Cache hits the coordinator no longer knows: resend.
   bool shutdown = false;              // The job is stopping; see `shutdown_code`.

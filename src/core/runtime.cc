@@ -24,6 +24,9 @@ Status Runtime::init(const void* parent) {
     // Registered after MPI's own finalize hook, so it runs before it: a process that exits
     // without shutdown() is shut down first.
     std::atexit([] { Runtime::get().shutdown(); });
+    // An application that finalizes MPI itself with Tutti still running gets a shutdown at the
+    // start of its MPI_Finalize, instead of a communication thread calling a finalized MPI.
+    ops::set_mpi_finalize_hook([] { Runtime::get().shutdown(); });
     exit_hook_registered_ = true;
   }
   return Status();

@@ -40,7 +40,8 @@ struct SetInfo {
 class Session {
  public:
   // Starts the communication thread. Application thread, collective (see init()).
-  static Result<std::shared_ptr<Session>> create(Config config, std::unique_ptr<ops::Transport> transport);
+  static Result<std::shared_ptr<Session>> create(Config config,
+                                                 std::unique_ptr<ops::Transport> transport);
   ~Session();
 
   const ops::Topology& topology() const { return transport_->topology(); }
@@ -50,6 +51,9 @@ class Session {
   Status submit(std::shared_ptr<Entry> entry);
   // Any thread. The set, or InvalidArgument if unknown.
   Result<SetInfo> process_set(int id) const;
+  // Any thread. Numbers this rank's add_process_set()/remove_process_set() calls (0, 1, ...),
+  // which every rank makes in the same order, so the n-th call has the same name everywhere.
+  std::uint64_t next_set_change() { return set_changes_.fetch_add(1); }
 
   // Application thread, collective: asks every rank to stop, finishes what was negotiated,
   // fails the rest with ShutDown and joins the communication thread. Idempotent.
@@ -69,6 +73,12 @@ class Session {
   Status emit_responses();
   Status execute(ResponseList list);
   Status execute_batch(std::vector<Work>& batch);
+  // Whether this rank is a member of the response's set that joined without submitting it
+  // (see Note [Join] in controller.h).
+  bool is_absent_member(const Response& response) const;
+  // The set changes, at their place in the response order (api_process_set.cc's ops).
+  Status add_process_set(const Work& work);
+  Status remove_process_set(const Work& work);
   Status finish_handshake();
   void check_stalls();
   void begin_shutdown(ErrorCode code, const std::string& message);
@@ -97,6 +107,7 @@ class Session {
   Clock::time_point last_stall_check_;
   std::map<std::string, bool> stall_warned_;
 
+  std::atomic<std::uint64_t> set_changes_{0};
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> loop_done_{false};
   std::thread thread_;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 
 #include "src/common/strings.h"
 
@@ -67,6 +68,29 @@ std::shared_ptr<Entry> TensorQueue::find(int process_set_id, const std::string& 
   if (set == in_flight_.end()) return nullptr;
   auto it = set->second.find(name);
   return it == set->second.end() ? nullptr : it->second;
+}
+
+void TensorQueue::skip_automatic_name(int process_set_id, const std::string& name) {
+  constexpr std::string_view kMarker = ".noname.";
+  const std::size_t at = name.rfind(kMarker);
+  if (at == std::string::npos) return;
+  const std::string_view digits = std::string_view(name).substr(at + kMarker.size());
+  std::uint64_t n = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (error != std::errc() || end != digits.data() + digits.size() || digits.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::uint64_t& count = unnamed_counts_[process_set_id];
+  count = std::max(count, n + 1);
+}
+
+std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<Entry>> taken;
+  auto set = in_flight_.find(process_set_id);
+  if (set == in_flight_.end()) return taken;
+  for (auto& [name, entry] : set->second) taken.push_back(std::move(entry));
+  in_flight_.erase(set);
+  return taken;
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::with_cache_hit(std::int32_t id) const {

@@ -45,6 +45,13 @@ class TensorQueue {
   // Communication thread. Removes and returns the in-flight entry, or null.
   std::shared_ptr<Entry> take(int process_set_id, const std::string& name);
   std::shared_ptr<Entry> find(int process_set_id, const std::string& name) const;
+  // Communication thread. A member that joined executes ops it never submitted; when one
+  // carries an automatic name "<op>.noname.<n>", the set's counter moves past n, so that this
+  // rank's next unnamed op matches the others' after the join (see Note [Join] in
+  // controller.h). Other names are ignored.
+  void skip_automatic_name(int process_set_id, const std::string& name);
+  // Communication thread. Removes and returns every in-flight entry of a set (being removed).
+  std::vector<std::shared_ptr<Entry>> take_set(int process_set_id);
   // Communication thread. In-flight entries that were sent as cache hit `id`.
   std::vector<std::shared_ptr<Entry>> with_cache_hit(std::int32_t id) const;
   // Communication thread. Whether anything is in flight.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/validation.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -12,7 +13,9 @@ namespace {
 using detail::shape_string;
 using detail::str_cat;
 
-std::string_view device_name(Device::Kind kind) { return kind == Device::Kind::CPU ? "CPU" : "CUDA"; }
+std::string_view device_name(Device::Kind kind) {
+  return kind == Device::Kind::CPU ? "CPU" : "CUDA";
+}
 
 std::string dims_after_first(const Shape& shape) {
   return shape_string(Shape(shape.begin() + (shape.empty() ? 0 : 1), shape.end()));
@@ -26,9 +29,9 @@ Response mismatch(const Request& first, int first_rank, int other_rank, std::str
   Response response;
   response.ok = false;
   response.error_code = ErrorCode::Mismatch;
-  response.error_message = str_cat("Mismatched ", to_string(first.op), " ", what, " for '", tensor,
-                                   "': rank ", first_rank, " sent ", first_value, ", rank ",
-                                   other_rank, " sent ", other_value);
+  response.error_message =
+      str_cat("Mismatched ", to_string(first.op), " ", what, " for '", tensor, "': rank ",
+              first_rank, " sent ", first_value, ", rank ", other_rank, " sent ", other_value);
   return response;
 }
 
@@ -43,9 +46,9 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
     Response response;
     response.ok = false;
     response.error_code = ErrorCode::Mismatch;
-    response.error_message = str_cat("Mismatched operations for '", first.name, "': rank ", first_rank,
-                                     " sent ", to_string(first.op), ", rank ", other_rank, " sent ",
-                                     to_string(other.op));
+    response.error_message =
+        str_cat("Mismatched operations for '", first.name, "': rank ", first_rank, " sent ",
+                to_string(first.op), ", rank ", other_rank, " sent ", to_string(other.op));
     return response;
   }
   auto differ = [&](std::string_view what, const std::string& a, const std::string& b,
@@ -69,22 +72,33 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
     return differ("prescale factors", str_cat(first.prescale), str_cat(other.prescale), first.name);
   }
   if (reduces && other.postscale != first.postscale) {
-    return differ("postscale factors", str_cat(first.postscale), str_cat(other.postscale), first.name);
+    return differ("postscale factors", str_cat(first.postscale), str_cat(other.postscale),
+                  first.name);
   }
   if (first.op == Collective::Broadcast && other.root_rank != first.root_rank) {
     return differ("root ranks", str_cat(first.root_rank), str_cat(other.root_rank), first.name);
+  }
+  if (first.op == Collective::AddProcessSet && other.splits != first.splits) {
+    return differ("process set ranks", shape_string(first.splits), shape_string(other.splits),
+                  first.name);
+  }
+  if (first.op == Collective::RemoveProcessSet && other.target_set_id != first.target_set_id) {
+    return differ("process sets", str_cat(first.target_set_id), str_cat(other.target_set_id),
+                  first.name);
   }
   for (std::size_t t = 0; t < first.tensors.size(); ++t) {
     const TensorSpec& a = first.tensors[t];
     const TensorSpec& b = other.tensors[t];
     const std::string label = tensor_label(first, t);
     if (a.dtype != b.dtype) {
-      return differ("data types", std::string(to_string(a.dtype)), std::string(to_string(b.dtype)), label);
+      return differ("data types", std::string(to_string(a.dtype)), std::string(to_string(b.dtype)),
+                    label);
     }
     // Allgather and alltoall may differ in dim 0; everything else must match exactly.
     const bool rows_vary = first.op == Collective::Allgather || first.op == Collective::Alltoall;
     if (rows_vary) {
-      if (a.shape.size() != b.shape.size() || dims_after_first(a.shape) != dims_after_first(b.shape)) {
+      if (a.shape.size() != b.shape.size() ||
+          dims_after_first(a.shape) != dims_after_first(b.shape)) {
         return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape), label);
       }
     } else if (a.shape != b.shape) {
@@ -94,16 +108,65 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
   return std::nullopt;
 }
 
+// Why an op cannot run now that members have joined, or nullopt. `absent`: set ranks without
+// data for this op; `joined`: global ranks that have joined the set. See Note [Join].
+std::optional<std::string> refuse_after_join(const Request& first,
+                                             const std::vector<int>& global_ranks,
+                                             const std::vector<int>& absent,
+                                             const std::vector<int>& joined) {
+  if (absent.empty() && joined.empty()) return std::nullopt;
+  std::vector<int> joined_ranks = joined;
+  for (int set_rank : absent) {
+    const int global = global_ranks[static_cast<std::size_t>(set_rank)];
+    if (std::find(joined_ranks.begin(), joined_ranks.end(), global) == joined_ranks.end()) {
+      joined_ranks.push_back(global);
+    }
+  }
+  std::sort(joined_ranks.begin(), joined_ranks.end());
+  switch (first.op) {
+    case Collective::Alltoall:
+    case Collective::Reducescatter:
+    case Collective::AddProcessSet:
+    case Collective::RemoveProcessSet:
+      return str_cat(to_string(first.op), " '", first.name, "' cannot run while process set ",
+                     first.process_set_id, " has joined ranks: ", detail::join_list(joined_ranks));
+    case Collective::Broadcast:
+      for (int set_rank : absent) {
+        if (global_ranks[static_cast<std::size_t>(set_rank)] == first.root_rank) {
+          return str_cat("BROADCAST '", first.name, "': root rank ", first.root_rank,
+                         " has joined process set ", first.process_set_id);
+        }
+      }
+      return std::nullopt;
+    case Collective::Allreduce:
+    case Collective::Allgather:
+    case Collective::Barrier:
+    case Collective::Join: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Response negotiate_response(const std::vector<int>& global_ranks,
-                            const std::vector<std::shared_ptr<const Request>>& requests) {
-  const Request& first = *requests.front();
-  for (std::size_t i = 1; i < requests.size(); ++i) {
-    if (std::optional<Response> error = compare(first, global_ranks[0], *requests[i], global_ranks[i])) {
+                            const std::vector<std::shared_ptr<const Request>>& requests,
+                            const std::vector<int>& joined) {
+  // The first member that submitted the op is the reference; null slots are joined members.
+  std::size_t first_index = 0;
+  while (requests[first_index] == nullptr) ++first_index;
+  const Request& first = *requests[first_index];
+  std::vector<int> absent;  // Set ranks of joined members without data.
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == nullptr) absent.push_back(static_cast<int>(i));
+  }
+  for (std::size_t i = first_index + 1; i < requests.size(); ++i) {
+    if (requests[i] == nullptr) continue;
+    if (std::optional<Response> error =
+            compare(first, global_ranks[first_index], *requests[i], global_ranks[i])) {
       error->process_set_id = first.process_set_id;
       error->name = first.name;
       error->op = first.op;
+      error->joined = absent;  // Absent members still see the name go by (Note [Join]).
       return *error;
     }
   }
@@ -117,18 +180,24 @@ Response negotiate_response(const std::vector<int>& global_ranks,
   response.postscale = first.postscale;
   response.root_rank = first.root_rank;
   response.tensors = first.tensors;
+  response.target_set_id = first.target_set_id;
+  response.joined = absent;
+  if (std::optional<std::string> refusal = refuse_after_join(first, global_ranks, absent, joined)) {
+    response.ok = false;
+    response.error_code = ErrorCode::InvalidArgument;
+    response.error_message = std::move(*refusal);
+    return response;
+  }
   const std::size_t size = requests.size();
   if (first.op == Collective::Allgather) {
     for (std::size_t t = 0; t < first.tensors.size(); ++t) {
-      for (const auto& request : requests) response.rows.push_back(request->tensors[t].shape.at(0));
+      for (const auto& request : requests) {
+        response.rows.push_back(request ? request->tensors[t].shape.at(0) : 0);
+      }
     }
   } else if (first.op == Collective::Alltoall) {
     for (const auto& request : requests) {
       if (request->splits.size() != size) {
-        response = Response();
-        response.process_set_id = first.process_set_id;
-        response.name = first.name;
-        response.op = first.op;
         response.ok = false;
         response.error_code = ErrorCode::InvalidArgument;
         response.error_message = str_cat("ALLTOALL '", first.name, "' got ", request->splits.size(),
@@ -137,6 +206,9 @@ Response negotiate_response(const std::vector<int>& global_ranks,
       }
       response.rows.insert(response.rows.end(), request->splits.begin(), request->splits.end());
     }
+  } else if (first.op == Collective::AddProcessSet) {
+    response.rows = first.splits;
+    std::sort(response.rows.begin(), response.rows.end());
   }
   return response;
 }
@@ -154,6 +226,8 @@ std::string_view to_string(Collective op) {
     case Collective::Reducescatter: return "REDUCESCATTER";
     case Collective::Barrier: return "BARRIER";
     case Collective::Join: return "JOIN";
+    case Collective::AddProcessSet: return "ADD_PROCESS_SET";
+    case Collective::RemoveProcessSet: return "REMOVE_PROCESS_SET";
   }
   return "UNKNOWN";
 }

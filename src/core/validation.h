@@ -10,9 +10,12 @@
 
 namespace tutti::core {
 
-// `requests[i]` is the request of the set member with global rank `global_ranks[i]`; none is
-// null. Pure function.
+// `requests[i]` is the request of the set member with global rank `global_ranks[i]`, or null
+// for a member that joined without submitting it (at least one is not null). `joined` are the
+// global ranks that have joined the set so far (see Note [Join] in controller.h): ops that
+// cannot do without a member's data fail with InvalidArgument then. Pure function.
 Response negotiate_response(const std::vector<int>& global_ranks,
-                            const std::vector<std::shared_ptr<const Request>>& requests);
+                            const std::vector<std::shared_ptr<const Request>>& requests,
+                            const std::vector<int>& joined = {});
 
 }  // namespace tutti::core

@@ -142,15 +142,20 @@ TEST_CASE("after shutdown pending ops fail with ShutDown, new ones too, and init
 }
 
 TEST_CASE("a malformed setting fails init naming the variable", "[errors]") {
+  // Knobs no meson variant of this test sets, so TUTTI_ values cannot mask the bad ones.
   setenv("TUTTI_CYCLE_TIME", "12x", 1);
   std::string message;
-  CHECK(error_of([] { init(); }, &message) == ErrorCode::InvalidArgument);
+  const auto cycle = error_of([] { init(); }, &message);
+  if (!cycle) shutdown();
+  CHECK(cycle == ErrorCode::InvalidArgument);
   CHECK(message.find("TUTTI_CYCLE_TIME") != std::string::npos);
   unsetenv("TUTTI_CYCLE_TIME");
-  setenv("HOROVOD_FUSION_THRESHOLD", "lots", 1);
-  CHECK(error_of([] { init(); }, &message) == ErrorCode::InvalidArgument);
-  CHECK(message.find("HOROVOD_FUSION_THRESHOLD") != std::string::npos);
-  unsetenv("HOROVOD_FUSION_THRESHOLD");
+  setenv("HOROVOD_LOG_HIDE_TIME", "lots", 1);
+  const auto hide = error_of([] { init(); }, &message);
+  if (!hide) shutdown();
+  CHECK(hide == ErrorCode::InvalidArgument);
+  CHECK(message.find("HOROVOD_LOG_HIDE_TIME") != std::string::npos);
+  unsetenv("HOROVOD_LOG_HIDE_TIME");
   CHECK_FALSE(is_initialized());
 }
 

@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+// The timeline: a Chrome-trace JSON file (Perfetto, chrome://tracing) of each tensor's
+// negotiation, op and activities, written by rank 0 on a thread of its own so that the
+// communication thread only formats events into memory.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "src/common/status.h"
+
+namespace tutti::core {
+
+// Records trace events into a buffer and writes them to one file at a time.
+//
+// Threads: every method may be called from any thread. The recording methods (negotiate_*,
+// op_*, activity_*, mark_cycle) return after one atomic load while no file is open, and
+// otherwise only format the event into memory under a mutex; the writer thread
+// ("tutti-timeline", one per start()) alone writes the file. start() and stop() block while a
+// previous file is finished.
+//
+// File: the JSON Array Format, `[` then one event per line; the closing `]` is written by
+// stop(), and a crashed job's file still opens (the format allows the `]` to be missing). Each
+// tensor is a track (pid 0, tid assigned in order of first appearance, named by a thread_name
+// metadata event); spans are B/E pairs on the tensor's track, instants "i" with "s":"t", and
+// "ts" is in microseconds since start(). Spans nest as negotiation, then op containing
+// activities; the *_end methods close only a span that is open, and stop() closes every open
+// one, so B/E pairs balance on every track even when a file starts or stops mid-op.
+class Timeline {
+ public:
+  Timeline() = default;
+  ~Timeline() { stop(); }
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // Opens (truncates) `path` and starts recording; CYCLE_START markers are recorded only with
+  // `mark_cycles`. A timeline already running is stopped first, leaving its file complete.
+  // InvalidArgument naming the path and the OS's reason if the file cannot be opened; then
+  // nothing is recording.
+  Status start(const std::string& path, bool mark_cycles);
+  // Closes open spans, writes everything recorded and the closing bracket, and closes the file:
+  // when it returns the file is complete, valid JSON. Events recorded concurrently with stop()
+  // may be dropped. Idempotent; harmless without start().
+  void stop();
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+  // Negotiation of `tensor` for collective `op` ("ALLREDUCE"): the span NEGOTIATE_<op> from the
+  // first request's arrival at the coordinator until the tensor is ready, and in it an instant
+  // "rank <r>" as each rank's request arrives, so the last one is the late rank.
+  void negotiate_start(std::string_view tensor, std::string_view op);
+  void negotiate_rank_ready(std::string_view tensor, int rank);
+  void negotiate_end(std::string_view tensor);
+
+  // The op span, named `op`, with args dtype ("float32") and shape ("[2, 3]"); its end carries
+  // args status ("OK" or the error). An open activity is closed by the next activity_start or
+  // by op_end.
+  void op_start(std::string_view tensor, std::string_view op, std::string_view dtype,
+                std::string_view shape);
+  void activity_start(std::string_view tensor, std::string_view activity);  // "FUSION_PACK"
+  void activity_end(std::string_view tensor);
+  void op_end(std::string_view tensor, std::string_view status);
+
+  // An instant CYCLE_START on its own track ("cycles", tid 0), if started with mark_cycles.
+  void mark_cycle();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // One of an event's args: a string, or a number (Chrome reads sort_index only as a number).
+  struct Arg {
+    Arg(std::string_view arg_key, std::string_view arg_text) : key(arg_key), text(arg_text) {}
+    Arg(std::string_view arg_key, int arg_number)
+        : key(arg_key), number(arg_number), is_number(true) {}
+    std::string_view key;
+    std::string_view text;
+    int number = 0;
+    bool is_number = false;
+  };
+  using Args = std::initializer_list<Arg>;
+  enum class Span : std::uint8_t { Negotiate, Op, Activity };
+  struct Track {
+    int tid = 0;
+    std::vector<Span> open;  // Innermost last.
+  };
+  // Finds tracks by string_view without building a std::string.
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
+  void stop_writer();                // Requires control_mutex_.
+  void write_loop(std::FILE* file);  // The writer thread.
+
+  // The helpers below require mutex_; all but ended_track() also require active_.
+  Track& track(std::string_view tensor);  // Created, with its metadata, on first use.
+  // The track an *_end method closes a span on; null if not recording or never seen (a span
+  // begun before this file started, whose B is not in it).
+  Track* ended_track(std::string_view tensor);
+  void open_span(Track& track, Span span, std::string_view name, Args args);
+  // Closes `span` and any span inside it; nothing if `span` is not open.
+  void close_span(Track& track, Span span, Args args);
+  void emit(int tid, char phase, std::string_view name, Args args);
+
+  // Serializes start() and stop(), which wait for the writer thread without holding mutex_.
+  std::mutex control_mutex_;
+  std::thread writer_;         // Guarded by control_mutex_.
+  std::FILE* file_ = nullptr;  // Guarded by control_mutex_; written by writer_ while it runs.
+
+  // Fast-path flags, set only while a file is open.
+  std::atomic<bool> enabled_{false};
+  std::atomic<bool> mark_cycles_{false};
+
+  std::mutex mutex_;
+  std::condition_variable wake_writer_;
+  // Guarded by mutex_:
+  bool active_ = false;    // Recording; false once stop() began, so late events are dropped.
+  bool stopping_ = false;  // The closing bracket is in pending_; the writer exits after it.
+  bool has_events_ = false;
+  Clock::time_point origin_;
+  std::string pending_;  // Formatted, not yet written.
+  std::unordered_map<std::string, Track, NameHash, std::equal_to<>> tracks_;
+  int next_tid_ = 1;
+};
+
+}  // namespace tutti::core
