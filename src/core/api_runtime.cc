@@ -25,11 +25,10 @@ bool mpi_threads_supported() { return topology().threads_multiple; }
 bool cuda_built() { return ops::built_with_cuda(); }
 bool nccl_built() { return ops::built_with_nccl(); }
 
-void start_timeline(const std::string&, bool) {
-  core::Runtime::get().session().value_or_throw();
-  throw Error(ErrorCode::Internal, "the timeline is not implemented yet");
+void start_timeline(const std::string& path, bool mark_cycles) {
+  core::Runtime::get().session().value_or_throw()->start_timeline(path, mark_cycles).throw_if_error();
 }
 
-void stop_timeline() { core::Runtime::get().session().value_or_throw(); }
+void stop_timeline() { core::Runtime::get().session().value_or_throw()->stop_timeline(); }
 
 }  // namespace tutti

@@ -63,6 +63,7 @@ void Session::run() {
       const Clock::time_point now = Clock::now();
       if (did_work) {
         idle_since = now;
+        timeline_.mark_cycle();
         continue;
       }
       const auto idle = std::chrono::duration_cast<microseconds>(now - idle_since);
@@ -245,6 +246,11 @@ Status Session::execute(ResponseList list) {
       entry->state->complete(Status(response->error_code, response->error_message));
       continue;
     }
+    if (timeline_.enabled()) {
+      const TensorSpec& spec = response->tensors.empty() ? TensorSpec{} : response->tensors.front();
+      timeline_.op_start(response->name, to_string(response->op), to_string(spec.dtype),
+                         detail::shape_string(spec.shape));
+    }
     works.push_back(Work{.response = response, .entry = std::move(entry)});
   }
   std::vector<FusionItem> items;
@@ -261,7 +267,9 @@ Status Session::execute(ResponseList list) {
     // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
     const Status status = fault.ok() ? execute_batch(batch) : fault;
     for (Work& work : batch) {
-      if (work.entry != nullptr) work.entry->state->complete(status);
+      if (work.entry == nullptr) continue;
+      if (timeline_.enabled()) timeline_.op_end(work.response->name, status.ok() ? "OK" : status.message());
+      work.entry->state->complete(status);
     }
     if (!status.ok() && status.code() == ErrorCode::Communication) fault = status;
   }
@@ -289,6 +297,7 @@ Status Session::execute_batch(std::vector<Work>& batch) {
     default: break;
   }
   ops::Backend& backend = *backends_.at(response.process_set_id);
+  if (response.op != Collective::Allreduce) executor_.mark(batch, to_string(response.op));
   switch (response.op) {
     case Collective::Allreduce: return executor_.allreduce(batch, backend);
     case Collective::Broadcast: {

@@ -92,7 +92,9 @@ void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, 
   if (pending.requests.empty()) {
     pending.requests.assign(set.ranks.size(), nullptr);
     pending.first_seen = now;
+    if (timeline_ && timeline_->enabled()) timeline_->negotiate_start(name, to_string(request->op));
   }
+  if (timeline_ && timeline_->enabled()) timeline_->negotiate_rank_ready(name, global_rank);
   std::shared_ptr<const Request>& slot = pending.requests[member->second];
   TUTTI_CHECK(slot == nullptr, "rank ", global_rank, " submitted '", name, "' twice");
   slot = std::move(request);
@@ -137,6 +139,7 @@ ResponseList Coordinator::take_ready() {
     SetState& set = set_it->second;
     auto node = set.pending.extract(name);
     Pending& pending = node.mapped();
+    if (timeline_ && timeline_->enabled()) timeline_->negotiate_end(name);
     const bool anyone_joined =
         std::find(set.joined.begin(), set.joined.end(), true) != set.joined.end();
     // A hit is replayed only if its id is still cached here; then every rank still has it too

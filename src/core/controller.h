@@ -61,6 +61,7 @@
 
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
+#include "src/core/timeline.h"
 
 namespace tutti::core {
 
@@ -86,6 +87,9 @@ class Coordinator {
   bool has_ready() const { return !ready_.empty() || !evicted_.empty(); }
   // The ready responses in readiness order, with cache bookkeeping (step 3).
   ResponseList take_ready();
+  // Records negotiation spans (a span per op, an instant per rank's arrival) into `timeline`,
+  // which must outlive the coordinator. Null = none.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
   // Some rank asked to shut down.
   bool shutdown_requested() const { return shutdown_requested_; }
 
@@ -129,6 +133,7 @@ class Coordinator {
   void change_sets(Response& response, std::vector<std::int32_t>* evicted);
 
   CoordinatorCache cache_;
+  Timeline* timeline_ = nullptr;
   std::map<int, SetState> sets_;
   std::vector<std::pair<int, std::string>> ready_;  // (set, name) in readiness order.
   std::vector<std::int32_t> evicted_;

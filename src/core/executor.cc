@@ -132,14 +132,23 @@ Status Executor::allreduce_in_place(Work& work, ops::Backend& backend) {
   return Status();
 }
 
+void Executor::mark(std::span<Work> batch, std::string_view activity) const {
+  if (timeline_ == nullptr || !timeline_->enabled()) return;
+  for (const Work& work : batch) {
+    if (work.entry != nullptr) timeline_->activity_start(work.response->name, activity);
+  }
+}
+
 Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend) {
   const Response& first = *batch.front().response;
   if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend);
   const DataType wire = batch_wire_dtype(batch);
   if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
       batch.front().entry != nullptr) {
+    mark(batch, "ALLREDUCE");
     return allreduce_in_place(batch.front(), backend);
   }
+  mark(batch, "FUSION_PACK");
   const std::size_t wire_bytes = element_size(wire);
   std::size_t total = 0;
   for (const Work& work : batch) {
@@ -160,7 +169,9 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend) {
       offset += n;
     }
   }
+  mark(batch, "ALLREDUCE");
   TUTTI_RETURN_IF_ERROR(backend.allreduce(buffer, total, wire, wire_op(first.reduce_op)));
+  mark(batch, "FUSION_UNPACK");
   offset = 0;
   for (const Work& work : batch) {
     const double factor = output_factor(*work.response, backend.size());

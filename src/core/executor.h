@@ -15,6 +15,7 @@
 #include "src/core/fusion_buffer.h"
 #include "src/core/request.h"
 #include "src/core/tensor_queue.h"
+#include "src/core/timeline.h"
 
 namespace tutti::core {
 
@@ -62,6 +63,11 @@ class Executor {
   Status reducescatter(std::span<Work> batch, ops::Backend& backend);
 
   void set_chunk_bytes(std::size_t bytes) { chunk_bytes_ = bytes; }
+  // Records each op's activities (pack, collective, unpack) into `timeline`, which must
+  // outlive the executor. Null = none.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+  // Starts `activity` on the timeline for every op of `batch` that this rank submitted.
+  void mark(std::span<Work> batch, std::string_view activity) const;
 
  private:
   Status allreduce_in_place(Work& work, ops::Backend& backend);
@@ -69,6 +75,7 @@ class Executor {
   Status allgather_one(Work& work, ops::Backend& backend);
 
   std::size_t chunk_bytes_;
+  Timeline* timeline_ = nullptr;
   FusionBuffer buffer_;
 };
 

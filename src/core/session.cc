@@ -14,12 +14,20 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
       plane_(&transport_->control_plane()),
       rank_(transport_->topology().rank),
       is_coordinator_(rank_ == 0),
-      executor_(static_cast<std::size_t>(config_.fusion_threshold_bytes)) {}
+      executor_(static_cast<std::size_t>(config_.fusion_threshold_bytes)) {
+  executor_.set_timeline(&timeline_);
+}
 
 Result<std::shared_ptr<Session>> Session::create(Config config,
                                                  std::unique_ptr<ops::Transport> transport) {
   std::shared_ptr<Session> session(new Session(std::move(config), std::move(transport)));
   TUTTI_RETURN_IF_ERROR(session->init_global_set());
+  if (!session->config_.timeline_path.empty()) {
+    // Only rank 0 opens the file: failing init() there alone would leave the others waiting.
+    const Status timeline = session->start_timeline(session->config_.timeline_path,
+                                                    session->config_.timeline_mark_cycles);
+    if (!timeline.ok()) TUTTI_LOG_ERROR("TUTTI_TIMELINE: ", timeline.message());
+  }
   session->last_stall_check_ = Clock::now();
   session->thread_ = std::thread([raw = session.get()] { raw->run(); });
   return session;
@@ -32,6 +40,7 @@ Status Session::init_global_set() {
   backends_[0] = std::move(backend);
   if (is_coordinator_) {
     coordinator_.emplace(config_.cache_capacity);
+    coordinator_->set_timeline(&timeline_);
     coordinator_->add_set(0, ranks);
   }
   std::lock_guard<std::mutex> lock(sets_mutex_);
@@ -57,12 +66,19 @@ Result<SetInfo> Session::process_set(int id) const {
   return it->second;
 }
 
+Status Session::start_timeline(const std::string& path, bool mark_cycles) {
+  // Only the coordinator sees every rank's arrival, so only rank 0 writes a timeline.
+  if (!is_coordinator_) return Status();
+  return timeline_.start(path, mark_cycles);
+}
+
 void Session::stop() {
   if (thread_.joinable()) {
     stop_requested_.store(true);
     queue_.wake();
     thread_.join();
   }
+  timeline_.stop();  // Leaves a complete JSON file.
   // Communicators are freed collectively: every rank reaches here from its own shutdown().
   backends_.clear();
 }

@@ -27,6 +27,7 @@
 #include "src/core/executor.h"
 #include "src/core/response_cache.h"
 #include "src/core/tensor_queue.h"
+#include "src/core/timeline.h"
 
 namespace tutti::core {
 
@@ -58,6 +59,11 @@ class Session {
   // Application thread, collective: asks every rank to stop, finishes what was negotiated,
   // fails the rest with ShutDown and joins the communication thread. Idempotent.
   void stop();
+  // Any thread. Starts (rank 0) or replaces the timeline; a no-op on other ranks, which
+  // record nothing. InvalidArgument if rank 0 cannot open `path`.
+  Status start_timeline(const std::string& path, bool mark_cycles);
+  void stop_timeline() { timeline_.stop(); }
+
   // Whether the communication thread has ended (stop(), a fault, a stall).
   bool stopped() const { return loop_done_.load(); }
 
@@ -94,6 +100,9 @@ class Session {
   mutable std::mutex sets_mutex_;
   std::map<int, SetInfo> sets_;  // Guarded by sets_mutex_ (the loop reads it too).
   std::map<int, std::unique_ptr<ops::Backend>> backends_;  // Communication thread.
+
+  // Rank 0 writes it (see Timeline); declared before its users so it outlives them.
+  Timeline timeline_;
 
   // Communication thread state.
   std::optional<Coordinator> coordinator_;  // Rank 0 only.

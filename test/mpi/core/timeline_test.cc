@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// The timeline: rank 0 writes a Chrome-trace file that is valid JSON after stop_timeline() and
+// at shutdown, with a negotiation span per tensor, an instant per rank's arrival, and the op
+// span with its activities. Checked with Python's json module (a real parser).
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test/support/mpi_test_util.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Exit status of a Python check that `path` parses as a JSON list of trace events and that
+// every name in `names` occurs as an event or track name.
+int check_json(const std::string& path, const std::vector<std::string>& names) {
+  // Event names, plus track names (a tensor's track is named by thread_name metadata).
+  std::string script =
+      "import json,sys; e=json.load(open(sys.argv[1])); "
+      "n={x.get('name') for x in e} | {x.get('args',{}).get('name') for x in e}; "
+      "sys.exit(0 if all(a in n for a in sys.argv[2:]) else 3)";
+  std::string command = "python3 -c \"" + script + "\" " + path;
+  for (const std::string& name : names) command += " '" + name + "'";
+  return std::system(command.c_str());
+}
+
+TEST_CASE("start_timeline writes valid JSON naming tensors, ranks and activities", "[timeline]") {
+  init();
+  const std::string path = "/tmp/tutti_timeline_test_" + std::to_string(getppid()) + ".json";
+  start_timeline(path, true);
+  std::vector<float> a(1000, 1.0f), b(3, 1.0f);
+  allreduce(TensorView(a.data(), {1000}), "grad.big");
+  allreduce(TensorView(b.data(), {3}), "grad.small");
+  broadcast(TensorView(b.data(), {3}), 0, "weights");
+  stop_timeline();
+  MPI_Barrier(MPI_COMM_WORLD);
+  bool ok = true;
+  std::string contents;
+  if (world_rank() == 0) {
+    std::vector<std::string> names = {"grad.big", "grad.small", "NEGOTIATE_ALLREDUCE", "ALLREDUCE",
+                                      "BROADCAST", "rank 0"};
+    if (world_size() > 1) names.push_back("rank " + std::to_string(world_size() - 1));
+    ok = check_json(path, names) == 0;
+    contents = read_file(path);
+    std::remove(path.c_str());
+  }
+  INFO(contents.substr(0, 2000));
+  CHECK(all_ranks(ok));
+  shutdown();
+}
+
+TEST_CASE("TUTTI_TIMELINE records from init and is complete after shutdown", "[timeline]") {
+  const std::string path = "/tmp/tutti_timeline_env_" + std::to_string(getppid()) + ".json";
+  setenv("TUTTI_TIMELINE", path.c_str(), 1);
+  init();
+  std::vector<double> v(10, 2.0);
+  allreduce(TensorView(v.data(), {10}), "env.tensor", {.op = ReduceOp::Sum});
+  shutdown();
+  unsetenv("TUTTI_TIMELINE");
+  MPI_Barrier(MPI_COMM_WORLD);
+  bool ok = true;
+  if (world_rank() == 0) {
+    ok = check_json(path, {"env.tensor", "NEGOTIATE_ALLREDUCE"}) == 0;
+    std::remove(path.c_str());
+  }
+  CHECK(all_ranks(ok));
+}
+
+}  // namespace
+}  // namespace tutti::test
