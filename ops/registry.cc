@@ -1,13 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
+// The one C++ file that knows which backends and device code were compiled in: TUTTI_HAVE_*
+// is tested here and in meson.build files only.
 #include "ops/registry.h"
 
 #include "ops/device_ops.h"
 #include "src/common/strings.h"
 #include "tutti_config.h"
+#if TUTTI_HAVE_CUDA
+#include "ops/cuda/device_ops.h"
+#include "ops/cuda/host_staged_backend.h"
+#endif
+#if TUTTI_HAVE_NCCL
+#include "ops/nccl/nccl_backend.h"
+#include "ops/nccl/nccl_comm.h"
+#endif
 
 namespace tutti::ops {
 namespace {
 
+#if !TUTTI_HAVE_CUDA
 // DeviceOps of a build without CUDA: device tensors are refused with a clear message.
 class NoDeviceOps final : public DeviceOps {
  public:
@@ -30,6 +41,15 @@ class NoDeviceOps final : public DeviceOps {
                            " tensors need a Tutti built with CUDA (meson -Dcuda=enabled)");
   }
 };
+#endif
+
+#if TUTTI_HAVE_NCCL
+Result<std::unique_ptr<Backend>> make_nccl_backend(Backend& host_backend, DeviceStream stream) {
+  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<nccl::NcclBackend> backend,
+                         nccl::NcclBackend::create(host_backend, stream));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+#endif
 
 }  // namespace
 
@@ -37,8 +57,53 @@ bool built_with_cuda() { return TUTTI_HAVE_CUDA; }
 bool built_with_nccl() { return TUTTI_HAVE_NCCL; }
 
 DeviceOps& device_ops() {
+#if TUTTI_HAVE_CUDA
+  return cuda::cuda_device_ops();
+#else
   static NoDeviceOps none;
   return none;
+#endif
+}
+
+Result<std::unique_ptr<Backend>> create_host_staged_backend(Backend& host_backend,
+                                                            DeviceStream stream) {
+#if TUTTI_HAVE_CUDA
+  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<cuda::HostStagedBackend> backend,
+                         cuda::HostStagedBackend::create(host_backend, stream));
+  return std::unique_ptr<Backend>(std::move(backend));
+#else
+  static_cast<void>(host_backend);
+  static_cast<void>(stream);
+  return invalid_argument("this build has no CUDA");
+#endif
+}
+
+Result<std::unique_ptr<Backend>> create_nccl_backend(Backend& host_backend, DeviceStream stream) {
+#if TUTTI_HAVE_NCCL
+  return make_nccl_backend(host_backend, stream);
+#else
+  static_cast<void>(host_backend);
+  static_cast<void>(stream);
+  return invalid_argument("this build has no NCCL");
+#endif
+}
+
+Result<std::unique_ptr<Backend>> create_device_backend(Backend& host_backend, DeviceStream stream,
+                                                       DeviceBackendKind kind) {
+  if (kind == DeviceBackendKind::HostStaged)
+    return create_host_staged_backend(host_backend, stream);
+#if TUTTI_HAVE_NCCL
+  TUTTI_ASSIGN_OR_RETURN(bool own_devices,
+                         nccl::NcclComm::one_device_per_rank(host_backend, stream.device.index));
+  if (own_devices) return make_nccl_backend(host_backend, stream);
+  if (kind == DeviceBackendKind::Nccl) {
+    return invalid_argument(
+        "NCCL needs a GPU of its own per rank, and members of this process set share one");
+  }
+#else
+  if (kind == DeviceBackendKind::Nccl) return invalid_argument("this build has no NCCL");
+#endif
+  return create_host_staged_backend(host_backend, stream);
 }
 
 }  // namespace tutti::ops

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers of the gpu suite: device buffers, values of any dtype to and from bytes (through
+// ops::cpu::convert_scale, the CPU reference), and the skip rule of the MPI gpu binaries.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "ops/convert.h"
+#include "ops/device_ops.h"
+#include "tutti/tensor.h"
+
+namespace tutti::test {
+
+// Exit code that Meson counts as a skipped test.
+inline constexpr int kSkipExitCode = 77;
+
+// Throws (failing the test case) when a CUDA call in a test fails.
+inline void cuda_check(cudaError_t code, const char* what) {
+  if (code != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(code));
+  }
+}
+
+// Device memory of the current device, freed on destruction.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) {
+    cuda_check(cudaMalloc(&memory_, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  }
+  ~DeviceBuffer() { static_cast<void>(cudaFree(memory_)); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  std::byte* get() const { return static_cast<std::byte*>(memory_); }
+
+ private:
+  void* memory_ = nullptr;
+};
+
+inline void upload(void* device, const std::vector<std::byte>& host) {
+  if (!host.empty()) {
+    cuda_check(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
+  }
+}
+
+inline std::vector<std::byte> download(const void* device, std::size_t bytes) {
+  std::vector<std::byte> host(bytes);
+  if (bytes > 0) {
+    cuda_check(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), "download");
+  }
+  return host;
+}
+
+// `values` in `dtype` (saturating, as the CPU conversion does).
+inline std::vector<std::byte> encode(const std::vector<double>& values, DataType dtype) {
+  std::vector<std::byte> bytes(values.size() * element_size(dtype));
+  ops::cpu::convert_scale(bytes.data(), dtype, values.data(), DataType::Float64, values.size(),
+                          1.0);
+  return bytes;
+}
+
+inline std::vector<double> decode(const std::vector<std::byte>& bytes, DataType dtype) {
+  std::vector<double> values(bytes.size() / element_size(dtype));
+  ops::cpu::convert_scale(values.data(), DataType::Float64, bytes.data(), dtype, values.size(),
+                          1.0);
+  return values;
+}
+
+// Polls `event` as core's communication thread does, failing after `limit`.
+inline Status poll_until_done(ops::DeviceEvent& event,
+                              std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    Result<bool> done = event.poll();
+    if (!done.ok()) return done.status();
+    if (done.value()) return Status();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return Status(ErrorCode::Stalled, "device event still pending");
+}
+
+inline const std::vector<DataType> kEveryDtype = {
+    DataType::UInt8,   DataType::Int8,    DataType::UInt16,  DataType::Int16,
+    DataType::Int32,   DataType::Int64,   DataType::Float16, DataType::BFloat16,
+    DataType::Float32, DataType::Float64, DataType::Bool};
+
+// Defined by each MPI binary of the gpu suite: how many CUDA devices a host must show for the
+// binary to run when `local_size` of its ranks share the host. If any host shows fewer, every
+// rank exits with kSkipExitCode (gpu_mpi_main.cc).
+int devices_needed(int local_size);
+
+}  // namespace tutti::test
