@@ -15,6 +15,12 @@
 //
 // Memory: every TensorView passed in must stay alive and unmodified until the handle is done.
 // All functions are thread-safe.
+//
+// Devices: this version runs collectives on CPU tensors. A CUDA tensor is refused with
+// InvalidArgument at the call (the CUDA/NCCL backends are built in CUDA builds but not yet
+// connected to the runtime). When they are: device data must be complete when an op is
+// submitted (synchronize the stream that produced it; Tutti works on its own non-blocking
+// streams), and outputs are ready for any stream once wait() returns or poll() is true.
 #pragma once
 
 #include <cstdint>
