@@ -15,7 +15,7 @@ namespace {
 
 // The one table of knobs, mirrored in DESIGN.md section 4 and the README.
 constexpr Knob kKnobs[] = {
-    {"FUSION_THRESHOLD", KnobType::Int, "8388608",
+    {"FUSION_THRESHOLD", KnobType::Int, "1048576",
      "max bytes fused into one collective; 0 disables fusion"},
     {"CYCLE_TIME", KnobType::Double, "1", "ms a ready tensor may wait for others to fuse with"},
     {"CACHE_CAPACITY", KnobType::Int, "1024", "response-cache entries per process set; 0 disables"},

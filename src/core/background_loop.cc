@@ -21,10 +21,10 @@ using std::chrono::microseconds;
 
 // Idle policy: spin this long after the last work (ops often come in bursts), then sleep with
 // a timeout that grows with the idle time up to a cap: short while ops are in flight (a peer's
-// answer may come any moment), long when nothing is (an idle job then wakes ~500 times/s).
+// answer may come any moment), long when nothing is (an idle job then wakes ~200 times/s).
 constexpr microseconds kSpinTime{50};
 constexpr microseconds kBusyCap{200};
-constexpr microseconds kIdleCap{2000};
+constexpr microseconds kIdleCap{5000};
 // The coordinator waits this long for every rank's shutdown message.
 constexpr std::chrono::seconds kShutdownAnswerTimeout{10};
 // New ops arriving closer together than this are sent to the coordinator as one message.

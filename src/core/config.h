@@ -12,7 +12,7 @@
 namespace tutti::core {
 
 // Chosen from examples/allreduce_benchmark's P1 sweep on 2 ranks (see README, Benchmarks).
-inline constexpr std::int64_t kDefaultFusionThresholdBytes = 8 * 1024 * 1024;
+inline constexpr std::int64_t kDefaultFusionThresholdBytes = 1024 * 1024;
 
 struct Config {
   std::int64_t fusion_threshold_bytes = kDefaultFusionThresholdBytes;
