@@ -116,7 +116,14 @@ class DeviceOps {
   }
 };
 
-// The process-wide DeviceOps of this build (see ops/registry.cc). Any thread.
+// The process-wide DeviceOps: this build's (see ops/registry.cc), or the one installed with
+// set_device_ops. Any thread.
 DeviceOps& device_ops();
+
+// Replaces the process-wide DeviceOps with `ops` (not owned; it must outlive every use), or
+// restores this build's own with nullptr. For tests that simulate a device on the CPU
+// (test/support/sim_device.h). Call it while Tutti is not initialized and no device memory
+// exists.
+void set_device_ops(DeviceOps* ops);
 
 }  // namespace tutti::ops

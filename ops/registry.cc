@@ -3,12 +3,14 @@
 // is tested here and in meson.build files only.
 #include "ops/registry.h"
 
+#include <atomic>
+
 #include "ops/device_ops.h"
+#include "ops/mpi/host_staged_backend.h"
 #include "src/common/strings.h"
 #include "tutti_config.h"
 #if TUTTI_HAVE_CUDA
 #include "ops/cuda/device_ops.h"
-#include "ops/cuda/host_staged_backend.h"
 #endif
 #if TUTTI_HAVE_NCCL
 #include "ops/nccl/nccl_backend.h"
@@ -56,7 +58,12 @@ Result<std::unique_ptr<Backend>> make_nccl_backend(Backend& host_backend, Device
 bool built_with_cuda() { return TUTTI_HAVE_CUDA; }
 bool built_with_nccl() { return TUTTI_HAVE_NCCL; }
 
+namespace {
+std::atomic<DeviceOps*> installed{nullptr};  // set_device_ops; null = this build's own.
+}  // namespace
+
 DeviceOps& device_ops() {
+  if (DeviceOps* ops = installed.load(std::memory_order_acquire)) return *ops;
 #if TUTTI_HAVE_CUDA
   return cuda::cuda_device_ops();
 #else
@@ -65,17 +72,11 @@ DeviceOps& device_ops() {
 #endif
 }
 
+void set_device_ops(DeviceOps* ops) { installed.store(ops, std::memory_order_release); }
+
 Result<std::unique_ptr<Backend>> create_host_staged_backend(Backend& host_backend,
                                                             DeviceStream stream) {
-#if TUTTI_HAVE_CUDA
-  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<cuda::HostStagedBackend> backend,
-                         cuda::HostStagedBackend::create(host_backend, stream));
-  return std::unique_ptr<Backend>(std::move(backend));
-#else
-  static_cast<void>(host_backend);
-  static_cast<void>(stream);
-  return invalid_argument("this build has no CUDA");
-#endif
+  return std::unique_ptr<Backend>(std::make_unique<mpi::HostStagedBackend>(host_backend, stream));
 }
 
 Result<std::unique_ptr<Backend>> create_nccl_backend(Backend& host_backend, DeviceStream stream) {
@@ -90,7 +91,8 @@ Result<std::unique_ptr<Backend>> create_nccl_backend(Backend& host_backend, Devi
 
 Result<std::unique_ptr<Backend>> create_device_backend(Backend& host_backend, DeviceStream stream,
                                                        DeviceBackendKind kind) {
-  if (kind == DeviceBackendKind::HostStaged)
+  // An installed DeviceOps (a simulated device) is only reachable through DeviceOps.
+  if (kind == DeviceBackendKind::HostStaged || installed.load() != nullptr)
     return create_host_staged_backend(host_backend, stream);
 #if TUTTI_HAVE_NCCL
   TUTTI_ASSIGN_OR_RETURN(bool own_devices,

@@ -16,11 +16,20 @@
 // Memory: every TensorView passed in must stay alive and unmodified until the handle is done.
 // All functions are thread-safe.
 //
-// Devices: this version runs collectives on CPU tensors. A CUDA tensor is refused with
-// InvalidArgument at the call (the CUDA/NCCL backends are built in CUDA builds but not yet
-// connected to the runtime). When they are: device data must be complete when an op is
-// submitted (synchronize the stream that produced it; Tutti works on its own non-blocking
-// streams), and outputs are ready for any stream once wait() returns or poll() is true.
+// Devices: every op takes CPU tensors or, in a build with CUDA, tensors on Device::cuda(i),
+// not both in one op. With CUDA tensors:
+//  - Device data must be complete when the op is submitted: synchronize the stream that
+//    produced it first (Tutti works on its own non-blocking streams, TUTTI_NUM_NCCL_STREAMS,
+//    which do not wait for yours).
+//  - Outputs (in place, and those of allgather, alltoall and reducescatter, which are on the
+//    same device) are ready for any stream once wait() returns or poll() is true.
+//  - All of a rank's CUDA tensors are on one device during a session (usually
+//    cuda:local_rank); another device is InvalidArgument at the call.
+//  - The collective runs on NCCL when every member of the set has a GPU of its own, else
+//    (ranks sharing a GPU, or no NCCL) on MPI through page-locked host copies.
+//  - ADASUM is refused (InvalidArgument): reduce a CPU copy.
+// A CUDA tensor in a build without CUDA, or for a device this process does not see, is
+// InvalidArgument at the call.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "ops/device_ops.h"
+#include "ops/registry.h"
 #include "src/common/strings.h"
 #include "src/core/op_state.h"
 #include "src/core/runtime.h"
@@ -43,14 +45,29 @@ struct Submission {
     if (!entry->inputs.empty() && input.device().kind != request.device) {
       invalid(str_cat(to_string(request.op), " '", request.name, "' mixes CPU and CUDA tensors"));
     }
-    if (input.device().kind == Device::Kind::CUDA) {
-      invalid(str_cat(to_string(request.op), " '", request.name,
-                      "': CUDA tensors are not supported by this build's backends yet"));
-    }
+    if (input.device().kind == Device::Kind::CUDA) check_device(input.device());
     request.device = input.device().kind;
     request.tensors.push_back(core::TensorSpec{.dtype = input.dtype(), .shape = input.shape()});
     entry->inputs.push_back(input);
     entry->outputs.push_back(output);
+  }
+
+  // A CUDA device this process sees, and the one this rank's other ops use.
+  void check_device(Device device) {
+    const core::Request& request = entry->request;
+    const int devices = ops::device_ops().device_count();
+    if (devices == 0) {
+      invalid(str_cat(to_string(request.op), " '", request.name, "': a cuda:", device.index,
+                      " tensor, but ", ops::built_with_cuda() ? "no CUDA device is visible"
+                                                           : "this Tutti was built without CUDA "
+                                                             "(meson setup -Dcuda=enabled)"));
+    }
+    if (device.index < 0 || device.index >= devices) {
+      invalid(str_cat(to_string(request.op), " '", request.name, "': a cuda:", device.index,
+                      " tensor, but this process sees ", devices, " CUDA device(s)"));
+    }
+    const Status claimed = session->claim_device(device);
+    if (!claimed.ok()) invalid(str_cat(to_string(request.op), " '", request.name, "': ", claimed.message()));
   }
 
   Handle submit() { return Handle(submit_state()); }
@@ -98,6 +115,11 @@ Handle allreduce_impl(std::vector<std::pair<TensorView, TensorView>> tensors, st
                       detail::shape_string(input.shape())));
     }
     submission.add(input, output);
+  }
+  if (options.op == ReduceOp::Adasum && submission.entry->request.device == Device::Kind::CUDA) {
+    invalid(str_cat("ALLREDUCE '", submission.name(),
+                    "': ADASUM of CUDA tensors is not supported (NCCL has no such reduction); "
+                    "reduce a CPU copy"));
   }
   if (options.op == ReduceOp::Adasum) {
     // The CPU algorithm halves the vector log2(size) times (ops/mpi/adasum.h).

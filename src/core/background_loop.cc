@@ -9,6 +9,7 @@
 
 #include "src/common/check.h"
 #include "src/common/logging.h"
+#include "ops/device_ops.h"
 #include "src/core/fusion_planner.h"
 #include "src/core/message_codec.h"
 #include "src/core/session.h"
@@ -110,6 +111,7 @@ Status Session::finish_handshake() {
 }
 
 Status Session::step(bool* did_work) {
+  TUTTI_RETURN_IF_ERROR(device_.check());
   TUTTI_RETURN_IF_ERROR(receive_messages(did_work));
   if (shutdown_received_) return Status();
   TUTTI_RETURN_IF_ERROR(send_requests(did_work));
@@ -265,8 +267,10 @@ Status Session::execute(ResponseList list) {
     std::vector<Work> batch;
     for (std::size_t i : indices) batch.push_back(works[i]);
     // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
-    const Status status = fault.ok() ? execute_batch(batch) : fault;
+    bool deferred = false;
+    const Status status = fault.ok() ? execute_batch(batch, &deferred) : fault;
     for (Work& work : batch) {
+      if (deferred) break;
       if (work.entry == nullptr) continue;
       if (timeline_.enabled()) timeline_.op_end(work.response->name, status.ok() ? "OK" : status.message());
       work.entry->state->complete(status);
@@ -284,7 +288,7 @@ Status Session::execute(ResponseList list) {
   return fault;
 }
 
-Status Session::execute_batch(std::vector<Work>& batch) {
+Status Session::execute_batch(std::vector<Work>& batch, bool* deferred) {
   Work& first = batch.front();
   const Response& response = *first.response;
   switch (response.op) {
@@ -297,25 +301,48 @@ Status Session::execute_batch(std::vector<Work>& batch) {
     default: break;
   }
   ops::Backend& backend = *backends_.at(response.process_set_id);
+  if (response.device == Device::Kind::CPU) return run_collective(batch, backend, host_mover_);
+  TUTTI_ASSIGN_OR_RETURN(DevicePath::Lane lane,
+                         device_.next_lane(response.process_set_id, backend, device_of(batch)));
+  TUTTI_RETURN_IF_ERROR(run_collective(batch, *lane.backend, *lane.mover));
+  TUTTI_RETURN_IF_ERROR(device_.complete_later(lane, batch));
+  *deferred = true;
+  return Status();
+}
+
+Status Session::run_collective(std::vector<Work>& batch, ops::Backend& backend, Mover& mover) {
+  Work& first = batch.front();
+  const Response& response = *first.response;
   if (response.op != Collective::Allreduce) executor_.mark(batch, to_string(response.op));
   switch (response.op) {
-    case Collective::Allreduce: return executor_.allreduce(batch, backend);
+    case Collective::Allreduce: return executor_.allreduce(batch, backend, mover);
     case Collective::Broadcast: {
       const SetInfo set = process_set(response.process_set_id).value();
       const auto& ranks = *set.ranks;
       const int root = static_cast<int>(std::find(ranks.begin(), ranks.end(), response.root_rank) -
                                         ranks.begin());
-      return executor_.broadcast(first, backend, root);
+      return executor_.broadcast(first, backend, mover, root);
     }
-    case Collective::Allgather: return executor_.allgather(batch, backend);
-    case Collective::Alltoall: return executor_.alltoall(first, backend);
-    case Collective::Reducescatter: return executor_.reducescatter(batch, backend);
+    case Collective::Allgather: return executor_.allgather(batch, backend, mover);
+    case Collective::Alltoall: return executor_.alltoall(first, backend, mover);
+    case Collective::Reducescatter: return executor_.reducescatter(batch, backend, mover);
     case Collective::Barrier: return backend.barrier();
     case Collective::Join:
     case Collective::AddProcessSet:
-    case Collective::RemoveProcessSet: break;  // Handled above.
+    case Collective::RemoveProcessSet: break;  // Handled by execute_batch.
   }
   TUTTI_CHECK(false, "unknown collective ", static_cast<int>(response.op));
+}
+
+Device Session::device_of(std::span<const Work> batch) const {
+  for (const Work& work : batch) {
+    if (work.entry != nullptr && !work.entry->inputs.empty())
+      return work.entry->inputs.front().device();
+  }
+  const int claimed = device_index_.load();
+  if (claimed >= 0) return Device::cuda(claimed);
+  const int devices = std::max(1, ops::device_ops().device_count());
+  return Device::cuda(topology().local_rank % devices);
 }
 
 bool Session::is_absent_member(const Response& response) const {
@@ -355,6 +382,7 @@ Status Session::remove_process_set(const Work& work) {
   }
   const Status removed(ErrorCode::ShutDown, str_cat("process set ", id, " was removed"));
   for (const std::shared_ptr<Entry>& entry : queue_.take_set(id)) entry->state->complete(removed);
+  device_.remove_set(id);  // Its backends use the host backend.
   backends_.erase(id);
   return Status();
 }
@@ -397,6 +425,7 @@ void Session::finish(const Status& status) {
   const Status refused(ErrorCode::ShutDown, "Tutti has shut down");
   const Status pending = !status.ok() ? status : shutdown_status_.ok() ? refused : shutdown_status_;
   if (!status.ok()) TUTTI_LOG_ERROR(status.message());
+  device_.finish(pending);
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.
   for (const std::shared_ptr<Entry>& entry : queue_.close(refused)) entry->state->complete(pending);

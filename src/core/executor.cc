@@ -3,9 +3,7 @@
 #include "src/core/executor.h"
 
 #include <algorithm>
-#include <cstring>
 
-#include "ops/convert.h"
 #include "src/common/check.h"
 
 namespace tutti::core {
@@ -16,6 +14,60 @@ bool is_integer(DataType dtype) { return !is_floating(dtype) && dtype != DataTyp
 // The reduction part of a fusion key: a wire op, or Adasum (which must not fuse with Sum).
 std::uint64_t reduction_code(ReduceOp op) {
   return op == ReduceOp::Adasum ? 15 : static_cast<std::uint64_t>(wire_op(op));
+}
+
+// Packs every tensor of `batch` into `buffer` as `wire` (prescaled; zeros for a joined rank),
+// tensor after tensor, and returns the element counts.
+Result<std::vector<std::size_t>> pack(std::span<Work> batch, DataType wire, std::byte* buffer,
+                                      Mover& mover) {
+  const std::size_t wire_bytes = element_size(wire);
+  std::vector<std::size_t> counts;
+  std::size_t offset = 0;
+  for (const Work& work : batch) {
+    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      const std::size_t n = count_of(work.response->tensors[t]);
+      std::byte* at = buffer + offset * wire_bytes;
+      if (work.entry == nullptr) {
+        TUTTI_RETURN_IF_ERROR(mover.zero(at, n * wire_bytes));  // A joined rank adds zeros.
+      } else {
+        const TensorView& input = work.entry->inputs[t];
+        mover.copy(copy_of(at, wire, input.data(), input.dtype(), n, work.response->prescale));
+      }
+      counts.push_back(n);
+      offset += n;
+    }
+  }
+  TUTTI_RETURN_IF_ERROR(mover.flush());
+  return counts;
+}
+
+// The inverse of pack: every output from `buffer`, times `factor(response)`.
+template <class Factor>
+Status unpack(std::span<Work> batch, DataType wire, const std::byte* buffer, Mover& mover,
+              Factor factor) {
+  const std::size_t wire_bytes = element_size(wire);
+  std::size_t offset = 0;
+  for (const Work& work : batch) {
+    const double f = factor(*work.response);
+    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      const std::size_t n = count_of(work.response->tensors[t]);
+      if (work.entry != nullptr) {
+        const TensorView& output = work.entry->outputs[t];
+        mover.copy(
+            copy_of(output.data(), output.dtype(), buffer + offset * wire_bytes, wire, n, f));
+      }
+      offset += n;
+    }
+  }
+  return mover.flush();
+}
+
+std::size_t total_count(std::span<Work> batch) {
+  std::size_t total = 0;
+  for (const Work& work : batch) {
+    for (const TensorSpec& spec : work.response->tensors) total += count_of(spec);
+  }
+  return total;
 }
 
 }  // namespace
@@ -106,30 +158,31 @@ double output_factor(const Response& response, int size) {
   return response.reduce_op == ReduceOp::Average ? response.postscale / size : response.postscale;
 }
 
-// A lone tensor that needs no conversion is reduced where it lies, in pieces of chunk_bytes_,
-// each scaled right after its reduction while it is still in cache: packing 100 MB would cost
-// two extra passes over memory, a separate scaling pass one.
-Status Executor::allreduce_in_place(Work& work, ops::Backend& backend) {
+// A lone tensor that needs no conversion is reduced where it lies. On the host in pieces of
+// piece_bytes(), each scaled right after its reduction while it is still in cache: packing
+// 100 MB would cost two extra passes over memory, a separate scaling pass one.
+Status Executor::allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover) {
   const Response& response = *work.response;
   const TensorView& input = work.entry->inputs[0];
   const TensorView& output = work.entry->outputs[0];
   const DataType dtype = input.dtype();
   const std::size_t count = static_cast<std::size_t>(input.num_elements());
   if (output.data() != input.data() || response.prescale != 1.0) {
-    ops::cpu::convert_scale(output.data(), dtype, input.data(), dtype, count, response.prescale);
+    mover.copy(copy_of(output.data(), dtype, input.data(), dtype, count, response.prescale));
   }
   const double factor = output_factor(response, backend.size());
   const std::size_t element = element_size(dtype);
   const std::size_t piece =
-      chunk_bytes_ == 0 ? count : std::max<std::size_t>(1, chunk_bytes_ / element);
+      mover.piece_bytes() == 0 ? count : std::max<std::size_t>(1, mover.piece_bytes() / element);
   auto* data = static_cast<std::byte*>(output.data());
   for (std::size_t done = 0; done < count; done += piece) {
     const std::size_t n = std::min(piece, count - done);
     std::byte* at = data + done * element;
+    TUTTI_RETURN_IF_ERROR(mover.flush());
     TUTTI_RETURN_IF_ERROR(backend.allreduce(at, n, dtype, wire_op(response.reduce_op)));
-    if (factor != 1.0) ops::cpu::convert_scale(at, dtype, at, dtype, n, factor);
+    if (factor != 1.0) mover.copy(copy_of(at, dtype, at, dtype, n, factor));
   }
-  return Status();
+  return mover.flush();
 }
 
 void Executor::mark(std::span<Work> batch, std::string_view activity) const {
@@ -139,107 +192,49 @@ void Executor::mark(std::span<Work> batch, std::string_view activity) const {
   }
 }
 
-Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend) {
+Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   const Response& first = *batch.front().response;
-  if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend);
+  if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend, mover);
   const DataType wire = batch_wire_dtype(batch);
   if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
       batch.front().entry != nullptr) {
     mark(batch, "ALLREDUCE");
-    return allreduce_in_place(batch.front(), backend);
+    return allreduce_in_place(batch.front(), backend, mover);
   }
   mark(batch, "FUSION_PACK");
-  const std::size_t wire_bytes = element_size(wire);
-  std::size_t total = 0;
-  for (const Work& work : batch) {
-    for (const TensorSpec& spec : work.response->tensors) total += count_of(spec);
-  }
-  std::byte* buffer = buffer_.get(total * wire_bytes);
-  std::size_t offset = 0;
-  for (const Work& work : batch) {
-    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
-      const std::size_t n = count_of(work.response->tensors[t]);
-      if (work.entry == nullptr) {
-        std::memset(buffer + offset * wire_bytes, 0, n * wire_bytes);  // A joined rank adds zeros.
-      } else {
-        const TensorView& input = work.entry->inputs[t];
-        ops::cpu::convert_scale(buffer + offset * wire_bytes, wire, input.data(), input.dtype(), n,
-                                work.response->prescale);
-      }
-      offset += n;
-    }
-  }
+  const std::size_t total = total_count(batch);
+  TUTTI_ASSIGN_OR_RETURN(std::byte * buffer, mover.scratch(total * element_size(wire)));
+  TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover).status());
   mark(batch, "ALLREDUCE");
   TUTTI_RETURN_IF_ERROR(backend.allreduce(buffer, total, wire, wire_op(first.reduce_op)));
   mark(batch, "FUSION_UNPACK");
-  offset = 0;
-  for (const Work& work : batch) {
-    const double factor = output_factor(*work.response, backend.size());
-    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
-      const std::size_t n = count_of(work.response->tensors[t]);
-      if (work.entry != nullptr) {
-        const TensorView& output = work.entry->outputs[t];
-        ops::cpu::convert_scale(output.data(), output.dtype(), buffer + offset * wire_bytes, wire,
-                                n, factor);
-      }
-      offset += n;
-    }
-  }
-  return Status();
+  const int size = backend.size();
+  return unpack(batch, wire, buffer, mover,
+                [size](const Response& response) { return output_factor(response, size); });
 }
 
 // Adasum works on the packed batch: its coefficients are per tensor, so the backend gets the
 // tensor boundaries. Scale factors apply around it as for Sum.
-Status Executor::adasum(std::span<Work> batch, ops::Backend& backend) {
+Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   const DataType wire = batch_wire_dtype(batch);
-  const std::size_t wire_bytes = element_size(wire);
-  std::vector<std::size_t> counts;
-  for (const Work& work : batch) {
-    for (const TensorSpec& spec : work.response->tensors) counts.push_back(count_of(spec));
-  }
-  std::size_t total = 0;
-  for (std::size_t n : counts) total += n;
-  std::byte* buffer = buffer_.get(total * wire_bytes);
-  std::size_t offset = 0;
-  std::size_t index = 0;
-  for (const Work& work : batch) {
-    for (std::size_t t = 0; t < work.response->tensors.size(); ++t, ++index) {
-      std::byte* at = buffer + offset * wire_bytes;
-      if (work.entry == nullptr) {
-        std::memset(at, 0,
-                    counts[index] * wire_bytes);  // A joined rank: a zero vector adds nothing.
-      } else {
-        const TensorView& input = work.entry->inputs[t];
-        ops::cpu::convert_scale(at, wire, input.data(), input.dtype(), counts[index],
-                                work.response->prescale);
-      }
-      offset += counts[index];
-    }
-  }
+  TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
+                         mover.scratch(total_count(batch) * element_size(wire)));
+  TUTTI_ASSIGN_OR_RETURN(std::vector<std::size_t> counts, pack(batch, wire, buffer, mover));
   TUTTI_RETURN_IF_ERROR(backend.adasum(buffer, counts, wire));
-  offset = 0;
-  for (const Work& work : batch) {
-    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
-      const std::size_t n = count_of(work.response->tensors[t]);
-      if (work.entry != nullptr) {
-        const TensorView& output = work.entry->outputs[t];
-        ops::cpu::convert_scale(output.data(), output.dtype(), buffer + offset * wire_bytes, wire,
-                                n, work.response->postscale);
-      }
-      offset += n;
-    }
-  }
-  return Status();
+  return unpack(batch, wire, buffer, mover,
+                [](const Response& response) { return response.postscale; });
 }
 
-Status Executor::broadcast(Work& work, ops::Backend& backend, int root_set_rank) {
+Status Executor::broadcast(Work& work, ops::Backend& backend, Mover& mover, int root_set_rank) {
   const Response& response = *work.response;
   for (std::size_t t = 0; t < response.tensors.size(); ++t) {
     const TensorSpec& spec = response.tensors[t];
     const std::size_t count = count_of(spec);
     // A joined member (never the root: the coordinator refuses that) receives into scratch.
-    void* data = work.entry != nullptr ? work.entry->inputs[t].data()
-                                       : buffer_.get(count * element_size(spec.dtype));
+    void* data = work.entry != nullptr ? work.entry->inputs[t].data() : nullptr;
+    if (data == nullptr) {
+      TUTTI_ASSIGN_OR_RETURN(data, mover.scratch(count * element_size(spec.dtype)));
+    }
     TUTTI_RETURN_IF_ERROR(backend.broadcast(data, count, spec.dtype, root_set_rank));
   }
   return Status();

@@ -2,6 +2,11 @@
 // Runs negotiated ops on this rank: fusion pack, the backend collective, unpack, outputs.
 // Communication thread only. executor.cc holds allreduce (with Adasum) and broadcast,
 // executor_gather.cc allgather and alltoall, executor_reduce.cc reducescatter.
+//
+// The same code runs CPU and CUDA tensors: data moves through a Mover (host memory, or a
+// device stream where copies become one batched kernel launch) and the collective through
+// the backend of that memory. On a device each call returns with the work enqueued on the
+// mover's stream; the caller completes the ops once an event after it has completed.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +17,7 @@
 
 #include "ops/backend.h"
 #include "src/common/status.h"
-#include "src/core/fusion_buffer.h"
+#include "src/core/mover.h"
 #include "src/core/request.h"
 #include "src/core/tensor_queue.h"
 #include "src/core/timeline.h"
@@ -48,21 +53,28 @@ inline std::size_t row_count(const TensorSpec& spec) {
   return count;
 }
 
+// A copy of `count` elements, converting and scaling (see ops::CopySpec).
+inline ops::CopySpec copy_of(void* destination, DataType destination_type, const void* source,
+                             DataType source_type, std::size_t count, double factor) {
+  return ops::CopySpec{.destination = destination,
+                       .destination_type = destination_type,
+                       .source = source,
+                       .source_type = source_type,
+                       .count = count,
+                       .factor = factor};
+}
+
 class Executor {
  public:
-  // `chunk_bytes`: the piece size for a tensor reduced in place (0 = whole).
-  explicit Executor(std::size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
+  // Allreduces of one fusion batch (same set, device, wire dtype, wire op; or all Adasum).
+  Status allreduce(std::span<Work> batch, ops::Backend& backend, Mover& mover);
+  Status broadcast(Work& work, ops::Backend& backend, Mover& mover, int root_set_rank);
+  // Allgathers of one fusion batch (same set, device and dtype of the first tensor).
+  Status allgather(std::span<Work> batch, ops::Backend& backend, Mover& mover);
+  Status alltoall(Work& work, ops::Backend& backend, Mover& mover);
+  // Reducescatters of one fusion batch (same set, device, wire dtype and op).
+  Status reducescatter(std::span<Work> batch, ops::Backend& backend, Mover& mover);
 
-  // Allreduces of one fusion batch (same set, wire dtype, wire op; or all Adasum).
-  Status allreduce(std::span<Work> batch, ops::Backend& backend);
-  Status broadcast(Work& work, ops::Backend& backend, int root_set_rank);
-  // Allgathers of one fusion batch (same set and dtype of the first tensor).
-  Status allgather(std::span<Work> batch, ops::Backend& backend);
-  Status alltoall(Work& work, ops::Backend& backend);
-  // Reducescatters of one fusion batch (same set, wire dtype and op).
-  Status reducescatter(std::span<Work> batch, ops::Backend& backend);
-
-  void set_chunk_bytes(std::size_t bytes) { chunk_bytes_ = bytes; }
   // Records each op's activities (pack, collective, unpack) into `timeline`, which must
   // outlive the executor. Null = none.
   void set_timeline(Timeline* timeline) { timeline_ = timeline; }
@@ -70,13 +82,11 @@ class Executor {
   void mark(std::span<Work> batch, std::string_view activity) const;
 
  private:
-  Status allreduce_in_place(Work& work, ops::Backend& backend);
-  Status adasum(std::span<Work> batch, ops::Backend& backend);
-  Status allgather_one(Work& work, ops::Backend& backend);
+  Status allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover);
+  Status adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover);
+  Status allgather_one(Work& work, ops::Backend& backend, Mover& mover);
 
-  std::size_t chunk_bytes_;
   Timeline* timeline_ = nullptr;
-  FusionBuffer buffer_;
 };
 
 // The dtype a whole batch of reductions travels in: the wire dtype of every tensor if they

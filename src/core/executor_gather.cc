@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Allgather (alone, or a fused batch in one MPI_Allgatherv) and alltoall.
 #include <algorithm>
-#include <cstring>
 
 #include "src/common/check.h"
 #include "src/core/executor.h"
@@ -25,7 +24,7 @@ struct GatherItem {
 }  // namespace
 
 // A lone tensor is gathered straight into its output: no packing.
-Status Executor::allgather_one(Work& work, ops::Backend& backend) {
+Status Executor::allgather_one(Work& work, ops::Backend& backend, Mover& mover) {
   const Response& response = *work.response;
   const auto size = static_cast<std::size_t>(backend.size());
   const TensorSpec& spec = response.tensors.front();
@@ -36,7 +35,7 @@ Status Executor::allgather_one(Work& work, ops::Backend& backend) {
     rows += response.rows[r];
     counts[r] = static_cast<std::size_t>(response.rows[r]) * row;
   }
-  Tensor output(spec.dtype, with_rows(spec, rows));
+  TUTTI_ASSIGN_OR_RETURN(Tensor output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
   // A joined member sends nothing (its row count is 0) and keeps the output only as scratch.
   const void* input = work.entry != nullptr ? work.entry->inputs[0].data() : nullptr;
   TUTTI_RETURN_IF_ERROR(backend.allgatherv(input, output.data(), counts, spec.dtype));
@@ -52,9 +51,9 @@ Status Executor::allgather_one(Work& work, ops::Backend& backend) {
 // after rank, each block tensor after tensor, and unpacking copies every rank's rows of each
 // tensor into that tensor's output. Tensors of one dtype travel in it; a batch mixing dtypes
 // (a grouped op may) travels as bytes.
-Status Executor::allgather(std::span<Work> batch, ops::Backend& backend) {
+Status Executor::allgather(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   if (batch.size() == 1 && batch.front().response->tensors.size() == 1) {
-    return allgather_one(batch.front(), backend);
+    return allgather_one(batch.front(), backend, mover);
   }
   const auto size = static_cast<std::size_t>(backend.size());
   const auto me = static_cast<std::size_t>(backend.rank());
@@ -88,17 +87,19 @@ Status Executor::allgather(std::span<Work> batch, ops::Backend& backend) {
     displacement[r] = gathered;
     gathered += counts[r];
   }
-  std::byte* send = buffer_.get((counts[me] + gathered) * unit_bytes);
+  TUTTI_ASSIGN_OR_RETURN(std::byte * send, mover.scratch((counts[me] + gathered) * unit_bytes));
   std::byte* receive = send + counts[me] * unit_bytes;
   std::size_t offset = 0;
   for (const GatherItem& item : items) {
     const std::size_t units = rows_of(item, me) * item.row_units;
     // A joined member has no entry, and 0 rows.
-    if (units > 0)
-      std::memcpy(send + offset * unit_bytes, item.work->entry->inputs[item.tensor].data(),
-                  units * unit_bytes);
+    if (units > 0) {
+      mover.copy(copy_of(send + offset * unit_bytes, unit,
+                         item.work->entry->inputs[item.tensor].data(), unit, units, 1.0));
+    }
     offset += units;
   }
+  TUTTI_RETURN_IF_ERROR(mover.flush());
   TUTTI_RETURN_IF_ERROR(backend.allgatherv(send, receive, counts, unit));
   std::vector<std::size_t> within(size, 0);  // Units of each rank's block already unpacked.
   for (const GatherItem& item : items) {
@@ -107,12 +108,15 @@ Status Executor::allgather(std::span<Work> batch, ops::Backend& backend) {
     std::int64_t rows = 0;
     for (std::size_t r = 0; r < size; ++r) rows += static_cast<std::int64_t>(rows_of(item, r));
     Tensor output;
-    if (item.work->entry != nullptr) output = Tensor(spec.dtype, with_rows(spec, rows));
+    if (item.work->entry != nullptr) {
+      TUTTI_ASSIGN_OR_RETURN(output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
+    }
     auto* out = static_cast<std::byte*>(output.data());
     for (std::size_t r = 0; r < size; ++r) {
       const std::size_t units = rows_of(item, r) * item.row_units;
       if (out != nullptr && units > 0) {
-        std::memcpy(out, receive + (displacement[r] + within[r]) * unit_bytes, units * unit_bytes);
+        mover.copy(copy_of(out, unit, receive + (displacement[r] + within[r]) * unit_bytes, unit,
+                           units, 1.0));
         out += units * unit_bytes;
       }
       within[r] += units;
@@ -123,10 +127,10 @@ Status Executor::allgather(std::span<Work> batch, ops::Backend& backend) {
       state.outputs.push_back(std::move(output));
     }
   }
-  return Status();
+  return mover.flush();
 }
 
-Status Executor::alltoall(Work& work, ops::Backend& backend) {
+Status Executor::alltoall(Work& work, ops::Backend& backend, Mover& mover) {
   TUTTI_CHECK(work.entry != nullptr, "ALLTOALL '", work.response->name, "' ran on a joined rank");
   const Response& response = *work.response;
   const auto size = static_cast<std::size_t>(backend.size());
@@ -143,7 +147,7 @@ Status Executor::alltoall(Work& work, ops::Backend& backend) {
     receive_counts[r] = static_cast<std::size_t>(received[r]) * row;
     rows += received[r];
   }
-  Tensor output(spec.dtype, with_rows(spec, rows));
+  TUTTI_ASSIGN_OR_RETURN(Tensor output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
   TUTTI_RETURN_IF_ERROR(backend.alltoallv(work.entry->inputs[0].data(), send_counts, output.data(),
                                           receive_counts, spec.dtype));
   work.entry->state->output = output;

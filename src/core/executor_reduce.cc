@@ -3,7 +3,6 @@
 // MPI_Reduce_scatter.
 #include <algorithm>
 
-#include "ops/convert.h"
 #include "src/common/check.h"
 #include "src/core/executor.h"
 
@@ -32,7 +31,7 @@ Shape with_rows(const TensorSpec& spec, std::size_t rows) {
 // Each rank packs, rank block after rank block, the rows every rank is to receive of every
 // tensor of the batch (converted to the wire dtype, prescaled), so that block r is what
 // MPI_Reduce_scatter reduces into rank r; its own block comes back tensor after tensor.
-Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend) {
+Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   for (const Work& work : batch) {
     TUTTI_CHECK(work.entry != nullptr, "REDUCESCATTER '", work.response->name,
                 "' ran on a joined rank");
@@ -50,17 +49,19 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend) {
     const std::int64_t n = first_spec.shape.at(0);
     std::vector<std::size_t> counts(size);
     for (std::size_t r = 0; r < size; ++r) counts[r] = rows_of(n, size, r) * row;
-    Tensor output(first_spec.dtype, with_rows(first_spec, rows_of(n, size, me)));
+    TUTTI_ASSIGN_OR_RETURN(
+        Tensor output,
+        mover.new_tensor(first_spec.dtype, with_rows(first_spec, rows_of(n, size, me))));
     Work& work = batch.front();
     TUTTI_RETURN_IF_ERROR(
         backend.reducescatter(work.entry->inputs[0].data(), output.data(), counts, wire, op));
     const double factor = output_factor(first, backend.size());
     if (factor != 1.0) {
-      ops::cpu::convert_scale(output.data(), wire, output.data(), wire, counts[me], factor);
+      mover.copy(copy_of(output.data(), wire, output.data(), wire, counts[me], factor));
     }
     work.entry->state->output = output;
     work.entry->state->outputs = {output};
-    return Status();
+    return mover.flush();
   }
   const std::size_t wire_bytes = element_size(wire);
   std::vector<std::size_t> counts(size, 0);
@@ -72,7 +73,7 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend) {
       total += count_of(spec);
     }
   }
-  std::byte* send = buffer_.get((total + counts[me]) * wire_bytes);
+  TUTTI_ASSIGN_OR_RETURN(std::byte * send, mover.scratch((total + counts[me]) * wire_bytes));
   std::byte* receive = send + total * wire_bytes;
   std::size_t offset = 0;
   for (std::size_t r = 0; r < size; ++r) {
@@ -84,12 +85,13 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend) {
         const std::size_t n = rows_of(spec.shape.at(0), size, r) * row;
         const auto* from = static_cast<const std::byte*>(input.data()) +
                            first_row(spec.shape.at(0), size, r) * row * element_size(spec.dtype);
-        ops::cpu::convert_scale(send + offset * wire_bytes, wire, from, spec.dtype, n,
-                                work.response->prescale);
+        mover.copy(copy_of(send + offset * wire_bytes, wire, from, spec.dtype, n,
+                           work.response->prescale));
         offset += n;
       }
     }
   }
+  TUTTI_RETURN_IF_ERROR(mover.flush());
   TUTTI_RETURN_IF_ERROR(backend.reducescatter(send, receive, counts, wire, op));
   offset = 0;
   for (Work& work : batch) {
@@ -97,17 +99,17 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend) {
     std::vector<Tensor> outputs;
     for (const TensorSpec& spec : work.response->tensors) {
       const std::size_t rows = rows_of(spec.shape.at(0), size, me);
-      Tensor output(spec.dtype, with_rows(spec, rows));
+      TUTTI_ASSIGN_OR_RETURN(Tensor output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
       const std::size_t n = rows * row_count(spec);
-      ops::cpu::convert_scale(output.data(), spec.dtype, receive + offset * wire_bytes, wire, n,
-                              factor);
+      mover.copy(
+          copy_of(output.data(), spec.dtype, receive + offset * wire_bytes, wire, n, factor));
       offset += n;
       outputs.push_back(std::move(output));
     }
     work.entry->state->output = outputs.front();
     work.entry->state->outputs = std::move(outputs);
   }
-  return Status();
+  return mover.flush();
 }
 
 }  // namespace tutti::core

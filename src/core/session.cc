@@ -14,7 +14,8 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
       plane_(&transport_->control_plane()),
       rank_(transport_->topology().rank),
       is_coordinator_(rank_ == 0),
-      executor_(static_cast<std::size_t>(config_.fusion_threshold_bytes)) {
+      host_mover_(static_cast<std::size_t>(config_.fusion_threshold_bytes)),
+      device_(config_.num_nccl_streams, &timeline_) {
   executor_.set_timeline(&timeline_);
 }
 
@@ -57,6 +58,15 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
   // A push racing with the loop's end is either refused or failed by finish(): close() takes
   // the queue's lock too.
   return queue_.push(std::move(entry));
+}
+
+Status Session::claim_device(Device device) {
+  int expected = -1;
+  if (device_index_.compare_exchange_strong(expected, device.index) || expected == device.index)
+    return Status();
+  return invalid_argument(detail::str_cat(
+      "this rank's CUDA tensors are on cuda:", expected, ", and a rank uses one device per "
+      "session (call tutti::shutdown() and tutti::init() to move to cuda:", device.index, ")"));
 }
 
 Result<SetInfo> Session::process_set(int id) const {

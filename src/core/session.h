@@ -24,7 +24,9 @@
 #include "src/common/status.h"
 #include "src/core/config.h"
 #include "src/core/controller.h"
+#include "src/core/device_path.h"
 #include "src/core/executor.h"
+#include "src/core/mover.h"
 #include "src/core/response_cache.h"
 #include "src/core/tensor_queue.h"
 #include "src/core/timeline.h"
@@ -52,6 +54,9 @@ class Session {
   Status submit(std::shared_ptr<Entry> entry);
   // Any thread. The set, or InvalidArgument if unknown.
   Result<SetInfo> process_set(int id) const;
+  // Any thread. Records that this rank's CUDA tensors are on `device` (Note [Device lanes]):
+  // InvalidArgument if an earlier op of this session used another device.
+  Status claim_device(Device device);
   // Any thread. Numbers this rank's add_process_set()/remove_process_set() calls (0, 1, ...),
   // which every rank makes in the same order, so the n-th call has the same name everywhere.
   std::uint64_t next_set_change() { return set_changes_.fetch_add(1); }
@@ -78,7 +83,12 @@ class Session {
   Status receive_messages(bool* did_work);
   Status emit_responses();
   Status execute(ResponseList list);
-  Status execute_batch(std::vector<Work>& batch);
+  // Runs one fusion batch. Sets *deferred when its ops complete later, once the device has
+  // done the work (Note [Device completion]); otherwise the caller completes them.
+  Status execute_batch(std::vector<Work>& batch, bool* deferred);
+  Status run_collective(std::vector<Work>& batch, ops::Backend& backend, Mover& mover);
+  // The device of a device batch on this rank (Note [Device lanes]).
+  Device device_of(std::span<const Work> batch) const;
   // Whether this rank is a member of the response's set that joined without submitting it
   // (see Note [Join] in controller.h).
   bool is_absent_member(const Response& response) const;
@@ -108,6 +118,8 @@ class Session {
   std::optional<Coordinator> coordinator_;  // Rank 0 only.
   RankCache cache_;
   Executor executor_;
+  HostMover host_mover_;
+  DevicePath device_;
   std::vector<std::int32_t> resend_to_self_;
   bool shutdown_sent_ = false;
   bool shutdown_received_ = false;
@@ -117,6 +129,7 @@ class Session {
   std::map<std::string, bool> stall_warned_;
 
   std::atomic<std::uint64_t> set_changes_{0};
+  std::atomic<int> device_index_{-1};  // claim_device(); -1 until the first CUDA op.
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> loop_done_{false};
   std::thread thread_;

@@ -13,6 +13,17 @@
 
 #include "test/gpu/gpu_test_util.h"
 
+namespace tutti::test {
+
+// The device gpu_mpi_main selected for this rank (device_collectives_test.cc's tensors).
+Device test_device() {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  return Device::cuda(device);
+}
+
+}  // namespace tutti::test
+
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);

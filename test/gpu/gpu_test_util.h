@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Helpers of the gpu suite: device buffers, values of any dtype to and from bytes (through
-// ops::cpu::convert_scale, the CPU reference), and the skip rule of the MPI gpu binaries.
+// Helpers of the gpu suite: device buffers, raw copies, and the skip rule of the MPI gpu
+// binaries. Values to and from bytes come from test/support/device_test_util.h.
 #pragma once
 
 #include <chrono>
@@ -12,8 +12,8 @@
 
 #include <cuda_runtime.h>
 
-#include "ops/convert.h"
 #include "ops/device_ops.h"
+#include "test/support/device_test_util.h"
 #include "tutti/tensor.h"
 
 namespace tutti::test {
@@ -56,21 +56,6 @@ inline std::vector<std::byte> download(const void* device, std::size_t bytes) {
     cuda_check(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), "download");
   }
   return host;
-}
-
-// `values` in `dtype` (saturating, as the CPU conversion does).
-inline std::vector<std::byte> encode(const std::vector<double>& values, DataType dtype) {
-  std::vector<std::byte> bytes(values.size() * element_size(dtype));
-  ops::cpu::convert_scale(bytes.data(), dtype, values.data(), DataType::Float64, values.size(),
-                          1.0);
-  return bytes;
-}
-
-inline std::vector<double> decode(const std::vector<std::byte>& bytes, DataType dtype) {
-  std::vector<double> values(bytes.size() / element_size(dtype));
-  ops::cpu::convert_scale(values.data(), DataType::Float64, bytes.data(), dtype, values.size(),
-                          1.0);
-  return values;
 }
 
 // Polls `event` as core's communication thread does, failing after `limit`.

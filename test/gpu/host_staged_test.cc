@@ -15,9 +15,6 @@
 #include "test/gpu/backend_cases.h"
 
 namespace tutti::test {
-
-int devices_needed(int /*local_size*/) { return 1; }  // Ranks may share one GPU.
-
 namespace {
 
 // The MPI backend carries Float16/BFloat16 as raw words: core widens them before reductions.

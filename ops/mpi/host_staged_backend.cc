@@ -1,14 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "ops/cuda/host_staged_backend.h"
+#include "ops/mpi/host_staged_backend.h"
 
 #include <algorithm>
 #include <numeric>
 
-#include "ops/cuda/cuda_error.h"
-#include "ops/cuda/device_ops.h"
-#include "ops/cuda/stream.h"
-
-namespace tutti::ops::cuda {
+namespace tutti::ops::mpi {
 namespace {
 
 std::size_t total(std::span<const std::size_t> counts) {
@@ -17,40 +13,25 @@ std::size_t total(std::span<const std::size_t> counts) {
 
 }  // namespace
 
-Result<std::unique_ptr<HostStagedBackend>> HostStagedBackend::create(Backend& host,
-                                                                     DeviceStream stream) {
-  TUTTI_ASSIGN_OR_RETURN(cudaStream_t native, cuda_device_ops().stream(stream));
-  return std::unique_ptr<HostStagedBackend>(new HostStagedBackend(host, stream, native));
-}
-
 Status HostStagedBackend::reserve(Staging& staging, std::size_t bytes) {
   if (staging.capacity >= bytes && staging.memory != nullptr) return Status();
-  TUTTI_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(native_));
+  TUTTI_RETURN_IF_ERROR(device_ops().synchronize(stream_));
   std::size_t capacity = std::max<std::size_t>(staging.capacity, 4096);
   while (capacity < bytes) capacity *= 2;
-  TUTTI_ASSIGN_OR_RETURN(staging.memory, cuda_device_ops().allocate_pinned(capacity));
+  TUTTI_ASSIGN_OR_RETURN(staging.memory, device_ops().allocate_pinned(capacity));
   staging.capacity = capacity;
   return Status();
 }
 
 Status HostStagedBackend::download(Staging& staging, const void* device_data, std::size_t bytes) {
-  ScopedDevice scoped;
-  TUTTI_RETURN_IF_ERROR(scoped.enter(stream_.device.index));
-  if (bytes > 0) {
-    TUTTI_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(staging.get(), device_data, bytes, cudaMemcpyDeviceToHost, native_));
-  }
-  TUTTI_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(native_));
-  return Status();
+  if (bytes > 0)
+    TUTTI_RETURN_IF_ERROR(device_ops().copy_async(staging.get(), device_data, bytes, stream_));
+  return device_ops().synchronize(stream_);
 }
 
 Status HostStagedBackend::upload(void* device_data, const Staging& staging, std::size_t bytes) {
   if (bytes == 0) return Status();
-  ScopedDevice scoped;
-  TUTTI_RETURN_IF_ERROR(scoped.enter(stream_.device.index));
-  TUTTI_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(device_data, staging.get(), bytes, cudaMemcpyHostToDevice, native_));
-  return Status();
+  return device_ops().copy_async(device_data, staging.get(), bytes, stream_);
 }
 
 // A failed device copy does not skip the host collective: the peers are already in it, and
@@ -128,4 +109,4 @@ Status HostStagedBackend::adasum(void* data, std::span<const std::size_t> tensor
   return upload(data, send_, bytes);
 }
 
-}  // namespace tutti::ops::cuda
+}  // namespace tutti::ops::mpi

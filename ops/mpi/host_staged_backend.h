@@ -1,30 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
-// Collectives over CUDA buffers through host memory: each call copies its device input to
+// Collectives over device buffers through host memory: each call copies its device input to
 // page-locked host memory, runs the host backend's collective (MPI) on it, and enqueues the
 // copy of the result back. Works where NCCL cannot: without NCCL in the build, or with
-// several ranks on one GPU (NCCL refuses two ranks on one device).
+// several ranks on one GPU (NCCL refuses two ranks on one device). Written against
+// ops::DeviceOps only, so it is built everywhere and tested on the CPU over a simulated device.
 #pragma once
 
 #include <memory>
 
-#include <cuda_runtime.h>
-
 #include "ops/backend.h"
 #include "ops/device_ops.h"
 
-namespace tutti::ops::cuda {
+namespace tutti::ops::mpi {
 
 // Communication thread only; calls are collective over `host`'s set, as every Backend's.
 // Each call waits for the stream's earlier work (the fusion pack) before its host collective,
 // and returns with the copy of the result into the device buffer enqueued on the stream:
-// record an event on it to learn when the result is there (Note [Stream ordering]).
+// record an event on it to learn when the result is there (Note [Stream ordering] in
+// ops/cuda/stream.h).
 class HostStagedBackend final : public Backend {
  public:
   // `host` runs the collectives on host memory (the set's MPI backend); it must outlive this
-  // backend. Local: creates the stream if needed, communicates nothing.
-  static Result<std::unique_ptr<HostStagedBackend>> create(Backend& host, DeviceStream stream);
+  // backend. Local: communicates nothing.
+  HostStagedBackend(Backend& host, DeviceStream stream) : host_(host), stream_(stream) {}
 
-  std::string_view name() const override { return "MPI (host-staged CUDA)"; }
+  std::string_view name() const override { return "MPI (host-staged device buffers)"; }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   Status allreduce(void* data, std::size_t count, DataType dtype, WireOp op) override;
@@ -46,9 +46,6 @@ class HostStagedBackend final : public Backend {
     void* get() const { return memory.get(); }
   };
 
-  HostStagedBackend(Backend& host, DeviceStream stream, cudaStream_t native)
-      : host_(host), stream_(stream), native_(native) {}
-
   // Makes `staging` hold `bytes`. Growing frees the old memory, so it first waits for the
   // stream: the previous call's copy back may still read it.
   Status reserve(Staging& staging, std::size_t bytes);
@@ -60,9 +57,8 @@ class HostStagedBackend final : public Backend {
 
   Backend& host_;
   DeviceStream stream_;
-  cudaStream_t native_;
   Staging send_;
   Staging receive_;
 };
 
-}  // namespace tutti::ops::cuda
+}  // namespace tutti::ops::mpi

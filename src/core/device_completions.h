@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// Completes device ops once the device has done their work.
+//
+// Note [Device completion]
+// The communication thread enqueues a device batch on one of Tutti's streams (pack kernel,
+// collective, unpack kernel) and moves on at once; it records an event after the batch and
+// hands the ops over here. A thread of our own polls the pending events and completes each
+// op's handle when its event has completed, so Handle::wait() returning means the outputs are
+// in device memory, readable from any stream. Neither the communication thread nor the
+// application thread ever blocks on the device. The thread starts with the first device op,
+// so CPU-only jobs do not have it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ops/device_ops.h"
+#include "src/common/status.h"
+#include "src/core/tensor_queue.h"
+#include "src/core/timeline.h"
+
+namespace tutti::core {
+
+class DeviceCompletions {
+ public:
+  // `timeline` (may be null) gets each op's end; it must outlive this object.
+  explicit DeviceCompletions(Timeline* timeline) : timeline_(timeline) {}
+  ~DeviceCompletions();
+  DeviceCompletions(const DeviceCompletions&) = delete;
+  DeviceCompletions& operator=(const DeviceCompletions&) = delete;
+
+  // Communication thread. Completes `entries` (with OK) once `event` has completed; keeps
+  // `keep_alive` (memory the work reads, such as the fusion buffer) until then.
+  void add(std::unique_ptr<ops::DeviceEvent> event, std::vector<std::shared_ptr<Entry>> entries,
+           std::shared_ptr<void> keep_alive);
+  // Any thread. Whether ops are pending.
+  bool busy() const;
+  // Any thread. The first error an event reported (the ops of that event failed with it),
+  // or OK.
+  Status error() const;
+  // Communication thread. Fails every pending op with `status` now (a peer was lost: their
+  // events would never complete).
+  void fail_all(const Status& status);
+  // Communication thread, at the end of a session: waits up to `timeout` for the pending ops,
+  // fails the rest with `status`, and stops the thread.
+  void finish(std::chrono::milliseconds timeout, const Status& status);
+
+ private:
+  struct Pending {
+    std::unique_ptr<ops::DeviceEvent> event;
+    std::vector<std::shared_ptr<Entry>> entries;
+    std::shared_ptr<void> keep_alive;
+  };
+
+  void run();
+  // Requires mutex_. Completes the pending ops whose events are done; true if any were.
+  bool complete_ready();
+  void complete(Pending& pending, const Status& status);
+
+  Timeline* timeline_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;     // add() and finish() wake the thread.
+  std::condition_variable empty_;  // The thread tells finish() that nothing is pending.
+  std::list<Pending> pending_;     // Guarded by mutex_.
+  Status error_;                   // Guarded by mutex_.
+  bool stop_ = false;              // Guarded by mutex_.
+  std::thread thread_;             // Started by the first add().
+};
+
+}  // namespace tutti::core
