@@ -1,26 +1,54 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tutti's allreduce against plain MPI in the same run (DESIGN.md section 6):
+// Tutti's allreduce against plain MPI in the same run (DESIGN.md section 6). Rank 0 prints.
+// --device cpu (the default):
 //   P1  ResNet-50's 161 gradients via allreduce_async, against the best of raw MPI_Allreduce
 //       over the same bytes in 1, 4, 16 and 64 MB pieces
 //   P2  median latency of a lone 1-float allreduce, against raw MPI_Allreduce
 //   P3  10,000 tiny named tensors per step (cache warm), against a raw per-tensor loop
 //   P4  CPU used by an idle initialized runtime over 5 s
-// Usage: mpirun -n 2 allreduce_benchmark [--grads FILE] [--repeats N] [--sweep-fusion]
-//   --sweep-fusion  also runs P1 at several TUTTI_FUSION_THRESHOLD values (restarting Tutti).
+// --device cuda (CUDA builds; each rank uses cuda:(local_rank % devices)); the flags are echoed:
+//   D1  the same gradients as float32 CUDA tensors via allreduce_async (Average), then all
+//       waited, best of --repeats, with the ranks per GPU and so the transport Tutti picks (NCCL
+//       when every rank has a GPU of its own, else MPI through page-locked host staging).
+//       Against P1's raw reference in host memory and, when host-staged, the ideal staged
+//       pipeline: cudaMemcpy D2H + one MPI_Allreduce + H2D of the whole set as one buffer
+//   D2  rank 0's fusion kernel alone: pack/unpack of the set (plain, scaled, float16 <->
+//       float32) against one cudaMemcpyAsync D2D of the same bytes; target >= 0.8x
+//       (fusion_kernel_figures.h; cuda_fusion_benchmark prints the same without MPI)
+// Usage: mpirun -n 2 allreduce_benchmark [--device cpu|cuda] [--grads FILE] [--repeats N]
+//                                        [--kernel-repeats N] [--sweep-fusion]
+//   --repeats N         timed rounds after one warm-up; figures are the best (default 5)
+//   --kernel-repeats N  D2's runs per figure, averaged after 3 warm-up runs (default 50)
+//   --sweep-fusion      --device cpu only: also runs P1 at several TUTTI_FUSION_THRESHOLD
+//                       values (restarting Tutti)
+// Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
+// when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
+// CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
 #include <mpi.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <fstream>
-#include <sstream>
+#include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <tutti/tutti.h>
+
+#if TUTTI_BENCHMARK_CUDA
+#include <cuda_runtime.h>
+
+#include "examples/fusion_kernel_figures.h"
+#endif
 
 namespace {
 
@@ -56,17 +84,17 @@ double max_over_ranks(double value) {
   return value;
 }
 
-double p1_tutti(std::vector<std::vector<float>>& grads, int repeats) {
+// All of `tensors` via allreduce_async (Average), then all waited; the best of `repeats`
+// rounds after a warm-up round.
+double p1_tutti(const std::vector<tutti::TensorView>& tensors, int repeats) {
   double best = 1e30;
   for (int r = 0; r < repeats + 1; ++r) {  // The first round warms the cache and buffers.
     MPI_Barrier(MPI_COMM_WORLD);
     const Clock::time_point start = Clock::now();
     std::vector<tutti::Handle> handles;
-    handles.reserve(grads.size());
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      handles.push_back(tutti::allreduce_async(
-          tutti::TensorView(grads[i].data(), {static_cast<std::int64_t>(grads[i].size())}),
-          "grad." + std::to_string(i)));
+    handles.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      handles.push_back(tutti::allreduce_async(tensors[i], "grad." + std::to_string(i)));
     }
     for (tutti::Handle& h : handles) h.wait();
     const double ms = max_over_ranks(ms_since(start));
@@ -164,34 +192,74 @@ double p4() {
   return max_over_ranks(percent);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+struct Options {
+  bool cuda = false;  // --device cuda.
   std::string grads_path = "../shared/bench/resnet50_grads.txt";
   int repeats = 5;
+  int kernel_repeats = 50;
   bool sweep = false;
-  for (int i = 1; i < argc; ++i) {
+};
+
+// False (after rank 0 printed the usage) for an unknown or incomplete flag, or --sweep-fusion
+// with --device cuda.
+bool parse_options(int argc, char** argv, Options* options) {
+  bool ok = true;
+  for (int i = 1; ok && i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--grads" && i + 1 < argc) grads_path = argv[++i];
-    else if (arg == "--repeats" && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
-    else if (arg == "--sweep-fusion") sweep = true;
-    else {
-      if (world_rank() == 0) std::fprintf(stderr, "usage: %s [--grads FILE] [--repeats N] [--sweep-fusion]\n", argv[0]);
-      MPI_Finalize();
-      return 2;
+    const std::string value = i + 1 < argc ? argv[i + 1] : "";
+    if (arg == "--device" && (value == "cpu" || value == "cuda")) {
+      options->cuda = value == "cuda";
+      ++i;
+    } else if (arg == "--grads" && i + 1 < argc) {
+      options->grads_path = argv[++i];
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      options->repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--kernel-repeats" && i + 1 < argc) {
+      options->kernel_repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--sweep-fusion") {
+      options->sweep = true;
+    } else {
+      ok = false;
     }
   }
+  if (ok && !(options->sweep && options->cuda)) return true;
+  if (world_rank() == 0) {
+    std::fprintf(stderr,
+                 "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
+                 "[--kernel-repeats N] [--sweep-fusion (cpu only)]\n",
+                 argv[0]);
+  }
+  return false;
+}
+
+// P1's reference: the best of raw MPI_Allreduce over `flat` (host memory) in 1, 4, 16 and 64
+// MB pieces, each printed by rank 0.
+double best_raw_pieces(std::vector<float>& flat, int repeats) {
+  double best_raw = 1e30;
+  for (std::size_t mb : {1, 4, 16, 64}) {
+    const double ms = p1_raw(flat, mb << 20, repeats);
+    if (world_rank() == 0) std::printf("raw MPI_Allreduce in %2zu MB pieces: %.2f ms\n", mb, ms);
+    best_raw = std::min(best_raw, ms);
+  }
+  return best_raw;
+}
+
+// P1 to P4 (--device cpu).
+int run_host(const Options& options) {
   const bool root = world_rank() == 0;
+  const int repeats = options.repeats;
   // P3 reuses 10,000 names per step; "cache warm" needs room for all of them (default 1024).
   setenv("TUTTI_CACHE_CAPACITY", "16384", 0);
-  const std::vector<std::int64_t> counts = read_grads(grads_path);
+  const std::vector<std::int64_t> counts = read_grads(options.grads_path);
   std::vector<std::vector<float>> grads;
   std::size_t total = 0;
   for (std::int64_t n : counts) {
     grads.emplace_back(static_cast<std::size_t>(n), 1.0f);
     total += static_cast<std::size_t>(n);
+  }
+  std::vector<tutti::TensorView> views;
+  for (std::vector<float>& grad : grads) {
+    views.emplace_back(grad.data(), tutti::Shape{static_cast<std::int64_t>(grad.size())});
   }
   std::vector<float> flat(total, 1.0f);
   int size = 0;
@@ -201,24 +269,22 @@ int main(int argc, char** argv) {
                 grads.size(), total, total * 4.0 / 1e6, std::getenv("TUTTI_CACHE_CAPACITY"));
   }
 
-  double best_raw = 1e30;
-  for (std::size_t mb : {1, 4, 16, 64}) {
-    const double ms = p1_raw(flat, mb << 20, repeats);
-    if (root) std::printf("raw MPI_Allreduce in %2zu MB pieces: %.2f ms\n", mb, ms);
-    best_raw = std::min(best_raw, ms);
-  }
-  if (sweep) {
+  const double best_raw = best_raw_pieces(flat, repeats);
+  if (options.sweep) {
     for (std::size_t kb : {256, 1024, 2048, 4096, 8192, 16384, 65536}) {
       setenv("TUTTI_FUSION_THRESHOLD", std::to_string(kb << 10).c_str(), 1);
       tutti::init();
-      const double ms = p1_tutti(grads, repeats);
+      const double ms = p1_tutti(views, repeats);
       tutti::shutdown();
-      if (root) std::printf("tutti P1 with TUTTI_FUSION_THRESHOLD=%zu KB: %.2f ms (%.3fx best raw)\n", kb, ms, ms / best_raw);
+      if (root) {
+        std::printf("tutti P1 with TUTTI_FUSION_THRESHOLD=%zu KB: %.2f ms (%.3fx best raw)\n", kb,
+                    ms, ms / best_raw);
+      }
     }
     unsetenv("TUTTI_FUSION_THRESHOLD");
   }
   tutti::init();
-  const double p1 = p1_tutti(grads, repeats);
+  const double p1 = p1_tutti(views, repeats);
   double p2_tutti = 0, p2_raw = 0, p3_tutti = 0, p3_raw = 0;
   p2(&p2_tutti, &p2_raw);
   p3(repeats, &p3_tutti, &p3_raw);
@@ -230,6 +296,230 @@ int main(int argc, char** argv) {
     std::printf("P3 tutti_ms=%.2f raw_ms=%.2f ratio=%.3f\n", p3_tutti, p3_raw, p3_tutti / p3_raw);
     std::printf("P4 idle_cpu_percent=%.3f\n", idle);
   }
-  MPI_Finalize();
   return 0;
+}
+
+#if TUTTI_BENCHMARK_CUDA
+// ---- --device cuda: D1 and D2.
+
+// A failed CUDA call on one rank would leave the others blocked in a collective: abort the job.
+void check_cuda(cudaError_t code, const char* what) {
+  if (code == cudaSuccess) return;
+  std::fprintf(stderr, "rank %d: %s failed: %s\n", world_rank(), what, cudaGetErrorString(code));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// Destructors have no one to report to, so they drop the CUDA status.
+struct CudaFree {
+  void operator()(void* memory) const { static_cast<void>(cudaFree(memory)); }
+};
+struct CudaFreeHost {
+  void operator()(void* memory) const { static_cast<void>(cudaFreeHost(memory)); }
+};
+struct CudaStreamDestroy {
+  void operator()(cudaStream_t stream) const { static_cast<void>(cudaStreamDestroy(stream)); }
+};
+using DeviceMemory = std::unique_ptr<void, CudaFree>;
+using PinnedMemory = std::unique_ptr<void, CudaFreeHost>;
+using OwnedStream = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, CudaStreamDestroy>;
+
+DeviceMemory allocate_device(std::size_t bytes) {
+  void* memory = nullptr;
+  check_cuda(cudaMalloc(&memory, bytes), "cudaMalloc");
+  return DeviceMemory(memory);
+}
+
+// Devices this process sees: 0 without a driver or a device.
+int visible_devices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());  // Clears the error: "none" is the answer.
+    return 0;
+  }
+  return count;
+}
+
+// The most world ranks on one GPU, told apart by UUID as the runtime does when it picks NCCL
+// (every rank on its own GPU) or MPI through host staging (ranks sharing one). Collective.
+int ranks_per_gpu(int device) {
+  cudaDeviceProp properties{};
+  check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  constexpr int kUuidBytes = sizeof(properties.uuid.bytes);
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(static_cast<std::size_t>(size) * kUuidBytes);
+  MPI_Allgather(properties.uuid.bytes, kUuidBytes, MPI_BYTE, all.data(), kUuidBytes, MPI_BYTE,
+                MPI_COMM_WORLD);
+  int most = 0;
+  for (std::size_t r = 0; r < all.size(); r += kUuidBytes) {
+    int same = 0;
+    for (std::size_t q = 0; q < all.size(); q += kUuidBytes) {
+      same += std::memcmp(&all[r], &all[q], kUuidBytes) == 0 ? 1 : 0;
+    }
+    most = std::max(most, same);
+  }
+  return most;
+}
+
+// The gradients as float32 tensors of ones on `device`, in one allocation at 256-byte aligned
+// offsets (where cudaMalloc would place them one by one).
+struct DeviceGrads {
+  DeviceMemory memory;
+  std::vector<tutti::TensorView> tensors;
+};
+
+DeviceGrads device_grads(const std::vector<std::int64_t>& counts, int device) {
+  std::vector<std::size_t> offsets;
+  std::size_t bytes = 0;
+  for (std::int64_t n : counts) {
+    offsets.push_back(bytes);
+    bytes += (static_cast<std::size_t>(n) * sizeof(float) + 255) / 256 * 256;
+  }
+  DeviceGrads grads{.memory = allocate_device(bytes), .tensors = {}};
+  const std::vector<float> ones(bytes / sizeof(float), 1.0f);
+  check_cuda(cudaMemcpy(grads.memory.get(), ones.data(), bytes, cudaMemcpyHostToDevice),
+             "cudaMemcpy H2D");
+  // Tutti's streams do not wait for others: data must be complete when it is submitted.
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  auto* base = static_cast<std::byte*>(grads.memory.get());
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    grads.tensors.emplace_back(base + offsets[i], tutti::DataType::Float32, tutti::Shape{counts[i]},
+                               tutti::Device::cuda(device));
+  }
+  return grads;
+}
+
+// The ideal host-staged pipeline for `count` floats on the current device, as one buffer:
+// cudaMemcpy D2H into page-locked memory, one MPI_Allreduce there, H2D; the best of `repeats`
+// rounds after a warm-up round. Collective.
+double staged_ideal(std::size_t count, int repeats) {
+  if (count > static_cast<std::size_t>(INT_MAX)) {
+    std::fprintf(stderr, "%zu floats do not fit one MPI_Allreduce\n", count);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const std::size_t bytes = count * sizeof(float);
+  const DeviceMemory device = allocate_device(bytes);
+  void* host = nullptr;
+  check_cuda(cudaMallocHost(&host, bytes), "cudaMallocHost");
+  const PinnedMemory pinned(host);
+  cudaStream_t created = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags");
+  const OwnedStream stream(created);
+  // Zeros stay zeros under Sum, however many rounds run.
+  check_cuda(cudaMemset(device.get(), 0, bytes), "cudaMemset");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  double best = 1e30;
+  for (int r = 0; r < repeats + 1; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const Clock::time_point start = Clock::now();
+    check_cuda(cudaMemcpyAsync(host, device.get(), bytes, cudaMemcpyDeviceToHost, stream.get()),
+               "cudaMemcpyAsync D2H");
+    check_cuda(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+    MPI_Allreduce(MPI_IN_PLACE, host, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    check_cuda(cudaMemcpyAsync(device.get(), host, bytes, cudaMemcpyHostToDevice, stream.get()),
+               "cudaMemcpyAsync H2D");
+    check_cuda(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+    const double ms = max_over_ranks(ms_since(start));
+    if (r > 0) best = std::min(best, ms);
+  }
+  return best;
+}
+
+// D2 on rank 0's device while the other ranks wait; run after shutdown(), so that nothing else
+// uses the device or Tutti's stream. Collective.
+void d2(const std::vector<std::int64_t>& counts, int device, int repeats) {
+  if (world_rank() == 0) {
+    const std::vector<std::size_t> sizes(counts.begin(), counts.end());
+    tutti::examples::FusionKernelFigures figures;
+    try {
+      figures = tutti::examples::measure_fusion_kernel(sizes, device, repeats);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "D2: %s\n", e.what());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    std::printf("D2 ");
+    tutti::examples::print_fusion_kernel_figures(figures);
+    std::fflush(stdout);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// D1 and D2 (--device cuda); 77 when a rank sees no device.
+int run_device(const Options& options) {
+  const bool root = world_rank() == 0;
+  const int devices = visible_devices();
+  int fewest = devices;
+  MPI_Allreduce(MPI_IN_PLACE, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (fewest == 0) {
+    if (root) std::printf("no CUDA device: skipping\n");
+    return 77;
+  }
+  const std::vector<std::int64_t> counts = read_grads(options.grads_path);
+  std::size_t total = 0;
+  for (std::int64_t n : counts) total += static_cast<std::size_t>(n);
+  tutti::init();
+  const int device = tutti::local_rank() % devices;
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  const int sharing = ranks_per_gpu(device);
+  const bool host_staged = sharing > 1 || !tutti::nccl_built();
+  if (root) {
+    std::printf("flags: --device cuda --grads %s --repeats %d --kernel-repeats %d\n",
+                options.grads_path.c_str(), options.repeats, options.kernel_repeats);
+    std::printf(
+        "ranks=%d tensors=%zu floats=%zu (%.1f MB) rank0=cuda:%d of %d ranks_per_gpu=%d "
+        "nccl_built=%d transport=%s\n",
+        tutti::size(), counts.size(), total, total * 4.0 / 1e6, device, devices, sharing,
+        tutti::nccl_built() ? 1 : 0, host_staged ? "MPI via page-locked host staging" : "NCCL");
+  }
+  std::vector<float> flat(total, 1.0f);
+  const double best_raw = best_raw_pieces(flat, options.repeats);
+  double d1 = 0;
+  {
+    const DeviceGrads grads = device_grads(counts, device);
+    d1 = p1_tutti(grads.tensors, options.repeats);
+  }
+  const double staged = host_staged ? staged_ideal(total, options.repeats) : 0;
+  tutti::shutdown();
+  if (root) {
+    std::printf("D1 tutti_ms=%.2f best_raw_host_ms=%.2f ratio=%.3f\n", d1, best_raw, d1 / best_raw);
+    if (host_staged) {
+      std::printf("D1 staged_ideal_ms=%.2f (D2H + one MPI_Allreduce + H2D) ratio=%.3f\n", staged,
+                  d1 / staged);
+    }
+    std::fflush(stdout);
+  }
+  d2(counts, device, options.kernel_repeats);
+  return 0;
+}
+#endif  // TUTTI_BENCHMARK_CUDA
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  Options options;
+  int code = 2;
+  if (!parse_options(argc, argv, &options)) {
+    code = 2;
+  } else if (!options.cuda) {
+    code = run_host(options);
+  } else {
+#if TUTTI_BENCHMARK_CUDA
+    try {
+      code = run_device(options);
+    } catch (const std::exception& e) {  // A tutti::Error on one rank: end the job, not hang.
+      std::fprintf(stderr, "rank %d: %s\n", world_rank(), e.what());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+#else
+    if (world_rank() == 0) {
+      std::fprintf(stderr, "this build has no CUDA; rebuild with -Dcuda=enabled\n");
+    }
+    code = 2;
+#endif
+  }
+  MPI_Finalize();
+  return code;
 }

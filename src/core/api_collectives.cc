@@ -67,7 +67,9 @@ struct Submission {
                       " tensor, but this process sees ", devices, " CUDA device(s)"));
     }
     const Status claimed = session->claim_device(device);
-    if (!claimed.ok()) invalid(str_cat(to_string(request.op), " '", request.name, "': ", claimed.message()));
+    if (!claimed.ok()) {
+      invalid(str_cat(to_string(request.op), " '", request.name, "': ", claimed.message()));
+    }
   }
 
   Handle submit() { return Handle(submit_state()); }

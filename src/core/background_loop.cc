@@ -7,9 +7,9 @@
 #include <thread>
 #include <unordered_map>
 
+#include "ops/device_ops.h"
 #include "src/common/check.h"
 #include "src/common/logging.h"
-#include "ops/device_ops.h"
 #include "src/core/fusion_planner.h"
 #include "src/core/message_codec.h"
 #include "src/core/session.h"

@@ -57,7 +57,6 @@ class HostMover final : public Mover {
     return Tensor(dtype, std::move(shape));
   }
   std::size_t piece_bytes() const override { return piece_bytes_; }
-  void set_piece_bytes(std::size_t bytes) { piece_bytes_ = bytes; }
 
  private:
   std::size_t piece_bytes_;
