@@ -26,14 +26,12 @@ void DeviceCompletions::add(std::unique_ptr<ops::DeviceEvent> event,
   pending_.push_back(Pending{.event = std::move(event),
                              .entries = std::move(entries),
                              .keep_alive = std::move(keep_alive)});
+  pending_count_.store(pending_.size());
   if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { run(); });
   cv_.notify_one();
 }
 
-bool DeviceCompletions::busy() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !pending_.empty();
-}
+bool DeviceCompletions::busy() const { return pending_count_.load() != 0; }
 
 Status DeviceCompletions::error() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -44,6 +42,7 @@ void DeviceCompletions::fail_all(const Status& status) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (Pending& pending : pending_) complete(pending, status);
   pending_.clear();
+  pending_count_.store(0);
   empty_.notify_all();
 }
 
@@ -53,6 +52,7 @@ void DeviceCompletions::finish(std::chrono::milliseconds timeout, const Status& 
     if (thread_.joinable()) empty_.wait_for(lock, timeout, [this] { return pending_.empty(); });
     for (Pending& pending : pending_) complete(pending, status);
     pending_.clear();
+    pending_count_.store(0);
     stop_ = true;
   }
   cv_.notify_all();
@@ -95,6 +95,7 @@ bool DeviceCompletions::complete_ready() {
     it = pending_.erase(it);
     any = true;
   }
+  pending_count_.store(pending_.size());
   return any;
 }
 

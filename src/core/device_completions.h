@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <list>
 #include <memory>
@@ -68,6 +69,8 @@ class DeviceCompletions {
   std::condition_variable cv_;     // add() and finish() wake the thread.
   std::condition_variable empty_;  // The thread tells finish() that nothing is pending.
   std::list<Pending> pending_;     // Guarded by mutex_.
+  // pending_.size(), readable without the lock: the communication thread asks every cycle.
+  std::atomic<std::size_t> pending_count_{0};
   Status error_;                   // Guarded by mutex_.
   bool stop_ = false;              // Guarded by mutex_.
   std::thread thread_;             // Started by the first add().
