@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include "test/mpi/core/oracle.h"
+#include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
@@ -24,18 +25,6 @@ struct Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 };
-
-// The code of the tutti::Error `f` throws, or nullopt if it throws none.
-template <class F>
-std::optional<ErrorCode> error_of(F&& f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return std::nullopt;
-}
 
 // The elements of a tensor (any dtype) as doubles.
 inline std::vector<double> values_of(const TensorView& t) {

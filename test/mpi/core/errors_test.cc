@@ -11,23 +11,12 @@
 
 #include <catch2/catch.hpp>
 
+#include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
 namespace tutti::test {
 namespace {
-
-// The code of the tutti::Error `f` throws, or nullopt if it throws none.
-template <class F>
-std::optional<ErrorCode> error_of(F&& f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return std::nullopt;
-}
 
 bool sum_works() {
   std::vector<float> v(5, 1.0f);

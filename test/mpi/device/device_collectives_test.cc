@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "test/support/device_test_util.h"
+#include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
@@ -33,16 +34,6 @@ std::vector<double> rank_values(int rank, std::int64_t first, std::int64_t count
   std::vector<double> out;
   for (std::int64_t i = 0; i < count; ++i) out.push_back(value(rank, first + i));
   return out;
-}
-
-template <class F>
-std::optional<ErrorCode> error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return std::nullopt;
 }
 
 // Collects the first failure of a test case; every rank asserts all_ranks(ok) at the end
