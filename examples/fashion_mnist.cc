@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// Data-parallel training of an MLP or a small CNN on Fashion-MNIST, the Horovod way: every rank
-// trains on its DistributedSampler shard, DistributedOptimizer averages the gradients while
-// backward() runs, the learning rate is scaled by the number of ranks, and rank 0's initial (or
-// checkpointed) state is broadcast to all.
+// Data-parallel training of an MLP or a small CNN on Fashion-MNIST: every rank trains on its
+// DistributedSampler shard, the gradients are averaged while backward() runs (the Horovod way,
+// DistributedOptimizer, or the PyTorch way, DistributedDataParallel), the learning rate is
+// scaled by the number of ranks, and rank 0's initial (or checkpointed) state is broadcast to
+// all.
 //
 // Usage: scripts/tuttirun -np 2 build/examples/fashion_mnist [--model mlp|cnn] [--epochs N]
 //          [--batch-size B] [--lr LR] [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]
+//          [--wrapper optimizer|ddp]
 //   --model       mlp (784-512-256-10 with BatchNorm, default) or cnn (2 x conv-BN-ReLU-pool,
 //                 fc 128, fc 10)
+//   --wrapper     optimizer (default): optim::DistributedOptimizer around SGD; ddp:
+//                 nn::DistributedDataParallel around the model, plain SGD (which also
+//                 broadcasts rank 0's BatchNorm statistics before every step)
 //   --epochs      default 5
 //   --batch-size  per rank, default 64 (the global batch is B x ranks)
 //   --lr          the single-rank learning rate (default 0.05), multiplied by the rank count
@@ -53,7 +58,8 @@ using tutti::TensorView;
 
 constexpr char kUsage[] =
     "usage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size B] [--lr LR]\n"
-    "                     [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]\n";
+    "                     [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]\n"
+    "                     [--wrapper optimizer|ddp]\n";
 // Fashion-MNIST's training-set pixel mean and standard deviation: centred inputs train faster.
 constexpr float kPixelMean = 0.2860f;
 constexpr float kPixelStd = 0.3530f;
@@ -68,6 +74,7 @@ struct Flags {
   std::string checkpoint;
   std::uint64_t seed = 42;
   std::size_t limit = 0;  // 0: every training image.
+  std::string wrapper = "optimizer";
 };
 
 // The number in `text` if it is finite, >= `min` and (with `integer`) whole and at most 1e9.
@@ -100,6 +107,8 @@ std::optional<Flags> parse_flags(int argc, char** argv) {
       f.seed = static_cast<std::uint64_t>(*x);
     else if (flag == "--limit" && (x = to_number(value, 1, true)))
       f.limit = static_cast<std::size_t>(*x);
+    else if (flag == "--wrapper" && (value == "optimizer" || value == "ddp"))
+      f.wrapper = value;
     else
       return std::nullopt;
   }
@@ -337,7 +346,13 @@ int train(const Flags& flags) {
   std::vector<nn::Variable> params;
   for (auto& [name, p] : model->named_parameters()) params.push_back(p);
   optim::SGD sgd(params, {.lr = flags.lr, .momentum = 0.9});
-  optim::DistributedOptimizer optimizer(sgd, model->named_parameters());
+  // The Horovod way wraps the optimizer; the PyTorch way (below, after the checkpoint) wraps
+  // the model and keeps the plain SGD.
+  std::unique_ptr<optim::DistributedOptimizer> distributed;
+  if (flags.wrapper == "optimizer") {
+    distributed = std::make_unique<optim::DistributedOptimizer>(sgd, model->named_parameters());
+  }
+  optim::Optimizer& optimizer = distributed ? static_cast<optim::Optimizer&>(*distributed) : sgd;
 
   // Rank 0 resumes from the checkpoint, if any; the epoch count tells the others (-1: failed).
   std::int64_t start_epoch = 0;
@@ -353,18 +368,26 @@ int train(const Flags& flags) {
   }
   tutti::broadcast(TensorView(&start_epoch, {}), 0, "checkpoint.epoch");
   if (start_epoch < 0) return 1;
-  // Every rank starts from rank 0's state: its initial weights or the checkpoint it loaded.
-  optim::broadcast_parameters(model->named_parameters(), 0);
-  optim::broadcast_parameters(model->named_buffers(), 0);
+  // Every rank starts from rank 0's state: its initial weights or the checkpoint it loaded
+  // (DDP's constructor broadcasts the parameters and buffers itself).
+  std::unique_ptr<nn::DistributedDataParallel> ddp;
+  if (flags.wrapper == "ddp") {
+    ddp = std::make_unique<nn::DistributedDataParallel>(model);
+  } else {
+    optim::broadcast_parameters(model->named_parameters(), 0);
+    optim::broadcast_parameters(model->named_buffers(), 0);
+  }
   optim::broadcast_optimizer_state(optimizer, 0);
+  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
 
   const auto n_train = static_cast<std::size_t>(train_set.labels.num_elements());
   const std::size_t n = flags.limit > 0 ? std::min(flags.limit, n_train) : n_train;
   tutti::data::DistributedSampler sampler(n, tutti::size(), tutti::rank(), true, flags.seed);
   const std::size_t steps = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;
   if (root) {
-    std::printf("%s, %d ranks, %zu training images, batch %zu per rank, lr %g x %d\n",
-                flags.model.c_str(), tutti::size(), n, flags.batch_size, flags.lr, tutti::size());
+    std::printf("%s, %s, %d ranks, %zu training images, batch %zu per rank, lr %g x %d\n",
+                flags.model.c_str(), ddp ? "DistributedDataParallel" : "DistributedOptimizer",
+                tutti::size(), n, flags.batch_size, flags.lr, tutti::size());
   }
   double accuracy = start_epoch < flags.epochs ? 0.0 : evaluate(*model, test_set);
   for (int epoch = static_cast<int>(start_epoch); epoch < flags.epochs; ++epoch) {
@@ -378,8 +401,8 @@ int train(const Flags& flags) {
       auto [images, labels] =
           make_batch(train_set, indices, begin, std::min(begin + flags.batch_size, indices.size()));
       optimizer.zero_grad();
-      nn::Variable loss = nn::cross_entropy(model->forward(images), labels);
-      loss.backward();  // The gradients' allreduces start here, one per parameter.
+      nn::Variable loss = nn::cross_entropy(net.forward(images), labels);
+      loss.backward();  // The gradients' allreduces start here (per parameter, or per bucket).
       optimizer.step();
       const double value = loss.value().span<float>()[0];
       loss_sum += value;

@@ -2,10 +2,15 @@
 // Horovod's synthetic benchmark on a small CNN with random data: training throughput with the
 // gradient allreduces overlapping backward() (DistributedOptimizer), against the same steps
 // with every gradient reduced only after backward() ends, and with no communication at all.
+// With --wrapper ddp: DistributedDataParallel (gradient buckets reduced during backward())
+// against the DistributedOptimizer and no communication, ending with DESIGN.md's P8 line
+// "P8 ddp_ms=<x> optimizer_ms=<y> ratio=<x/y>" (median over the iterations of the time per
+// training step, rank 0's clock).
 //
 // Usage: scripts/tuttirun -np 2 build/examples/synthetic_benchmark [--batch-size B]
 //          [--num-warmup-batches W] [--num-batches-per-iter K] [--num-iters N]
-//   Defaults 32 (per rank), 10, 10, 10, as Horovod's pytorch_synthetic_benchmark.py.
+//          [--wrapper optimizer|ddp]
+//   Defaults 32 (per rank), 10, 10, 10, as Horovod's pytorch_synthetic_benchmark.py; optimizer.
 // Each pass runs W untimed steps, then N iterations of K timed steps; img/sec is reported as
 // mean +- 1.96 sigma over the N iterations (rank 0's clock), per rank and for all ranks. Unlike
 // Horovod's script, the passes take turns iteration by iteration (each on its own copy of the
@@ -18,6 +23,7 @@
 #include <tutti/optim.h>
 #include <tutti/tutti.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -37,13 +43,15 @@ namespace optim = tutti::optim;
 
 constexpr char kUsage[] =
     "usage: synthetic_benchmark [--batch-size B] [--num-warmup-batches W]\n"
-    "                           [--num-batches-per-iter K] [--num-iters N]\n";
+    "                           [--num-batches-per-iter K] [--num-iters N]\n"
+    "                           [--wrapper optimizer|ddp]\n";
 
 struct Flags {
   std::int64_t batch_size = 32;
   int warmup_batches = 10;
   int batches_per_iter = 10;
   int iters = 10;
+  bool ddp = false;  // --wrapper ddp
 };
 
 std::optional<Flags> parse_flags(int argc, char** argv) {
@@ -51,6 +59,12 @@ std::optional<Flags> parse_flags(int argc, char** argv) {
   if (argc % 2 == 0) return std::nullopt;  // A flag without its value.
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--wrapper") {
+      const std::string value = argv[i + 1];
+      if (value != "ddp" && value != "optimizer") return std::nullopt;
+      f.ddp = value == "ddp";
+      continue;
+    }
     char* end = nullptr;
     const long value = std::strtol(argv[i + 1], &end, 10);
     if (*argv[i + 1] == '\0' || *end != '\0' || value < 0 || value > 1'000'000) return std::nullopt;
@@ -94,6 +108,15 @@ struct Pass {
     double sum = 0;
     for (double r : rates) sum += r;
     return sum / static_cast<double>(rates.size());
+  }
+  // Median over the iterations of the time per step: on a shared machine one iteration that
+  // another process slowed down would dominate a mean.
+  double step_ms(std::int64_t batch_size) const {
+    std::vector<double> ms;
+    for (double r : rates) ms.push_back(static_cast<double>(batch_size) / r * 1000.0);
+    std::sort(ms.begin(), ms.end());
+    const std::size_t n = ms.size();
+    return n % 2 == 1 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
   }
   double confidence() const {  // 1.96 sigma (population), as Horovod prints it.
     double variance = 0;
@@ -182,17 +205,31 @@ int main(int argc, char** argv) {
     optimizer.step();
   };
   // The same reductions, started only after backward() has produced every gradient.
-  Pass no_overlap("no overlap: allreduce after backward");
-  no_overlap.step = [&] {
-    no_overlap.sgd.zero_grad();
-    forward_backward(no_overlap);
-    std::vector<tutti::Handle> handles;
-    for (auto& [name, p] : no_overlap.named) {
-      handles.push_back(tutti::allreduce_async(p.grad(), "grad." + name));
-    }
-    for (tutti::Handle& h : handles) h.wait();
-    no_overlap.sgd.step();
-  };
+  std::unique_ptr<Pass> no_overlap;
+  // DDP: buckets of gradients, each reduced the moment its last gradient is ready.
+  std::unique_ptr<Pass> ddp_pass;
+  std::unique_ptr<nn::DistributedDataParallel> ddp;
+  if (flags->ddp) {
+    ddp_pass = std::make_unique<Pass>("ddp: DistributedDataParallel");
+    ddp = std::make_unique<nn::DistributedDataParallel>(ddp_pass->model);
+    ddp_pass->step = [&] {
+      ddp_pass->sgd.zero_grad();
+      nn::cross_entropy(ddp->forward(images), labels).backward();  // Averaged on return.
+      ddp_pass->sgd.step();
+    };
+  } else {
+    no_overlap = std::make_unique<Pass>("no overlap: allreduce after backward");
+    no_overlap->step = [&] {
+      no_overlap->sgd.zero_grad();
+      forward_backward(*no_overlap);
+      std::vector<tutti::Handle> handles;
+      for (auto& [name, p] : no_overlap->named) {
+        handles.push_back(tutti::allreduce_async(p.grad(), "grad." + name));
+      }
+      for (tutti::Handle& h : handles) h.wait();
+      no_overlap->sgd.step();
+    };
+  }
   // The ceiling: each rank on its own, nothing sent.
   Pass local("no communication (local SGD, reference)");
   local.step = [&] {
@@ -200,30 +237,39 @@ int main(int argc, char** argv) {
     forward_backward(local);
     local.sgd.step();
   };
+  Pass& second = flags->ddp ? *ddp_pass : *no_overlap;
 
   if (root) {
     long long parameter_count = 0;
     for (auto& [name, p] : local.named) parameter_count += p.value().num_elements();
     std::printf("Model: 2 conv + 2 fc, %lld parameters\nBatch size: %lld per rank\nRanks: %d\n",
                 parameter_count, static_cast<long long>(flags->batch_size), tutti::size());
-    std::printf("Passes: overlap, no overlap, no communication\n");
+    std::printf("Passes: overlap, %s, no communication\n", flags->ddp ? "ddp" : "no overlap");
   }
-  std::vector<Pass*> passes = {&overlap, &no_overlap, &local};
+  std::vector<Pass*> passes = {&overlap, &second, &local};
   measure(*flags, passes);
-  const bool agree = weights_agree(*overlap.model) && weights_agree(*no_overlap.model);
+  const bool agree = weights_agree(*overlap.model) && weights_agree(*second.model);
 
   if (root) {
     const int n = tutti::size();
     std::printf("\noverlap: %.1f img/sec total (+-%.1f)\n", overlap.mean() * n,
                 overlap.confidence() * n);
-    std::printf("no overlap: %.1f img/sec total (+-%.1f)\n", no_overlap.mean() * n,
-                no_overlap.confidence() * n);
+    std::printf("%s: %.1f img/sec total (+-%.1f)\n", flags->ddp ? "ddp" : "no overlap",
+                second.mean() * n, second.confidence() * n);
     std::printf("no communication: %.1f img/sec total (+-%.1f)\n", local.mean() * n,
                 local.confidence() * n);
-    std::printf("gain: %+.1f%%\n", (overlap.mean() / no_overlap.mean() - 1) * 100);
+    if (flags->ddp) {
+      const double ddp_ms = second.step_ms(flags->batch_size);
+      const double optimizer_ms = overlap.step_ms(flags->batch_size);
+      std::printf("P8 ddp_ms=%.2f optimizer_ms=%.2f ratio=%.3f\n", ddp_ms, optimizer_ms,
+                  ddp_ms / optimizer_ms);
+    } else {
+      std::printf("gain: %+.1f%%\n", (overlap.mean() / second.mean() - 1) * 100);
+    }
     // Communication's cost at this rank count; compare with a -np 1 run for true scaling.
-    std::printf("scaling efficiency vs no communication: %.1f%% (overlap), %.1f%% (no overlap)\n",
-                overlap.mean() / local.mean() * 100, no_overlap.mean() / local.mean() * 100);
+    std::printf("scaling efficiency vs no communication: %.1f%% (overlap), %.1f%% (%s)\n",
+                overlap.mean() / local.mean() * 100, second.mean() / local.mean() * 100,
+                flags->ddp ? "ddp" : "no overlap");
     if (!agree) std::fprintf(stderr, "synthetic_benchmark: ranks' weights differ\n");
   }
   tutti::shutdown();

@@ -4,6 +4,7 @@
 // communication thread afterwards.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,12 @@ class Transport {
   // A backend over the given global ranks (sorted). Collective over ALL ranks of the job, in
   // the same order everywhere; returns null on ranks outside `ranks`.
   virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) = 0;
+  // The control plane reserved for the RPC agent (src/rpc): over a communicator of its own
+  // (MPI: duplicated when the transport is created, in the same collective order as the
+  // others), so RPC messages never meet negotiation's. Its user is one thread, the RPC agent's
+  // own (see Note [RPC threading] in src/rpc/agent.h). Handed out once; null afterwards, and
+  // from transports that have none.
+  virtual std::unique_ptr<ControlPlane> take_rpc_plane() { return nullptr; }
 };
 
 // Registers `hook` to run at the start of MPI_Finalize (through an attribute on
@@ -41,7 +48,9 @@ void set_mpi_finalize_hook(void (*hook)());
 
 // The MPI transport over MPI_COMM_WORLD (parent == nullptr) or over *parent (an MPI_Comm*).
 // Initializes MPI with MPI_THREAD_MULTIPLE if nobody has; then MPI is finalized at exit.
-// Application thread; collective over the parent communicator.
-Result<std::unique_ptr<Transport>> create_mpi_transport(const void* parent);
+// Application thread; collective over the parent communicator. Fails with Communication if
+// not every rank of the parent arrives within `start_timeout` (TUTTI_START_TIMEOUT).
+Result<std::unique_ptr<Transport>> create_mpi_transport(const void* parent,
+                                                        std::chrono::milliseconds start_timeout);
 
 }  // namespace tutti::ops

@@ -30,12 +30,12 @@ AdamHyper hyper(const Options& o, bool decoupled) {
 
 void check(const AdamHyper& h, const char* who) {
   // `!(x >= 0)` also rejects NaN.
-  if (!(h.lr >= 0)) internal::invalid_argument(who, ": invalid learning rate ", h.lr);
-  if (!(h.eps >= 0)) internal::invalid_argument(who, ": invalid epsilon value ", h.eps);
-  if (!(h.beta1 >= 0 && h.beta1 < 1)) internal::invalid_argument(who, ": invalid beta1 ", h.beta1);
-  if (!(h.beta2 >= 0 && h.beta2 < 1)) internal::invalid_argument(who, ": invalid beta2 ", h.beta2);
+  if (!(h.lr >= 0)) detail::throw_invalid_argument(who, ": invalid learning rate ", h.lr);
+  if (!(h.eps >= 0)) detail::throw_invalid_argument(who, ": invalid epsilon value ", h.eps);
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) detail::throw_invalid_argument(who, ": invalid beta1 ", h.beta1);
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) detail::throw_invalid_argument(who, ": invalid beta2 ", h.beta2);
   if (!(h.weight_decay >= 0)) {
-    internal::invalid_argument(who, ": invalid weight_decay value ", h.weight_decay);
+    detail::throw_invalid_argument(who, ": invalid weight_decay value ", h.weight_decay);
   }
 }
 
@@ -124,7 +124,7 @@ void adam_load(const StateDict& state, const std::vector<nn::Variable>& params, 
   if (const std::optional<double> value = internal::find_scalar(s, "step")) {
     // 2^53: beyond it a double no longer holds every integer.
     if (!(*value >= 0 && *value <= 9007199254740992.0) || std::floor(*value) != *value) {
-      internal::invalid_argument(
+      detail::throw_invalid_argument(
           who, "::load_state_dict: scalar 'step' must be a non-negative integer, got ", *value);
     }
     loaded_step = static_cast<std::int64_t>(*value);
@@ -138,11 +138,11 @@ void adam_load(const StateDict& state, const std::vector<nn::Variable>& params, 
     if (k.name == "exp_avg") slot = &m;
     if (k.name == "exp_avg_sq") slot = &v;
     if (slot == nullptr) {
-      internal::invalid_argument(who, "::load_state_dict: unknown state '", key, "' (", who,
+      detail::throw_invalid_argument(who, "::load_state_dict: unknown state '", key, "' (", who,
                                  " keeps '<i>.exp_avg' and '<i>.exp_avg_sq')");
     }
     if ((*slot)[k.index])
-      internal::invalid_argument(who, "::load_state_dict: repeated state '", key, "'");
+      detail::throw_invalid_argument(who, "::load_state_dict: repeated state '", key, "'");
     (*slot)[k.index] = internal::checked_state_copy(tensor, params[k.index], key, who);
   }
   options = loaded;

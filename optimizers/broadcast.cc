@@ -4,8 +4,6 @@
 #include "tutti/optim/broadcast.h"
 
 #include <cstdint>
-#include <cstring>
-#include <exception>
 #include <map>
 #include <set>
 #include <string>
@@ -16,23 +14,10 @@
 #include "optimizers/optim_util.h"
 #include "tutti/collectives.h"
 #include "tutti/runtime.h"
+#include "tutti/serialize.h"
 
 namespace tutti::optim {
 namespace {
-
-// Waits for every handle, then rethrows the first failure: the tensors of the others must not
-// be released while the runtime still writes them.
-void wait_all(std::vector<Handle>& handles) {
-  std::exception_ptr first_error;
-  for (Handle& handle : handles) {
-    try {
-      handle.wait();
-    } catch (...) {
-      if (!first_error) first_error = std::current_exception();
-    }
-  }
-  if (first_error) std::rethrow_exception(first_error);
-}
 
 // The root's description of its state dict, as broadcast_object carries it. Native byte order
 // and sizes: every rank of a job runs the same build.
@@ -47,87 +32,41 @@ struct StateLayout {
   std::vector<std::string> scalar_names;
 };
 
-class Writer {
- public:
-  void u64(std::uint64_t v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  void i64(std::int64_t v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  void str(std::string_view s) {
-    u64(s.size());
-    bytes_.append(s);
-  }
-  std::string take() { return std::move(bytes_); }
-
- private:
-  std::string bytes_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
-  std::uint64_t u64() {
-    std::uint64_t v = 0;
-    copy(&v, sizeof v);
-    return v;
-  }
-  std::int64_t i64() {
-    std::int64_t v = 0;
-    copy(&v, sizeof v);
-    return v;
-  }
-  std::string str() {
-    const std::uint64_t size = u64();
-    need(size);
-    std::string s(bytes_.substr(offset_, size));
-    offset_ += size;
-    return s;
-  }
-
- private:
-  void need(std::uint64_t size) const {
-    if (size > bytes_.size() - offset_) {
-      throw Error(ErrorCode::Internal, "broadcast_optimizer_state: malformed state layout");
-    }
-  }
-  void copy(void* out, std::size_t size) {
-    need(size);
-    std::memcpy(out, bytes_.data() + offset_, size);
-    offset_ += size;
-  }
-
-  std::string_view bytes_;
-  std::size_t offset_ = 0;
-};
-
 std::string encode(const StateLayout& layout) {
-  Writer w;
-  w.str(layout.error);
-  w.u64(layout.tensors.size());
+  ByteWriter w;
+  w.put_string(layout.error);
+  w.put<std::uint64_t>(layout.tensors.size());
   for (const StateLayout::Entry& e : layout.tensors) {
-    w.str(e.key);
-    w.u64(static_cast<std::uint64_t>(e.dtype));
-    w.u64(e.shape.size());
-    for (std::int64_t d : e.shape) w.i64(d);
+    w.put_string(e.key);
+    w.put(static_cast<std::uint8_t>(e.dtype));
+    w.put_vector(e.shape);
   }
-  w.u64(layout.scalar_names.size());
-  for (const std::string& name : layout.scalar_names) w.str(name);
+  w.put<std::uint64_t>(layout.scalar_names.size());
+  for (const std::string& name : layout.scalar_names) w.put_string(name);
   return w.take();
 }
 
 StateLayout decode(std::string_view bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   StateLayout layout;
-  layout.error = r.str();
-  const std::uint64_t tensors = r.u64();
-  for (std::uint64_t i = 0; i < tensors; ++i) {
+  std::size_t tensors = 0;
+  r.get_string(&layout.error);
+  r.get_count(&tensors, 1);
+  for (std::size_t i = 0; i < tensors && r.ok(); ++i) {
     StateLayout::Entry e;
-    e.key = r.str();
-    e.dtype = static_cast<DataType>(r.u64());
-    const std::uint64_t dims = r.u64();
-    for (std::uint64_t d = 0; d < dims; ++d) e.shape.push_back(r.i64());
+    r.get_string(&e.key);
+    r.get_enum(&e.dtype, static_cast<int>(DataType::Bool) + 1);
+    r.get_vector(&e.shape);
     layout.tensors.push_back(std::move(e));
   }
-  const std::uint64_t scalars = r.u64();
-  for (std::uint64_t i = 0; i < scalars; ++i) layout.scalar_names.push_back(r.str());
+  std::size_t scalars = 0;
+  r.get_count(&scalars, 1);
+  for (std::size_t i = 0; i < scalars && r.ok(); ++i) {
+    std::string name;
+    r.get_string(&name);
+    layout.scalar_names.push_back(std::move(name));
+  }
+  if (!r.done()) throw Error(ErrorCode::Internal, "broadcast_optimizer_state: malformed state layout");
   return layout;
 }
 
@@ -139,11 +78,11 @@ void broadcast_parameters(const nn::NamedParameters& params, int root_rank,
   std::set<std::string> seen;
   for (const auto& [name, variable] : params) {
     if (!seen.insert(name).second) {
-      internal::invalid_argument("broadcast_parameters: parameter name '", name,
+      detail::throw_invalid_argument("broadcast_parameters: parameter name '", name,
                                  "' appears more than once");
     }
     if (!variable.defined()) {
-      internal::invalid_argument("broadcast_parameters: parameter '", name,
+      detail::throw_invalid_argument("broadcast_parameters: parameter '", name,
                                  "' is an empty nn::Variable");
     }
   }
@@ -189,7 +128,7 @@ void broadcast_optimizer_state(
   const StateLayout layout =
       decode(broadcast_object(message, root_rank, "broadcast_optimizer_state.keys", process_set));
   if (!layout.error.empty())
-    internal::invalid_argument("broadcast_optimizer_state: ", layout.error);
+    detail::throw_invalid_argument("broadcast_optimizer_state: ", layout.error);
 
   // 2. Every rank holds a tensor of the root's dtype and shape under each of the root's keys:
   //    its own where it matches, a new one otherwise; keys the root lacks are dropped.

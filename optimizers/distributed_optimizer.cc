@@ -10,7 +10,6 @@
 #include <cstring>
 #include <exception>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "optimizers/optim_util.h"
+#include "src/common/mutex.h"
 #include "tutti/half.h"
 #include "tutti/runtime.h"
 
@@ -55,17 +55,19 @@ struct DistributedOptimizer::State {
     std::vector<Tensor> buffers;  // Per member: what travels (float32, float16 or bfloat16).
   };
 
-  std::mutex mutex;
-  bool alive = true;  // False once the optimizer is destroyed: hooks then do nothing.
+  // Hooks run on the backward() thread, the methods on the caller's: the mutable state below
+  // is guarded. `options`, `params`, `names` and `unit_of` are fixed by the constructor.
+  detail::Mutex mutex;
+  bool alive TUTTI_GUARDED_BY(mutex) = true;  // False once destroyed: hooks then do nothing.
   DistributedOptions options;
   std::vector<nn::Variable> params;  // The inner optimizer's.
   std::vector<std::string> names;    // Per parameter; empty for those without a gradient.
-  std::vector<int> passes;           // Hook firings this round, per parameter.
+  std::vector<int> passes TUTTI_GUARDED_BY(mutex);  // Hook firings this round, per parameter.
   std::vector<std::size_t> unit_of;  // Per trainable parameter: its unit.
-  std::vector<Unit> units;
-  std::optional<bool> included;  // Asked from the runtime at the first reduction.
+  std::vector<Unit> units TUTTI_GUARDED_BY(mutex);
+  std::optional<bool> included TUTTI_GUARDED_BY(mutex);  // Asked at the first reduction.
 
-  bool is_member() {
+  bool is_member() TUTTI_REQUIRES(mutex) {
     if (!included) included = options.process_set.included();
     return *included;
   }
@@ -91,7 +93,7 @@ struct DistributedOptimizer::State {
 
   // Copies (compressing) the members' gradients into the unit's buffers and starts its
   // allreduce. On a throw (e.g. the runtime is down) the unit stays Idle.
-  void start(Unit& unit) {
+  void start(Unit& unit) TUTTI_REQUIRES(mutex) {
     unit.buffers.resize(unit.members.size());
     std::vector<TensorView> views;
     for (std::size_t m = 0; m < unit.members.size(); ++m) {
@@ -113,40 +115,55 @@ struct DistributedOptimizer::State {
   }
 
   // Writes a completed unit's results into the gradients.
-  void finish(Unit& unit) {
+  void finish(Unit& unit) TUTTI_REQUIRES(mutex) {
     for (std::size_t m = 0; m < unit.members.size(); ++m) {
       unpack(unit.buffers[m], params[unit.members[m]].grad());
     }
     unit.phase = Phase::Done;
   }
 
-  // Waits for every unit in flight and, with `write_results`, writes the results of those that
-  // succeeded into the gradients. Returns the first error, after waiting for all (their
-  // buffers must not be reused while in flight).
-  std::exception_ptr wait_all(bool write_results) {
-    std::exception_ptr first_error;
+  // Waits for every unit in flight and, with `write_results`, writes their results into the
+  // gradients if all succeeded (on a failure every gradient keeps its local value, so a step
+  // never mixes averaged and local gradients). Returns the first error, after waiting for all
+  // (their buffers must not be reused while in flight).
+  std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex) {
+    std::vector<Handle> handles;
+    std::vector<Unit*> in_flight;
     for (Unit& unit : units) {
       if (unit.phase != Phase::InFlight) continue;
-      try {
-        unit.handle.wait();
-        if (write_results) finish(unit);
-        unit.phase = Phase::Done;
-      } catch (...) {
-        unit.phase = Phase::Done;  // The gradient keeps its local value.
-        if (!first_error) first_error = std::current_exception();
-      }
+      handles.push_back(unit.handle);
+      in_flight.push_back(&unit);
+      unit.phase = Phase::Done;
     }
-    return first_error;
+    try {
+      tutti::wait_all(handles);
+    } catch (...) {
+      return std::current_exception();
+    }
+    if (write_results) {
+      for (Unit* unit : in_flight) finish(*unit);
+    }
+    return nullptr;
   }
 
-  bool any_in_flight() const {
+  void add_unit(std::string name, std::vector<std::size_t> members, bool grouped)
+      TUTTI_REQUIRES(mutex) {
+    for (std::size_t m : members) unit_of[m] = units.size();
+    Unit unit;
+    unit.name = std::move(name);
+    unit.members = std::move(members);
+    unit.grouped = grouped;
+    units.push_back(std::move(unit));
+  }
+
+  bool any_in_flight() const TUTTI_REQUIRES(mutex) {
     for (const Unit& unit : units) {
       if (unit.phase == Phase::InFlight) return true;
     }
     return false;
   }
 
-  void new_round() {
+  void new_round() TUTTI_REQUIRES(mutex) {
     std::fill(passes.begin(), passes.end(), 0);
     for (Unit& unit : units) {
       unit.ready = 0;
@@ -155,20 +172,20 @@ struct DistributedOptimizer::State {
   }
 
   // The hook of parameter `index`. Runs on the backward() thread. See Note [Reduction rounds].
-  void on_gradient(std::size_t index) {
-    std::lock_guard<std::mutex> lock(mutex);
+  void on_gradient(std::size_t index) TUTTI_EXCLUDES(mutex) {
+    detail::MutexLock lock(mutex);
     if (!alive || !is_member()) return;
     Unit& unit = units[unit_of[index]];
     const int k = options.backward_passes_per_step;
     if (passes[index] >= k) {
-      internal::invalid_argument("DistributedOptimizer: backward() ran ", passes[index] + 1,
+      detail::throw_invalid_argument("DistributedOptimizer: backward() ran ", passes[index] + 1,
                                  " times before step() (gradient of '", names[index],
                                  "'), but backward_passes_per_step is ", k,
                                  "; call step() after every ", k,
                                  " backward passes or raise backward_passes_per_step");
     }
     if (unit.phase != Phase::Idle) {
-      internal::invalid_argument(
+      detail::throw_invalid_argument(
           "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
           names[index], "'); the gradients of this step are already reduced");
     }
@@ -177,8 +194,8 @@ struct DistributedOptimizer::State {
   }
 
   // Horovod's synchronize(); see Note [Reduction rounds].
-  void synchronize() {
-    std::lock_guard<std::mutex> lock(mutex);
+  void synchronize() TUTTI_EXCLUDES(mutex) {
+    detail::MutexLock lock(mutex);
     if (units.empty() || !is_member()) return;  // No parameter: nothing to ask the runtime.
     std::exception_ptr first_error;
     for (Unit& unit : units) {
@@ -237,33 +254,33 @@ namespace {
 
 void check_options(const DistributedOptions& o) {
   if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum && o.op != ReduceOp::Adasum) {
-    internal::invalid_argument("DistributedOptimizer: op must be Average, Sum or Adasum, got ",
+    detail::throw_invalid_argument("DistributedOptimizer: op must be Average, Sum or Adasum, got ",
                                static_cast<int>(o.op));
   }
   if (o.compression != Compression::None && o.compression != Compression::FP16 &&
       o.compression != Compression::BF16) {
-    internal::invalid_argument("DistributedOptimizer: unknown compression ",
+    detail::throw_invalid_argument("DistributedOptimizer: unknown compression ",
                                static_cast<int>(o.compression));
   }
   if (o.backward_passes_per_step < 1) {
-    internal::invalid_argument(
+    detail::throw_invalid_argument(
         "DistributedOptimizer: backward_passes_per_step must be at least 1, got ",
         o.backward_passes_per_step);
   }
   if (!(o.gradient_predivide_factor > 0) || !std::isfinite(o.gradient_predivide_factor)) {
-    internal::invalid_argument(
+    detail::throw_invalid_argument(
         "DistributedOptimizer: gradient_predivide_factor must be a positive number, got ",
         o.gradient_predivide_factor);
   }
   if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average) {
-    internal::invalid_argument("DistributedOptimizer: gradient_predivide_factor ",
+    detail::throw_invalid_argument("DistributedOptimizer: gradient_predivide_factor ",
                                o.gradient_predivide_factor, " needs op Average");
   }
   if (o.num_groups < 0) {
-    internal::invalid_argument("DistributedOptimizer: num_groups must be >= 0, got ", o.num_groups);
+    detail::throw_invalid_argument("DistributedOptimizer: num_groups must be >= 0, got ", o.num_groups);
   }
   if (o.num_groups > 0 && !o.groups.empty()) {
-    internal::invalid_argument("DistributedOptimizer: give num_groups or groups, not both");
+    detail::throw_invalid_argument("DistributedOptimizer: give num_groups or groups, not both");
   }
 }
 
@@ -295,7 +312,7 @@ DistributedOptimizer::DistributedOptimizer(
   std::map<const Tensor*, std::size_t> index_of;
   for (std::size_t i = 0; i < n; ++i) {
     if (!index_of.emplace(&s.params[i].value(), i).second) {
-      internal::invalid_argument("DistributedOptimizer: parameter ", i,
+      detail::throw_invalid_argument("DistributedOptimizer: parameter ", i,
                                  " of the optimizer repeats parameter ",
                                  index_of[&s.params[i].value()]);
     }
@@ -308,11 +325,11 @@ DistributedOptimizer::DistributedOptimizer(
     std::set<std::string> seen;
     for (const auto& [name, variable] : named_parameters) {
       if (!seen.insert(name).second) {
-        internal::invalid_argument("DistributedOptimizer: parameter name '", name,
+        detail::throw_invalid_argument("DistributedOptimizer: parameter name '", name,
                                    "' appears more than once in named_parameters");
       }
       if (!variable.defined()) {
-        internal::invalid_argument("DistributedOptimizer: parameter '", name,
+        detail::throw_invalid_argument("DistributedOptimizer: parameter '", name,
                                    "' is an empty nn::Variable");
       }
       const auto it = index_of.find(&variable.value());
@@ -327,24 +344,18 @@ DistributedOptimizer::DistributedOptimizer(
       continue;
     }
     if (s.names[i].empty()) {
-      internal::invalid_argument("DistributedOptimizer: parameter ", i, " of the optimizer (shape ",
-                                 internal::shape_string(s.params[i].value().shape()),
+      detail::throw_invalid_argument("DistributedOptimizer: parameter ", i, " of the optimizer (shape ",
+                                 detail::shape_string(s.params[i].value().shape()),
                                  ") has no name in named_parameters; the names must cover every "
                                  "parameter");
     }
     trainable.push_back(i);
   }
 
-  // Units; see Note [Reduction rounds].
+  // Units; see Note [Reduction rounds]. No hook is registered yet, but the analysis wants
+  // the guarded members written under their lock.
+  detail::MutexLock lock(s.mutex);
   s.unit_of.assign(n, 0);
-  auto add_unit = [&s](std::string name, std::vector<std::size_t> members, bool grouped) {
-    for (std::size_t m : members) s.unit_of[m] = s.units.size();
-    State::Unit unit;
-    unit.name = std::move(name);
-    unit.members = std::move(members);
-    unit.grouped = grouped;
-    s.units.push_back(std::move(unit));
-  };
   const std::string group_prefix = "DistributedOptimizer.grouped_allreduce.";
   std::vector<bool> grouped(n, false);
   if (s.options.num_groups > 0 && !trainable.empty()) {
@@ -361,33 +372,33 @@ DistributedOptimizer::DistributedOptimizer(
           trainable.begin() + static_cast<std::ptrdiff_t>(next + size));
       next += size;
       for (std::size_t m : members) grouped[m] = true;
-      add_unit(group_prefix + std::to_string(g), std::move(members), true);
+      s.add_unit(group_prefix + std::to_string(g), std::move(members), true);
     }
   } else if (!s.options.groups.empty()) {
     std::map<std::string, std::size_t> by_name;
     for (std::size_t i : trainable) by_name.emplace(s.names[i], i);
     for (std::size_t g = 0; g < s.options.groups.size(); ++g) {
       const std::vector<std::string>& group = s.options.groups[g];
-      if (group.empty()) internal::invalid_argument("DistributedOptimizer: group ", g, " is empty");
+      if (group.empty()) detail::throw_invalid_argument("DistributedOptimizer: group ", g, " is empty");
       std::vector<std::size_t> members;
       for (const std::string& name : group) {
         const auto it = by_name.find(name);
         if (it == by_name.end()) {
-          internal::invalid_argument("DistributedOptimizer: group ", g, " names '", name,
+          detail::throw_invalid_argument("DistributedOptimizer: group ", g, " names '", name,
                                      "', which is not a parameter of the optimizer");
         }
         if (grouped[it->second]) {
-          internal::invalid_argument("DistributedOptimizer: parameter '", name,
+          detail::throw_invalid_argument("DistributedOptimizer: parameter '", name,
                                      "' appears more than once in groups");
         }
         grouped[it->second] = true;
         members.push_back(it->second);
       }
-      add_unit(group_prefix + std::to_string(g), std::move(members), true);
+      s.add_unit(group_prefix + std::to_string(g), std::move(members), true);
     }
   }
   for (std::size_t i : trainable) {
-    if (!grouped[i]) add_unit("DistributedOptimizer.allreduce." + s.names[i], {i}, false);
+    if (!grouped[i]) s.add_unit("DistributedOptimizer.allreduce." + s.names[i], {i}, false);
   }
   s.passes.assign(n, 0);
 
@@ -401,7 +412,7 @@ DistributedOptimizer::DistributedOptimizer(
 }
 
 DistributedOptimizer::~DistributedOptimizer() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  detail::MutexLock lock(state_->mutex);
   state_->alive = false;
   // The runtime may still read and write the buffers: wait, and drop errors (destructors
   // never fail; step()/synchronize() are where errors are reported).
@@ -426,14 +437,14 @@ void DistributedOptimizer::step() {
   } else {
     // Reductions the hooks started are finished (their buffers and names must be free for the
     // next round) but their results are dropped: the caller asked for the local gradients.
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    detail::MutexLock lock(state_->mutex);
     if (std::exception_ptr error = state_->wait_all(/*write_results=*/false)) {
       std::rethrow_exception(error);
     }
   }
   inner_.step();
   {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    detail::MutexLock lock(state_->mutex);
     state_->new_round();
   }
   synchronized_explicitly_ = false;
@@ -441,9 +452,9 @@ void DistributedOptimizer::step() {
 
 void DistributedOptimizer::zero_grad() {
   {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    detail::MutexLock lock(state_->mutex);
     if (state_->any_in_flight()) {
-      internal::invalid_argument(
+      detail::throw_invalid_argument(
           "DistributedOptimizer::zero_grad() while gradient allreduces are "
           "in flight (after backward(), before step() or synchronize()); "
           "their results would overwrite the zeros");

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Helpers shared by the optimizers: error messages and the "<index>.<name>" state keys.
-// Private to optimizers/, which sees only the public API (STYLE.md section 7), so these do not
-// reuse src/common.
+// Helpers shared by the optimizers: the "<index>.<name>" state keys and state checks. Messages
+// are built with the project's header-only helpers (src/common/strings.h, throw.h).
 #pragma once
 
 #include <cstddef>
@@ -9,31 +8,17 @@
 #include <map>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "src/common/strings.h"
+#include "src/common/throw.h"
 #include "tutti/error.h"
 #include "tutti/nn/variable.h"
 #include "tutti/tensor.h"
 
 namespace tutti::optim::internal {
-
-template <class... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
-
-template <class... Args>
-[[noreturn]] void invalid_argument(const Args&... args) {
-  throw Error(ErrorCode::InvalidArgument, cat(args...));
-}
-
-// "[17, 3]"
-std::string shape_string(const Shape& shape);
 
 // True if `p` has a gradient the rules should use (a parameter that requires grad).
 inline bool trainable(const nn::Variable& p) { return p.requires_grad(); }

@@ -11,15 +11,6 @@
 namespace tutti::optim {
 namespace internal {
 
-std::string shape_string(const Shape& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i != 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 StateKey parse_state_key(const std::string& key, std::size_t num_parameters, const char* who) {
   const std::size_t dot = key.find('.');
   std::size_t index = 0;
@@ -27,11 +18,11 @@ StateKey parse_state_key(const std::string& key, std::size_t num_parameters, con
   const auto [ptr, error] = std::from_chars(key.data(), end, index);
   if (dot == std::string::npos || dot == 0 || error != std::errc() || ptr != end ||
       dot + 1 == key.size()) {
-    invalid_argument(who, "::load_state_dict: state key '", key,
+    detail::throw_invalid_argument(who, "::load_state_dict: state key '", key,
                      "' is not of the form '<parameter index>.<name>'");
   }
   if (index >= num_parameters) {
-    invalid_argument(who, "::load_state_dict: state key '", key, "' refers to parameter ", index,
+    detail::throw_invalid_argument(who, "::load_state_dict: state key '", key, "' refers to parameter ", index,
                      " but the optimizer has ", num_parameters, " parameters");
   }
   return {index, key.substr(dot + 1)};
@@ -40,15 +31,15 @@ StateKey parse_state_key(const std::string& key, std::size_t num_parameters, con
 Tensor checked_state_copy(const Tensor& tensor, const nn::Variable& p, const std::string& key,
                           const char* who) {
   if (!trainable(p)) {
-    invalid_argument(who, "::load_state_dict: state '", key,
+    detail::throw_invalid_argument(who, "::load_state_dict: state '", key,
                      "' is for a parameter that does not require grad");
   }
   if (tensor.dtype() != DataType::Float32 || tensor.device() != Device::cpu() ||
       tensor.shape() != p.value().shape()) {
-    invalid_argument(who, "::load_state_dict: state '", key, "' is a ", to_string(tensor.dtype()),
-                     " tensor of shape ", shape_string(tensor.shape()),
+    detail::throw_invalid_argument(who, "::load_state_dict: state '", key, "' is a ", to_string(tensor.dtype()),
+                     " tensor of shape ", detail::shape_string(tensor.shape()),
                      " but its parameter is a float32 CPU tensor of shape ",
-                     shape_string(p.value().shape()));
+                     detail::shape_string(p.value().shape()));
   }
   return tensor.clone();
 }
@@ -64,7 +55,7 @@ void check_scalar_names(const std::map<std::string, double>& scalars,
                         const std::vector<std::string_view>& known, const char* who) {
   for (const auto& [name, value] : scalars) {
     if (std::find(known.begin(), known.end(), name) == known.end()) {
-      invalid_argument(who, "::load_state_dict: unknown scalar '", name, "'");
+      detail::throw_invalid_argument(who, "::load_state_dict: unknown scalar '", name, "'");
     }
   }
 }
@@ -74,7 +65,7 @@ void check_scalar_names(const std::map<std::string, double>& scalars,
 Optimizer::Optimizer(std::vector<nn::Variable> parameters) : parameters_(std::move(parameters)) {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     if (!parameters_[i].defined()) {
-      internal::invalid_argument("Optimizer: parameter ", i,
+      detail::throw_invalid_argument("Optimizer: parameter ", i,
                                  " is an empty nn::Variable; assign it before use");
     }
   }
@@ -92,12 +83,12 @@ StateDict Optimizer::state_dict() const { return {}; }
 
 void Optimizer::load_state_dict(const StateDict& state) {
   if (!state.tensors.empty()) {
-    internal::invalid_argument(
+    detail::throw_invalid_argument(
         "Optimizer::load_state_dict: this optimizer keeps no state, got tensor '",
         state.tensors.front().first, "'");
   }
   if (!state.scalars.empty()) {
-    internal::invalid_argument(
+    detail::throw_invalid_argument(
         "Optimizer::load_state_dict: this optimizer keeps no state, got scalar '",
         state.scalars.begin()->first, "'");
   }

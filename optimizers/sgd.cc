@@ -15,15 +15,15 @@ constexpr const char* kWho = "SGD";
 
 void check_options(const SGDOptions& o) {
   // `!(x >= 0)` also rejects NaN.
-  if (!(o.lr >= 0)) internal::invalid_argument("SGD: invalid learning rate ", o.lr);
-  if (!(o.momentum >= 0)) internal::invalid_argument("SGD: invalid momentum ", o.momentum);
+  if (!(o.lr >= 0)) detail::throw_invalid_argument("SGD: invalid learning rate ", o.lr);
+  if (!(o.momentum >= 0)) detail::throw_invalid_argument("SGD: invalid momentum ", o.momentum);
   if (!(o.weight_decay >= 0)) {
-    internal::invalid_argument("SGD: invalid weight_decay ", o.weight_decay);
+    detail::throw_invalid_argument("SGD: invalid weight_decay ", o.weight_decay);
   }
   if (!std::isfinite(o.dampening))
-    internal::invalid_argument("SGD: invalid dampening ", o.dampening);
+    detail::throw_invalid_argument("SGD: invalid dampening ", o.dampening);
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
-    internal::invalid_argument(
+    detail::throw_invalid_argument(
         "SGD: nesterov momentum requires a momentum > 0 and zero dampening, got momentum ",
         o.momentum, " and dampening ", o.dampening);
   }
@@ -98,7 +98,7 @@ void SGD::load_state_dict(const StateDict& state) {
   options.weight_decay = internal::find_scalar(s, "weight_decay").value_or(options.weight_decay);
   if (const std::optional<double> nesterov = internal::find_scalar(s, "nesterov")) {
     if (*nesterov != 0 && *nesterov != 1) {
-      internal::invalid_argument("SGD::load_state_dict: scalar 'nesterov' must be 0 or 1, got ",
+      detail::throw_invalid_argument("SGD::load_state_dict: scalar 'nesterov' must be 0 or 1, got ",
                                  *nesterov);
     }
     options.nesterov = *nesterov == 1;
@@ -109,11 +109,11 @@ void SGD::load_state_dict(const StateDict& state) {
   for (const auto& [key, tensor] : state.tensors) {
     const internal::StateKey k = internal::parse_state_key(key, parameters().size(), kWho);
     if (k.name != "momentum_buffer") {
-      internal::invalid_argument("SGD::load_state_dict: unknown state '", key,
+      detail::throw_invalid_argument("SGD::load_state_dict: unknown state '", key,
                                  "' (SGD keeps '<i>.momentum_buffer')");
     }
     if (buffers[k.index])
-      internal::invalid_argument("SGD::load_state_dict: repeated state '", key, "'");
+      detail::throw_invalid_argument("SGD::load_state_dict: repeated state '", key, "'");
     buffers[k.index] = internal::checked_state_copy(tensor, parameters()[k.index], key, kWho);
   }
   options_ = options;

@@ -46,6 +46,7 @@ namespace tutti {
 
 namespace detail {
 class OpState;
+struct HandleAccess;
 }
 
 // Average = Sum / set size. Adasum: adaptive summation, floating types only.
@@ -61,11 +62,20 @@ struct ReduceOptions {
   ProcessSet process_set = ProcessSet::global();
 };
 
-// The result of an asynchronous op. Copies share the same op.
+// How the data-parallel wrappers (nn::DistributedDataParallel, optim::DistributedOptimizer,
+// which names this type optim::Compression) send float32 gradients. FP16/BF16 halve the bytes
+// sent at the cost of precision: the gradients are converted into a 2-byte temporary, reduced
+// (in float32 arithmetic, see allreduce_async) and converted back when the reduction
+// completes. FP16 overflows above 65504; BF16 keeps float32's range with 8 bits of mantissa.
+enum class Compression { None, FP16, BF16 };
+
+// The result of an asynchronous op, made by the `_async` functions. Copies share the same op.
+// Every method may be called from any thread, concurrently.
 class TUTTI_API Handle {
  public:
-  Handle() = default;  // Refers to no op: poll() is true, wait() throws InvalidArgument.
-  explicit Handle(std::shared_ptr<detail::OpState> state);
+  // Refers to no op. It behaves as an op that has already failed with InvalidArgument
+  // ("refers to no op"): poll() is true (done), and wait() and the result accessors throw.
+  Handle() = default;
 
   bool poll() const;  // Done (successfully or not)? Never blocks, never throws.
   void wait();        // Blocks until done; throws tutti::Error if the op failed.
@@ -77,11 +87,20 @@ class TUTTI_API Handle {
   const std::vector<std::int64_t>& received_splits() const;
 
  private:
+  friend struct detail::HandleAccess;
+  explicit Handle(std::shared_ptr<detail::OpState> state);
+  // Waits; throws as wait(). A const wait for the const accessors.
+  void await() const;
+
   std::shared_ptr<detail::OpState> state_;
 };
 
 TUTTI_API bool poll(const Handle& h);    // h.poll()
 TUTTI_API void synchronize(Handle& h);   // h.wait()
+// Tutti addition: waits for every handle, then throws the first failure (in order) if any.
+// All are waited for even when one fails, so no tensor is released while the runtime still
+// works on it.
+TUTTI_API void wait_all(std::vector<Handle>& handles);
 
 // Reduces `tensor` in place: result = postscale · reduce(prescale · input) over the set.
 // Every numeric dtype; Float16/BFloat16 are reduced in float32; Bool only with Min/Max;

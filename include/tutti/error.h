@@ -19,7 +19,17 @@ namespace tutti {
 //   Stalled          some ranks never submitted the op; the message names them.
 //   Communication    the transport (MPI, NCCL, CUDA) reported an error.
 //   Internal         a bug in Tutti; please report it.
-enum class ErrorCode { InvalidArgument, Mismatch, NotInitialized, ShutDown, Stalled, Communication, Internal };
+//   Timeout          an RPC or an RRef fetch ran past its timeout (tutti/rpc.h).
+enum class ErrorCode {
+  InvalidArgument,
+  Mismatch,
+  NotInitialized,
+  ShutDown,
+  Stalled,
+  Communication,
+  Internal,
+  Timeout,
+};
 
 // "InvalidArgument", "Mismatch", ...
 TUTTI_API std::string_view to_string(ErrorCode code);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The neural-network layer (API.md, "tutti/nn.h"): Variable with reverse-mode autograd, modules,
-// layers, losses and the differentiable functions they are built from.
+// layers, losses, the differentiable functions they are built from, and the data-parallel
+// wrappers (DistributedDataParallel, SyncBatchNorm, DataParallel).
 #pragma once
 
 #include "tutti/nn/activations.h"  // IWYU pragma: export
@@ -11,6 +12,7 @@
 #include "tutti/nn/linear.h"       // IWYU pragma: export
 #include "tutti/nn/losses.h"       // IWYU pragma: export
 #include "tutti/nn/module.h"       // IWYU pragma: export
+#include "tutti/nn/parallel.h"     // IWYU pragma: export
 #include "tutti/nn/pooling.h"      // IWYU pragma: export
 #include "tutti/nn/random.h"       // IWYU pragma: export
 #include "tutti/nn/sequential.h"   // IWYU pragma: export

@@ -2,15 +2,14 @@
 // Process sets: sub-groups of ranks with their own communicator, negotiation and cache.
 #pragma once
 
-#include <memory>
 #include <vector>
 
 #include "tutti/export.h"
 
 namespace tutti {
 
-// A handle to a set of ranks. Cheap to copy; holds only the set's id and, once asked, a
-// snapshot of its ranks. Ops on a set are matched by name within that set only.
+// A handle to a set of ranks. Cheap to copy; holds only the set's id. Ops on a set are
+// matched by name within that set only. Every method is thread-safe.
 class TUTTI_API ProcessSet {
  public:
   // The set of all ranks (id 0). Never throws, even before init(); its accessors reflect the
@@ -21,8 +20,9 @@ class TUTTI_API ProcessSet {
   explicit ProcessSet(int id) : id_(id) {}
 
   int id() const { return id_; }  // 0 for the global set; equal on every rank.
-  // Sorted global ranks of the members. The reference stays valid as long as this handle
-  // (until the next call on it). Throws NotInitialized outside a session.
+  // Sorted global ranks of the members. The reference stays valid for the life of the
+  // process (Tutti keeps one copy of each rank list it has used). Throws NotInitialized
+  // outside a session.
   const std::vector<int>& ranks() const;
   bool included() const;  // This process is a member.
   int rank() const;       // Rank within the set; throws InvalidArgument if not included.
@@ -32,7 +32,6 @@ class TUTTI_API ProcessSet {
 
  private:
   int id_ = 0;
-  mutable std::shared_ptr<const std::vector<int>> ranks_;  // Snapshot behind ranks().
 };
 
 // Creates a process set of the given global ranks. Collective over ALL ranks of the job (not

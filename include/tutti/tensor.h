@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -118,6 +119,30 @@ class TUTTI_API Tensor {
   }
 
   Tensor clone() const;  // A new tensor with a copy of the data, on the same device.
+
+  // Tutti addition: the num_elements(`shape`) elements that start `offset` elements into this
+  // tensor, as a tensor of `shape` that shares this tensor's storage (and keeps it alive), so
+  // that writes through either are seen by both. Copies of the result share it too; clone()
+  // copies only the slice. nn::DistributedDataParallel makes parameters' gradients slices of
+  // one contiguous bucket this way. Throws InvalidArgument if the range does not lie within
+  // this tensor (or for a negative dimension).
+  Tensor slice(std::int64_t offset, Shape shape) const {
+    const std::int64_t count = tutti::num_elements(shape);
+    if (offset < 0 || offset > num_elements() || count > num_elements() - offset) {
+      throw Error(ErrorCode::InvalidArgument,
+                  "Tensor::slice: elements [" + std::to_string(offset) + ", " +
+                      std::to_string(offset + count) + ") do not lie within a tensor of " +
+                      std::to_string(num_elements()) + " elements");
+    }
+    Tensor part;
+    part.storage_ = storage_;
+    void* start = data() == nullptr
+                      ? nullptr
+                      : static_cast<void*>(static_cast<std::byte*>(data()) +
+                                           static_cast<std::size_t>(offset) * element_size(dtype()));
+    part.view_ = TensorView(start, dtype(), std::move(shape), device());
+    return part;
+  }
   operator TensorView() const { return view(); }  // NOLINT(google-explicit-constructor)
   TensorView view() const { return view_; }
 

@@ -240,7 +240,7 @@ Result<cudaStream_t> CudaDeviceOps::stream(DeviceStream stream) {
 
 Result<CudaDeviceOps::StreamState*> CudaDeviceOps::state(DeviceStream stream) {
   const std::pair<int, int> key(stream.device.index, stream.index);
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   auto found = streams_.find(key);
   if (found != streams_.end()) return found->second.get();
   TUTTI_RETURN_IF_ERROR(check_device(stream.device));

@@ -6,7 +6,6 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/stream.h"
 #include "ops/device_ops.h"
+#include "src/common/mutex.h"
 
 namespace tutti::ops::cuda {
 
@@ -75,8 +75,8 @@ class CudaDeviceOps final : public DeviceOps {
   Status copy_synchronously(void* destination, const void* source, std::size_t bytes,
                             Device device);
 
-  std::mutex mutex_;
-  std::map<std::pair<int, int>, std::unique_ptr<StreamState>> streams_;  // Guarded by mutex_.
+  detail::Mutex mutex_;
+  std::map<std::pair<int, int>, std::unique_ptr<StreamState>> streams_ TUTTI_GUARDED_BY(mutex_);
 };
 
 // The process's CudaDeviceOps: created on first use and never destroyed, so that streams and

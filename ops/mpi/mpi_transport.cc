@@ -3,7 +3,9 @@
 // parent communicator.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_control_plane.h"
@@ -45,20 +47,46 @@ Status ensure_initialized(bool* threads_multiple) {
   return Status();
 }
 
+// Every later step is a blocking collective over `parent`, which would wait forever for a
+// rank that never calls init(): so first a non-blocking barrier, waited for at most
+// `timeout`. After a timeout the barrier stays pending; init() has failed anyway.
+Status wait_for_everyone(MPI_Comm parent, std::chrono::milliseconds timeout) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Ibarrier(parent, &request));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int done = 0;;) {
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return Status();
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status(ErrorCode::Communication,
+                    detail::str_cat("not every rank called tutti::init() within TUTTI_START_TIMEOUT (",
+                            timeout.count() / 1000.0, " s)"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 class MpiTransport final : public Transport {
  public:
-  static Result<std::unique_ptr<Transport>> create(MPI_Comm parent) {
+  static Result<std::unique_ptr<Transport>> create(MPI_Comm parent,
+                                                   std::chrono::milliseconds start_timeout) {
     auto transport = std::unique_ptr<MpiTransport>(new MpiTransport());
     TUTTI_RETURN_IF_ERROR(ensure_initialized(&transport->topology_.threads_multiple));
+    TUTTI_RETURN_IF_ERROR(wait_for_everyone(parent, start_timeout));
     TUTTI_ASSIGN_OR_RETURN(transport->base_, MpiComm::duplicate(parent));
     TUTTI_ASSIGN_OR_RETURN(MpiComm control, MpiComm::duplicate(transport->base_.get()));
     transport->control_ = std::make_unique<MpiControlPlane>(std::move(control));
+    // RPC's own communicator, duplicated here so its creation is ordered with the collectives
+    // above on every rank (the agent starts later, on one rank at a time).
+    TUTTI_ASSIGN_OR_RETURN(MpiComm rpc, MpiComm::duplicate(transport->base_.get()));
+    transport->rpc_ = std::make_unique<MpiControlPlane>(std::move(rpc));
     TUTTI_RETURN_IF_ERROR(transport->read_topology());
     return std::unique_ptr<Transport>(std::move(transport));
   }
 
   const Topology& topology() const override { return topology_; }
   ControlPlane& control_plane() override { return *control_; }
+  std::unique_ptr<ControlPlane> take_rpc_plane() override { return std::move(rpc_); }
 
   Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) override {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
@@ -94,6 +122,7 @@ class MpiTransport final : public Transport {
   Topology topology_;
   MpiComm base_;
   std::unique_ptr<MpiControlPlane> control_;
+  std::unique_ptr<MpiControlPlane> rpc_;  // Until the session takes it.
 };
 
 void (*g_finalize_hook)() = nullptr;
@@ -120,8 +149,10 @@ void set_mpi_finalize_hook(void (*hook)()) {
   }
 }
 
-Result<std::unique_ptr<Transport>> create_mpi_transport(const void* parent) {
-  return mpi::MpiTransport::create(parent ? *static_cast<const MPI_Comm*>(parent) : MPI_COMM_WORLD);
+Result<std::unique_ptr<Transport>> create_mpi_transport(const void* parent,
+                                                        std::chrono::milliseconds start_timeout) {
+  return mpi::MpiTransport::create(parent ? *static_cast<const MPI_Comm*>(parent) : MPI_COMM_WORLD,
+                                   start_timeout);
 }
 
 }  // namespace tutti::ops

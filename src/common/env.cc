@@ -2,9 +2,11 @@
 #include "src/common/env.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
+#include "src/common/check.h"
 #include "src/common/logging.h"
 #include "src/common/strings.h"
 
@@ -13,41 +15,69 @@ extern char** environ;  // NOLINT(readability-identifier-naming): POSIX's name.
 namespace tutti::detail {
 namespace {
 
-// The one table of knobs, mirrored in DESIGN.md section 4 and the README.
 constexpr Knob kKnobs[] = {
-    {"FUSION_THRESHOLD", KnobType::Int, "1048576",
-     "max bytes fused into one collective; 0 disables fusion"},
-    {"CYCLE_TIME", KnobType::Double, "1", "ms a ready tensor may wait for others to fuse with"},
-    {"CACHE_CAPACITY", KnobType::Int, "1024", "response-cache entries per process set; 0 disables"},
-    {"TIMELINE", KnobType::String, "", "Chrome-trace timeline file written by rank 0"},
-    {"TIMELINE_MARK_CYCLES", KnobType::Bool, "0", "mark negotiation cycles in the timeline"},
-    {"STALL_CHECK_DISABLE", KnobType::Bool, "0", "disable the stall inspector"},
-    {"STALL_CHECK_TIME_SECONDS", KnobType::Double, "60", "warn about ranks missing an op after"},
-    {"STALL_SHUTDOWN_TIME_SECONDS", KnobType::Double, "600",
-     "fail stalled ops with Stalled after; 0 = never"},
-    {"AUTOTUNE", KnobType::Bool, "0", "tune fusion threshold and cycle time online"},
-    {"AUTOTUNE_LOG", KnobType::String, "", "CSV log of autotuning"},
-    {"HIERARCHICAL_ALLREDUCE", KnobType::Bool, "0", "intra-node then inter-node allreduce"},
-    {"HIERARCHICAL_ALLGATHER", KnobType::Bool, "0", "intra-node then inter-node allgather"},
-    {"NUM_NCCL_STREAMS", KnobType::Int, "1", "GPU streams used round-robin"},
-    {"LOG_LEVEL", KnobType::String, "WARNING", "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"},
-    {"LOG_HIDE_TIME", KnobType::Bool, "0", "omit the time from log lines"},
-    {"THREAD_AFFINITY", KnobType::String, "", "comma-separated core per local rank for the "
-                                              "background thread"},
-    // Set by tuttirun for horovodrun compatibility; read by nothing yet (documented so).
-    {"START_TIMEOUT", KnobType::Double, "30", "seconds for all ranks to start (launcher)"},
-    {"AUTOTUNE_WARMUP_SAMPLES", KnobType::Int, "3", "autotune: samples discarded at start"},
-    {"AUTOTUNE_STEPS_PER_SAMPLE", KnobType::Int, "10", "autotune: steps per sample"},
-    {"AUTOTUNE_BAYES_OPT_MAX_SAMPLES", KnobType::Int, "20", "autotune: max samples"},
-    {"AUTOTUNE_GAUSSIAN_PROCESS_NOISE", KnobType::Double, "0.8", "autotune: GP noise"},
-    {"BUILD_DIR", KnobType::String, "", "tuttirun --check-build: where to find tutti_config.h"},
+#define TUTTI_KNOB(name, type, default_value, min, max, scope, doc) \
+  {#name, KnobType::type, default_value, min, max, KnobScope::scope, doc},
+#include "src/common/knobs.def"
+#undef TUTTI_KNOB
 };
 
 const char* get(const std::string& variable) { return std::getenv(variable.c_str()); }
 
+// Text to a number, or nullopt if it is not one entirely. Out-of-range (ERANGE) counts as not
+// a number for integers; doubles keep inf, which the range check then refuses by name.
+std::optional<std::int64_t> parse_int(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE) return std::nullopt;
+  return static_cast<std::int64_t>(value);
+}
+
+std::optional<double> parse_double(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') return std::nullopt;
+  return value;
+}
+
+std::optional<bool> parse_bool(std::string_view v) {
+  for (const char* yes : {"1", "true", "TRUE", "True", "yes", "YES", "on", "ON"}) {
+    if (v == yes) return true;
+  }
+  for (const char* no : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF", ""}) {
+    if (v == no) return false;
+  }
+  return std::nullopt;
+}
+
+// "1099511627776", "0.001": integers exactly, others as the shortest usual decimal.
+std::string number_text(double x) {
+  if (std::trunc(x) == x && std::fabs(x) < 9007199254740992.0) {
+    return std::to_string(static_cast<std::int64_t>(x));
+  }
+  return str_cat(x);
+}
+
+Status out_of_range(const Knob& k, const KnobSource& source) {
+  const std::optional<EnvSetting> setting = source.find(k.name);
+  TUTTI_CHECK(setting.has_value(), "the default of ", k.name, " is outside its own range");
+  return invalid_argument(str_cat(setting->variable, "='", setting->value,
+                                  "' is out of range: must be ",
+                                  k.type == KnobType::Int ? "an integer" : "a number", " in [",
+                                  number_text(k.min), ", ", number_text(k.max), "]"));
+}
+
 }  // namespace
 
 std::span<const Knob> knobs() { return kKnobs; }
+
+const Knob& knob(std::string_view name) {
+  for (const Knob& k : kKnobs) {
+    if (k.name == name) return k;
+  }
+  TUTTI_CHECK(false, "no knob named ", name, " in knobs.def");
+}
 
 std::optional<EnvSetting> find_setting(std::string_view knob) {
   const std::string tutti_name = str_cat("TUTTI_", knob);
@@ -66,49 +96,108 @@ std::optional<EnvSetting> find_setting(std::string_view knob) {
   return std::nullopt;
 }
 
+void KnobSource::set(std::string_view knob, std::string variable, std::string value) {
+  values_.insert_or_assign(std::string(knob),
+                           EnvSetting{.variable = std::move(variable), .value = std::move(value)});
+}
+
+void KnobSource::unset(std::string_view knob) {
+  values_.insert_or_assign(std::string(knob), std::nullopt);
+}
+
+std::optional<EnvSetting> KnobSource::find(std::string_view knob) const {
+  if (auto it = values_.find(knob); it != values_.end()) return it->second;
+  return find_setting(knob);
+}
+
+namespace {
+
+Result<std::int64_t> int_from(const std::optional<EnvSetting>& setting, std::int64_t fallback) {
+  if (!setting) return fallback;
+  if (std::optional<std::int64_t> value = parse_int(setting->value)) return *value;
+  return invalid_argument(str_cat(setting->variable, "='", setting->value, "' is not an integer"));
+}
+
+Result<double> double_from(const std::optional<EnvSetting>& setting, double fallback) {
+  if (!setting) return fallback;
+  if (std::optional<double> value = parse_double(setting->value)) return *value;
+  return invalid_argument(str_cat(setting->variable, "='", setting->value, "' is not a number"));
+}
+
+Result<bool> bool_from(const std::optional<EnvSetting>& setting, bool fallback) {
+  if (!setting) return fallback;
+  if (std::optional<bool> value = parse_bool(setting->value)) return *value;
+  return invalid_argument(str_cat(setting->variable, "='", setting->value,
+                                  "' is not a boolean (use 1/0, true/false, yes/no)"));
+}
+
+}  // namespace
+
 Result<std::int64_t> int_setting(std::string_view knob, std::int64_t default_value) {
-  const std::optional<EnvSetting> setting = find_setting(knob);
-  if (!setting) return default_value;
-  const char* text = setting->value.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const long long value = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || errno == ERANGE) {
-    return invalid_argument(str_cat(setting->variable, "='", setting->value, "' is not an integer"));
-  }
-  return static_cast<std::int64_t>(value);
+  return int_from(find_setting(knob), default_value);
 }
 
 Result<double> double_setting(std::string_view knob, double default_value) {
-  const std::optional<EnvSetting> setting = find_setting(knob);
-  if (!setting) return default_value;
-  const char* text = setting->value.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text, &end);
-  if (end == text || *end != '\0' || errno == ERANGE) {
-    return invalid_argument(str_cat(setting->variable, "='", setting->value, "' is not a number"));
-  }
-  return value;
+  return double_from(find_setting(knob), default_value);
 }
 
 Result<bool> bool_setting(std::string_view knob, bool default_value) {
-  const std::optional<EnvSetting> setting = find_setting(knob);
-  if (!setting) return default_value;
-  const std::string& v = setting->value;
-  for (const char* yes : {"1", "true", "TRUE", "True", "yes", "YES", "on", "ON"}) {
-    if (v == yes) return true;
-  }
-  for (const char* no : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF", ""}) {
-    if (v == no) return false;
-  }
-  return invalid_argument(
-      str_cat(setting->variable, "='", v, "' is not a boolean (use 1/0, true/false, yes/no)"));
+  return bool_from(find_setting(knob), default_value);
 }
 
 std::string string_setting(std::string_view knob, std::string_view default_value) {
   const std::optional<EnvSetting> setting = find_setting(knob);
   return setting ? setting->value : std::string(default_value);
+}
+
+std::int64_t default_int(std::string_view name) {
+  const Knob& k = knob(name);
+  const std::optional<std::int64_t> value = parse_int(std::string(k.default_value));
+  TUTTI_CHECK(value.has_value() && k.type == KnobType::Int, "knob ", name, " has no int default");
+  return *value;
+}
+
+double default_double(std::string_view name) {
+  const Knob& k = knob(name);
+  const std::optional<double> value = parse_double(std::string(k.default_value));
+  TUTTI_CHECK(value.has_value() && k.type == KnobType::Double, "knob ", name,
+              " has no number default");
+  return *value;
+}
+
+bool default_bool(std::string_view name) {
+  const Knob& k = knob(name);
+  const std::optional<bool> value = parse_bool(k.default_value);
+  TUTTI_CHECK(value.has_value() && k.type == KnobType::Bool, "knob ", name,
+              " has no boolean default");
+  return *value;
+}
+
+Result<std::int64_t> int_knob(std::string_view name, const KnobSource& source) {
+  const Knob& k = knob(name);
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t value, int_from(source.find(name), default_int(name)));
+  // Compared as doubles: the table's bounds are exact in double (at most 2^53).
+  if (static_cast<double>(value) < k.min || static_cast<double>(value) > k.max) {
+    return out_of_range(k, source);
+  }
+  return value;
+}
+
+Result<double> double_knob(std::string_view name, const KnobSource& source) {
+  const Knob& k = knob(name);
+  TUTTI_ASSIGN_OR_RETURN(double value, double_from(source.find(name), default_double(name)));
+  // !(x >= min) also refuses NaN.
+  if (!(value >= k.min) || !(value <= k.max)) return out_of_range(k, source);
+  return value;
+}
+
+Result<bool> bool_knob(std::string_view name, const KnobSource& source) {
+  return bool_from(source.find(name), default_bool(name));
+}
+
+std::string string_knob(std::string_view name, const KnobSource& source) {
+  const std::optional<EnvSetting> setting = source.find(name);
+  return setting ? setting->value : std::string(knob(name).default_value);
 }
 
 void warn_unknown_settings() {
@@ -117,7 +206,7 @@ void warn_unknown_settings() {
     if (!assignment.starts_with("TUTTI_")) continue;
     const std::string_view name = assignment.substr(6, assignment.find('=') - 6);
     bool known = false;
-    for (const Knob& knob : kKnobs) known = known || knob.name == name;
+    for (const Knob& k : kKnobs) known = known || k.name == name;
     if (!known) TUTTI_LOG_WARNING("unknown setting TUTTI_", name, " is ignored");
   }
 }

@@ -3,11 +3,13 @@
 // anything is queued), then an Entry on the session's queue and a Handle.
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <numeric>
 
 #include "ops/device_ops.h"
 #include "ops/registry.h"
 #include "src/common/strings.h"
+#include "src/common/throw.h"
 #include "src/core/op_state.h"
 #include "src/core/runtime.h"
 #include "tutti/collectives.h"
@@ -18,9 +20,7 @@ namespace {
 using core::Collective;
 using detail::str_cat;
 
-[[noreturn]] void invalid(const std::string& message) {
-  throw Error(ErrorCode::InvalidArgument, message);
-}
+[[noreturn]] void invalid(const std::string& message) { detail::throw_invalid_argument(message); }
 
 // The op being built: session, set and entry, with the checks every op shares.
 struct Submission {
@@ -31,7 +31,7 @@ struct Submission {
   Submission(Collective op, std::string name, int process_set_id) {
     session = core::Runtime::get().session_for_op().value_or_throw();
     set = session->process_set(process_set_id).value_or_throw();
-    if (set.set_rank < 0) {
+    if (!set.includes_me()) {
       invalid(str_cat(to_string(op), " on process set ", process_set_id,
                       " which does not include rank ", session->topology().rank));
     }
@@ -72,7 +72,7 @@ struct Submission {
     }
   }
 
-  Handle submit() { return Handle(submit_state()); }
+  Handle submit() { return detail::HandleAccess::make(submit_state()); }
 
   // As submit(), for callers that read the state's other results (join's rank).
   std::shared_ptr<detail::OpState> submit_state() {
@@ -84,7 +84,7 @@ struct Submission {
   }
 
   const std::string& name() const { return entry->request.name; }
-  int set_size() const { return static_cast<int>(set.ranks->size()); }
+  int set_size() const { return set.size(); }
 };
 
 void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options,
@@ -166,28 +166,42 @@ Handle::Handle(std::shared_ptr<detail::OpState> state) : state_(std::move(state)
 
 bool Handle::poll() const { return state_ == nullptr || state_->done(); }
 
-void Handle::wait() {
-  if (state_ == nullptr) invalid("wait() on a Handle that refers to no op");
+void Handle::await() const {
+  if (state_ == nullptr) invalid("this Handle refers to no op (it was default-constructed)");
   state_->wait().throw_if_error();
 }
 
+void Handle::wait() { await(); }
+
 const Tensor& Handle::output() const {
-  Handle(*this).wait();
-  return state_->output;
+  await();
+  return state_->results.output;
 }
 
 const std::vector<Tensor>& Handle::outputs() const {
-  Handle(*this).wait();
-  return state_->outputs;
+  await();
+  return state_->results.outputs;
 }
 
 const std::vector<std::int64_t>& Handle::received_splits() const {
-  Handle(*this).wait();
-  return state_->received_splits;
+  await();
+  return state_->results.received_splits;
 }
 
 bool poll(const Handle& h) { return h.poll(); }
 void synchronize(Handle& h) { h.wait(); }
+
+void wait_all(std::vector<Handle>& handles) {
+  std::exception_ptr first_error;
+  for (Handle& handle : handles) {
+    try {
+      handle.wait();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
 
 std::string_view to_string(ReduceOp op) {
   switch (op) {
@@ -235,7 +249,7 @@ Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name,
 Handle broadcast_async(TensorView tensor, int root_rank, std::string name, ProcessSet set) {
   Submission submission(Collective::Broadcast, std::move(name), set.id());
   const std::vector<int>& ranks = *submission.set.ranks;
-  if (std::find(ranks.begin(), ranks.end(), root_rank) == ranks.end()) {
+  if (submission.set.set_rank_of(root_rank) < 0) {
     invalid(str_cat("BROADCAST '", submission.entry->request.name, "': root rank ", root_rank,
                     " is not in process set ", set.id(), " (ranks ", detail::join_list(ranks),
                     ")"));
@@ -330,7 +344,7 @@ int join(ProcessSet set) {
   Submission submission(Collective::Join, std::string(core::kJoinName), set.id());
   std::shared_ptr<detail::OpState> state = submission.submit_state();
   state->wait().throw_if_error();
-  return state->join_result;
+  return state->results.last_joined_rank;
 }
 
 std::string broadcast_object(std::string_view bytes, int root_rank, std::string name,

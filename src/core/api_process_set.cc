@@ -17,12 +17,12 @@ core::SetInfo lookup(int id) {
 
 }  // namespace
 
-const std::vector<int>& ProcessSet::ranks() const {
-  ranks_ = lookup(id_).ranks;
-  return *ranks_;
-}
+// The list is interned for the life of the process (see core::SetInfo::ranks), so the
+// reference stays valid after the set or the session is gone, and two threads may call this
+// at once.
+const std::vector<int>& ProcessSet::ranks() const { return *lookup(id_).ranks; }
 
-bool ProcessSet::included() const { return lookup(id_).set_rank >= 0; }
+bool ProcessSet::included() const { return lookup(id_).includes_me(); }
 
 int ProcessSet::rank() const {
   const core::SetInfo set = lookup(id_);
@@ -33,11 +33,11 @@ int ProcessSet::rank() const {
   return set.set_rank;
 }
 
-int ProcessSet::size() const { return static_cast<int>(lookup(id_).ranks->size()); }
+int ProcessSet::size() const { return lookup(id_).size(); }
 
 // Process-set changes are ops on the global set, so the coordinator orders them with every
 // other op and numbers new sets; each rank creates or frees the communicator when it executes
-// the response (see Session::add_process_set). Blocking: the set is usable on return.
+// the response (see ResponseExecutor::add_process_set). Blocking: the set is usable on return.
 namespace {
 
 // Submits a set change under this rank's next change number and waits for its outcome.
@@ -75,8 +75,8 @@ ProcessSet add_process_set(std::vector<int> ranks) {
   }
   core::Request request;
   request.op = core::Collective::AddProcessSet;
-  request.splits.assign(ranks.begin(), ranks.end());
-  return ProcessSet(change_sets(*session, std::move(request))->join_result);
+  request.set_ranks = std::move(ranks);
+  return ProcessSet(change_sets(*session, std::move(request))->results.created_set_id);
 }
 
 void remove_process_set(const ProcessSet& set) {

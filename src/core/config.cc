@@ -1,63 +1,91 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/config.h"
 
-#include "src/common/env.h"
-#include "src/common/logging.h"
+#include <charconv>
+
 
 namespace tutti::core {
 namespace {
 
 using detail::str_cat;
 
-Status out_of_range(std::string_view knob, std::string_view rule) {
-  const std::optional<detail::EnvSetting> setting = detail::find_setting(knob);
+Status refuse(const detail::KnobSource& source, std::string_view knob, std::string_view why) {
+  const std::optional<detail::EnvSetting> setting = source.find(knob);
   return invalid_argument(str_cat(setting ? setting->variable : str_cat("TUTTI_", knob), "='",
-                                  setting ? setting->value : "", "' ", rule));
+                                  setting ? setting->value : "", "' ", why));
 }
 
-std::chrono::milliseconds seconds_to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+// Knobs of features that are not built yet: refused when set, so that nothing is accepted
+// and then ignored.
+Status refuse_unbuilt(const detail::KnobSource& source) {
+  TUTTI_ASSIGN_OR_RETURN(bool autotune, detail::bool_knob("AUTOTUNE", source));
+  if (autotune) return refuse(source, "AUTOTUNE", "is not supported yet: online tuning is not built");
+  for (std::string_view knob : {"AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
+                                "AUTOTUNE_STEPS_PER_SAMPLE", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                                "AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}) {
+    if (source.find(knob)) return refuse(source, knob, "needs TUTTI_AUTOTUNE=1, which is not supported yet");
+  }
+  for (std::string_view knob : {"HIERARCHICAL_ALLREDUCE", "HIERARCHICAL_ALLGATHER"}) {
+    TUTTI_ASSIGN_OR_RETURN(bool on, detail::bool_knob(knob, source));
+    if (on) return refuse(source, knob, "is not supported yet: hierarchical algorithms are not built");
+  }
+  return Status();
+}
+
+// "0,8,16" -> {0, 8, 16}.
+Result<std::vector<int>> parse_cpus(const detail::KnobSource& source) {
+  const std::string text = detail::string_knob("THREAD_AFFINITY", source);
+  std::vector<int> cpus;
+  if (text.empty()) return cpus;
+  std::string_view rest = text;
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    int cpu = -1;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), cpu);
+    if (item.empty() || error != std::errc() || end != item.data() + item.size() || cpu < 0) {
+      return refuse(source, "THREAD_AFFINITY",
+                    "is not a comma-separated list of CPU numbers (one per local rank)");
+    }
+    cpus.push_back(cpu);
+    if (comma == std::string_view::npos) return cpus;
+    rest.remove_prefix(comma + 1);
+  }
 }
 
 }  // namespace
 
-Result<Config> Config::from_env() {
+Result<Config> Config::from_env(const detail::KnobSource& source) {
   Config c;
-  TUTTI_ASSIGN_OR_RETURN(c.fusion_threshold_bytes, detail::int_setting("FUSION_THRESHOLD", c.fusion_threshold_bytes));
-  if (c.fusion_threshold_bytes < 0) return out_of_range("FUSION_THRESHOLD", "must be >= 0");
-  TUTTI_ASSIGN_OR_RETURN(double cycle_ms, detail::double_setting("CYCLE_TIME", 1.0));
-  if (!(cycle_ms >= 0)) return out_of_range("CYCLE_TIME", "must be >= 0 (milliseconds)");
-  c.cycle_time = std::chrono::microseconds(static_cast<std::int64_t>(cycle_ms * 1000.0));
-  TUTTI_ASSIGN_OR_RETURN(c.cache_capacity, detail::int_setting("CACHE_CAPACITY", c.cache_capacity));
-  if (c.cache_capacity < 0) return out_of_range("CACHE_CAPACITY", "must be >= 0");
-  c.timeline_path = detail::string_setting("TIMELINE", "");
-  TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles, detail::bool_setting("TIMELINE_MARK_CYCLES", false));
-  TUTTI_ASSIGN_OR_RETURN(c.stall_check_disabled, detail::bool_setting("STALL_CHECK_DISABLE", false));
-  TUTTI_ASSIGN_OR_RETURN(double check_s, detail::double_setting("STALL_CHECK_TIME_SECONDS", 60.0));
-  if (!(check_s > 0)) return out_of_range("STALL_CHECK_TIME_SECONDS", "must be > 0");
+  TUTTI_ASSIGN_OR_RETURN(c.fusion_threshold_bytes, detail::int_knob("FUSION_THRESHOLD", source));
+  TUTTI_ASSIGN_OR_RETURN(double cycle_ms, detail::double_knob("CYCLE_TIME", source));
+  c.cycle_time = ms_to_us(cycle_ms);
+  TUTTI_ASSIGN_OR_RETURN(c.cache_capacity, detail::int_knob("CACHE_CAPACITY", source));
+  c.timeline_path = detail::string_knob("TIMELINE", source);
+  TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles, detail::bool_knob("TIMELINE_MARK_CYCLES", source));
+  TUTTI_ASSIGN_OR_RETURN(c.stall_check_disabled, detail::bool_knob("STALL_CHECK_DISABLE", source));
+  TUTTI_ASSIGN_OR_RETURN(double check_s, detail::double_knob("STALL_CHECK_TIME_SECONDS", source));
   c.stall_check_time = seconds_to_ms(check_s);
-  TUTTI_ASSIGN_OR_RETURN(double shutdown_s, detail::double_setting("STALL_SHUTDOWN_TIME_SECONDS", 600.0));
-  if (!(shutdown_s >= 0)) return out_of_range("STALL_SHUTDOWN_TIME_SECONDS", "must be >= 0");
+  TUTTI_ASSIGN_OR_RETURN(double shutdown_s,
+                         detail::double_knob("STALL_SHUTDOWN_TIME_SECONDS", source));
   c.stall_shutdown_time = seconds_to_ms(shutdown_s);
-  TUTTI_ASSIGN_OR_RETURN(bool autotune, detail::bool_setting("AUTOTUNE", false));
-  static_cast<void>(autotune);  // Parsed so a typo fails init(); tuning itself is not built yet.
-  TUTTI_ASSIGN_OR_RETURN(c.hierarchical_allreduce, detail::bool_setting("HIERARCHICAL_ALLREDUCE", false));
-  TUTTI_ASSIGN_OR_RETURN(c.hierarchical_allgather, detail::bool_setting("HIERARCHICAL_ALLGATHER", false));
-  TUTTI_ASSIGN_OR_RETURN(std::int64_t streams, detail::int_setting("NUM_NCCL_STREAMS", 1));
-  if (streams < 1 || streams > 64) return out_of_range("NUM_NCCL_STREAMS", "must be in 1..64");
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t streams, detail::int_knob("NUM_NCCL_STREAMS", source));
   c.num_nccl_streams = static_cast<int>(streams);
-  c.thread_affinity = detail::string_setting("THREAD_AFFINITY", "");
+  TUTTI_ASSIGN_OR_RETURN(c.thread_affinity, parse_cpus(source));
+  TUTTI_ASSIGN_OR_RETURN(double start_s, detail::double_knob("START_TIMEOUT", source));
+  c.start_timeout = seconds_to_ms(start_s);
+  TUTTI_RETURN_IF_ERROR(refuse_unbuilt(source));
 
-  const std::string level_text = detail::string_setting("LOG_LEVEL", "WARNING");
-  detail::LogLevel level = detail::LogLevel::Warning;
-  if (!detail::parse_log_level(level_text, &level)) {
-    return out_of_range("LOG_LEVEL", "is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
+  if (!detail::parse_log_level(detail::string_knob("LOG_LEVEL", source), &c.log_level)) {
+    return refuse(source, "LOG_LEVEL", "is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
   }
-  TUTTI_ASSIGN_OR_RETURN(bool hide_time, detail::bool_setting("LOG_HIDE_TIME", false));
-  detail::set_log_level(level);
-  detail::set_log_hide_time(hide_time);
-  detail::warn_unknown_settings();
+  TUTTI_ASSIGN_OR_RETURN(c.log_hide_time, detail::bool_knob("LOG_HIDE_TIME", source));
   return c;
+}
+
+void Config::apply_logging() const {
+  detail::set_log_level(log_level);
+  detail::set_log_hide_time(log_hide_time);
 }
 
 }  // namespace tutti::core

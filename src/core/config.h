@@ -1,36 +1,49 @@
 // SPDX-License-Identifier: Apache-2.0
-// The session's settings, parsed once from the environment by init() (see src/common/env.cc
-// for the table of knobs).
+// The session's settings, parsed from the knob table (src/common/knobs.def) by init(). Every
+// default comes from that table; Config{} holds them.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "src/common/env.h"
+#include "src/common/logging.h"
 #include "src/common/status.h"
 
 namespace tutti::core {
 
-// Chosen from examples/allreduce_benchmark's P1 sweep on 2 ranks (see README, Benchmarks).
-inline constexpr std::int64_t kDefaultFusionThresholdBytes = 1024 * 1024;
-
 struct Config {
-  std::int64_t fusion_threshold_bytes = kDefaultFusionThresholdBytes;
-  std::chrono::microseconds cycle_time{1000};
-  std::int64_t cache_capacity = 1024;
+  std::int64_t fusion_threshold_bytes = detail::default_int("FUSION_THRESHOLD");
+  std::chrono::microseconds cycle_time = ms_to_us(detail::default_double("CYCLE_TIME"));
+  std::int64_t cache_capacity = detail::default_int("CACHE_CAPACITY");
   std::string timeline_path;
-  bool timeline_mark_cycles = false;
-  bool stall_check_disabled = false;
-  std::chrono::milliseconds stall_check_time{60'000};
-  std::chrono::milliseconds stall_shutdown_time{600'000};  // 0 = never.
-  bool hierarchical_allreduce = false;
-  bool hierarchical_allgather = false;
-  int num_nccl_streams = 1;
-  std::string thread_affinity;
+  bool timeline_mark_cycles = detail::default_bool("TIMELINE_MARK_CYCLES");
+  bool stall_check_disabled = detail::default_bool("STALL_CHECK_DISABLE");
+  std::chrono::milliseconds stall_check_time =
+      seconds_to_ms(detail::default_double("STALL_CHECK_TIME_SECONDS"));
+  std::chrono::milliseconds stall_shutdown_time =  // 0 = never.
+      seconds_to_ms(detail::default_double("STALL_SHUTDOWN_TIME_SECONDS"));
+  int num_nccl_streams = static_cast<int>(detail::default_int("NUM_NCCL_STREAMS"));
+  // THREAD_AFFINITY: the CPU of each local rank's communication thread; empty = not pinned.
+  std::vector<int> thread_affinity;
+  std::chrono::milliseconds start_timeout = seconds_to_ms(detail::default_double("START_TIMEOUT"));
+  detail::LogLevel log_level = detail::LogLevel::Warning;
+  bool log_hide_time = detail::default_bool("LOG_HIDE_TIME");
 
-  // Reads every knob; InvalidArgument naming the variable for a malformed or out-of-range
-  // value. Also applies the log settings.
-  static Result<Config> from_env();
+  // Reads every knob from `source` (the environment by default). InvalidArgument naming the
+  // variable for a malformed or out-of-range value, or a knob that is not implemented yet.
+  static Result<Config> from_env(const detail::KnobSource& source = {});
+  // Makes the log settings the process's (they are process-wide). Any thread.
+  void apply_logging() const;
+
+  static std::chrono::microseconds ms_to_us(double ms) {
+    return std::chrono::microseconds(static_cast<std::int64_t>(ms * 1000.0));
+  }
+  static std::chrono::milliseconds seconds_to_ms(double seconds) {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+  }
 };
 
 }  // namespace tutti::core

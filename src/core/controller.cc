@@ -38,34 +38,30 @@ Response error_response(const Response& about, ErrorCode code, std::string messa
 
 }  // namespace
 
-void Coordinator::add_set(int id, std::vector<int> global_ranks) {
-  SetState state;
-  for (std::size_t i = 0; i < global_ranks.size(); ++i)
-    state.set_rank[global_ranks[i]] = static_cast<int>(i);
-  state.joined.assign(global_ranks.size(), false);
-  state.ranks = std::move(global_ranks);
-  sets_[id] = std::move(state);
-}
-
-void Coordinator::remove_set(int id) {
-  sets_.erase(id);
-  std::erase_if(ready_, [id](const auto& item) { return item.first == id; });
-  cache_.erase_set(id, &evicted_);
+Coordinator::SetState* Coordinator::state(int id) {
+  if (auto it = states_.find(id); it != states_.end()) return &it->second;
+  Result<SetInfo> info = sets_.find(id);
+  if (!info.ok()) return nullptr;
+  SetState& set = states_[id];
+  set.info = info.value();
+  set.joined.assign(static_cast<std::size_t>(set.info.size()), false);
+  return &set;
 }
 
 void Coordinator::receive(int global_rank, RequestList list, Clock::time_point now,
                           std::vector<std::int32_t>* resend) {
-  shutdown_requested_ = shutdown_requested_ || list.shutdown;
   for (std::int32_t id : list.cache_hits) {
     const CoordinatorCache::Entry* entry = cache_.find(id);
     if (entry == nullptr) {
       resend->push_back(id);
       continue;
     }
-    auto set = sets_.find(entry->process_set_id);
-    TUTTI_CHECK(set != sets_.end(), "cache entry of unknown set ", entry->process_set_id);
-    const int set_rank = set->second.set_rank.at(global_rank);
-    file(global_rank, entry->requests[set_rank], id, now);
+    const SetState* set = state(entry->process_set_id);
+    TUTTI_CHECK(set != nullptr, "cache entry of unknown set ", entry->process_set_id);
+    const int set_rank = set->info.set_rank_of(global_rank);
+    TUTTI_CHECK(set_rank >= 0, "rank ", global_rank, " sent a cache hit of process set ",
+                entry->process_set_id, " which does not include it");
+    file(global_rank, entry->requests[static_cast<std::size_t>(set_rank)], id, now);
   }
   for (Request& request : list.requests) {
     file(global_rank, std::make_shared<const Request>(std::move(request)), -1, now);
@@ -81,36 +77,36 @@ bool Coordinator::is_ready(const SetState& set, const Pending& pending) {
 
 void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, std::int32_t hit,
                        Clock::time_point now) {
-  auto set_it = sets_.find(request->process_set_id);
-  if (set_it == sets_.end()) return;  // Removed meanwhile; the rank failed the op locally.
-  SetState& set = set_it->second;
-  auto member = set.set_rank.find(global_rank);
-  if (member == set.set_rank.end()) return;  // Refused by the rank's own argument checks.
+  const int set_id = request->process_set_id;
+  SetState* set = state(set_id);
+  if (set == nullptr) return;  // Removed meanwhile; the rank failed the op locally.
+  const int set_rank = set->info.set_rank_of(global_rank);
+  if (set_rank < 0) return;  // Refused by the rank's own argument checks.
   const bool is_join = request->op == Collective::Join;
   const std::string name = request->name;
-  Pending& pending = set.pending[name];
+  Pending& pending = set->pending[name];
   if (pending.requests.empty()) {
-    pending.requests.assign(set.ranks.size(), nullptr);
+    pending.requests.assign(static_cast<std::size_t>(set->info.size()), nullptr);
     pending.first_seen = now;
     if (timeline_ && timeline_->enabled()) timeline_->negotiate_start(name, to_string(request->op));
   }
   if (timeline_ && timeline_->enabled()) timeline_->negotiate_rank_ready(name, global_rank);
-  std::shared_ptr<const Request>& slot = pending.requests[member->second];
+  std::shared_ptr<const Request>& slot = pending.requests[static_cast<std::size_t>(set_rank)];
   TUTTI_CHECK(slot == nullptr, "rank ", global_rank, " submitted '", name, "' twice");
   slot = std::move(request);
   pending.common_hit = (pending.common_hit == -2 || pending.common_hit == hit) ? hit : -1;
   ++pending.count;
   // A join first releases the ops that waited only for this rank, so they come before the
   // Join response in the order (they still see the rank as joined).
-  if (is_join) join(set_it->first, set, global_rank);
-  if (!pending.queued && is_ready(set, pending)) {
+  if (is_join) join(set_id, *set, global_rank);
+  if (!pending.queued && is_ready(*set, pending)) {
     pending.queued = true;
-    ready_.emplace_back(set_it->first, name);
+    ready_.emplace_back(set_id, name);
   }
 }
 
 void Coordinator::join(int set_id, SetState& set, int global_rank) {
-  set.joined[static_cast<std::size_t>(set.set_rank.at(global_rank))] = true;
+  set.joined[static_cast<std::size_t>(set.info.set_rank_of(global_rank))] = true;
   set.last_joined = global_rank;
   // Queue in submission order (then by name), so the order does not depend on hashing.
   std::vector<std::pair<Clock::time_point, const std::string*>> released;
@@ -133,9 +129,10 @@ ResponseList Coordinator::take_ready() {
   evicted_.clear();
   std::vector<std::pair<int, std::string>> ready;
   ready.swap(ready_);
+  Decided decided;
   for (auto& [set_id, name] : ready) {
-    auto set_it = sets_.find(set_id);
-    if (set_it == sets_.end()) continue;  // Removed earlier in this list; ranks fail it locally.
+    auto set_it = states_.find(set_id);
+    if (set_it == states_.end()) continue;  // Removed earlier in this list; ranks fail it locally.
     SetState& set = set_it->second;
     auto node = set.pending.extract(name);
     Pending& pending = node.mapped();
@@ -152,7 +149,7 @@ ResponseList Coordinator::take_ready() {
       list.hit.push_back(1);
       continue;
     }
-    Response response = decide(set_id, set, name, pending, &list.evicted);
+    Response response = decide(set_id, set, name, pending, decided, &list.evicted);
     std::int32_t id = -1;
     if (cacheable(response) && cache_.enabled()) {
       id = cache_.insert({.process_set_id = set_id,
@@ -169,7 +166,7 @@ ResponseList Coordinator::take_ready() {
 }
 
 Response Coordinator::decide(int set_id, SetState& set, const std::string& name, Pending& pending,
-                             std::vector<std::int32_t>* evicted) {
+                             Decided& decided, std::vector<std::int32_t>* evicted) {
   if (name == kJoinName && pending.requests.front() != nullptr &&
       pending.requests.front()->op == Collective::Join) {
     // Every member has joined (step 4).
@@ -178,24 +175,32 @@ Response Coordinator::decide(int set_id, SetState& set, const std::string& name,
     response.name = name;
     response.op = Collective::Join;
     response.last_joined_rank = set.last_joined;
-    set.joined.assign(set.ranks.size(), false);
+    set.joined.assign(set.joined.size(), false);
     set.last_joined = -1;
     return response;
   }
   std::vector<int> joined;
-  for (std::size_t i = 0; i < set.ranks.size(); ++i) {
-    if (set.joined[i]) joined.push_back(set.ranks[i]);
+  for (std::size_t i = 0; i < set.joined.size(); ++i) {
+    if (set.joined[i]) joined.push_back(set.info.global_rank_of(static_cast<int>(i)));
   }
-  Response response = negotiate_response(set.ranks, pending.requests, joined);
-  if (response.ok && is_set_change(response.op)) change_sets(response, evicted);
+  Response response = negotiate_response(*set.info.ranks, pending.requests, joined);
+  if (response.ok && is_set_change(response.op)) change_sets(response, decided, evicted);
   return response;
 }
 
-void Coordinator::change_sets(Response& response, std::vector<std::int32_t>* evicted) {
+void Coordinator::change_sets(Response& response, Decided& decided,
+                              std::vector<std::int32_t>* evicted) {
   if (response.op == Collective::AddProcessSet) {
-    const std::vector<int> ranks(response.rows.begin(), response.rows.end());  // Sorted.
-    for (const auto& [id, set] : sets_) {
-      if (set.ranks == ranks) {
+    const std::vector<int>& ranks = response.set_ranks;  // Sorted.
+    std::vector<std::pair<int, std::vector<int>>> existing;
+    for (const SetInfo& info : sets_.all()) {
+      if (!decided.removed.contains(info.id)) existing.emplace_back(info.id, *info.ranks);
+    }
+    for (const auto& [id, members] : decided.added) {
+      if (!decided.removed.contains(id)) existing.emplace_back(id, members);
+    }
+    for (const auto& [id, members] : existing) {
+      if (members == ranks) {
         response = error_response(response, ErrorCode::InvalidArgument,
                                   str_cat("ADD_PROCESS_SET of ranks [", detail::join_list(ranks),
                                           "]: process set ", id, " has the same ranks"));
@@ -203,11 +208,13 @@ void Coordinator::change_sets(Response& response, std::vector<std::int32_t>* evi
       }
     }
     response.target_set_id = next_set_id_++;
-    add_set(response.target_set_id, ranks);
+    decided.added[response.target_set_id] = ranks;
     return;
   }
   const int id = response.target_set_id;
-  if (id == 0 || !sets_.contains(id)) {
+  const bool exists = !decided.removed.contains(id) &&
+                      (sets_.find(id).ok() || decided.added.contains(id));
+  if (id == 0 || !exists) {
     response = error_response(
         response, ErrorCode::InvalidArgument,
         str_cat("REMOVE_PROCESS_SET: process set ", id,
@@ -216,14 +223,15 @@ void Coordinator::change_sets(Response& response, std::vector<std::int32_t>* evi
   }
   // Later ready ops of the set are skipped by take_ready(); the ranks fail theirs with
   // ShutDown when they execute this response.
-  sets_.erase(id);
+  decided.removed.insert(id);
+  states_.erase(id);
   cache_.erase_set(id, evicted);
 }
 
 std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
                                                     Clock::duration after) const {
   std::vector<Stall> result;
-  for (const auto& [set_id, set] : sets_) {
+  for (const auto& [set_id, set] : states_) {
     for (const auto& [name, pending] : set.pending) {
       // A joined rank may wait for the others for as long as they have data: not a stall.
       if (name == kJoinName || now - pending.first_seen < after) continue;
@@ -231,8 +239,9 @@ std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
                   .name = name,
                   .missing = {},
                   .waited = now - pending.first_seen};
-      for (std::size_t i = 0; i < set.ranks.size(); ++i) {
-        if (pending.requests[i] == nullptr && !set.joined[i]) stall.missing.push_back(set.ranks[i]);
+      for (std::size_t i = 0; i < pending.requests.size(); ++i) {
+        if (pending.requests[i] == nullptr && !set.joined[i])
+          stall.missing.push_back(set.info.global_rank_of(static_cast<int>(i)));
       }
       result.push_back(std::move(stall));
     }

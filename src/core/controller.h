@@ -38,11 +38,11 @@
 //
 // Process-set changes (add_process_set, remove_process_set) are ops on the global set named
 // "tutti.process_set.<n>", n counting each rank's calls. When one is ready the coordinator
-// alone decides it: it refuses a duplicate or unknown set, numbers new sets 1, 2, ... and
-// updates its own sets at once, so later requests for a new set are understood and those of a
-// removed set dropped. Every rank applies the change when it executes the response, at the
-// same point of the order, which is what communicator creation (collective over all ranks)
-// needs.
+// alone decides it: it refuses a duplicate or unknown set and numbers new sets 1, 2, ....
+// Every rank, the coordinator first, applies the change to its ProcessSetTable when it
+// executes the response, at the same point of the order, which is what communicator creation
+// (collective over all ranks) needs. The coordinator executes each list before it files more
+// requests, so a new set's requests always find the set, and a removed set's are dropped.
 //
 // Note [Same decision on every rank]
 // Only the coordinator decides, and every rank receives its decisions through one FIFO
@@ -55,10 +55,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "src/core/process_set_table.h"
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
 #include "src/core/timeline.h"
@@ -67,31 +69,26 @@ namespace tutti::core {
 
 using Clock = std::chrono::steady_clock;
 
-// Communication thread of the coordinator only.
+// The coordinator's negotiation state: which members of each set have submitted which ops,
+// who has joined, and the response cache. Set membership is not kept here: it is read from
+// the session's ProcessSetTable (its one owner), which every rank, this one included, updates
+// when it executes a set change. Communication thread of the coordinator (rank 0) only.
 class Coordinator {
  public:
-  explicit Coordinator(std::int64_t cache_capacity) : cache_(cache_capacity) {}
+  // `sets` and `timeline` (null = none) must outlive the coordinator.
+  Coordinator(const ProcessSetTable& sets, std::int64_t cache_capacity, Timeline* timeline)
+      : sets_(sets), cache_(cache_capacity), timeline_(timeline) {}
 
-  // The members (sorted global ranks) of a process set.
-  void add_set(int id, std::vector<int> global_ranks);
-  // Forgets a set: its pending ops and cache entries. Evicted cache ids go in the next list.
-  void remove_set(int id);
-  // The id the next AddProcessSet gets: sets are numbered 1, 2, ... in decision order, and the
-  // coordinator is the only one who numbers them, so ids are equal on every rank.
-  int next_set_id() const { return next_set_id_; }
-
-  // Files one rank's message (step 2). Cache ids the coordinator no longer knows are
-  // appended to `resend`.
+  // Files one rank's requests and cache hits (step 2). Cache ids the coordinator no longer
+  // knows are appended to `resend`. Requests of a set this rank is not in, or of a set that
+  // does not exist (any more), are dropped: the rank's own call refused them or failed them.
   void receive(int global_rank, RequestList list, Clock::time_point now,
                std::vector<std::int32_t>* resend);
   bool has_ready() const { return !ready_.empty() || !evicted_.empty(); }
-  // The ready responses in readiness order, with cache bookkeeping (step 3).
+  // The ready responses in readiness order, with cache bookkeeping (step 3). Set changes among
+  // them are decided here (numbering new sets); the caller must execute the list on this rank
+  // before filing further requests, so that the table knows the change.
   ResponseList take_ready();
-  // Records negotiation spans (a span per op, an instant per rank's arrival) into `timeline`,
-  // which must outlive the coordinator. Null = none.
-  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
-  // Some rank asked to shut down.
-  bool shutdown_requested() const { return shutdown_requested_; }
 
   // An op some members have not submitted after `after`.
   struct Stall {
@@ -110,14 +107,22 @@ class Coordinator {
     Clock::time_point first_seen;
     bool queued = false;  // In ready_.
   };
+  // A set as negotiation sees it.
   struct SetState {
-    std::vector<int> ranks;
-    std::unordered_map<int, int> set_rank;  // Global rank -> set rank.
+    SetInfo info;
     std::unordered_map<std::string, Pending> pending;
     std::vector<bool> joined;  // By set rank; see Note [Join].
     int last_joined = -1;      // Global rank.
   };
+  // Set changes decided in the list being built, not yet in the table (take_ready() only).
+  struct Decided {
+    std::map<int, std::vector<int>> added;  // Id -> sorted global ranks.
+    std::set<int> removed;
+  };
 
+  // The negotiation state of set `id`, created from the table on first use; null if the set
+  // does not exist.
+  SetState* state(int id);
   void file(int global_rank, std::shared_ptr<const Request> request, std::int32_t hit,
             Clock::time_point now);
   // Every member has submitted the op or joined.
@@ -127,18 +132,18 @@ class Coordinator {
   // The response for one ready op (steps 2 and 4 of Note [Join]); cache ids evicted on the
   // way go to `evicted`.
   Response decide(int set_id, SetState& set, const std::string& name, Pending& pending,
-                  std::vector<std::int32_t>* evicted);
-  // Applies a negotiated AddProcessSet or RemoveProcessSet to the coordinator's sets, or
-  // turns it into an error response (a duplicate or unknown set).
-  void change_sets(Response& response, std::vector<std::int32_t>* evicted);
+                  Decided& decided, std::vector<std::int32_t>* evicted);
+  // Decides a negotiated AddProcessSet or RemoveProcessSet, or turns it into an error response
+  // (a duplicate or unknown set).
+  void change_sets(Response& response, Decided& decided, std::vector<std::int32_t>* evicted);
 
+  const ProcessSetTable& sets_;
   CoordinatorCache cache_;
-  Timeline* timeline_ = nullptr;
-  std::map<int, SetState> sets_;
+  Timeline* timeline_;
+  std::map<int, SetState> states_;
   std::vector<std::pair<int, std::string>> ready_;  // (set, name) in readiness order.
   std::vector<std::int32_t> evicted_;
-  bool shutdown_requested_ = false;
-  int next_set_id_ = 1;
+  int next_set_id_ = 1;  // Sets are numbered 1, 2, ... in decision order, here only.
 };
 
 }  // namespace tutti::core

@@ -22,7 +22,7 @@ DeviceCompletions::~DeviceCompletions() {
 void DeviceCompletions::add(std::unique_ptr<ops::DeviceEvent> event,
                             std::vector<std::shared_ptr<Entry>> entries,
                             std::shared_ptr<void> keep_alive) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   pending_.push_back(Pending{.event = std::move(event),
                              .entries = std::move(entries),
                              .keep_alive = std::move(keep_alive)});
@@ -34,37 +34,45 @@ void DeviceCompletions::add(std::unique_ptr<ops::DeviceEvent> event,
 bool DeviceCompletions::busy() const { return pending_count_.load() != 0; }
 
 Status DeviceCompletions::error() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   return error_;
 }
 
-void DeviceCompletions::fail_all(const Status& status) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (Pending& pending : pending_) complete(pending, status);
+void DeviceCompletions::fail_pending(const Status& status) {
+  for (Pending& pending : pending_) completer_.complete(pending.entries, status);
   pending_.clear();
   pending_count_.store(0);
+}
+
+void DeviceCompletions::fail_all(const Status& status) {
+  detail::MutexLock lock(mutex_);
+  fail_pending(status);
   empty_.notify_all();
 }
 
 void DeviceCompletions::finish(std::chrono::milliseconds timeout, const Status& status) {
+  std::thread thread;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (thread_.joinable()) empty_.wait_for(lock, timeout, [this] { return pending_.empty(); });
-    for (Pending& pending : pending_) complete(pending, status);
-    pending_.clear();
-    pending_count_.store(0);
+    detail::MutexLock lock(mutex_);
+    if (thread_.joinable()) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (!pending_.empty() && empty_.wait_until(mutex_, deadline)) {
+      }
+    }
+    fail_pending(status);
     stop_ = true;
+    thread = std::move(thread_);
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread.joinable()) thread.join();
 }
 
 void DeviceCompletions::run() {
   pthread_setname_np(pthread_self(), "tutti-device");
-  std::unique_lock<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   auto idle_since = std::chrono::steady_clock::now();
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
+    while (!stop_ && pending_.empty()) cv_.wait(mutex_);
     if (stop_) return;
     const auto now = std::chrono::steady_clock::now();
     if (complete_ready()) {
@@ -72,13 +80,14 @@ void DeviceCompletions::run() {
       if (pending_.empty()) empty_.notify_all();
       continue;
     }
-    lock.unlock();
+    // Sleep without the lock, so add() and the communication thread's checks go on.
+    mutex_.unlock();
     if (now - idle_since < kYieldTime) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(kSleep);
     }
-    lock.lock();
+    mutex_.lock();
   }
 }
 
@@ -91,21 +100,12 @@ bool DeviceCompletions::complete_ready() {
       continue;
     }
     if (!done.ok() && error_.ok()) error_ = done.status();
-    complete(*it, done.ok() ? Status() : done.status());
+    completer_.complete(it->entries, done.ok() ? Status() : done.status());
     it = pending_.erase(it);
     any = true;
   }
   pending_count_.store(pending_.size());
   return any;
-}
-
-void DeviceCompletions::complete(Pending& pending, const Status& status) {
-  for (const std::shared_ptr<Entry>& entry : pending.entries) {
-    if (timeline_ != nullptr && timeline_->enabled()) {
-      timeline_->op_end(entry->request.name, status.ok() ? "OK" : status.message());
-    }
-    entry->state->complete(status);
-  }
 }
 
 }  // namespace tutti::core

@@ -11,27 +11,26 @@
 // so CPU-only jobs do not have it.
 #pragma once
 
-#include <chrono>
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ops/device_ops.h"
+#include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "src/core/completer.h"
 #include "src/core/tensor_queue.h"
-#include "src/core/timeline.h"
 
 namespace tutti::core {
 
 class DeviceCompletions {
  public:
-  // `timeline` (may be null) gets each op's end; it must outlive this object.
-  explicit DeviceCompletions(Timeline* timeline) : timeline_(timeline) {}
+  // Ops complete through `completer` (Note [Completion]), which must outlive this object.
+  explicit DeviceCompletions(const Completer& completer) : completer_(completer) {}
   ~DeviceCompletions();
   DeviceCompletions(const DeviceCompletions&) = delete;
   DeviceCompletions& operator=(const DeviceCompletions&) = delete;
@@ -39,18 +38,18 @@ class DeviceCompletions {
   // Communication thread. Completes `entries` (with OK) once `event` has completed; keeps
   // `keep_alive` (memory the work reads, such as the fusion buffer) until then.
   void add(std::unique_ptr<ops::DeviceEvent> event, std::vector<std::shared_ptr<Entry>> entries,
-           std::shared_ptr<void> keep_alive);
+           std::shared_ptr<void> keep_alive) TUTTI_EXCLUDES(mutex_);
   // Any thread. Whether ops are pending.
   bool busy() const;
   // Any thread. The first error an event reported (the ops of that event failed with it),
   // or OK.
-  Status error() const;
+  Status error() const TUTTI_EXCLUDES(mutex_);
   // Communication thread. Fails every pending op with `status` now (a peer was lost: their
   // events would never complete).
-  void fail_all(const Status& status);
+  void fail_all(const Status& status) TUTTI_EXCLUDES(mutex_);
   // Communication thread, at the end of a session: waits up to `timeout` for the pending ops,
   // fails the rest with `status`, and stops the thread.
-  void finish(std::chrono::milliseconds timeout, const Status& status);
+  void finish(std::chrono::milliseconds timeout, const Status& status) TUTTI_EXCLUDES(mutex_);
 
  private:
   struct Pending {
@@ -59,21 +58,23 @@ class DeviceCompletions {
     std::shared_ptr<void> keep_alive;
   };
 
-  void run();
-  // Requires mutex_. Completes the pending ops whose events are done; true if any were.
-  bool complete_ready();
-  void complete(Pending& pending, const Status& status);
+  void run() TUTTI_EXCLUDES(mutex_);  // The device thread ("tutti-device").
+  // Completes the pending ops whose events are done; true if any were.
+  bool complete_ready() TUTTI_REQUIRES(mutex_);
+  // Fails every pending op with `status` and empties the list.
+  void fail_pending(const Status& status) TUTTI_REQUIRES(mutex_);
 
-  Timeline* timeline_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;     // add() and finish() wake the thread.
-  std::condition_variable empty_;  // The thread tells finish() that nothing is pending.
-  std::list<Pending> pending_;     // Guarded by mutex_.
+  const Completer& completer_;
+  mutable detail::Mutex mutex_;
+  detail::CondVar cv_;     // add() and finish() wake the thread.
+  detail::CondVar empty_;  // The thread tells finish() that nothing is pending.
+  std::list<Pending> pending_ TUTTI_GUARDED_BY(mutex_);
   // pending_.size(), readable without the lock: the communication thread asks every cycle.
   std::atomic<std::size_t> pending_count_{0};
-  Status error_;                   // Guarded by mutex_.
-  bool stop_ = false;              // Guarded by mutex_.
-  std::thread thread_;             // Started by the first add().
+  Status error_ TUTTI_GUARDED_BY(mutex_);
+  bool stop_ TUTTI_GUARDED_BY(mutex_) = false;
+  // Started by the first add(); joined by finish(), which the communication thread calls.
+  std::thread thread_ TUTTI_GUARDED_BY(mutex_);
 };
 
 }  // namespace tutti::core

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/device_path.h"
 
-#include "ops/registry.h"
-#include "src/common/logging.h"
+#include <algorithm>
+
+#include "src/common/strings.h"
 
 namespace tutti::core {
 namespace {
@@ -12,24 +13,32 @@ constexpr std::chrono::seconds kFinishTimeout{30};
 
 }  // namespace
 
-Result<DevicePath::Lane> DevicePath::next_lane(int set_id, ops::Backend& host_backend,
-                                               Device device) {
-  const int index = batches_[set_id]++ % num_streams_;
-  const ops::DeviceStream stream{.device = device, .index = index};
-  std::unique_ptr<ops::Backend>& backend = backends_[{set_id, index}];
-  if (backend == nullptr) {
-    Result<std::unique_ptr<ops::Backend>> created =
-        ops::create_device_backend(host_backend, stream);
-    if (!created.ok()) {
-      backends_.erase({set_id, index});
-      return created.status();
-    }
-    backend = std::move(created).value();
-    TUTTI_LOG_DEBUG("process set ", set_id, " stream ", index, ": ", backend->name());
+Status DevicePath::claim(Device device) {
+  int expected = -1;
+  if (device_index_.compare_exchange_strong(expected, device.index) || expected == device.index)
+    return Status();
+  return invalid_argument(detail::str_cat(
+      "this rank's CUDA tensors are on cuda:", expected, ", and a rank uses one device per "
+      "session (call tutti::shutdown() and tutti::init() to move to cuda:", device.index, ")"));
+}
+
+Device DevicePath::device_of(std::span<const Work> batch) const {
+  for (const Work& work : batch) {
+    if (work.entry != nullptr && !work.entry->inputs.empty())
+      return work.entry->inputs.front().device();
   }
-  std::unique_ptr<DeviceMover>& mover = movers_[index];
-  if (mover == nullptr) mover = std::make_unique<DeviceMover>(stream);
-  return Lane{.backend = backend.get(), .mover = mover.get()};
+  const int claimed = device_index_.load();
+  if (claimed >= 0) return Device::cuda(claimed);
+  const int devices = std::max(1, ops::device_ops().device_count());
+  return Device::cuda(topology_.local_rank % devices);
+}
+
+Result<DevicePath::Lane> DevicePath::next_lane(int set_id, std::span<const Work> batch) {
+  TUTTI_ASSIGN_OR_RETURN(ProcessSetTable::DeviceLane lane,
+                         sets_.next_device_lane(set_id, device_of(batch)));
+  std::unique_ptr<DeviceMover>& mover = movers_[lane.stream.index];
+  if (mover == nullptr) mover = std::make_unique<DeviceMover>(lane.stream);
+  return Lane{.backend = lane.backend, .mover = mover.get()};
 }
 
 Status DevicePath::complete_later(const Lane& lane, std::span<Work> batch) {
@@ -46,33 +55,13 @@ Status DevicePath::complete_later(const Lane& lane, std::span<Work> batch) {
 Status DevicePath::check() {
   if (!completions_.busy()) return Status();
   TUTTI_RETURN_IF_ERROR(completions_.error());
-  for (auto& [key, backend] : backends_) {
-    const Status status = backend->async_error();
-    if (!status.ok()) {
-      completions_.fail_all(status);
-      return status;
-    }
-  }
-  return Status();
-}
-
-void DevicePath::remove_set(int set_id) {
-  for (auto it = backends_.begin(); it != backends_.end();) {
-    if (it->first.first != set_id) {
-      ++it;
-      continue;
-    }
-    auto mover = movers_.find(it->first.second);
-    if (mover != movers_.end())
-      static_cast<void>(ops::device_ops().synchronize(mover->second->stream()));
-    it = backends_.erase(it);
-  }
-  batches_.erase(set_id);
+  const Status status = sets_.device_async_error();
+  if (!status.ok()) completions_.fail_all(status);
+  return status;
 }
 
 void DevicePath::finish(const Status& status) {
   completions_.finish(kFinishTimeout, status);
-  backends_.clear();
   movers_.clear();
 }
 

@@ -14,6 +14,7 @@ std::string_view to_string(ErrorCode code) {
     case ErrorCode::Stalled: return "Stalled";
     case ErrorCode::Communication: return "Communication";
     case ErrorCode::Internal: return "Internal";
+    case ErrorCode::Timeout: return "Timeout";
   }
   return "Unknown";
 }

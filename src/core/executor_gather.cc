@@ -40,8 +40,8 @@ Status Executor::allgather_one(Work& work, ops::Backend& backend, Mover& mover) 
   const void* input = work.entry != nullptr ? work.entry->inputs[0].data() : nullptr;
   TUTTI_RETURN_IF_ERROR(backend.allgatherv(input, output.data(), counts, spec.dtype));
   if (work.entry != nullptr) {
-    work.entry->state->output = output;
-    work.entry->state->outputs = {output};
+    work.entry->state->results.output = output;
+    work.entry->state->results.outputs = {output};
   }
   return Status();
 }
@@ -122,9 +122,9 @@ Status Executor::allgather(std::span<Work> batch, ops::Backend& backend, Mover& 
       within[r] += units;
     }
     if (item.work->entry != nullptr) {
-      detail::OpState& state = *item.work->entry->state;
-      if (item.tensor == 0) state.output = output;
-      state.outputs.push_back(std::move(output));
+      detail::OpResults& results = item.work->entry->state->results;
+      if (item.tensor == 0) results.output = output;
+      results.outputs.push_back(std::move(output));
     }
   }
   return mover.flush();
@@ -142,17 +142,17 @@ Status Executor::alltoall(Work& work, ops::Backend& backend, Mover& mover) {
   std::vector<std::int64_t> received(size);
   std::int64_t rows = 0;
   for (std::size_t r = 0; r < size; ++r) {
-    send_counts[r] = static_cast<std::size_t>(response.rows[me * size + r]) * row;
-    received[r] = response.rows[r * size + me];
+    send_counts[r] = static_cast<std::size_t>(response.splits[me * size + r]) * row;
+    received[r] = response.splits[r * size + me];
     receive_counts[r] = static_cast<std::size_t>(received[r]) * row;
     rows += received[r];
   }
   TUTTI_ASSIGN_OR_RETURN(Tensor output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
   TUTTI_RETURN_IF_ERROR(backend.alltoallv(work.entry->inputs[0].data(), send_counts, output.data(),
                                           receive_counts, spec.dtype));
-  work.entry->state->output = output;
-  work.entry->state->outputs = {output};
-  work.entry->state->received_splits = std::move(received);
+  work.entry->state->results.output = output;
+  work.entry->state->results.outputs = {output};
+  work.entry->state->results.received_splits = std::move(received);
   return Status();
 }
 

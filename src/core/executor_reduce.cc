@@ -59,8 +59,8 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend, Mov
     if (factor != 1.0) {
       mover.copy(copy_of(output.data(), wire, output.data(), wire, counts[me], factor));
     }
-    work.entry->state->output = output;
-    work.entry->state->outputs = {output};
+    work.entry->state->results.output = output;
+    work.entry->state->results.outputs = {output};
     return mover.flush();
   }
   const std::size_t wire_bytes = element_size(wire);
@@ -106,8 +106,8 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend, Mov
       offset += n;
       outputs.push_back(std::move(output));
     }
-    work.entry->state->output = outputs.front();
-    work.entry->state->outputs = std::move(outputs);
+    work.entry->state->results.output = outputs.front();
+    work.entry->state->results.outputs = std::move(outputs);
   }
   return mover.flush();
 }

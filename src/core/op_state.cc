@@ -13,20 +13,20 @@ void OpState::complete(Status status) {
   status_ = std::move(status);
   {
     // The lock orders the store against a waiter that checked done() and is about to sleep.
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
-Status OpState::wait() {
+Status OpState::wait() const {
   // A short spin first: a small op finishes within microseconds, and a futex sleep and
   // wake-up would double its latency.
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
   while (!done() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
   if (!done()) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [this] { return done(); });
+    MutexLock lock(mutex_);
+    while (!done()) cv_.wait(mutex_);
   }
   return status_;
 }

@@ -1,38 +1,56 @@
 // SPDX-License-Identifier: Apache-2.0
-// The state a Handle shares with the communication thread: done flag, final Status, outputs.
+// The state a Handle shares with the runtime: done flag, final Status, results.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "tutti/collectives.h"
 #include "tutti/tensor.h"
+
+namespace tutti::core {
+class Completer;
+}
 
 namespace tutti::detail {
 
-// Written once by the communication thread (outputs, then complete()); read by any thread
-// after done() or wait() says so.
+// What an op produced besides its Status.
+struct OpResults {
+  Tensor output;                              // allgather, alltoall, reducescatter
+  std::vector<Tensor> outputs;                // grouped allgather / reducescatter
+  std::vector<std::int64_t> received_splits;  // alltoall
+  int last_joined_rank = -1;                  // join(): the global rank that joined last
+  int created_set_id = -1;                    // add_process_set(): the new set's id
+};
+
+// Results are written by the thread that runs the op (the communication thread, or for device
+// ops the device thread) before it completes the op, and read by any thread after done() or
+// wait() said so; the release store of `done_` orders the two.
 class OpState {
  public:
-  // Communication thread. Must be called exactly once; outputs must be set before.
-  void complete(Status status);
   bool done() const { return done_.load(std::memory_order_acquire); }
-  // Any thread. Blocks until complete(); returns its Status.
-  Status wait();
+  // Any thread. Blocks until the op is complete; returns its Status.
+  Status wait() const TUTTI_EXCLUDES(mutex_);
 
-  Tensor output;
-  std::vector<Tensor> outputs;
-  std::vector<std::int64_t> received_splits;
-  int join_result = -1;
+  OpResults results;
 
  private:
+  friend class core::Completer;  // The one place ops are completed (Note [Completion]).
+  void complete(Status status) TUTTI_EXCLUDES(mutex_);
+
   std::atomic<bool> done_{false};
-  Status status_;  // Written before done_ is set; read after.
-  std::mutex mutex_;
-  std::condition_variable cv_;
+  Status status_;  // Written once before done_ is set; read after.
+  mutable Mutex mutex_;
+  mutable CondVar cv_;
+};
+
+// The back door from core into Handle, whose constructor from an OpState is private.
+struct HandleAccess {
+  static Handle make(std::shared_ptr<OpState> state) { return Handle(std::move(state)); }
 };
 
 }  // namespace tutti::detail

@@ -55,10 +55,10 @@ struct Request {
   double postscale = 1.0;
   int root_rank = -1;  // Broadcast: global rank.
   // Alltoall: rows this rank sends to each set rank (equal splits are filled in at the call).
-  // AddProcessSet: the global ranks of the new set, as the caller gave them.
   std::vector<std::int64_t> splits;
   std::vector<TensorSpec> tensors;
-  int target_set_id = -1;  // RemoveProcessSet: the set to remove.
+  std::vector<int> set_ranks;  // AddProcessSet: the global ranks of the new set, as given.
+  int target_set_id = -1;      // RemoveProcessSet: the set to remove.
   friend bool operator==(const Request&, const Request&) = default;
 };
 
@@ -73,11 +73,12 @@ struct Response {
   double postscale = 1.0;
   int root_rank = -1;
   std::vector<TensorSpec> tensors;  // As agreed (allgather: this is rank 0's spec).
-  // Allgather: dim 0 of every set rank for each tensor, tensor-major
-  // (rows[t * set_size + r]; 0 for a joined rank). Alltoall: the split matrix, sender-major
-  // (rows[sender * set_size + receiver]). AddProcessSet: the new set's sorted global ranks.
-  // Empty otherwise.
+  // Allgather: dim 0 of every set rank for each tensor, tensor-major (rows[t * set_size + r];
+  // 0 for a joined rank). Empty for other ops.
   std::vector<std::int64_t> rows;
+  // Alltoall: the split matrix, sender-major (splits[sender * set_size + receiver]).
+  std::vector<std::int64_t> splits;
+  std::vector<int> set_ranks;  // AddProcessSet: the new set's sorted global ranks.
   // Set ranks that had joined without submitting this op (their data is absent: zeros in an
   // allreduce, no rows in an allgather). They still take part in the collective; see
   // Note [Join] in controller.h.
@@ -94,7 +95,11 @@ struct Response {
 struct RequestList {
   std::vector<Request> requests;
   std::vector<std::int32_t> cache_hits;  // Response-cache ids standing for full requests.
-  bool shutdown = false;                 // This rank is shutting down.
+  // This rank is stopping, and this is its last message (Note [Shutdown handshake] in
+  // background_loop.h): OK after shutdown(), else the error that stopped it.
+  bool shutdown = false;
+  ErrorCode shutdown_code = ErrorCode::ShutDown;
+  std::string shutdown_message;
 };
 
 // A message from the coordinator to every rank (or to one rank, for `resend`).

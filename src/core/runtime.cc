@@ -14,12 +14,18 @@ Runtime& Runtime::get() {
 }
 
 Status Runtime::init(const void* parent) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (session_ != nullptr) return Status();
-  TUTTI_ASSIGN_OR_RETURN(Config config, Config::from_env());
-  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::Transport> transport, ops::create_mpi_transport(parent));
+  // A malformed environment does not fail here: every rank's init() must fail alike, so the
+  // failure travels through the session's start handshake (Note [Agreed settings]).
+  Result<Config> local = Config::from_env();
+  const Config& settings = local.ok() ? local.value() : Config{};
+  settings.apply_logging();
+  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::Transport> transport,
+                         ops::create_mpi_transport(parent, settings.start_timeout));
   detail::set_log_rank(transport->topology().rank);
-  TUTTI_ASSIGN_OR_RETURN(session_, Session::create(std::move(config), std::move(transport)));
+  detail::warn_unknown_settings();
+  TUTTI_ASSIGN_OR_RETURN(session_, Session::create(std::move(local), std::move(transport)));
   if (!exit_hook_registered_) {
     // Registered after MPI's own finalize hook, so it runs before it: a process that exits
     // without shutdown() is shut down first.
@@ -33,9 +39,11 @@ Status Runtime::init(const void* parent) {
 }
 
 void Runtime::shutdown() {
+  // Outside the lock: the hook (RPC's graceful shutdown) talks to other ranks for a while.
+  if (void (*hook)() = before_shutdown_.load()) hook();
   std::shared_ptr<Session> session;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    detail::MutexLock lock(mutex_);
     session = std::move(session_);
     was_shut_down_ = was_shut_down_ || session != nullptr;
   }
@@ -43,12 +51,12 @@ void Runtime::shutdown() {
 }
 
 bool Runtime::initialized() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   return session_ != nullptr;
 }
 
 Result<std::shared_ptr<Session>> Runtime::session() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (session_ == nullptr) {
     return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");
   }
@@ -60,7 +68,7 @@ Result<std::shared_ptr<Session>> Runtime::session() const {
 namespace tutti::core {
 
 Result<std::shared_ptr<Session>> Runtime::session_for_op() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (session_ != nullptr) return session_;
   if (was_shut_down_) return Status(ErrorCode::ShutDown, "Tutti has shut down; call tutti::init() to start again");
   return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");

@@ -8,9 +8,10 @@
 // them; they then see ShutDown.
 #pragma once
 
+#include <atomic>
 #include <memory>
-#include <mutex>
 
+#include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/core/session.h"
 
@@ -18,24 +19,30 @@ namespace tutti::core {
 
 class Runtime {
  public:
-  static Runtime& get();
+  static Runtime& get();  // Any thread.
 
   // Application thread. `parent` is an MPI_Comm* or null for MPI_COMM_WORLD.
-  Status init(const void* parent);
-  void shutdown();
-  bool initialized() const;
+  Status init(const void* parent) TUTTI_EXCLUDES(mutex_);
+  void shutdown() TUTTI_EXCLUDES(mutex_);
+  bool initialized() const TUTTI_EXCLUDES(mutex_);  // Any thread, as the accessors below.
   // The current session, or NotInitialized (for queries, which API.md says throw that).
-  Result<std::shared_ptr<Session>> session() const;
+  Result<std::shared_ptr<Session>> session() const TUTTI_EXCLUDES(mutex_);
   // The current session for submitting an op: NotInitialized before the first init(),
   // ShutDown after shutdown() (API.md: every new op fails with ShutDown), or the session,
   // which itself refuses ops with ShutDown once it stopped after a fault or stall.
-  Result<std::shared_ptr<Session>> session_for_op() const;
+  Result<std::shared_ptr<Session>> session_for_op() const TUTTI_EXCLUDES(mutex_);
+
+  // Any thread. `hook` (null: none) runs at the start of every shutdown(), before the session
+  // stops: src/rpc stops an RPC agent that is still running there, since the agent uses the
+  // session's RPC plane (Note [RPC threading] in src/rpc/agent.h). The hook must be idempotent.
+  void set_before_shutdown(void (*hook)()) { before_shutdown_.store(hook); }
 
  private:
-  mutable std::mutex mutex_;
-  std::shared_ptr<Session> session_;  // Guarded by mutex_.
-  bool exit_hook_registered_ = false;
-  bool was_shut_down_ = false;  // Guarded by mutex_.
+  mutable detail::Mutex mutex_;
+  std::shared_ptr<Session> session_ TUTTI_GUARDED_BY(mutex_);
+  bool exit_hook_registered_ TUTTI_GUARDED_BY(mutex_) = false;
+  bool was_shut_down_ TUTTI_GUARDED_BY(mutex_) = false;
+  std::atomic<void (*)()> before_shutdown_{nullptr};
 };
 
 }  // namespace tutti::core

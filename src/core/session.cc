@@ -1,57 +1,99 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/session.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <numeric>
 
 #include "src/common/logging.h"
 #include "src/common/strings.h"
+#include "src/core/start_handshake.h"
 
 namespace tutti::core {
 
 Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
     : config_(std::move(config)),
       transport_(std::move(transport)),
-      plane_(&transport_->control_plane()),
-      rank_(transport_->topology().rank),
-      is_coordinator_(rank_ == 0),
-      host_mover_(static_cast<std::size_t>(config_.fusion_threshold_bytes)),
-      device_(config_.num_nccl_streams, &timeline_) {
-  executor_.set_timeline(&timeline_);
+      rpc_plane_(transport_->take_rpc_plane()),
+      completer_(&timeline_),
+      sets_(*transport_, config_.num_nccl_streams),
+      device_(sets_, completer_, transport_->topology()),
+      loop_({.plane = transport_->control_plane(),
+             .queue = queue_,
+             .sets = sets_,
+             .device = device_,
+             .completer = completer_,
+             .timeline = timeline_,
+             .config = config_}) {}
+
+namespace {
+
+// THREAD_AFFINITY's CPU for this rank's communication thread, if set: InvalidArgument unless
+// the list covers every local rank and the CPU is one this process may run on.
+Result<std::optional<int>> affinity_cpu(const Config& config, const ops::Topology& topology) {
+  if (config.thread_affinity.empty()) return std::optional<int>();
+  const std::string knob =
+      detail::str_cat("TUTTI_THREAD_AFFINITY='", detail::join_list(config.thread_affinity, ","), "'");
+  if (static_cast<std::size_t>(topology.local_rank) >= config.thread_affinity.size()) {
+    return invalid_argument(detail::str_cat(knob, " lists ", config.thread_affinity.size(),
+                                            " CPUs for ", topology.local_size,
+                                            " ranks on this host: give one per local rank"));
+  }
+  const int cpu = config.thread_affinity[static_cast<std::size_t>(topology.local_rank)];
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
+      !CPU_ISSET(cpu, &allowed)) {
+    return invalid_argument(detail::str_cat(knob, ": local rank ", topology.local_rank,
+                                            " may not run on CPU ", cpu));
+  }
+  return std::optional<int>(cpu);
 }
 
-Result<std::shared_ptr<Session>> Session::create(Config config,
+}  // namespace
+
+Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
                                                  std::unique_ptr<ops::Transport> transport) {
+  std::optional<int> cpu;
+  if (local.ok()) {
+    Result<std::optional<int>> pinned = affinity_cpu(local.value(), transport->topology());
+    if (pinned.ok()) cpu = pinned.value();
+    else local = pinned.status();
+  }
+  TUTTI_ASSIGN_OR_RETURN(Config config, agree_settings(transport->control_plane(), local,
+                                                       local.ok() ? local.value().start_timeout
+                                                                  : Config{}.start_timeout));
   std::shared_ptr<Session> session(new Session(std::move(config), std::move(transport)));
-  TUTTI_RETURN_IF_ERROR(session->init_global_set());
+  std::vector<int> everyone(static_cast<std::size_t>(session->topology().size));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  TUTTI_RETURN_IF_ERROR(session->sets_.add(0, everyone));
   if (!session->config_.timeline_path.empty()) {
-    // Only rank 0 opens the file: failing init() there alone would leave the others waiting.
+    // Rank 0 already opened the file once in the handshake, so this fails only if the file
+    // changed since; init() must not fail on rank 0 alone now.
     const Status timeline = session->start_timeline(session->config_.timeline_path,
                                                     session->config_.timeline_mark_cycles);
     if (!timeline.ok()) TUTTI_LOG_ERROR("TUTTI_TIMELINE: ", timeline.message());
   }
-  session->last_stall_check_ = Clock::now();
   session->thread_ = std::thread([raw = session.get()] { raw->run(); });
+  if (cpu) {
+    // Horovod's HOROVOD_THREAD_AFFINITY: keeps the communication thread off the cores the
+    // application's compute threads use. Checked above, so only an odd kernel refuses.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(*cpu, &set);
+    if (pthread_setaffinity_np(session->thread_.native_handle(), sizeof set, &set) != 0)
+      TUTTI_LOG_WARNING("could not pin the communication thread to CPU ", *cpu);
+  }
   return session;
 }
 
-Status Session::init_global_set() {
-  std::vector<int> ranks(static_cast<std::size_t>(topology().size));
-  std::iota(ranks.begin(), ranks.end(), 0);
-  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, transport_->create_backend(ranks));
-  backends_[0] = std::move(backend);
-  if (is_coordinator_) {
-    coordinator_.emplace(config_.cache_capacity);
-    coordinator_->set_timeline(&timeline_);
-    coordinator_->add_set(0, ranks);
-  }
-  std::lock_guard<std::mutex> lock(sets_mutex_);
-  sets_[0] = SetInfo{.id = 0,
-                     .ranks = std::make_shared<const std::vector<int>>(std::move(ranks)),
-                     .set_rank = rank_};
-  return Status();
-}
-
 Session::~Session() { stop(); }
+
+void Session::run() {
+  pthread_setname_np(pthread_self(), "tutti-comm");
+  finish(loop_.run(stop_requested_));
+}
 
 Status Session::submit(std::shared_ptr<Entry> entry) {
   if (loop_done_.load()) return Status(ErrorCode::ShutDown, "Tutti has shut down");
@@ -60,25 +102,9 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
   return queue_.push(std::move(entry));
 }
 
-Status Session::claim_device(Device device) {
-  int expected = -1;
-  if (device_index_.compare_exchange_strong(expected, device.index) || expected == device.index)
-    return Status();
-  return invalid_argument(detail::str_cat(
-      "this rank's CUDA tensors are on cuda:", expected, ", and a rank uses one device per "
-      "session (call tutti::shutdown() and tutti::init() to move to cuda:", device.index, ")"));
-}
-
-Result<SetInfo> Session::process_set(int id) const {
-  std::lock_guard<std::mutex> lock(sets_mutex_);
-  auto it = sets_.find(id);
-  if (it == sets_.end()) return invalid_argument(detail::str_cat("unknown process set ", id));
-  return it->second;
-}
-
 Status Session::start_timeline(const std::string& path, bool mark_cycles) {
   // Only the coordinator sees every rank's arrival, so only rank 0 writes a timeline.
-  if (!is_coordinator_) return Status();
+  if (topology().rank != 0) return Status();
   return timeline_.start(path, mark_cycles);
 }
 
@@ -90,7 +116,23 @@ void Session::stop() {
   }
   timeline_.stop();  // Leaves a complete JSON file.
   // Communicators are freed collectively: every rank reaches here from its own shutdown().
-  backends_.clear();
+  sets_.clear();
+}
+
+void Session::finish(const Status& status) {
+  const Status refused(ErrorCode::ShutDown, "Tutti has shut down");
+  const std::optional<Status>& bye = loop_.shutdown_reason();
+  const Status pending = !status.ok() ? status : bye && !bye->ok() ? *bye : refused;
+  if (!status.ok()) TUTTI_LOG_ERROR(status.message());
+  device_.finish(pending);
+  // Every pending op fails with the reason the loop ended (for a stall: the same explanation
+  // on every rank, as API.md asks); later ops are refused with ShutDown.
+  completer_.complete(queue_.close(refused), pending);
+  ops::ControlPlane& plane = transport_->control_plane();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!plane.sends_done() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  loop_done_.store(true);
 }
 
 }  // namespace tutti::core

@@ -22,7 +22,7 @@ std::string lower(std::string_view text) {
 Status TensorQueue::push(std::shared_ptr<Entry> entry) {
   bool notify = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    detail::MutexLock lock(mutex_);
     if (!closed_.ok()) return closed_;
     Request& request = entry->request;
     auto& table = in_flight_[request.process_set_id];
@@ -45,14 +45,14 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::drain_new() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> drained;
   drained.swap(new_);
   return drained;
 }
 
 std::shared_ptr<Entry> TensorQueue::take(int process_set_id, const std::string& name) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   auto set = in_flight_.find(process_set_id);
   if (set == in_flight_.end()) return nullptr;
   auto it = set->second.find(name);
@@ -60,14 +60,6 @@ std::shared_ptr<Entry> TensorQueue::take(int process_set_id, const std::string& 
   std::shared_ptr<Entry> entry = std::move(it->second);
   set->second.erase(it);
   return entry;
-}
-
-std::shared_ptr<Entry> TensorQueue::find(int process_set_id, const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto set = in_flight_.find(process_set_id);
-  if (set == in_flight_.end()) return nullptr;
-  auto it = set->second.find(name);
-  return it == set->second.end() ? nullptr : it->second;
 }
 
 void TensorQueue::skip_automatic_name(int process_set_id, const std::string& name) {
@@ -78,13 +70,13 @@ void TensorQueue::skip_automatic_name(int process_set_id, const std::string& nam
   std::uint64_t n = 0;
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
   if (error != std::errc() || end != digits.data() + digits.size() || digits.empty()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   std::uint64_t& count = unnamed_counts_[process_set_id];
   count = std::max(count, n + 1);
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> taken;
   auto set = in_flight_.find(process_set_id);
   if (set == in_flight_.end()) return taken;
@@ -94,7 +86,7 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::with_cache_hit(std::int32_t id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> found;
   for (const auto& [set, table] : in_flight_) {
     for (const auto& [name, entry] : table) {
@@ -105,7 +97,7 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::with_cache_hit(std::int32_t id)
 }
 
 bool TensorQueue::empty() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   for (const auto& [id, table] : in_flight_) {
     if (!table.empty()) return false;
   }
@@ -115,7 +107,7 @@ bool TensorQueue::empty() const {
 std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
   std::vector<std::shared_ptr<Entry>> pending;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    detail::MutexLock lock(mutex_);
     if (closed_.ok()) closed_ = status;
     for (auto& [id, table] : in_flight_) {
       for (auto& [name, entry] : table) pending.push_back(std::move(entry));
@@ -128,20 +120,18 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
 }
 
 void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!new_.empty() || woken_) {
-    woken_ = false;
-    return;
-  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  detail::MutexLock lock(mutex_);
   sleeping_ = true;
-  cv_.wait_for(lock, timeout, [this] { return !new_.empty() || woken_; });
+  while (new_.empty() && !woken_ && cv_.wait_until(mutex_, deadline)) {
+  }
   sleeping_ = false;
   woken_ = false;
 }
 
 void TensorQueue::wake() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    detail::MutexLock lock(mutex_);
     woken_ = true;
   }
   cv_.notify_all();

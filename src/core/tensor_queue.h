@@ -9,15 +9,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/core/op_state.h"
 #include "src/core/request.h"
@@ -34,46 +33,48 @@ struct Entry {
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
 };
 
+// Application threads push; the communication thread drains, takes and closes.
 class TensorQueue {
  public:
   // Any thread. InvalidArgument if the name is in flight in its set; ShutDown after close().
   // Fills in an automatic name when the request has none.
-  Status push(std::shared_ptr<Entry> entry);
+  Status push(std::shared_ptr<Entry> entry) TUTTI_EXCLUDES(mutex_);
 
   // Communication thread. Entries pushed since the last call, oldest first.
-  std::vector<std::shared_ptr<Entry>> drain_new();
+  std::vector<std::shared_ptr<Entry>> drain_new() TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns the in-flight entry, or null.
-  std::shared_ptr<Entry> take(int process_set_id, const std::string& name);
-  std::shared_ptr<Entry> find(int process_set_id, const std::string& name) const;
+  std::shared_ptr<Entry> take(int process_set_id, const std::string& name) TUTTI_EXCLUDES(mutex_);
   // Communication thread. A member that joined executes ops it never submitted; when one
   // carries an automatic name "<op>.noname.<n>", the set's counter moves past n, so that this
   // rank's next unnamed op matches the others' after the join (see Note [Join] in
   // controller.h). Other names are ignored.
-  void skip_automatic_name(int process_set_id, const std::string& name);
+  void skip_automatic_name(int process_set_id, const std::string& name) TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns every in-flight entry of a set (being removed).
-  std::vector<std::shared_ptr<Entry>> take_set(int process_set_id);
+  std::vector<std::shared_ptr<Entry>> take_set(int process_set_id) TUTTI_EXCLUDES(mutex_);
   // Communication thread. In-flight entries that were sent as cache hit `id`.
-  std::vector<std::shared_ptr<Entry>> with_cache_hit(std::int32_t id) const;
+  std::vector<std::shared_ptr<Entry>> with_cache_hit(std::int32_t id) const TUTTI_EXCLUDES(mutex_);
   // Communication thread. Whether anything is in flight.
-  bool empty() const;
+  bool empty() const TUTTI_EXCLUDES(mutex_);
 
   // Any thread. Refuses later pushes with `status`; returns every entry in flight (for the
   // caller to fail).
-  std::vector<std::shared_ptr<Entry>> close(const Status& status);
+  std::vector<std::shared_ptr<Entry>> close(const Status& status) TUTTI_EXCLUDES(mutex_);
 
   // Communication thread: sleeps until a push, a wake(), or `timeout`.
-  void wait_for_work(std::chrono::microseconds timeout);
-  void wake();  // Any thread.
+  void wait_for_work(std::chrono::microseconds timeout) TUTTI_EXCLUDES(mutex_);
+  void wake() TUTTI_EXCLUDES(mutex_);  // Any thread.
 
  private:
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  bool sleeping_ = false;  // The communication thread waits on cv_; push() must notify.
-  bool woken_ = false;
-  Status closed_;  // OK while open.
-  std::vector<std::shared_ptr<Entry>> new_;
-  std::map<int, std::unordered_map<std::string, std::shared_ptr<Entry>>> in_flight_;
-  std::map<int, std::uint64_t> unnamed_counts_;
+  mutable detail::Mutex mutex_;
+  detail::CondVar cv_;
+  // The communication thread waits on cv_; push() must notify.
+  bool sleeping_ TUTTI_GUARDED_BY(mutex_) = false;
+  bool woken_ TUTTI_GUARDED_BY(mutex_) = false;
+  Status closed_ TUTTI_GUARDED_BY(mutex_);  // OK while open.
+  std::vector<std::shared_ptr<Entry>> new_ TUTTI_GUARDED_BY(mutex_);
+  std::map<int, std::unordered_map<std::string, std::shared_ptr<Entry>>> in_flight_
+      TUTTI_GUARDED_BY(mutex_);
+  std::map<int, std::uint64_t> unnamed_counts_ TUTTI_GUARDED_BY(mutex_);
 };
 
 }  // namespace tutti::core

@@ -90,7 +90,7 @@ void append_string(std::string& out, std::string_view s) {
 }  // namespace
 
 Status Timeline::start(const std::string& path, bool mark_cycles) {
-  std::lock_guard<std::mutex> control(control_mutex_);
+  detail::MutexLock control(control_mutex_);
   stop_writer();
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
@@ -98,7 +98,7 @@ Status Timeline::start(const std::string& path, bool mark_cycles) {
         detail::str_cat("cannot open timeline file '", path, "': ", std::strerror(errno)));
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    detail::MutexLock lock(mutex_);
     origin_ = Clock::now();
     pending_ = "[\n";
     active_ = true;
@@ -113,14 +113,14 @@ Status Timeline::start(const std::string& path, bool mark_cycles) {
 }
 
 void Timeline::stop() {
-  std::lock_guard<std::mutex> control(control_mutex_);
+  detail::MutexLock control(control_mutex_);
   stop_writer();
 }
 
 void Timeline::stop_writer() {
   if (!writer_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    detail::MutexLock lock(mutex_);
     enabled_.store(false);
     mark_cycles_.store(false);
     // Close what is open, so that B/E pairs balance on every track.
@@ -137,7 +137,7 @@ void Timeline::stop_writer() {
     TUTTI_LOG_WARNING("closing the timeline file failed: ", std::strerror(errno));
   }
   file_ = nullptr;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   stopping_ = false;
   has_events_ = false;
   pending_.clear();
@@ -149,14 +149,16 @@ void Timeline::write_loop(std::FILE* file) {
   pthread_setname_np(pthread_self(), "tutti-timeline");
   std::string batch;
   bool failed = false;
-  std::unique_lock<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   for (;;) {
-    wake_writer_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
-    wake_writer_.wait_for(lock, kFlushInterval,
-                          [&] { return stopping_ || pending_.size() >= kFlushBytes; });
+    while (!stopping_ && pending_.empty()) wake_writer_.wait(mutex_);
+    // Then gather more for a while, so that the file is written in batches.
+    const auto flush_by = std::chrono::steady_clock::now() + kFlushInterval;
+    while (!stopping_ && pending_.size() < kFlushBytes && wake_writer_.wait_until(mutex_, flush_by)) {
+    }
     batch.swap(pending_);  // pending_ takes the empty batch's capacity.
     const bool last = stopping_;
-    lock.unlock();
+    mutex_.unlock();
     // Flushed per batch, so a job that dies keeps what was recorded up to about kFlushInterval.
     if (!failed && (std::fwrite(batch.data(), 1, batch.size(), file) != batch.size() ||
                     std::fflush(file) != 0)) {
@@ -164,8 +166,11 @@ void Timeline::write_loop(std::FILE* file) {
       TUTTI_LOG_WARNING("writing the timeline failed: ", std::strerror(errno));
     }
     batch.clear();
-    if (last) return;
-    lock.lock();
+    if (last) {
+      mutex_.lock();  // The scoped lock releases it.
+      return;
+    }
+    mutex_.lock();
   }
 }
 
@@ -249,7 +254,7 @@ void Timeline::emit(int tid, char phase, std::string_view name, Args args) {
 
 void Timeline::negotiate_start(std::string_view tensor, std::string_view op) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (!active_) return;
   std::string name = "NEGOTIATE_";
   name += op;
@@ -258,45 +263,45 @@ void Timeline::negotiate_start(std::string_view tensor, std::string_view op) {
 
 void Timeline::negotiate_rank_ready(std::string_view tensor, int rank) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (!active_) return;
   emit(track(tensor).tid, 'i', "rank " + std::to_string(rank), {{"rank", rank}});
 }
 
 void Timeline::negotiate_end(std::string_view tensor) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (Track* open = ended_track(tensor)) close_span(*open, Span::Negotiate, {});
 }
 
 void Timeline::op_start(std::string_view tensor, std::string_view op, std::string_view dtype,
                         std::string_view shape) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (active_) open_span(track(tensor), Span::Op, op, {{"dtype", dtype}, {"shape", shape}});
 }
 
 void Timeline::activity_start(std::string_view tensor, std::string_view activity) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (active_) open_span(track(tensor), Span::Activity, activity, {});
 }
 
 void Timeline::activity_end(std::string_view tensor) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (Track* open = ended_track(tensor)) close_span(*open, Span::Activity, {});
 }
 
 void Timeline::op_end(std::string_view tensor, std::string_view status) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (Track* open = ended_track(tensor)) close_span(*open, Span::Op, {{"status", status}});
 }
 
 void Timeline::mark_cycle() {
   if (!mark_cycles_.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  detail::MutexLock lock(mutex_);
   if (active_) emit(kCyclesTid, 'i', "CYCLE_START", {});
 }
 

@@ -6,18 +6,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <initializer_list>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/common/status.h"
 
 namespace tutti::core {
@@ -48,31 +47,32 @@ class Timeline {
   // `mark_cycles`. A timeline already running is stopped first, leaving its file complete.
   // InvalidArgument naming the path and the OS's reason if the file cannot be opened; then
   // nothing is recording.
-  Status start(const std::string& path, bool mark_cycles);
+  Status start(const std::string& path, bool mark_cycles) TUTTI_EXCLUDES(control_mutex_, mutex_);
   // Closes open spans, writes everything recorded and the closing bracket, and closes the file:
   // when it returns the file is complete, valid JSON. Events recorded concurrently with stop()
   // may be dropped. Idempotent; harmless without start().
-  void stop();
+  void stop() TUTTI_EXCLUDES(control_mutex_, mutex_);
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
   // Negotiation of `tensor` for collective `op` ("ALLREDUCE"): the span NEGOTIATE_<op> from the
   // first request's arrival at the coordinator until the tensor is ready, and in it an instant
   // "rank <r>" as each rank's request arrives, so the last one is the late rank.
-  void negotiate_start(std::string_view tensor, std::string_view op);
-  void negotiate_rank_ready(std::string_view tensor, int rank);
-  void negotiate_end(std::string_view tensor);
+  void negotiate_start(std::string_view tensor, std::string_view op) TUTTI_EXCLUDES(mutex_);
+  void negotiate_rank_ready(std::string_view tensor, int rank) TUTTI_EXCLUDES(mutex_);
+  void negotiate_end(std::string_view tensor) TUTTI_EXCLUDES(mutex_);
 
   // The op span, named `op`, with args dtype ("float32") and shape ("[2, 3]"); its end carries
   // args status ("OK" or the error). An open activity is closed by the next activity_start or
   // by op_end.
   void op_start(std::string_view tensor, std::string_view op, std::string_view dtype,
-                std::string_view shape);
-  void activity_start(std::string_view tensor, std::string_view activity);  // "FUSION_PACK"
-  void activity_end(std::string_view tensor);
-  void op_end(std::string_view tensor, std::string_view status);
+                std::string_view shape) TUTTI_EXCLUDES(mutex_);
+  void activity_start(std::string_view tensor, std::string_view activity)  // "FUSION_PACK"
+      TUTTI_EXCLUDES(mutex_);
+  void activity_end(std::string_view tensor) TUTTI_EXCLUDES(mutex_);
+  void op_end(std::string_view tensor, std::string_view status) TUTTI_EXCLUDES(mutex_);
 
   // An instant CYCLE_START on its own track ("cycles", tid 0), if started with mark_cycles.
-  void mark_cycle();
+  void mark_cycle() TUTTI_EXCLUDES(mutex_);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -98,38 +98,43 @@ class Timeline {
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
 
-  void stop_writer();                // Requires control_mutex_.
-  void write_loop(std::FILE* file);  // The writer thread.
+  void stop_writer() TUTTI_REQUIRES(control_mutex_) TUTTI_EXCLUDES(mutex_);
+  void write_loop(std::FILE* file) TUTTI_EXCLUDES(mutex_);  // The writer thread.
 
-  // The helpers below require mutex_; all but ended_track() also require active_.
-  Track& track(std::string_view tensor);  // Created, with its metadata, on first use.
+  // The helpers below also require active_, all but ended_track().
+  // Created, with its metadata, on first use.
+  Track& track(std::string_view tensor) TUTTI_REQUIRES(mutex_);
   // The track an *_end method closes a span on; null if not recording or never seen (a span
   // begun before this file started, whose B is not in it).
-  Track* ended_track(std::string_view tensor);
-  void open_span(Track& track, Span span, std::string_view name, Args args);
+  Track* ended_track(std::string_view tensor) TUTTI_REQUIRES(mutex_);
+  void open_span(Track& track, Span span, std::string_view name, Args args)
+      TUTTI_REQUIRES(mutex_);
   // Closes `span` and any span inside it; nothing if `span` is not open.
-  void close_span(Track& track, Span span, Args args);
-  void emit(int tid, char phase, std::string_view name, Args args);
+  void close_span(Track& track, Span span, Args args) TUTTI_REQUIRES(mutex_);
+  void emit(int tid, char phase, std::string_view name, Args args) TUTTI_REQUIRES(mutex_);
 
   // Serializes start() and stop(), which wait for the writer thread without holding mutex_.
-  std::mutex control_mutex_;
-  std::thread writer_;         // Guarded by control_mutex_.
-  std::FILE* file_ = nullptr;  // Guarded by control_mutex_; written by writer_ while it runs.
+  detail::Mutex control_mutex_;
+  std::thread writer_ TUTTI_GUARDED_BY(control_mutex_);
+  // Written by writer_ while it runs, which owns it then.
+  std::FILE* file_ TUTTI_GUARDED_BY(control_mutex_) = nullptr;
 
   // Fast-path flags, set only while a file is open.
   std::atomic<bool> enabled_{false};
   std::atomic<bool> mark_cycles_{false};
 
-  std::mutex mutex_;
-  std::condition_variable wake_writer_;
-  // Guarded by mutex_:
-  bool active_ = false;    // Recording; false once stop() began, so late events are dropped.
-  bool stopping_ = false;  // The closing bracket is in pending_; the writer exits after it.
-  bool has_events_ = false;
-  Clock::time_point origin_;
-  std::string pending_;  // Formatted, not yet written.
-  std::unordered_map<std::string, Track, NameHash, std::equal_to<>> tracks_;
-  int next_tid_ = 1;
+  detail::Mutex mutex_;
+  detail::CondVar wake_writer_;
+  // Recording; false once stop() began, so late events are dropped.
+  bool active_ TUTTI_GUARDED_BY(mutex_) = false;
+  // The closing bracket is in pending_; the writer exits after it.
+  bool stopping_ TUTTI_GUARDED_BY(mutex_) = false;
+  bool has_events_ TUTTI_GUARDED_BY(mutex_) = false;
+  Clock::time_point origin_ TUTTI_GUARDED_BY(mutex_);
+  std::string pending_ TUTTI_GUARDED_BY(mutex_);  // Formatted, not yet written.
+  std::unordered_map<std::string, Track, NameHash, std::equal_to<>> tracks_
+      TUTTI_GUARDED_BY(mutex_);
+  int next_tid_ TUTTI_GUARDED_BY(mutex_) = 1;
 };
 
 }  // namespace tutti::core

@@ -78,9 +78,9 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
   if (first.op == Collective::Broadcast && other.root_rank != first.root_rank) {
     return differ("root ranks", str_cat(first.root_rank), str_cat(other.root_rank), first.name);
   }
-  if (first.op == Collective::AddProcessSet && other.splits != first.splits) {
-    return differ("process set ranks", shape_string(first.splits), shape_string(other.splits),
-                  first.name);
+  if (first.op == Collective::AddProcessSet && other.set_ranks != first.set_ranks) {
+    return differ("process set ranks", str_cat("[", detail::join_list(first.set_ranks), "]"),
+                  str_cat("[", detail::join_list(other.set_ranks), "]"), first.name);
   }
   if (first.op == Collective::RemoveProcessSet && other.target_set_id != first.target_set_id) {
     return differ("process sets", str_cat(first.target_set_id), str_cat(other.target_set_id),
@@ -204,11 +204,12 @@ Response negotiate_response(const std::vector<int>& global_ranks,
                                          " splits from a rank of a set of ", size);
         return response;
       }
-      response.rows.insert(response.rows.end(), request->splits.begin(), request->splits.end());
+      response.splits.insert(response.splits.end(), request->splits.begin(),
+                             request->splits.end());
     }
   } else if (first.op == Collective::AddProcessSet) {
-    response.rows = first.splits;
-    std::sort(response.rows.begin(), response.rows.end());
+    response.set_ranks = first.set_ranks;
+    std::sort(response.set_ranks.begin(), response.set_ranks.end());
   }
   return response;
 }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "tutti/nn/variable.h"
@@ -32,6 +34,10 @@ struct VariableImpl {
   std::vector<std::shared_ptr<VariableImpl>> inputs;
   BackwardFunction backward;
   std::vector<std::function<void(Variable&)>> hooks;  // Leaves only.
+  // Held while backward() adds into `grad`, so that backward passes running on several threads
+  // over graphs that share this leaf (DataParallel-style code) do not lose contributions. See
+  // Note [Thread safety of nn] in src/nn/variable.cc.
+  std::mutex grad_mutex;
 
   bool is_leaf() const { return !backward; }
 };
@@ -54,5 +60,58 @@ Variable make_result(Tensor value, const std::vector<Variable>& inputs, Backward
 // Turns requires_grad on for the leaf `v`, with a zero gradient (Module::register_parameter).
 // Throws InvalidArgument for an empty Variable or the result of an operation.
 void enable_grad(const Variable& v);
+
+// ---- Entry points for distributed autograd (src/rpc; implemented in backward_roots.cc) ----
+
+// The next creation number of a result (see Note [Hook timing]); make_result() takes its numbers
+// from the same counter.
+std::uint64_t next_result_sequence();
+
+// A result without inputs whose backward pass ends in `on_gradient`, called with the node's
+// complete gradient (every use has contributed) on the thread running the backward pass. It
+// requires grad and is not a leaf; distributed autograd makes the tensors an RPC received into
+// such nodes (the "recv" end of a send/recv pair).
+Variable make_source(Tensor value, std::function<void(const Tensor& gradient)> on_gradient);
+
+// One root of run_backward_into(): a node and the gradient of its value (same shape).
+struct RootGradient {
+  std::shared_ptr<VariableImpl> node;
+  Tensor gradient;
+};
+// Receives the gradient contributions reaching a leaf in run_backward_into(), possibly several
+// per leaf (the sink sums them). `gradient` may be shared with the graph: never write into it.
+using LeafSink = std::function<void(const std::shared_ptr<VariableImpl>& leaf, const Tensor& gradient)>;
+
+// A backward pass from several roots at once, each seeded with its own gradient, that hands
+// leaf gradients to `sink` instead of adding them to grad(), and fires no hooks. Roots may
+// share subgraphs or lie on each other's graphs: each node runs once, after all its
+// contributions (the ordering of Note [Hook timing]). Roots that do not require grad are
+// skipped. Any thread; the graph is only read, so passes over one graph may run concurrently
+// (backward functions are pure). Throws InvalidArgument for a null root or a gradient whose
+// shape differs from its root's value; what a backward function throws propagates.
+void run_backward_into(const std::vector<RootGradient>& roots, const LeafSink& sink);
+
+// ---- Engine extensions for the data-parallel modules (src/nn/parallel) ----
+
+// Queues `callback` to run once the backward() running on this thread has propagated every
+// gradient (so every leaf's hooks have fired), before backward() returns; see
+// Note [Backward callbacks] in src/nn/variable.cc. Meant for hooks and backward functions.
+// Returns false, queuing nothing, when no backward() is running on this thread.
+bool queue_backward_callback(std::function<void()> callback);
+
+// Gradients of the leaves that require grad, keyed by their node.
+using LeafGradients = std::unordered_map<VariableImpl*, Tensor>;
+
+// d(sum(root * grad_root))/d(leaf) for every leaf that requires grad and is reachable from
+// `root` (torch.autograd.grad): the same walk as backward(), but the leaves' contributions are
+// summed into the returned map instead of grad(), and no hook fires and no callback runs.
+// `grad_root` has root's shape. Touches no shared state, so threads may run it at once over
+// graphs that share leaves. A leaf root maps to `grad_root`. A root that does not require grad
+// gives an empty map.
+LeafGradients leaf_gradients(const Variable& root, const Tensor& grad_root);
+
+// The leaves that require grad reachable from `root` (itself included when it is one), each
+// once, in the order of a depth-first walk from the root (deterministic for a given graph).
+std::vector<std::shared_ptr<VariableImpl>> reachable_leaves(const Variable& root);
 
 }  // namespace tutti::nn::detail

@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// BatchNorm1d and BatchNorm2d: one recorded operation over an input viewed as [n, c, inner].
+// BatchNorm1d and BatchNorm2d, and the batch-normalization operation they share with
+// SyncBatchNorm (src/nn/batch_norm_op.h).
 #include "tutti/nn/batch_norm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "src/nn/autograd.h"
+#include "src/nn/batch_norm_op.h"
+#include "src/nn/parallel/sync_batch_norm_op.h"
 #include "src/nn/tensor_math.h"
 
 namespace tutti::nn {
@@ -14,100 +20,177 @@ namespace tutti::nn {
 using detail::float_data;
 using detail::zeros;
 
+namespace detail {
+
 namespace {
 
 // torch.nn.BatchNorm*d's defaults.
 constexpr double kEps = 1e-5;
 constexpr double kMomentum = 0.1;
 
-// Normalizes x [n, c, inner] per channel c. In training mode with the batch statistics (and
-// updates the running ones in place), else with the running ones. Backward, with
-// xhat = (x - mean) * invstd over the m = n * inner values of a channel:
-//   dbias = sum(g), dweight = sum(g * xhat),
+// Serializes running-statistics updates: DataParallel runs a module's forward on several
+// threads that share its buffers. One lock for all layers: the update is short.
+std::mutex& running_stats_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// Per-channel batch mean and biased variance of x [n, c, inner], and the element count behind
+// them. Locally two passes (mean, then centred squares) for accuracy; with `reduce`, one pass of
+// sums and sums of squares in double, reduced across ranks together with the count (one
+// collective), then var = E[x^2] - mean^2.
+struct BatchStatistics {
+  std::vector<double> mean, var;
+  double count = 0;
+};
+
+BatchStatistics batch_statistics(const float* x, std::int64_t n, std::int64_t c, std::int64_t inner,
+                                 const StatisticsReducer& reduce) {
+  const auto channels = static_cast<std::size_t>(c);
+  BatchStatistics stats{std::vector<double>(channels), std::vector<double>(channels),
+                        static_cast<double>(n * inner)};
+  if (reduce) {
+    std::vector<double> sums(2 * channels + 1, 0.0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::size_t ch = 0; ch < channels; ++ch) {
+        for (std::int64_t j = 0; j < inner; ++j) {
+          const double v = x[(i * c + static_cast<std::int64_t>(ch)) * inner + j];
+          sums[ch] += v;
+          sums[channels + ch] += v * v;
+        }
+      }
+    }
+    sums[2 * channels] = stats.count;
+    reduce(sums);
+    stats.count = sums[2 * channels];
+    if (stats.count <= 1) {
+      throw_invalid_argument(
+          "SyncBatchNorm in training mode needs more than one value per "
+          "channel over all ranks, got ",
+          stats.count);
+    }
+    for (std::size_t ch = 0; ch < channels; ++ch) {
+      stats.mean[ch] = sums[ch] / stats.count;
+      stats.var[ch] =
+          std::max(sums[channels + ch] / stats.count - stats.mean[ch] * stats.mean[ch], 0.0);
+    }
+    return stats;
+  }
+  for (std::size_t ch = 0; ch < channels; ++ch) {
+    const auto at = [&](std::int64_t i, std::int64_t j) {
+      return x[(i * c + static_cast<std::int64_t>(ch)) * inner + j];
+    };
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t j = 0; j < inner; ++j) sum += at(i, j);
+    }
+    const double mean = sum / stats.count;
+    double squares = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t j = 0; j < inner; ++j) squares += (at(i, j) - mean) * (at(i, j) - mean);
+    }
+    stats.mean[ch] = mean;
+    stats.var[ch] = squares / stats.count;
+  }
+  return stats;
+}
+
+}  // namespace
+
+// Backward, with xhat = (x - mean) * invstd over the m values of a channel (m and the sums over
+// every rank's batch with `reduce`):
+//   dbias = sum(g), dweight = sum(g * xhat)                               (this rank's own)
 //   dx = weight * invstd / m * (m * g - sum(g) - xhat * sum(g * xhat))   (training: mean and
 //        var depend on x)
 //   dx = weight * invstd * g                                              (evaluation)
 Variable batch_norm(const Variable& input, const Variable& weight, const Variable& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training,
-                    std::int64_t n, std::int64_t c, std::int64_t inner) {
-  const std::int64_t m = n * inner;
+                    std::int64_t n, std::int64_t c, std::int64_t inner,
+                    const StatisticsReducer& reduce) {
   const float* x = float_data(input.value());
   Tensor y = zeros(input.value().shape());
   Tensor xhat = zeros(input.value().shape());
   Tensor invstd = zeros({c});
   float* r_mean = float_data(running_mean);
   float* r_var = float_data(running_var);
-  for (std::int64_t ch = 0; ch < c; ++ch) {
-    double mean = r_mean[ch];
-    double var = r_var[ch];
-    if (training) {
-      double sum = 0.0;
-      for (std::int64_t i = 0; i < n; ++i) {
-        for (std::int64_t j = 0; j < inner; ++j) sum += x[(i * c + ch) * inner + j];
-      }
-      mean = sum / static_cast<double>(m);
-      double squares = 0.0;
-      for (std::int64_t i = 0; i < n; ++i) {
-        for (std::int64_t j = 0; j < inner; ++j) {
-          const double d = x[(i * c + ch) * inner + j] - mean;
-          squares += d * d;
-        }
-      }
-      var = squares / static_cast<double>(m);  // Biased, to normalize; unbiased for the buffer.
-      r_mean[ch] = static_cast<float>((1.0 - kMomentum) * r_mean[ch] + kMomentum * mean);
+  BatchStatistics stats;
+  if (training) {
+    stats = batch_statistics(x, n, c, inner, reduce);
+    const std::lock_guard<std::mutex> lock(running_stats_mutex());
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const auto k = static_cast<std::size_t>(ch);
+      r_mean[ch] = static_cast<float>((1.0 - kMomentum) * r_mean[ch] + kMomentum * stats.mean[k]);
+      // Unbiased for the buffer, biased to normalize (as PyTorch).
       r_var[ch] = static_cast<float>((1.0 - kMomentum) * r_var[ch] +
-                                     kMomentum * squares / static_cast<double>(m - 1));
+                                     kMomentum * stats.var[k] * stats.count / (stats.count - 1));
     }
-    const double scale = 1.0 / std::sqrt(var + kEps);
+  } else {
+    const std::lock_guard<std::mutex> lock(running_stats_mutex());
+    stats.mean.assign(r_mean, r_mean + c);
+    stats.var.assign(r_var, r_var + c);
+  }
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const auto k = static_cast<std::size_t>(ch);
+    const double mean = stats.mean[k];
+    const double scale = 1.0 / std::sqrt(stats.var[k] + kEps);
     float_data(invstd)[ch] = static_cast<float>(scale);
     const float gamma = float_data(weight.value())[ch];
     const float beta = float_data(bias.value())[ch];
     for (std::int64_t i = 0; i < n; ++i) {
       for (std::int64_t j = 0; j < inner; ++j) {
         const std::int64_t at = (i * c + ch) * inner + j;
-        const float normalized = static_cast<float>((x[at] - mean) * scale);
+        const auto normalized = static_cast<float>((x[at] - mean) * scale);
         float_data(xhat)[at] = normalized;
         float_data(y)[at] = gamma * normalized + beta;
       }
     }
   }
 
-  auto backward = [xhat, invstd, gamma = weight.value(), training, n, c, inner,
-                   x_needs = input.requires_grad()](const Tensor& grad_y) {
-    detail::Gradients grads{zeros(xhat.shape()), zeros({c}), zeros({c})};
+  auto backward = [xhat, invstd, gamma = weight.value(), training, n, c, inner, reduce,
+                   count = stats.count, x_needs = input.requires_grad()](const Tensor& grad_y) {
+    Gradients grads{zeros(xhat.shape()), zeros({c}), zeros({c})};
     const float* g = float_data(grad_y);
     const float* xh = float_data(xhat);
-    const double m = static_cast<double>(n * inner);
-    for (std::int64_t ch = 0; ch < c; ++ch) {
-      double sum_g = 0.0;
-      double sum_g_xhat = 0.0;
-      for (std::int64_t i = 0; i < n; ++i) {
+    const auto channels = static_cast<std::size_t>(c);
+    std::vector<double> sums(2 * channels, 0.0);  // sum(g) per channel, then sum(g * xhat).
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::size_t ch = 0; ch < channels; ++ch) {
         for (std::int64_t j = 0; j < inner; ++j) {
-          const std::int64_t at = (i * c + ch) * inner + j;
-          sum_g += g[at];
-          sum_g_xhat += static_cast<double>(g[at]) * xh[at];
+          const std::int64_t at = (i * c + static_cast<std::int64_t>(ch)) * inner + j;
+          sums[ch] += g[at];
+          sums[channels + ch] += static_cast<double>(g[at]) * xh[at];
         }
       }
-      float_data(grads[1])[ch] = static_cast<float>(sum_g_xhat);
-      float_data(grads[2])[ch] = static_cast<float>(sum_g);
-      if (!x_needs) continue;
+    }
+    for (std::size_t ch = 0; ch < channels; ++ch) {
+      float_data(grads[1])[ch] = static_cast<float>(sums[channels + ch]);
+      float_data(grads[2])[ch] = static_cast<float>(sums[ch]);
+    }
+    if (!x_needs) return grads;
+    // Every rank's gradient sums enter the input gradient (SyncBatchNorm); the weight and bias
+    // gradients above stay this rank's own.
+    if (training && reduce) reduce(sums);
+    const double m = count;
+    float* dx = float_data(grads[0]);
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const auto k = static_cast<std::size_t>(ch);
       const double factor = float_data(gamma)[ch] * float_data(invstd)[ch];
-      float* dx = float_data(grads[0]);
       for (std::int64_t i = 0; i < n; ++i) {
         for (std::int64_t j = 0; j < inner; ++j) {
           const std::int64_t at = (i * c + ch) * inner + j;
-          const double d =
-              training ? factor / m * (m * g[at] - sum_g - xh[at] * sum_g_xhat) : factor * g[at];
+          const double d = training
+                               ? factor / m * (m * g[at] - sums[k] - xh[at] * sums[channels + k])
+                               : factor * g[at];
           dx[at] = static_cast<float>(d);
         }
       }
     }
     return grads;
   };
-  return detail::make_result(std::move(y), {input, weight, bias}, std::move(backward));
+  return make_result(std::move(y), {input, weight, bias}, std::move(backward));
 }
 
-}  // namespace
+}  // namespace detail
 
 BatchNorm1d::BatchNorm1d(std::int64_t features) : features_(features) {
   if (features <= 0) {
@@ -129,14 +212,17 @@ Variable BatchNorm1d::forward(const Variable& input) {
                                    detail::shape_string(shape));
   }
   const std::int64_t inner = shape.size() == 3 ? shape[2] : 1;
-  if (is_training() && shape[0] * inner <= 1) {
+  // Converted layers check the count over every rank, in detail::batch_norm().
+  if (is_training() && !sync_ && shape[0] * inner <= 1) {
     detail::throw_invalid_argument("BatchNorm1d(", features_,
                                    ") in training mode needs more than "
                                    "one value per channel, got input ",
                                    detail::shape_string(shape));
   }
-  return batch_norm(input, weight_, bias_, running_mean_.value(), running_var_.value(),
-                    is_training(), shape[0], features_, inner);
+  return detail::batch_norm(
+      input, weight_, bias_, running_mean_.value(), running_var_.value(), is_training(), shape[0],
+      features_, inner,
+      sync_ && is_training() ? detail::sync_reducer(*sync_) : detail::StatisticsReducer{});
 }
 
 BatchNorm2d::BatchNorm2d(std::int64_t channels) : channels_(channels) {
@@ -158,14 +244,17 @@ Variable BatchNorm2d::forward(const Variable& input) {
                                    ", h, w], got ", detail::shape_string(shape));
   }
   const std::int64_t inner = shape[2] * shape[3];
-  if (is_training() && shape[0] * inner <= 1) {
+  // Converted layers check the count over every rank, in detail::batch_norm().
+  if (is_training() && !sync_ && shape[0] * inner <= 1) {
     detail::throw_invalid_argument("BatchNorm2d(", channels_,
                                    ") in training mode needs more than "
                                    "one value per channel, got input ",
                                    detail::shape_string(shape));
   }
-  return batch_norm(input, weight_, bias_, running_mean_.value(), running_var_.value(),
-                    is_training(), shape[0], channels_, inner);
+  return detail::batch_norm(
+      input, weight_, bias_, running_mean_.value(), running_var_.value(), is_training(), shape[0],
+      channels_, inner,
+      sync_ && is_training() ? detail::sync_reducer(*sync_) : detail::StatisticsReducer{});
 }
 
 }  // namespace tutti::nn

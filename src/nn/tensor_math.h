@@ -4,12 +4,13 @@
 #pragma once
 
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 #include <Eigen/Core>
 
 #include "tutti/error.h"
+#include "src/common/strings.h"
+#include "src/common/throw.h"
 #include "tutti/tensor.h"
 
 namespace tutti::nn::detail {
@@ -34,22 +35,8 @@ inline VectorMap as_vector(const Tensor& t) { return VectorMap(float_data(t), t.
 // A new zero-filled float32 tensor.
 inline Tensor zeros(Shape shape) { return Tensor(DataType::Float32, std::move(shape)); }
 
-// "[17, 3]"
-inline std::string shape_string(const Shape& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-// Throws Error(InvalidArgument) whose message is the arguments printed one after another.
-template <class... Args>
-[[noreturn]] void throw_invalid_argument(const Args&... args) {
-  std::ostringstream message;
-  (message << ... << args);
-  throw Error(ErrorCode::InvalidArgument, message.str());
-}
+// The project's string and error helpers (src/common), under the names nn has always used.
+using ::tutti::detail::shape_string;
+using ::tutti::detail::throw_invalid_argument;
 
 }  // namespace tutti::nn::detail

@@ -5,11 +5,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <queue>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -37,6 +40,22 @@ namespace tutti::nn {
 // sequence number), i.e. the reverse of the forward order, as PyTorch's engine does; so the
 // parameters of the last layers finish first and the first layers' last, giving communication
 // the most computation to overlap with.
+
+// Note [Thread safety of nn]
+// DataParallel runs one module's forward on several threads at once, and users may run backward
+// passes on several threads over graphs that share parameters. What makes that safe:
+//  - Operations only read their inputs' values and make new nodes; sequence numbers are atomic.
+//    The two layers with side effects lock: BatchNorm's running-statistics update
+//    (src/nn/batch_norm.cc) and the generator behind initialization and Dropout
+//    (src/nn/random.cc).
+//  - Each backward() / leaf_gradients() walk keeps its use counts and pending gradients to
+//    itself; the only shared state it writes is a leaf's grad(), added to under the leaf's
+//    grad_mutex. Hooks run on the thread whose walk completed the leaf, so a leaf shared by
+//    concurrent passes may run its hooks concurrently: hooks must then be thread-safe.
+// Not safe, and not locked: writing values or grad() (optimizer steps, zero_grad()) while a pass
+// over those leaves runs; registering hooks, parameters, buffers or modules, train() and
+// manual_seed() concurrently with anything that uses the same objects; reading a grad() while a
+// concurrent pass adds to it.
 
 namespace detail {
 namespace {
@@ -98,13 +117,24 @@ std::unordered_map<VariableImpl*, int> count_uses(VariableImpl* root) {
   return uses;
 }
 
-// Step 2 of Note [Hook timing].
-void run_backward(const std::shared_ptr<VariableImpl>& root) {
-  Tensor seed = zeros(root->value.shape());
-  as_array(seed).setOnes();
+// Where a walk puts a leaf's contribution: into grad(), under the leaf's lock (backward()), or
+// into `capture` (leaf_gradients()). See Note [Thread safety of nn].
+void deliver(const std::shared_ptr<VariableImpl>& leaf, Tensor contribution,
+             LeafGradients* capture) {
+  if (capture != nullptr) {
+    add_pending(*capture, leaf.get(), std::move(contribution));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(leaf->grad_mutex);
+  accumulate(leaf->grad, contribution);
+}
+
+// Step 2 of Note [Hook timing], from `root` with gradient `seed` (root's shape). Without
+// `capture`, leaves accumulate into grad() and fire their hooks; with it, they only fill it.
+void run_backward(const std::shared_ptr<VariableImpl>& root, Tensor seed, LeafGradients* capture) {
   if (root->is_leaf()) {
-    accumulate(root->grad, seed);
-    fire_hooks(root);
+    deliver(root, std::move(seed), capture);
+    if (capture == nullptr) fire_hooks(root);
     return;
   }
   std::unordered_map<VariableImpl*, int> uses = count_uses(root.get());
@@ -131,18 +161,65 @@ void run_backward(const std::shared_ptr<VariableImpl>& root) {
                      " for an input of shape " + shape_string(input->value.shape()));
       }
       if (input->is_leaf()) {
-        accumulate(input->grad, grad_inputs[i]);
+        deliver(input, std::move(grad_inputs[i]), capture);
       } else {
         add_pending(pending_grads, input.get(), std::move(grad_inputs[i]));
       }
       if (--uses[input.get()] > 0) continue;
       if (input->is_leaf()) {
-        fire_hooks(input);  // Its gradient is final; see Note [Hook timing].
+        if (capture == nullptr) fire_hooks(input);  // Final; see Note [Hook timing].
       } else {
         ready.emplace(input->sequence, input.get());
       }
     }
   }
+}
+
+// Note [Backward callbacks]
+// DistributedDataParallel must wait for its bucket allreduces and write the averages into grad()
+// before backward() returns, and only backward() knows when the last gradient is done. So each
+// backward() installs, for its thread, a list that hooks and backward functions append to
+// (queue_backward_callback()); once the walk has propagated every gradient, the callbacks run in
+// the order queued (ones queued by a callback run too), all of them even if one throws, and the
+// first exception is rethrown from backward(). If the walk itself throws, the queued callbacks
+// are dropped unrun: their owners must cope with a pass that never finished (DDP does so at its
+// next forward). The list is per thread and per call, so a backward() started by a hook (a
+// nested pass) has its own, and leaf_gradients() walks, which fire no hooks, have none.
+
+// The callback list of the innermost backward() running on this thread, or null.
+thread_local std::vector<std::function<void()>>* current_callbacks = nullptr;
+
+// Installs a backward() call's callback list for this thread; restores the outer one after.
+class CallbackScope {
+ public:
+  explicit CallbackScope(std::vector<std::function<void()>>* list) : outer_(current_callbacks) {
+    current_callbacks = list;
+  }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+  ~CallbackScope() { current_callbacks = outer_; }
+
+ private:
+  std::vector<std::function<void()>>* outer_;
+};
+
+// backward(): the walk from a scalar root with gradient one, then the queued callbacks.
+void run_backward_pass(const std::shared_ptr<VariableImpl>& root) {
+  std::vector<std::function<void()>> callbacks;
+  const CallbackScope scope(&callbacks);
+  Tensor seed = zeros(root->value.shape());
+  as_array(seed).setOnes();
+  run_backward(root, std::move(seed), nullptr);
+  std::exception_ptr first_error;
+  for (std::size_t i = 0; i < callbacks.size(); ++i) {  // Index: callbacks may append.
+    const std::function<void()> callback = std::move(callbacks[i]);
+    try {
+      callback();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 // The node behind `impl`, or InvalidArgument for an empty Variable.
@@ -165,6 +242,47 @@ Variable make_result(Tensor value, const std::vector<Variable>& inputs, Backward
   for (const Variable& input : inputs) node.inputs.push_back(VariableAccess::impl(input));
   node.backward = std::move(backward);
   return result;
+}
+
+std::uint64_t next_result_sequence() { return next_sequence.fetch_add(1, std::memory_order_relaxed); }
+
+bool queue_backward_callback(std::function<void()> callback) {
+  if (current_callbacks == nullptr) return false;
+  current_callbacks->push_back(std::move(callback));
+  return true;
+}
+
+LeafGradients leaf_gradients(const Variable& root, const Tensor& grad_root) {
+  const std::shared_ptr<VariableImpl>& node = VariableAccess::impl(root);
+  checked(node);
+  if (grad_root.shape() != node->value.shape()) {
+    throw_invalid_argument("leaf_gradients: the gradient has shape ",
+                           shape_string(grad_root.shape()), " but the root has shape ",
+                           shape_string(node->value.shape()));
+  }
+  LeafGradients gradients;
+  if (node->requires_grad) run_backward(node, grad_root, &gradients);
+  return gradients;
+}
+
+std::vector<std::shared_ptr<VariableImpl>> reachable_leaves(const Variable& root) {
+  const std::shared_ptr<VariableImpl>& node = VariableAccess::impl(root);
+  std::vector<std::shared_ptr<VariableImpl>> leaves;
+  if (!checked(node).requires_grad) return leaves;
+  std::unordered_set<VariableImpl*> seen{node.get()};
+  std::vector<std::shared_ptr<VariableImpl>> to_visit{node};
+  while (!to_visit.empty()) {
+    std::shared_ptr<VariableImpl> current = std::move(to_visit.back());
+    to_visit.pop_back();
+    if (current->is_leaf()) {
+      leaves.push_back(std::move(current));
+      continue;
+    }
+    for (const std::shared_ptr<VariableImpl>& input : current->inputs) {
+      if (input->requires_grad && seen.insert(input.get()).second) to_visit.push_back(input);
+    }
+  }
+  return leaves;
 }
 
 void enable_grad(const Variable& v) {
@@ -214,7 +332,7 @@ void Variable::backward() {
         "backward() on a Variable that does not require grad: no "
         "leaf it was computed from requires grad");
   }
-  detail::run_backward(impl_);
+  detail::run_backward_pass(impl_);
 }
 
 void Variable::register_grad_hook(std::function<void(Variable&)> hook) {

@@ -14,6 +14,7 @@ struct FakeWorld::Shared {
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<std::deque<ops::Message>> mailboxes;
+  std::vector<std::deque<ops::Message>> rpc_mailboxes{static_cast<std::size_t>(size)};  // take_rpc_plane()'s.
 
   // One collective at a time per group of ranks: each rank posts its pointers, the last one
   // to arrive lets everyone compute, and the round ends when all have read.
@@ -31,17 +32,19 @@ namespace {
 
 class FakeControlPlane final : public ops::ControlPlane {
  public:
-  FakeControlPlane(std::shared_ptr<FakeWorld::Shared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
+  // `rpc` picks the mailboxes of the RPC planes, apart from negotiation's.
+  FakeControlPlane(std::shared_ptr<FakeWorld::Shared> shared, int rank, bool rpc = false)
+      : shared_(std::move(shared)), rank_(rank), boxes_(rpc ? &shared_->rpc_mailboxes : &shared_->mailboxes) {}
   int rank() const override { return rank_; }
   int size() const override { return shared_->size; }
   Status send(int destination, std::string bytes) override {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    shared_->mailboxes[static_cast<std::size_t>(destination)].push_back(ops::Message{.source = rank_, .bytes = std::move(bytes)});
+    (*boxes_)[static_cast<std::size_t>(destination)].push_back(ops::Message{.source = rank_, .bytes = std::move(bytes)});
     return Status();
   }
   Result<std::optional<ops::Message>> poll() override {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    auto& box = shared_->mailboxes[static_cast<std::size_t>(rank_)];
+    auto& box = (*boxes_)[static_cast<std::size_t>(rank_)];
     if (box.empty()) return std::optional<ops::Message>();
     ops::Message message = std::move(box.front());
     box.pop_front();
@@ -52,6 +55,7 @@ class FakeControlPlane final : public ops::ControlPlane {
  private:
   std::shared_ptr<FakeWorld::Shared> shared_;
   int rank_;
+  std::vector<std::deque<ops::Message>>* boxes_;  // In *shared_; guarded by its mutex.
 };
 
 // Collectives through shared memory: every member publishes its input, then reads everyone's.
@@ -158,6 +162,11 @@ class FakeTransport final : public ops::Transport {
   }
   const ops::Topology& topology() const override { return topology_; }
   ops::ControlPlane& control_plane() override { return plane_; }
+  std::unique_ptr<ops::ControlPlane> take_rpc_plane() override {
+    if (rpc_taken_) return nullptr;
+    rpc_taken_ = true;
+    return std::make_unique<FakeControlPlane>(shared_, topology_.rank, /*rpc=*/true);
+  }
   Result<std::unique_ptr<ops::Backend>> create_backend(const std::vector<int>& ranks) override {
     for (int r : ranks) {
       if (r == topology_.rank) return std::unique_ptr<ops::Backend>(std::make_unique<FakeBackend>(shared_, ranks, r));
@@ -169,6 +178,7 @@ class FakeTransport final : public ops::Transport {
   std::shared_ptr<FakeWorld::Shared> shared_;
   FakeControlPlane plane_;
   ops::Topology topology_;
+  bool rpc_taken_ = false;
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // An in-memory Transport: N threads play N ranks in one process, so sessions, negotiation and
 // fusion run in unit tests without MPI (gloo's approach). The control plane is a set of
-// mailboxes; the backend meets all ranks at a rendezvous for every collective.
+// mailboxes; the backend meets all ranks at a rendezvous for every collective. take_rpc_plane()
+// gives each rank a second control plane over mailboxes of its own, as the MPI transport gives
+// RPC a communicator of its own.
 #pragma once
 
 #include <condition_variable>

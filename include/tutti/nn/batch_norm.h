@@ -3,12 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "tutti/export.h"
 #include "tutti/nn/module.h"
 #include "tutti/nn/variable.h"
 
 namespace tutti::nn {
+
+namespace detail {
+struct BatchNormSync;
+struct BatchNormAccess;
+}  // namespace detail
 
 // y = (x - mean) / sqrt(var + 1e-5) * weight + bias per channel, as torch.nn.BatchNorm1d/2d
 // with their defaults (eps 1e-5, momentum 0.1, affine, tracking running statistics).
@@ -17,7 +23,10 @@ namespace tutti::nn {
 // the channel's, and updates the buffers: running = 0.9 running + 0.1 batch, with the unbiased
 // batch variance for "running_var". Evaluation mode normalizes with the buffers. Parameters
 // "weight" (ones) and "bias" (zeros), buffers "running_mean" (zeros) and "running_var" (ones),
-// all [channels]. Buffers are local: each rank updates its own (no SyncBatchNorm).
+// all [channels]. Buffers are local: each rank updates its own, unless convert_sync_batchnorm()
+// (tutti/nn/parallel.h) switched the layer to SyncBatchNorm's statistics over a process set.
+// forward() may run on several threads at once (DataParallel): the running-statistics update
+// is locked, each thread normalizing its own part with its own batch statistics.
 // Throws InvalidArgument for a non-positive channel count.
 class TUTTI_API BatchNorm1d : public Module {
  public:
@@ -28,11 +37,15 @@ class TUTTI_API BatchNorm1d : public Module {
   Variable forward(const Variable& input) override;
 
  private:
+  friend struct detail::BatchNormAccess;
+
   std::int64_t features_;
   Variable weight_;
   Variable bias_;
   Variable running_mean_;
   Variable running_var_;
+  // Set by convert_sync_batchnorm(): training mode then normalizes over this process set.
+  std::shared_ptr<const detail::BatchNormSync> sync_;
 };
 
 // As BatchNorm1d, for input [n, channels, h, w] -> same shape, normalizing over n, h and w.
@@ -43,11 +56,15 @@ class TUTTI_API BatchNorm2d : public Module {
   Variable forward(const Variable& input) override;
 
  private:
+  friend struct detail::BatchNormAccess;
+
   std::int64_t channels_;
   Variable weight_;
   Variable bias_;
   Variable running_mean_;
   Variable running_var_;
+  // Set by convert_sync_batchnorm(): training mode then normalizes over this process set.
+  std::shared_ptr<const detail::BatchNormSync> sync_;
 };
 
 }  // namespace tutti::nn

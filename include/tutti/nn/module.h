@@ -17,7 +17,9 @@ using NamedParameters = std::vector<std::pair<std::string, Variable>>;
 
 // A layer or a model: forward() plus the parameters, buffers and child modules registered by the
 // constructor. Modules start in training mode. Not copyable: a copy would silently share its
-// parameters; hold modules by std::shared_ptr instead. Not thread-safe.
+// parameters; hold modules by std::shared_ptr instead. forward() of the built-in layers may run
+// on several threads at once (DataParallel does); registration and train() may not run
+// concurrently with anything else on the module.
 class TUTTI_API Module {
  public:
   Module() = default;
@@ -35,6 +37,11 @@ class TUTTI_API Module {
   NamedParameters named_parameters() const;
   // The buffers (BatchNorm's running statistics, ...), named and ordered the same way.
   NamedParameters named_buffers() const;
+  // Tutti addition: the direct children, (name, module) in registration order
+  // (torch.nn.Module.named_children); convert_sync_batchnorm() walks them.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
+    return children_;
+  }
 
   // Switches this module and all its descendants to training (true) or evaluation (false) mode,
   // which Dropout and BatchNorm honour.

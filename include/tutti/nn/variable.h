@@ -25,8 +25,12 @@ struct VariableAccess;
 // requires grad too. Results of operations never accumulate a gradient themselves: only leaves
 // do (as in PyTorch without retain_grad()).
 //
-// Not thread-safe: a graph is built and differentiated on one thread at a time; the hooks run on
-// the thread that calls backward().
+// Threads: graphs may be built (forward) and differentiated (backward()) on several threads at
+// once, also when they share leaves such as parameters: each pass adds into a shared leaf's
+// grad() under that leaf's lock. The hooks run on the thread whose backward() completed the
+// leaf's gradient, so with concurrent passes over shared leaves they must be thread-safe. Not
+// safe: changing a value or grad() (optimizer steps, zero_grad()), or registering hooks, while a
+// pass that uses the Variable runs on another thread. See the README's "Threads in nn".
 class TUTTI_API Variable {
  public:
   // Empty: the accessors, backward() and register_grad_hook() throw InvalidArgument until a

@@ -16,11 +16,10 @@
 
 namespace tutti::optim {
 
-// How gradients travel. FP16/BF16 halve the bytes sent at the cost of precision: each
-// gradient is converted into a 2-byte temporary, reduced (in float32 arithmetic, see
-// allreduce_async) and converted back into grad() when the reduction completes. FP16 overflows
-// above 65504; BF16 keeps float32's range with 8 bits of mantissa.
-enum class Compression { None, FP16, BF16 };
+// How gradients travel: tutti::Compression (tutti/collectives.h), under its Horovod-style name.
+// FP16/BF16 convert each gradient into a 2-byte temporary, reduce it and convert the result
+// back into grad().
+using Compression = tutti::Compression;
 
 struct DistributedOptions {
   // Average (the default: the mean of the ranks' gradients, what a single process on the whole

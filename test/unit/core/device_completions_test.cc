@@ -53,7 +53,8 @@ bool completes(const Entry& entry) {
 }
 
 TEST_CASE("Device ops complete when their event does, in any order", "[device]") {
-  DeviceCompletions completions(nullptr);
+  const Completer completer(nullptr);
+  DeviceCompletions completions(completer);
   auto first = std::make_shared<Switch>();
   auto second = std::make_shared<Switch>();
   auto a = new_entry("a");
@@ -77,7 +78,8 @@ TEST_CASE("Device ops complete when their event does, in any order", "[device]")
 }
 
 TEST_CASE("A failed event fails its ops and is reported once", "[device]") {
-  DeviceCompletions completions(nullptr);
+  const Completer completer(nullptr);
+  DeviceCompletions completions(completer);
   auto failing = std::make_shared<Switch>();
   auto entry = new_entry("bad");
   completions.add(std::make_unique<SwitchEvent>(failing), {entry}, nullptr);
@@ -90,7 +92,8 @@ TEST_CASE("A failed event fails its ops and is reported once", "[device]") {
 }
 
 TEST_CASE("fail_all and finish leave no op pending", "[device]") {
-  DeviceCompletions completions(nullptr);
+  const Completer completer(nullptr);
+  DeviceCompletions completions(completer);
   auto never = std::make_shared<Switch>();
   auto lost = new_entry("lost");
   completions.add(std::make_unique<SwitchEvent>(never), {lost}, nullptr);

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+// P7 of DESIGN.md section 6: the round trip of rpc_sync against a raw MPI ping-pong of the same
+// bytes, for an empty message and for a 1 MiB tensor. Rank 0 calls rank 1's "echo" (which
+// returns its arguments, so the tensor crosses both ways, as the raw ping-pong's bytes do).
+// The raw ping-pong runs on a duplicate of MPI_COMM_WORLD while the RPC agent idles. Medians.
+//
+// Usage: mpirun -n 2 build/examples/rpc_benchmark [--iterations N] [--mb-iterations M]
+// Ends with: P7 rpc_us=<empty rpc_sync> raw_us=<empty raw ping-pong> mb_ratio=<1 MiB rpc / raw>
+#include <tutti/nn.h>
+#include <tutti/rpc.h>
+#include <tutti/tutti.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median_us(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples.empty() ? 0 : samples[samples.size() / 2];
+}
+
+// Round trips of rpc_sync(callee, "echo", message), in microseconds.
+std::vector<double> time_rpc(const std::string& callee, const tutti::rpc::Message& message,
+                             int iterations) {
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    const Clock::time_point start = Clock::now();
+    tutti::rpc::Message back = tutti::rpc::rpc_sync(callee, "echo", message);
+    samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+  }
+  return samples;
+}
+
+// Round trips of a raw ping-pong of `bytes` between ranks 0 and 1 (collective over both).
+std::vector<double> time_raw(MPI_Comm comm, int rank, std::size_t bytes, int iterations) {
+  std::vector<char> buffer(std::max<std::size_t>(bytes, 1));
+  const int count = static_cast<int>(bytes);
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    if (rank == 0) {
+      const Clock::time_point start = Clock::now();
+      MPI_Send(buffer.data(), count, MPI_BYTE, 1, 0, comm);
+      MPI_Recv(buffer.data(), count, MPI_BYTE, 1, 0, comm, MPI_STATUS_IGNORE);
+      samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    } else if (rank == 1) {
+      MPI_Recv(buffer.data(), count, MPI_BYTE, 0, 0, comm, MPI_STATUS_IGNORE);
+      MPI_Send(buffer.data(), count, MPI_BYTE, 0, 0, comm);
+    }
+  }
+  return samples;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iterations = 2000, mb_iterations = 200;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--iterations")
+      iterations = std::stoi(argv[i + 1]);
+    else if (flag == "--mb-iterations")
+      mb_iterations = std::stoi(argv[i + 1]);
+  }
+  tutti::init();
+  if (tutti::size() < 2) {
+    std::fprintf(stderr, "rpc_benchmark needs 2 ranks\n");
+    tutti::shutdown();
+    return 2;
+  }
+  tutti::rpc::register_function("echo", [](const tutti::rpc::Message& m) { return m; });
+  tutti::rpc::init_rpc("w" + std::to_string(tutti::rank()));
+  const int rank = tutti::rank();
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const tutti::rpc::Message empty;
+  const tutti::rpc::Message mib{
+      .tensors = {tutti::nn::Variable(tutti::Tensor(tutti::DataType::Float32, {kMiB / 4}))},
+      .rrefs = {},
+      .bytes = {}};
+  double rpc_empty = 0, rpc_mib = 0;
+  if (rank == 0) {
+    time_rpc("w1", empty, iterations / 10 + 1);  // Warm-up.
+    rpc_empty = median_us(time_rpc("w1", empty, iterations));
+    time_rpc("w1", mib, mb_iterations / 10 + 1);
+    rpc_mib = median_us(time_rpc("w1", mib, mb_iterations));
+  }
+  tutti::barrier();
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  time_raw(comm, rank, 0, iterations / 10 + 1);
+  const double raw_empty = median_us(time_raw(comm, rank, 0, iterations));
+  time_raw(comm, rank, kMiB, mb_iterations / 10 + 1);
+  const double raw_mib = median_us(time_raw(comm, rank, kMiB, mb_iterations));
+  MPI_Comm_free(&comm);
+  if (rank == 0) {
+    std::printf(
+        "P7 empty message: rpc_sync round trip %.1f us, raw MPI ping-pong %.1f us (median of %d)\n",
+        rpc_empty, raw_empty, iterations);
+    std::printf(
+        "P7 1 MiB tensor:  rpc_sync round trip %.1f us, raw MPI ping-pong %.1f us (median of %d)\n",
+        rpc_mib, raw_mib, mb_iterations);
+    std::printf("P7 rpc_us=%.1f raw_us=%.1f mb_ratio=%.2f\n", rpc_empty, raw_empty,
+                rpc_mib / raw_mib);
+  }
+  tutti::rpc::shutdown();
+  tutti::shutdown();
+  return 0;
+}

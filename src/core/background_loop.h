@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// The communication thread's loop: the cycle that moves ops through the stages.
+//
+// Note [Threading model]
+// A session's threads, and what each may touch:
+//  - application threads call the public API: they validate arguments, read the process-set
+//    table, push entries on the TensorQueue and wait on handles. They never call MPI.
+//  - "tutti-comm", the communication thread (one per session, started by Session::create,
+//    joined by Session::stop): makes every MPI and NCCL call of the collectives and owns
+//    the stages below, the backends and the movers.
+//  - "tutti-device" (CUDA ops only; DeviceCompletions): polls device events and completes
+//    device ops through the Completer.
+//  - "tutti-timeline" (while a timeline is open): writes the file; the others only format
+//    events into its buffer.
+// Shared state is guarded by annotated locks (TUTTI_GUARDED_BY, checked by the clang build in
+// scripts/test): the queue, the process-set table's membership, each OpState, the device
+// completions and the timeline. Everything else belongs to one thread.
+//
+// Note [The cycle]
+// Data flows one way through three stages, each with its own state:
+//   application --push--> TensorQueue
+//     1. RequestSender (every rank): drains new entries, turns them into one RequestList
+//        (cache ids where the cache knows the request) for the coordinator.
+//     2. CoordinatorStage (rank 0): files every rank's lists, decides which ops are ready (or
+//        wrong, or stalled), emits ResponseLists.
+//     3. ResponseExecutor (every rank): runs each ResponseList in order: cache -> work ->
+//        fusion plan -> executor -> Completer.
+//   Completer --> the application's Handle.
+// On rank 0, stage 1 hands its list to stage 2 and stage 2 its lists to stage 3 directly;
+// everywhere else they travel over the control plane. One cycle: run the device checks,
+// receive messages (ResponseLists, or on rank 0 RequestLists), send this rank's new requests,
+// and on rank 0 emit the next ResponseList. When a cycle finds nothing to do the thread spins
+// briefly, then sleeps on the queue with a timeout that grows with idleness (see kIdleCap).
+//
+// Note [Shutdown handshake]
+// Every rank sends the coordinator exactly one RequestList with `shutdown` set per session,
+// and it is the rank's last message: when stop() is called, when its loop fails (carrying the
+// error, so the coordinator can stop the others instead of leaving them waiting), or, if the
+// coordinator's bye came first, as its acknowledgement. The coordinator, once any rank stopped
+// or a stall passed its limit, sends every rank one last ResponseList, the bye, carrying the
+// reason; then it keeps receiving until it has the last message of every rank (at most
+// kShutdownAnswerTimeout). So no message of a session is left unreceived when its
+// communicators are freed: OpenMPI reuses a freed communicator's context, and a stray message
+// would reach the next session.
+#pragma once
+
+#include <atomic>
+#include <optional>
+
+#include "ops/control_plane.h"
+#include "src/common/status.h"
+#include "src/core/completer.h"
+#include "src/core/config.h"
+#include "src/core/coordinator_stage.h"
+#include "src/core/device_path.h"
+#include "src/core/process_set_table.h"
+#include "src/core/request_sender.h"
+#include "src/core/response_executor.h"
+#include "src/core/tensor_queue.h"
+#include "src/core/timeline.h"
+
+namespace tutti::core {
+
+// Communication thread only (built by Session::create before the thread starts).
+class BackgroundLoop {
+ public:
+  // Everything the loop works with; all of it must outlive the loop.
+  struct Parts {
+    ops::ControlPlane& plane;
+    TensorQueue& queue;
+    ProcessSetTable& sets;
+    DevicePath& device;
+    const Completer& completer;
+    Timeline& timeline;
+    const Config& config;
+  };
+  explicit BackgroundLoop(Parts parts);
+
+  // Runs cycles until the job stops, then ends the shutdown handshake. `stop_requested` is
+  // set by Session::stop(). Returns OK when the job stopped on request, or the error that
+  // stopped this rank.
+  Status run(const std::atomic<bool>& stop_requested);
+  // Why the job stopped, as the coordinator's bye said (the status pending ops fail with);
+  // nothing if no bye arrived.
+  const std::optional<Status>& shutdown_reason() const { return executor_.shutdown(); }
+
+ private:
+  bool is_coordinator() const { return coordinator_.has_value(); }
+  // One cycle; *did_work tells the idle policy whether anything moved.
+  Status cycle(bool* did_work);
+  Status receive(bool* did_work);
+  Status send_new(bool* did_work);
+  // Rank 0: sends `list` to every other rank, then executes it here.
+  Status broadcast_and_execute(ResponseList list);
+  // This rank stops, for `why` (OK: stop() was called).
+  Status stop_here(const Status& why);
+  // See Note [Shutdown handshake].
+  Status finish_handshake();
+
+  Parts parts_;
+  const int rank_;
+  ResponseExecutor executor_;
+  RequestSender sender_;  // Reads executor_'s cache.
+  std::optional<CoordinatorStage> coordinator_;  // Rank 0 only.
+};
+
+}  // namespace tutti::core

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// The one place where an op's handle is completed.
+//
+// Note [Completion]
+// An op ends in one of these ways, all through Completer::complete():
+//  - the response executor ran it (host ops), or found the coordinator's error for it;
+//  - the device thread saw its event complete, or fail (Note [Device completion]);
+//  - its process set was removed while it was in flight (ShutDown);
+//  - the session ended before it ran (ShutDown, Stalled, or the fault that stopped it).
+// Completing writes the op's end into the timeline first, then releases the handle, so a
+// waiter that wakes finds the span closed. Results (outputs, splits) are written before.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "src/common/status.h"
+#include "src/core/tensor_queue.h"
+#include "src/core/timeline.h"
+
+namespace tutti::core {
+
+// Any thread (the communication thread and the device thread complete ops).
+class Completer {
+ public:
+  // `timeline` may be null (no timeline) and must outlive the completer.
+  explicit Completer(Timeline* timeline) : timeline_(timeline) {}
+
+  void complete(Entry& entry, const Status& status) const;
+  void complete(std::span<const std::shared_ptr<Entry>> entries, const Status& status) const;
+
+ private:
+  Timeline* timeline_;
+};
+
+}  // namespace tutti::core

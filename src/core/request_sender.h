@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// Stage 1 of the cycle, on every rank: this rank's newly submitted ops, as messages to the
+// coordinator. See Note [The cycle] in background_loop.h.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "src/core/request.h"
+#include "src/core/response_cache.h"
+#include "src/core/tensor_queue.h"
+
+namespace tutti::core {
+
+// Communication thread only.
+class RequestSender {
+ public:
+  // `queue` and `cache` (the response executor's, read here) must outlive the sender.
+  RequestSender(TensorQueue& queue, const RankCache& cache, std::chrono::microseconds cycle_time)
+      : queue_(queue), cache_(cache), cycle_time_(cycle_time) {}
+
+  // The ops submitted since the last call, as one list (cache ids for the ops the cache
+  // knows), or nothing if there are none or this rank's last message was sent. Batches while
+  // ops keep arriving, at most the cycle time: a training step submits many at once, and a
+  // lone op goes out after one short gap.
+  std::optional<RequestList> take_new();
+  // The full requests of this rank's ops in flight that were sent as the cache hits `ids`,
+  // which the coordinator no longer knows; nothing once the last message was sent.
+  std::optional<RequestList> take_resend(std::span<const std::int32_t> ids);
+  // This rank's last message (Note [Shutdown handshake]): it stops after shutdown() (`why`
+  // OK) or because of the error `why`.
+  RequestList take_last(const Status& why);
+  bool last_sent() const { return last_sent_; }
+
+ private:
+  TensorQueue& queue_;
+  const RankCache& cache_;
+  const std::chrono::microseconds cycle_time_;
+  bool last_sent_ = false;
+};
+
+}  // namespace tutti::core

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// The batch-normalization operation shared by BatchNorm1d/2d and SyncBatchNorm: one recorded
+// operation over an input viewed as [n, c, inner]. Private to src/nn.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+
+#include "tutti/nn/variable.h"
+#include "tutti/tensor.h"
+
+namespace tutti::nn::detail {
+
+// Sums `values` in place over every rank that normalizes together (SyncBatchNorm: one
+// allreduce over its process set). Called with identical layouts on every rank, in forward
+// (per channel: sums, sums of squares, then the element count) and in backward (per channel:
+// sums of the output gradient, then sums of gradient times normalized input). Empty for the
+// local BatchNorm.
+using StatisticsReducer = std::function<void(std::span<double> values)>;
+
+// y = (x - mean) / sqrt(var + 1e-5) * weight + bias per channel of x [n, c, inner]
+// (torch.nn.BatchNorm's defaults: eps 1e-5, momentum 0.1). In training mode mean and the biased
+// var come from the batch (with `reduce`: from every rank's batch) and the running statistics
+// are updated in place (running_var with the unbiased variance), under a lock shared by all
+// batch-norm layers so that DataParallel's threads do not race; otherwise the running
+// statistics normalize. Throws InvalidArgument in training mode when fewer than two values per
+// channel are seen (counting every rank's with `reduce`).
+// Backward: weight and bias get this rank's own sums; the input gradient accounts for every
+// rank's batch (`reduce` is called once more) as SyncBatchNorm's contract says.
+Variable batch_norm(const Variable& input, const Variable& weight, const Variable& bias,
+                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                    std::int64_t n, std::int64_t c, std::int64_t inner,
+                    const StatisticsReducer& reduce = {});
+
+}  // namespace tutti::nn::detail

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+// DistributedDataParallel: the module wrapper (construction, forward, buffers); the buckets and
+// their reduction live in detail::Reducer (src/nn/parallel/reducer.h).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "src/nn/autograd.h"
+#include "src/nn/parallel/reducer.h"
+#include "src/nn/tensor_math.h"
+#include "tutti/collectives.h"
+#include "tutti/nn/parallel.h"
+
+namespace tutti::nn {
+namespace {
+
+constexpr double kBytesPerMb = 1024.0 * 1024.0;  // PyTorch's "MB" is a MiB.
+
+void check_options(const DistributedDataParallelOptions& o) {
+  for (const auto& [name, mb] : {std::pair{"bucket_cap_mb", o.bucket_cap_mb},
+                                 std::pair{"first_bucket_mb", o.first_bucket_mb}}) {
+    if (!(mb > 0) || !std::isfinite(mb)) {
+      detail::throw_invalid_argument("DistributedDataParallel: ", name,
+                                     " must be a positive number, got ", mb);
+    }
+  }
+  if (o.compression != Compression::None && o.compression != Compression::FP16 &&
+      o.compression != Compression::BF16) {
+    detail::throw_invalid_argument("DistributedDataParallel: unknown compression ",
+                                   static_cast<int>(o.compression));
+  }
+  if (!o.process_set.included()) {
+    detail::throw_invalid_argument(
+        "DistributedDataParallel: this rank is not a member of process "
+        "set ",
+        o.process_set.id(), "; construct it on the members only");
+  }
+  const std::vector<int>& members = o.process_set.ranks();
+  if (std::find(members.begin(), members.end(), o.root_rank) == members.end()) {
+    detail::throw_invalid_argument("DistributedDataParallel: root_rank ", o.root_rank,
+                                   " is not a member of process set ", o.process_set.id());
+  }
+}
+
+// Starts every broadcast, then waits for all (the tensors must stay alive until then) and
+// rethrows the first error. Returns false instead when every failure was an InvalidArgument
+// from wait() and `joined_root_ok`: join's verdict on a broadcast whose root has joined, which
+// every member receives alike.
+bool broadcast_all(const std::vector<std::pair<std::string, Tensor>>& tensors, int root,
+                   const ProcessSet& set, bool joined_root_ok = false) {
+  std::vector<Handle> handles;
+  std::exception_ptr first_error;
+  for (const auto& [name, tensor] : tensors) {
+    try {
+      handles.push_back(broadcast_async(tensor, root, name, set));
+    } catch (...) {
+      first_error = std::current_exception();  // The call's own error: always reported.
+      joined_root_ok = false;
+      break;
+    }
+  }
+  bool completed = true;
+  for (Handle& handle : handles) {
+    try {
+      handle.wait();
+    } catch (const Error& e) {
+      completed = false;
+      if (joined_root_ok && e.code() == ErrorCode::InvalidArgument) continue;
+      if (!first_error) first_error = std::current_exception();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  return completed;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
+                                                 DistributedDataParallelOptions options)
+    : options_(std::move(options)) {
+  if (!module) detail::throw_invalid_argument("DistributedDataParallel: the module is null");
+  check_options(options_);
+  module_ = register_module("module", std::move(module));
+
+  // Each Variable once, under its first name: a tensor listed twice must be reduced once.
+  std::vector<detail::Reducer::Parameter> parameters;
+  std::unordered_set<const detail::VariableImpl*> seen;
+  for (auto& [name, p] : named_parameters()) {
+    if (p.requires_grad() && seen.insert(detail::VariableAccess::impl(p).get()).second) {
+      parameters.push_back({name, p});
+    }
+  }
+
+  // The root's instance number names this DDP's ops, so members agree even if their counts
+  // of DDPs made so far differ; blocking, so the fixed "init" names are free again afterwards.
+  static std::atomic<std::int64_t> next_instance{0};
+  std::vector<std::pair<std::string, Tensor>> initial;
+  Tensor id = Tensor::from<std::int64_t>(std::vector<std::int64_t>{next_instance.fetch_add(1)}, {});
+  initial.emplace_back("DistributedDataParallel.init.id", id);
+  for (const auto& p : parameters) {
+    initial.emplace_back("DistributedDataParallel.init.parameter." + p.name, p.variable.value());
+  }
+  for (auto& [name, b] : named_buffers()) {
+    initial.emplace_back("DistributedDataParallel.init.buffer." + name, b.value());
+  }
+  broadcast_all(initial, options_.root_rank, options_.process_set);
+  id_ = id.span<std::int64_t>()[0];
+
+  detail::Reducer::Config config{
+      .op_prefix = "DistributedDataParallel." + std::to_string(id_),
+      .find_unused = options_.find_unused_parameters,
+      .as_view = options_.gradient_as_bucket_view,
+      .compression = options_.compression,
+      .root_rank = options_.root_rank,
+      .process_set = options_.process_set,
+      .first_cap_bytes = static_cast<std::int64_t>(options_.first_bucket_mb * kBytesPerMb),
+      .cap_bytes = static_cast<std::int64_t>(options_.bucket_cap_mb * kBytesPerMb)};
+  reducer_ = std::make_shared<detail::Reducer>(std::move(parameters), std::move(config));
+  reducer_->register_hooks();
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+Variable DistributedDataParallel::forward(const Variable& input) {
+  reducer_->before_forward();
+  if (is_training() && options_.broadcast_buffers) broadcast_buffers();
+  Variable output = module_->forward(input);
+  if (no_sync_depth_ > 0 || !output.requires_grad()) return output;
+  if (options_.find_unused_parameters) reducer_->note_reached(output);
+  return reducer_->attach(output);
+}
+
+// The root's buffers into every member's, unless some member has joined (a joined root cannot
+// send; the others would then disagree about which buffers they hold).
+void DistributedDataParallel::broadcast_buffers() {
+  if (options_.process_set.size() == 1 || reducer_->any_joined()) return;
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  const std::string prefix = "DistributedDataParallel." + std::to_string(id_) + ".buffer.";
+  for (auto& [name, b] : named_buffers()) buffers.emplace_back(prefix + name, b.value());
+  if (buffers.empty()) return;
+  // The root may have joined since the last reduction told us: every member then gets
+  // InvalidArgument from wait() alike, and none has broadcast (the buffers stay as they were).
+  static_cast<void>(
+      broadcast_all(buffers, options_.root_rank, options_.process_set, /*joined_root_ok=*/true));
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_names_for_testing() const {
+  return reducer_->bucket_names();
+}
+
+int DistributedDataParallel::buckets_started_for_testing() const {
+  return reducer_->buckets_started();
+}
+
+}  // namespace tutti::nn

@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: Apache-2.0
+// detail::Reducer: DistributedDataParallel's buckets and the reduction pass of
+// Note [DDP reduction passes].
+#include "src/nn/parallel/reducer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/nn/parallel/bucket_assignment.h"
+#include "src/nn/tensor_math.h"
+#include "tutti/half.h"
+
+namespace tutti::nn::detail {
+namespace {
+
+DataType wire_type(Compression compression) {
+  switch (compression) {
+    case Compression::FP16: return DataType::Float16;
+    case Compression::BF16: return DataType::BFloat16;
+    case Compression::None: break;
+  }
+  return DataType::Float32;
+}
+
+// float32 -> the 2-byte wire type and back (round to nearest even; see tutti/half.h).
+template <class Half>
+void narrow(std::span<const float> from, std::span<Half> to) {
+  for (std::size_t i = 0; i < from.size(); ++i) to[i] = Half(from[i]);
+}
+template <class Half>
+void widen(std::span<Half> from, std::span<float> to) {
+  for (std::size_t i = 0; i < from.size(); ++i) to[i] = static_cast<float>(from[i]);
+}
+
+void pack(const Tensor& contents, const Tensor& wire) {
+  if (wire.dtype() == DataType::Float16) narrow(contents.span<float>(), wire.span<float16>());
+  if (wire.dtype() == DataType::BFloat16) narrow(contents.span<float>(), wire.span<bfloat16>());
+}
+
+void unpack(const Tensor& wire, const Tensor& contents) {
+  if (wire.dtype() == DataType::Float16) widen(wire.span<float16>(), contents.span<float>());
+  if (wire.dtype() == DataType::BFloat16) widen(wire.span<bfloat16>(), contents.span<float>());
+}
+
+void copy_floats(const Tensor& from, const Tensor& to) {
+  if (from.num_elements() > 0) std::memcpy(to.data(), from.data(), to.byte_size());
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<Parameter> parameters, Config config)
+    : parameters_(std::move(parameters)), config_(std::move(config)) {
+  const std::size_t n = parameters_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    bytes_.push_back(parameters_[i].variable.value().num_elements() *
+                     static_cast<std::int64_t>(sizeof(float)));
+    index_of_.emplace(VariableAccess::impl(parameters_[i].variable).get(), i);
+  }
+  ready_.assign(n, false);
+  reached_.assign(n, false);
+  // Reverse registration order: roughly the order backward() finishes the gradients.
+  std::vector<std::size_t> order(n);
+  std::iota(order.rbegin(), order.rend(), std::size_t{0});
+  build_buckets(assign_buckets(order, bytes_, config_.first_cap_bytes, config_.cap_bytes));
+}
+
+Reducer::~Reducer() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  // The runtime may still read and write the buckets. Destructors never fail: errors dropped.
+  static_cast<void>(wait_all(/*write_results=*/false));
+}
+
+void Reducer::register_hooks() {
+  const std::weak_ptr<Reducer> weak = weak_from_this();
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    parameters_[i].variable.register_grad_hook([weak, i](Variable&) {
+      if (const std::shared_ptr<Reducer> reducer = weak.lock()) reducer->on_gradient(i);
+    });
+  }
+}
+
+Tensor Reducer::slice_of(std::size_t index) const {
+  const Bucket& bucket = buckets_[bucket_of_[index]];
+  return bucket.contents.slice(bucket.offsets[member_of_[index]],
+                               parameters_[index].variable.value().shape());
+}
+
+// New buckets for `assignment`. With as_view, the gradients' current values move into them and
+// grad() becomes their view; the old buckets (no longer in flight) are then dropped.
+void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignment) {
+  std::vector<Bucket> buckets(assignment.size());
+  bucket_of_.assign(parameters_.size(), 0);
+  member_of_.assign(parameters_.size(), 0);
+  for (std::size_t b = 0; b < assignment.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.members = assignment[b];
+    std::int64_t count = 0;
+    for (std::size_t m = 0; m < bucket.members.size(); ++m) {
+      bucket_of_[bucket.members[m]] = b;
+      member_of_[bucket.members[m]] = m;
+      bucket.offsets.push_back(count);
+      count += bytes_[bucket.members[m]] / static_cast<std::int64_t>(sizeof(float));
+    }
+    bucket.contents = zeros({count + (b == 0 ? 1 : 0)});  // Bucket 0's join slot.
+    if (config_.compression != Compression::None) {
+      bucket.wire = Tensor(wire_type(config_.compression), bucket.contents.shape());
+    }
+  }
+  buckets_ = std::move(buckets);
+  if (!config_.as_view) return;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    Tensor view = slice_of(i);
+    copy_floats(parameters_[i].variable.grad(), view);
+    parameters_[i].variable.grad() = std::move(view);
+  }
+}
+
+void Reducer::before_forward() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (pass_active_) abandon_pass();
+  if (!config_.as_view) return;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    Tensor& grad = parameters_[i].variable.grad();
+    Tensor view = slice_of(i);
+    if (grad.data() == view.data() && grad.shape() == view.shape()) continue;
+    // Replaced by the user (e.g. grad() = some tensor): keep its values, alias the bucket again.
+    if (grad.dtype() == DataType::Float32 && grad.num_elements() == view.num_elements()) {
+      copy_floats(grad, view);
+    }
+    grad = std::move(view);
+  }
+}
+
+void Reducer::note_reached(const Variable& output) {
+  const std::vector<std::shared_ptr<VariableImpl>> leaves = reachable_leaves(output);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const std::shared_ptr<VariableImpl>& leaf : leaves) {
+    const auto it = index_of_.find(leaf.get());
+    if (it != index_of_.end()) reached_[it->second] = true;
+  }
+}
+
+Variable Reducer::attach(const Variable& output) {
+  const std::weak_ptr<Reducer> weak = weak_from_this();
+  return make_result(output.value(), {output}, [weak](const Tensor& grad_output) {
+    if (const std::shared_ptr<Reducer> reducer = weak.lock()) reducer->start_pass();
+    return Gradients{grad_output};
+  });
+}
+
+bool Reducer::any_joined() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return any_joined_;
+}
+
+std::vector<std::vector<std::string>> Reducer::bucket_names() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::vector<std::string>> names;
+  for (const Bucket& bucket : buckets_) {
+    names.emplace_back();
+    for (std::size_t i : bucket.members) names.back().push_back(parameters_[i].name);
+  }
+  return names;
+}
+
+int Reducer::buckets_started() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return started_;
+}
+
+// Step 1 of Note [DDP reduction passes].
+void Reducer::start_pass() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (pass_active_) return;  // A second DDP output in the same backward pass.
+  const std::weak_ptr<Reducer> weak = weak_from_this();
+  const bool queued = queue_backward_callback([weak] {
+    if (const std::shared_ptr<Reducer> reducer = weak.lock()) reducer->finish_pass();
+  });
+  // Not inside backward() (a leaf_gradients() walk, e.g. under DataParallel): stay local.
+  if (!queued) return;
+  pass_active_ = true;
+  pass_error_ = nullptr;
+  started_ = 0;
+  ready_order_.clear();
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.members.size();
+    bucket.started = false;
+  }
+  if (config_.find_unused) {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (!reached_[i]) mark_ready(i);
+    }
+  }
+  std::fill(reached_.begin(), reached_.end(), false);
+}
+
+// Step 2 of Note [DDP reduction passes]: the hook of parameter `index`.
+void Reducer::on_gradient(std::size_t index) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!pass_active_ || ready_[index]) return;
+  mark_ready(index);
+}
+
+void Reducer::mark_ready(std::size_t index) {
+  ready_[index] = true;
+  ready_order_.push_back(index);
+  Bucket& bucket = buckets_[bucket_of_[index]];
+  if (!config_.as_view) copy_floats(parameters_[index].variable.grad(), slice_of(index));
+  if (--bucket.pending == 0) launch(bucket_of_[index]);
+}
+
+void Reducer::launch(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  bucket.started = true;
+  ++started_;
+  if (b == 0) {  // The join slot; see Note [DDP reduction passes].
+    float_data(bucket.contents)[bucket.contents.num_elements() - 1] = 1.0f;
+  }
+  try {
+    TensorView what = bucket.contents;
+    if (config_.compression != Compression::None) {
+      pack(bucket.contents, bucket.wire);
+      what = bucket.wire;
+    }
+    bucket.handle = allreduce_async(what, config_.op_prefix + ".bucket." + std::to_string(b),
+                                    {.op = ReduceOp::Average, .process_set = config_.process_set});
+    bucket.in_flight = true;
+  } catch (...) {
+    // Hooks must not throw mid-backward: finish_pass() reports it.
+    if (!pass_error_) pass_error_ = std::current_exception();
+  }
+}
+
+// Waits for every bucket in flight and, with `write_results`, writes the averages of those that
+// succeeded into the gradients. Returns the first error, after waiting for all (the runtime
+// uses their memory until then).
+std::exception_ptr Reducer::wait_all(bool write_results) {
+  std::exception_ptr first_error;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (!bucket.in_flight) continue;
+    bucket.in_flight = false;
+    try {
+      bucket.handle.wait();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+      continue;  // The gradients keep their local values.
+    }
+    if (!write_results) continue;
+    if (config_.compression != Compression::None) unpack(bucket.wire, bucket.contents);
+    if (!config_.as_view) {
+      for (std::size_t i : bucket.members) copy_floats(slice_of(i), parameters_[i].variable.grad());
+    }
+    if (b == 0) {
+      // The fraction of members that reduced it; fp16 keeps (size - 1) / size well apart from 1
+      // for any realistic set size.
+      const float active = float_data(bucket.contents)[bucket.contents.num_elements() - 1];
+      any_joined_ = active < 1.0f - 0.5f / static_cast<float>(config_.process_set.size());
+    }
+  }
+  return first_error;
+}
+
+// Step 3 of Note [DDP reduction passes].
+void Reducer::finish_pass() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!pass_active_) return;
+  std::vector<std::string> missing;
+  for (const Bucket& bucket : buckets_) {
+    for (std::size_t i : bucket.members) {
+      if (!ready_[i]) missing.push_back(parameters_[i].name);
+    }
+  }
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (!ready_[i]) mark_ready(i);  // Submit every bucket, so that no member waits forever.
+  }
+  std::exception_ptr error = pass_error_;
+  const std::exception_ptr wait_error = wait_all(/*write_results=*/true);
+  if (!error) error = wait_error;
+  pass_active_ = false;
+  // Whether to rebuild must not depend on what this rank saw (unused parameters, errors): a
+  // member that skipped the broadcast would leave the others waiting in it.
+  if (!rebuilt_ && !config_.find_unused) {
+    try {
+      rebuild();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  if (!missing.empty() && !config_.find_unused) {
+    std::string names;
+    for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;
+    throw_invalid_argument(
+        "DistributedDataParallel: backward() produced no gradient for ", names,
+        " (the forward pass did not use them); their buckets were reduced with this rank's "
+        "current grad(). Set DistributedDataParallelOptions::find_unused_parameters = true if "
+        "the model leaves parameters unused, or use every parameter in forward()");
+  }
+}
+
+void Reducer::abandon_pass() {
+  static_cast<void>(wait_all(/*write_results=*/false));  // Dropped: that backward() threw.
+  pass_active_ = false;
+}
+
+// Rebuilds the buckets in the root's ready order of the first synchronized pass (hooks' order,
+// then the parameters finish_pass() marked). Collective: every member finishing its first pass
+// gets here, and the root's order decides on all.
+void Reducer::rebuild() {
+  rebuilt_ = true;
+  // A member that had joined cannot take part: keep the initial buckets everywhere.
+  if (any_joined_) return;
+  const std::size_t n = parameters_.size();
+  Tensor order(DataType::Int64, {static_cast<std::int64_t>(n)});
+  std::span<std::int64_t> values = order.span<std::int64_t>();
+  for (std::size_t k = 0; k < n; ++k) values[k] = static_cast<std::int64_t>(ready_order_[k]);
+  try {
+    broadcast(order, config_.root_rank, config_.op_prefix + ".rebuild_order", config_.process_set);
+  } catch (const Error& e) {
+    // The root joined since: every member that got here fails alike, and none rebuilds.
+    if (e.code() == ErrorCode::InvalidArgument) return;
+    throw;
+  }
+  std::vector<std::size_t> root_order(n);
+  std::vector<bool> seen(n, false);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::int64_t i = values[k];
+    // The root's order is a permutation of the same parameters unless the models differ, which
+    // the broadcast's shape check would have caught; keep the buckets rather than trust it.
+    if (i < 0 || static_cast<std::size_t>(i) >= n || seen[static_cast<std::size_t>(i)]) return;
+    seen[static_cast<std::size_t>(i)] = true;
+    root_order[k] = static_cast<std::size_t>(i);
+  }
+  std::vector<std::vector<std::size_t>> assignment =
+      assign_buckets(root_order, bytes_, config_.first_cap_bytes, config_.cap_bytes);
+  bool same = assignment.size() == buckets_.size();
+  for (std::size_t b = 0; same && b < assignment.size(); ++b) {
+    same = assignment[b] == buckets_[b].members;
+  }
+  if (!same) build_buckets(assignment);
+}
+
+}  // namespace tutti::nn::detail

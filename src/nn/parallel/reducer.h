@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// DistributedDataParallel's gradient buckets and the per-backward-pass protocol that averages
+// them across ranks (PyTorch's Reducer). Private to src/nn.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "src/nn/autograd.h"
+#include "tutti/collectives.h"
+#include "tutti/nn/variable.h"
+#include "tutti/process_set.h"
+
+namespace tutti::nn::detail {
+
+// Note [DDP reduction passes]
+// A synchronized pass runs from the backward of a DDP output to the end of that backward():
+//  1. DDP::forward() wraps the module's output in an identity operation. Its backward runs
+//     before any parameter's (they are upstream of it), and calls start_pass(): it queues
+//     finish_pass() as a backward callback (Note [Backward callbacks] in src/nn/variable.cc),
+//     resets every bucket's pending count and, with find_unused_parameters, marks the
+//     parameters the forward did not reach as ready.
+//  2. Each parameter's grad hook marks it ready (copying its gradient into the bucket unless
+//     the gradient is a view of it). The bucket whose last member becomes ready starts its
+//     allreduce_async(Average) there, mid-backward.
+//  3. finish_pass(), once every gradient is final: parameters still not ready are marked ready
+//     with their current grad(), so every bucket is submitted on every rank and no member waits
+//     forever; then every bucket is waited for and its average written back into grad(). The
+//     first pass (without find_unused_parameters) rebuilds the buckets in the root's ready
+//     order, whatever this rank saw, so that every member takes part in the broadcast. Errors
+//     are thrown last: a reduction's first, else the unused parameters' InvalidArgument.
+// A pass whose backward() threw before finishing leaves buckets in flight; the next forward()
+// (abandon_pass()) waits for them and drops their results. Hooks firing outside a pass
+// (no_sync(), or a backward not through a DDP output) do nothing: gradients stay local.
+// Bucket 0 carries one extra element, 1 on every rank that reduces it: its average is the
+// fraction of members that have not joined, which tells any_joined().
+//
+// Threads: every member runs on the thread that calls forward()/backward(); the mutex guards
+// against a hook of a shared parameter firing from another thread's backward().
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  struct Parameter {
+    std::string name;  // "module.<name>", for messages.
+    Variable variable;
+  };
+  struct Config {
+    std::string op_prefix;  // "DistributedDataParallel.<id>", identical on every rank.
+    bool find_unused = false;
+    bool as_view = false;
+    Compression compression = Compression::None;
+    int root_rank = 0;
+    ProcessSet process_set = ProcessSet::global();
+    std::int64_t first_cap_bytes = 0;
+    std::int64_t cap_bytes = 0;
+  };
+
+  // Builds the initial buckets (reverse parameter order); with as_view, copies each grad()
+  // into its bucket and makes grad() a view of it. Does not communicate.
+  Reducer(std::vector<Parameter> parameters, Config config);
+  // Waits for buckets in flight, ignoring errors.
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Registers the grad hooks (they hold this object weakly). Call once, after make_shared.
+  void register_hooks();
+
+  // forward(), before the module runs: finishes an abandoned pass and, with as_view, re-points
+  // gradients that no longer alias their bucket.
+  void before_forward();
+  // find_unused: records the parameters reachable from `output`.
+  void note_reached(const Variable& output);
+  // `output`, recorded through the identity operation of Note [DDP reduction passes] step 1.
+  Variable attach(const Variable& output);
+
+  // Whether some member had joined at the last completed reduction of bucket 0.
+  bool any_joined() const;
+
+  std::vector<std::vector<std::string>> bucket_names() const;
+  int buckets_started() const;
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> members;   // Parameter indices, in bucket order.
+    std::vector<std::int64_t> offsets;  // Element offset of each member in `contents`.
+    Tensor contents;                    // float32; bucket 0 has one more element (the join slot).
+    Tensor wire;                        // The 2-byte copy that travels, with compression.
+    std::size_t pending = 0;            // Members not yet ready in this pass.
+    bool started = false;
+    bool in_flight = false;
+    Handle handle;
+  };
+
+  void build_buckets(const std::vector<std::vector<std::size_t>>& assignment);
+  Tensor slice_of(std::size_t index) const;
+  void start_pass();
+  void finish_pass();
+  void abandon_pass();
+  void on_gradient(std::size_t index);
+  void mark_ready(std::size_t index);
+  void launch(std::size_t bucket);
+  std::exception_ptr wait_all(bool write_results);
+  void rebuild();
+
+  std::vector<Parameter> parameters_;
+  Config config_;
+  std::vector<std::int64_t> bytes_;  // Per parameter.
+  std::unordered_map<const VariableImpl*, std::size_t> index_of_;
+
+  mutable std::mutex mutex_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // Per parameter.
+  std::vector<std::size_t> member_of_;  // Per parameter: its position in its bucket.
+  bool pass_active_ = false;
+  std::vector<bool> ready_;               // Per parameter, this pass.
+  std::vector<std::size_t> ready_order_;  // This pass.
+  std::vector<bool> reached_;             // find_unused: since the last pass started.
+  std::exception_ptr pass_error_;         // From a launch; thrown by finish_pass().
+  int started_ = 0;
+  bool rebuilt_ = false;
+  bool any_joined_ = false;
+};
+
+}  // namespace tutti::nn::detail

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// SyncBatchNorm and convert_sync_batchnorm(): batch normalization whose statistics are summed
+// over a process set (the arithmetic is detail::batch_norm's, src/nn/batch_norm.cc).
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "src/nn/autograd.h"
+#include "src/nn/batch_norm_op.h"
+#include "src/nn/parallel/sync_batch_norm_op.h"
+#include "src/nn/tensor_math.h"
+#include "tutti/collectives.h"
+#include "tutti/nn/batch_norm.h"
+#include "tutti/nn/parallel.h"
+
+namespace tutti::nn {
+
+namespace detail {
+
+std::shared_ptr<const BatchNormSync> make_batch_norm_sync(ProcessSet process_set) {
+  // Process-wide, so that two layers never share a name; see BatchNormSync::name.
+  static std::atomic<std::uint64_t> next_layer{0};
+  return std::make_shared<const BatchNormSync>(BatchNormSync{
+      std::move(process_set), "SyncBatchNorm." + std::to_string(next_layer.fetch_add(1))});
+}
+
+StatisticsReducer sync_reducer(const BatchNormSync& sync) {
+  return [set = sync.process_set, name = sync.name](std::span<double> values) {
+    // Sum, not Average: a member that has joined contributes zeros, and the counts reduced
+    // alongside keep the mean exact.
+    allreduce(TensorView(values.data(), Shape{static_cast<std::int64_t>(values.size())}), name,
+              {.op = ReduceOp::Sum, .process_set = set});
+  };
+}
+
+}  // namespace detail
+
+SyncBatchNorm::SyncBatchNorm(std::int64_t features, ProcessSet process_set)
+    : features_(features), sync_(detail::make_batch_norm_sync(std::move(process_set))) {
+  if (features <= 0) {
+    detail::throw_invalid_argument("SyncBatchNorm(", features, "): needs a positive feature count");
+  }
+  weight_ = register_parameter("weight", Variable(detail::zeros({features})));
+  detail::as_array(weight_.value()).setOnes();
+  bias_ = register_parameter("bias", Variable(detail::zeros({features})));
+  running_mean_ = register_buffer("running_mean", Variable(detail::zeros({features})));
+  running_var_ = register_buffer("running_var", Variable(detail::zeros({features})));
+  detail::as_array(running_var_.value()).setOnes();
+}
+
+Variable SyncBatchNorm::forward(const Variable& input) {
+  const Shape& shape = input.value().shape();
+  if (shape.size() < 2 || shape.size() > 4 || shape[1] != features_) {
+    detail::throw_invalid_argument("SyncBatchNorm(", features_, ") expects input [n, ", features_,
+                                   "], [n, ", features_, ", l] or [n, ", features_, ", h, w], got ",
+                                   detail::shape_string(shape));
+  }
+  std::int64_t inner = 1;
+  for (std::size_t d = 2; d < shape.size(); ++d) inner *= shape[d];
+  return detail::batch_norm(
+      input, weight_, bias_, running_mean_.value(), running_var_.value(), is_training(), shape[0],
+      features_, inner, is_training() ? detail::sync_reducer(*sync_) : detail::StatisticsReducer{});
+}
+
+namespace {
+
+// Converts `module` if it is a BatchNorm, then its registered children, depth first in
+// registration order (which numbers the layers the same way on every rank).
+void convert(Module& module, const ProcessSet& process_set) {
+  if (auto* bn = dynamic_cast<BatchNorm1d*>(&module)) {
+    detail::BatchNormAccess::set_sync(*bn, detail::make_batch_norm_sync(process_set));
+  } else if (auto* bn2 = dynamic_cast<BatchNorm2d*>(&module)) {
+    detail::BatchNormAccess::set_sync(*bn2, detail::make_batch_norm_sync(process_set));
+  }
+  for (const auto& [name, child] : module.named_children()) convert(*child, process_set);
+}
+
+}  // namespace
+
+std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
+                                               ProcessSet process_set) {
+  if (!module) detail::throw_invalid_argument("convert_sync_batchnorm: the module is null");
+  convert(*module, process_set);
+  return module;
+}
+
+}  // namespace tutti::nn

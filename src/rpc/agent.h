@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+// The RPC agent: requests and responses with ids over a control plane of its own, futures with
+// deadlines, the callee's pool, self-calls, peers leaving, and the graceful shutdown handshake.
+//
+// Note [RPC threading]
+// Threads of an agent:
+//  - Application threads (and functions on the pool making nested calls) call call(): it
+//    records distributed autograd sends, forks RRefs, encodes the frame, registers the pending
+//    call with its deadline and queues the bytes. They wait on the call's FutureState.
+//  - The RPC thread, one per agent, is the only user of the agent's ops::ControlPlane, so the
+//    only thread making MPI calls on RPC's communicator. It posts queued frames (fragmenting
+//    big ones), delivers frames to this worker itself without MPI, polls for arriving frames and
+//    decodes them, runs the RRef bookkeeping in arrival order (Note [RRef protocol]), completes
+//    futures from responses, fails calls past their deadline (Timeout) or to peers that left
+//    (ShutDown), and drives the shutdown handshake (Note [Graceful shutdown] in
+//    agent_shutdown.cc).
+//  - The pool (ThreadPool, RpcOptions::num_worker_threads) runs the functions called here and
+//    the heavier internal handlers (distributed backward, optimizer steps), then queues the
+//    response.
+// Why a thread of its own rather than Tutti's communication thread: RPC is not negotiated (no
+// rank waits for another to agree), so it gains nothing from the collective cycle and would
+// only add the cycle's latency; and the communication thread is free to be restructured
+// without RPC in mind. The price is two threads calling MPI at once (the RPC thread on RPC's
+// communicator, the communication thread on the others), which needs MPI_THREAD_MULTIPLE:
+// init_rpc() refuses with InvalidArgument when MPI provides less (tutti::mpi_threads_supported()).
+// RPC's communicator is duplicated by the MPI transport at tutti::init(), ordered with the other
+// collectives; the session owns the plane and lends it to one agent at a time, which holds the
+// session alive (tutti::shutdown() stops the agent first).
+// MPI cannot wake a thread sleeping on a condition variable, so the RPC thread polls: after any
+// traffic, and while any send is still in flight (MPI progresses a big message's rendezvous only
+// inside the sender's MPI calls), it keeps polling (yielding) for kSpinWindow, then sleeps on a
+// condition variable with
+// waits growing to kMaxSleep, until the next deadline at most. Frames queued locally wake it at
+// once; a frame arriving from a peer after a quiet spell waits up to kMaxSleep. Idle, the
+// thread costs about one MPI_Iprobe per kMaxSleep.
+// Locks are never held while running callbacks or user code: futures complete, and handles
+// die, outside every lock of the agent.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ops/control_plane.h"
+#include "src/common/status.h"
+#include "src/rpc/dist_context.h"
+#include "src/rpc/future.h"
+#include "src/rpc/rref_context.h"
+#include "src/rpc/thread_pool.h"
+#include "src/rpc/wire.h"
+#include "tutti/rpc.h"
+
+namespace tutti::rpc::detail {
+
+inline constexpr std::chrono::microseconds kSpinWindow{2000};
+inline constexpr std::chrono::microseconds kMinSleep{50};
+inline constexpr std::chrono::microseconds kMaxSleep{1000};
+// Frames bigger than this cross the plane in pieces (MPI counts are int; and a piece this size
+// already runs at full bandwidth).
+inline constexpr std::size_t kDefaultMaxPieceBytes = std::size_t{64} << 20;
+
+// `seconds` (finite, >= 0) as a duration, capped so that deadlines cannot overflow.
+Clock::duration to_duration(double seconds);
+
+struct AgentOptions {
+  int rank = 0;
+  std::vector<std::string> names;  // Every worker's name, by rank.
+  RpcOptions options;
+  std::uint32_t epoch = 0;  // See Frame::epoch.
+  std::size_t max_piece_bytes = kDefaultMaxPieceBytes;
+};
+
+// A request being served.
+struct Incoming {
+  int source = -1;
+  std::uint64_t id = 0;
+  std::string function;
+  std::string meta;
+  std::int64_t context_id = -1;
+  Message args;
+};
+
+// An internal ("tutti.*") function: returns the future of its response, which may complete
+// later (the response is sent then). Throwing a tutti::Error fails the call with it.
+using Handler = std::function<std::shared_ptr<FutureState>(Incoming& request)>;
+enum class Place { RpcThread, Pool };  // Where a handler runs; see Note [RPC threading].
+
+// One worker's RPC agent (see Note [RPC threading]). Any thread unless a method says otherwise;
+// the members under "RPC thread only" belong to run() and its helpers.
+class Agent : public std::enable_shared_from_this<Agent> {
+ public:
+  // Starts the RPC thread and the pool. `plane` must outlive the agent: `keep_alive` (the core
+  // session that owns it) is held until shutdown. `functions` are the user's, by name.
+  static std::shared_ptr<Agent> start(ops::ControlPlane& plane, AgentOptions options,
+                                      std::map<std::string, Function> functions,
+                                      std::shared_ptr<const void> keep_alive);
+  ~Agent();  // Shuts down (not gracefully) if shutdown() was not called.
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  int rank() const { return options_.rank; }
+  int size() const { return static_cast<int>(options_.names.size()); }
+  const std::string& name() const { return options_.names[static_cast<std::size_t>(rank())]; }
+  WorkerInfo info(int rank) const { return {options_.names[static_cast<std::size_t>(rank)], rank}; }
+  // The rank of worker `name`, or InvalidArgument.
+  Result<int> rank_of(std::string_view name) const;
+  const RpcOptions& options() const { return options_.options; }
+  Clock::duration default_timeout() const;
+
+  // Any thread. Calls `function` on worker `to`; see Note [RPC threading]. The future completes
+  // with the response, Timeout after `timeout`, or ShutDown. Inside distributed autograd context
+  // `context_id` (-1: none) the call is recorded (Note [Distributed autograd] in
+  // src/rpc/dist_engine.h). `args` must hold no empty Variable or RRef.
+  std::shared_ptr<FutureState> call(int to, std::string function, Message args,
+                                    Clock::duration timeout, std::int64_t context_id,
+                                    std::string meta = {});
+  // Before start() returns only (the registration functions of the other files).
+  void add_handler(const std::string& name, Place place, Handler handler);
+  // Runs user function `function` on the pool with `request`'s arguments and context; the
+  // future completes with its result, or its exception as an Error naming this worker.
+  std::shared_ptr<FutureState> run_function(const std::shared_ptr<Incoming>& request,
+                                            const std::string& function);
+
+  RRefContext& rrefs() { return rrefs_; }
+  ContextContainer& contexts() { return contexts_; }
+
+  // Application thread. Idempotent. See Note [Graceful shutdown] in agent_shutdown.cc.
+  void shutdown(bool graceful);
+  bool stopped() const { return stopped_.load(); }
+
+ private:
+  struct Pending {
+    std::shared_ptr<FutureState> future;
+    int destination = -1;
+    std::string function;
+    Clock::time_point deadline;
+    Clock::duration timeout;
+  };
+  struct Outgoing {
+    int destination = -1;
+    std::string bytes;
+    bool counted = true;  // A request or response (Note [Graceful shutdown]).
+  };
+
+  Agent(ops::ControlPlane& plane, AgentOptions options, std::map<std::string, Function> functions,
+        std::shared_ptr<const void> keep_alive);
+
+  // Serialization (serialize.cc).
+  WirePayload to_wire(const Message& message, int destination);
+  Message from_wire(WirePayload payload, int source, const std::shared_ptr<DistContext>& context,
+                    std::int64_t autograd_message_id);
+
+  void enqueue(int destination, std::string bytes, bool counted);
+  void wake();  // Wakes the RPC thread from its sleep.
+  void respond(const Incoming& request, const Result<Message>& result);
+  void send_control(int destination, ControlKind kind, std::uint64_t round = 0,
+                    std::uint64_t sent = 0, std::uint64_t received = 0);
+
+  // The RPC thread (agent.cc).
+  void run();
+  bool flush_outgoing(Status* fatal);
+  bool poll_incoming(Status* fatal);
+  void process(int source, std::string bytes);
+  void handle_request(int source, Frame frame);
+  void handle_response(int source, Frame frame);
+  void handle_control(int source, const Frame& frame);
+  void dispatch(std::shared_ptr<Incoming> request);
+  void run_handler(const std::shared_ptr<Incoming>& request, const Handler& handler);
+  Clock::time_point expire_calls();  // Returns the next deadline.
+  void peer_left(int rank, const Status& why);
+  bool shutdown_step();  // True: leave the loop.
+  bool locally_idle();
+  void teardown(const Status& why);
+
+  ops::ControlPlane& plane_;
+  const AgentOptions options_;
+  std::shared_ptr<const void> keep_alive_;
+  const std::map<std::string, Function> functions_;
+  std::map<std::string, std::pair<Place, Handler>> handlers_;  // Fixed once started.
+  RRefContext rrefs_;
+  ContextContainer contexts_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::thread thread_;
+
+  std::atomic<std::uint64_t> next_id_{1};
+  std::mutex pending_mutex_;
+  std::map<std::uint64_t, Pending> pending_;                         // Guarded by pending_mutex_.
+  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;  // Guarded by pending_mutex_.
+  std::vector<char> gone_;            // Peers that left; guarded by pending_mutex_.
+  std::atomic<bool> stopped_{false};  // No more calls (set under both mutexes).
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Outgoing> outgoing_;  // Guarded by queue_mutex_.
+  bool wake_ = false;              // Guarded by queue_mutex_.
+
+  // RPC thread only.
+  std::deque<std::string> loopback_;
+  Reassembler reassembler_;
+  std::uint64_t sent_ = 0;
+  std::uint64_t received_ = 0;
+  bool intent_sent_ = false;
+  std::uint64_t probe_round_ = 0;
+  bool finished_ = false;
+  int intents_ = 0;  // Leader (rank 0): Note [Graceful shutdown].
+  std::uint64_t round_ = 0;
+  std::map<int, std::pair<std::uint64_t, std::uint64_t>> reports_, last_reports_;
+
+  std::atomic<int> in_progress_{0};  // Requests received and not answered yet.
+  std::atomic<bool> graceful_requested_{false};
+  std::atomic<bool> force_requested_{false};
+  std::mutex state_mutex_;
+  std::condition_variable state_cv_;
+  bool loop_done_ = false;  // Guarded by state_mutex_.
+  std::mutex shutdown_mutex_;
+  bool torn_down_ = false;  // Guarded by shutdown_mutex_.
+};
+
+// The agent of the calling thread: its pool threads' own, or the one a test installed with
+// AgentScope; null elsewhere (the public API then uses the process's agent).
+Agent* thread_agent();
+// RAII: makes `agent` the calling thread's agent (thread-local; the calling thread only).
+class AgentScope {
+ public:
+  explicit AgentScope(Agent* agent);
+  ~AgentScope();
+  AgentScope(const AgentScope&) = delete;
+  AgentScope& operator=(const AgentScope&) = delete;
+
+ private:
+  Agent* previous_;
+};
+
+}  // namespace tutti::rpc::detail

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+// The agent's ends: the shutdown handshake on the RPC thread, shutdown() and the teardown.
+//
+// Note [Graceful shutdown]
+// shutdown(true) must return only when the whole group is quiet: no call in flight anywhere, no
+// function running, every RRef released. A worker cannot tell that alone (a peer may still be
+// about to call it), so rank 0 leads a termination detection over control frames, which are
+// not counted as traffic:
+//  1. Each worker whose application called shutdown(true) sends Intent to the leader. Until the
+//     end every worker keeps serving and calling as usual.
+//  2. Once all Intents are in, the leader sends Probe(round) to everyone. A worker answers when
+//     it is locally idle (nothing queued, no call of its own pending, no request being served,
+//     pool idle) by first releasing the user RRefs nobody waits on (their deletes make it busy
+//     again, so it answers in a later round) and then sending Report(round, sent, received):
+//     its counts of requests and responses posted and decoded.
+//  3. When every worker has reported, the leader sends Finish to all if the totals balance
+//     (sent == received: nothing in flight) and every worker's counts equal its report of the
+//     previous round; otherwise it probes again.
+// Why that suffices: each worker was idle when it reported in round r and, its counts being
+// unchanged, received and sent nothing until it reported in round r + 1; an idle worker only
+// wakes on a message, and the rounds do not overlap, so at the moment the last report of round r
+// was taken every worker was idle with nothing in flight, which is final.
+// A worker that leaves without the handshake (shutdown(false)) sends Goodbye to everyone; calls
+// waiting on it then fail with ShutDown. shutdown(true) gives up after the RpcOptions timeout
+// plus kShutdownSlack, logs a warning and stops as shutdown(false) does.
+#include <utility>
+
+#include "src/common/logging.h"
+#include "src/common/strings.h"
+#include "src/rpc/agent.h"
+
+namespace tutti::rpc::detail {
+namespace {
+
+using ::tutti::detail::str_cat;
+
+constexpr auto kShutdownSlack = std::chrono::seconds(5);
+constexpr int kLeader = 0;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+void Agent::handle_control(int source, const Frame& frame) {
+  switch (frame.control) {
+    case ControlKind::Goodbye:
+      peer_left(source,
+                Status(ErrorCode::ShutDown, str_cat("worker '", info(source).name, "' shut down")));
+      break;
+    case ControlKind::Intent:
+      if (++intents_ == size()) {
+        round_ = 1;
+        for (int r = 0; r < size(); ++r) send_control(r, ControlKind::Probe, round_);
+      }
+      break;
+    case ControlKind::Probe: probe_round_ = frame.round; break;
+    case ControlKind::Report: {
+      if (frame.round != round_) break;
+      reports_[source] = {frame.sent, frame.received};
+      if (static_cast<int>(reports_.size()) < size()) break;
+      std::uint64_t sent = 0, received = 0;
+      for (const auto& [rank, counts] : reports_) {
+        sent += counts.first;
+        received += counts.second;
+      }
+      const bool quiet = sent == received && reports_ == last_reports_;
+      last_reports_ = std::move(reports_);
+      reports_.clear();
+      ++round_;
+      for (int r = 0; r < size(); ++r)
+        send_control(r, quiet ? ControlKind::Finish : ControlKind::Probe, round_);
+      break;
+    }
+    case ControlKind::Finish: finished_ = true; break;
+  }
+}
+
+bool Agent::locally_idle() {
+  if (!loopback_.empty() || in_progress_.load() != 0 || !pool_->idle()) return false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!outgoing_.empty()) return false;
+  }
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  return pending_.empty();
+}
+
+bool Agent::shutdown_step() {
+  if (force_requested_.load()) {
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      Frame bye;
+      bye.kind = FrameKind::Control;
+      bye.epoch = options_.epoch;
+      bye.control = ControlKind::Goodbye;
+      static_cast<void>(plane_.send(r, encode(bye)));  // Best effort: we are leaving anyway.
+    }
+    return true;
+  }
+  if (finished_) return true;
+  if (graceful_requested_.load() && !intent_sent_) {
+    intent_sent_ = true;
+    send_control(kLeader, ControlKind::Intent);
+  }
+  if (probe_round_ != 0 && locally_idle() && rrefs_.release_users() == 0) {
+    send_control(kLeader, ControlKind::Report, probe_round_, sent_, received_);
+    probe_round_ = 0;
+  }
+  return false;
+}
+
+void Agent::shutdown(bool graceful) {
+  std::lock_guard<std::mutex> once(shutdown_mutex_);
+  if (torn_down_) return;
+  torn_down_ = true;
+  if (thread_.joinable()) {
+    (graceful ? graceful_requested_ : force_requested_).store(true);
+    wake();
+    std::unique_lock<std::mutex> lock(state_mutex_);
+    const Clock::time_point deadline = Clock::now() + default_timeout() + kShutdownSlack;
+    if (!state_cv_.wait_until(lock, deadline, [&] { return loop_done_; })) {
+      TUTTI_LOG_WARNING(
+          "RPC: the graceful shutdown did not finish within ",
+          seconds(default_timeout() + kShutdownSlack),
+          " s (a worker did not call shutdown(), or a call never ended); stopping now");
+      force_requested_.store(true);
+      wake();
+      state_cv_.wait(lock, [&] { return loop_done_; });
+    }
+    lock.unlock();
+    thread_.join();
+  }
+  // Running functions end (their calls fail fast now); queued ones are dropped.
+  if (pool_) pool_->stop();
+  rrefs_.clear();
+  contexts_.clear();
+  handlers_.clear();
+  keep_alive_.reset();
+}
+
+void Agent::teardown(const Status& why) {
+  {
+    std::lock_guard<std::mutex> pending(pending_mutex_);
+    std::lock_guard<std::mutex> queue(queue_mutex_);
+    stopped_ = true;
+    outgoing_.clear();
+  }
+  std::map<std::uint64_t, Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    failed.swap(pending_);
+    deadlines_.clear();
+  }
+  for (auto& [id, p] : failed) {
+    p.future->complete(
+        Status(why.code(), str_cat("RPC '", p.function, "' to worker '", info(p.destination).name,
+                                   "' failed: ", why.message())));
+  }
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  loop_done_ = true;
+  state_cv_.notify_all();
+}
+
+}  // namespace tutti::rpc::detail

@@ -1,0 +1,344 @@
+// SPDX-License-Identifier: Apache-2.0
+// rpc::DistributedOptimizer and register_optimizer(): a trainer asks every owner of the
+// parameters to build a local optimizer over its values, then to step it with the gradients a
+// distributed autograd context accumulated there (torch.distributed.optim's _LocalOptimizer).
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/common/strings.h"
+#include "src/rpc/agent.h"
+#include "src/rpc/optimizer_host.h"
+#include "src/rpc/rpc_runtime.h"
+#include "src/rpc/serialize.h"
+#include "tutti/optim/adam.h"
+#include "tutti/optim/sgd.h"
+
+namespace tutti::rpc {
+namespace detail {
+namespace {
+
+using ::tutti::detail::str_cat;
+
+// The options of a built-in optimizer: `defaults` lists every accepted name.
+std::map<std::string, double> with_defaults(const std::string& optimizer,
+                                            const std::map<std::string, double>& given,
+                                            std::map<std::string, double> defaults) {
+  for (const auto& [key, value] : given) {
+    auto it = defaults.find(key);
+    if (it == defaults.end()) {
+      std::vector<std::string> known;
+      for (const auto& [name, unused] : defaults) known.push_back(name);
+      throw Error(ErrorCode::InvalidArgument,
+                  str_cat("unknown option '", key, "' for optimizer '", optimizer, "' (it takes ",
+                          ::tutti::detail::join_list(known), ")"));
+    }
+    it->second = value;
+  }
+  return defaults;
+}
+
+std::unique_ptr<optim::Optimizer> make_sgd(std::vector<nn::Variable> parameters,
+                                           const std::map<std::string, double>& given) {
+  const optim::SGDOptions d;
+  auto o = with_defaults("sgd", given,
+                         {{"lr", d.lr},
+                          {"momentum", d.momentum},
+                          {"dampening", d.dampening},
+                          {"weight_decay", d.weight_decay},
+                          {"nesterov", d.nesterov ? 1 : 0}});
+  return std::make_unique<optim::SGD>(std::move(parameters),
+                                      optim::SGDOptions{.lr = o["lr"],
+                                                        .momentum = o["momentum"],
+                                                        .dampening = o["dampening"],
+                                                        .weight_decay = o["weight_decay"],
+                                                        .nesterov = o["nesterov"] != 0});
+}
+
+template <class Rule, class Options>
+std::unique_ptr<optim::Optimizer> make_adam(const std::string& name,
+                                            std::vector<nn::Variable> parameters,
+                                            const std::map<std::string, double>& given) {
+  const Options d;
+  auto o = with_defaults(name, given,
+                         {{"lr", d.lr},
+                          {"beta1", d.beta1},
+                          {"beta2", d.beta2},
+                          {"eps", d.eps},
+                          {"weight_decay", d.weight_decay}});
+  return std::make_unique<Rule>(std::move(parameters), Options{.lr = o["lr"],
+                                                               .beta1 = o["beta1"],
+                                                               .beta2 = o["beta2"],
+                                                               .eps = o["eps"],
+                                                               .weight_decay = o["weight_decay"]});
+}
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, OptimizerFactory> factories;  // Guarded by mutex.
+};
+
+Registry& registry() {
+  static Registry* r = [] {  // Never destroyed: may be used during static teardown.
+    auto* reg = new Registry();
+    reg->factories["sgd"] = make_sgd;
+    reg->factories["adam"] = [](std::vector<nn::Variable> p,
+                                const std::map<std::string, double>& o) {
+      return make_adam<optim::Adam, optim::AdamOptions>("adam", std::move(p), o);
+    };
+    reg->factories["adamw"] = [](std::vector<nn::Variable> p,
+                                 const std::map<std::string, double>& o) {
+      return make_adam<optim::AdamW, optim::AdamWOptions>("adamw", std::move(p), o);
+    };
+    return reg;
+  }();
+  return *r;
+}
+
+// A local optimizer on an owner.
+struct Hosted {
+  std::unique_ptr<optim::Optimizer> optimizer;
+};
+
+// The owner's optimizers, by id. Any thread.
+class OptimizerHost {
+ public:
+  // Held by every step on this worker: several trainers' optimizers may share parameters (and
+  // their grad()), as with PyTorch's _LocalOptimizer.global_lock.
+  std::mutex step_mutex;
+
+  void add(std::uint64_t id, std::shared_ptr<Hosted> hosted) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    optimizers_[id] = std::move(hosted);
+  }
+  std::shared_ptr<Hosted> find(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = optimizers_.find(id);
+    return it == optimizers_.end() ? nullptr : it->second;
+  }
+  std::shared_ptr<Hosted> remove(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = optimizers_.find(id);
+    if (it == optimizers_.end()) return nullptr;
+    std::shared_ptr<Hosted> hosted = std::move(it->second);
+    optimizers_.erase(it);
+    return hosted;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::uint64_t, std::shared_ptr<Hosted>> optimizers_;  // Guarded by mutex_.
+};
+
+std::string create_meta(const std::string& optimizer,
+                        const std::map<std::string, double>& options) {
+  ByteWriter w;
+  w.put_string(optimizer);
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(options.size()));
+  for (const auto& [key, value] : options) {
+    w.put_string(key);
+    w.put(value);
+  }
+  return w.take();
+}
+
+std::string ids_meta(std::uint64_t a, std::int64_t b) {
+  ByteWriter w;
+  w.put(a);
+  w.put(b);
+  return w.take();
+}
+
+// "tutti.optim.create": the RRefs in the message are this owner's values.
+Message create(Agent& agent, OptimizerHost& host, Incoming& request) {
+  ByteReader meta(request.meta);
+  std::string name;
+  std::size_t count = 0;
+  std::map<std::string, double> options;
+  meta.get_string(&name);
+  meta.get_count(&count, 16);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::string key;
+    double value = 0;
+    meta.get_string(&key);
+    meta.get(&value);
+    options[key] = value;
+  }
+  if (!meta.finished()) throw Error(ErrorCode::Internal, "corrupt optimizer creation request");
+  const std::string where = str_cat("DistributedOptimizer on worker '", agent.name(), "': ");
+  Result<OptimizerFactory> factory = find_optimizer_factory(name);
+  if (!factory.ok())
+    throw Error(ErrorCode::InvalidArgument, where + std::string(factory.status().message()));
+  std::vector<nn::Variable> parameters;
+  for (const RRef& ref : request.args.rrefs) {
+    const std::shared_ptr<RRefImpl>& impl = RRefAccess::impl(ref);
+    if (impl->owned == nullptr)
+      throw Error(ErrorCode::Internal, where + "got an RRef it does not own");
+    if (!impl->owned->value->wait_until(Clock::now() + agent.default_timeout())) {
+      throw Error(ErrorCode::Timeout,
+                  where + "an RRef's value did not appear within the RPC timeout");
+    }
+    const Result<Message>& value = impl->owned->value->result();
+    if (!value.ok())
+      throw Error(value.status().code(), where + std::string(value.status().message()));
+    for (const nn::Variable& p : value.value().tensors) parameters.push_back(p);
+  }
+  auto hosted = std::make_shared<Hosted>();
+  try {
+    hosted->optimizer = factory.value()(std::move(parameters), options);
+  } catch (const Error& e) {
+    throw Error(e.code(), where + e.what());
+  }
+  if (hosted->optimizer == nullptr)
+    throw Error(ErrorCode::InvalidArgument, where + "the factory of '" + name + "' returned null");
+  const auto id = static_cast<std::uint64_t>(make_global_id(agent.rank()));
+  host.add(id, std::move(hosted));
+  ByteWriter out;
+  out.put(id);
+  return Message{.tensors = {}, .rrefs = {}, .bytes = out.take()};
+}
+
+// "tutti.optim.step": the context's gradients into grad(), then one step.
+Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
+  ByteReader meta(request.meta);
+  std::uint64_t id = 0;
+  std::int64_t context_id = -1;
+  meta.get(&id);
+  meta.get(&context_id);
+  if (!meta.finished()) throw Error(ErrorCode::Internal, "corrupt optimizer step request");
+  std::shared_ptr<Hosted> hosted = host.find(id);
+  if (hosted == nullptr) {
+    throw Error(ErrorCode::InvalidArgument,
+                str_cat("DistributedOptimizer: worker '", agent.name(),
+                        "' has no such optimizer (destroyed, or from an earlier init_rpc())"));
+  }
+  std::shared_ptr<DistContext> context = agent.contexts().find(context_id);
+  std::lock_guard<std::mutex> lock(host.step_mutex);
+  for (const nn::Variable& p : hosted->optimizer->parameters()) {
+    if (!p.requires_grad()) continue;
+    Tensor gradient =
+        context ? context->gradient(nn::detail::VariableAccess::impl(p).get()) : Tensor();
+    std::span<float> grad = p.grad().span<float>();
+    if (gradient.data() == nullptr) {
+      std::fill(grad.begin(), grad.end(), 0.0f);
+    } else {
+      std::span<const float> g = gradient.span<float>();
+      std::copy(g.begin(), g.end(), grad.begin());
+    }
+  }
+  try {
+    hosted->optimizer->step();
+  } catch (const Error& e) {
+    throw Error(e.code(),
+                str_cat("DistributedOptimizer on worker '", agent.name(), "': ", e.what()));
+  }
+  return Message{};
+}
+
+}  // namespace
+
+Result<OptimizerFactory> find_optimizer_factory(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.factories.find(name);
+  if (it != r.factories.end()) return it->second;
+  std::vector<std::string> known;
+  for (const auto& [key, unused] : r.factories) known.push_back(key);
+  return invalid_argument(str_cat("unknown optimizer '", name,
+                                  "' (registered: ", ::tutti::detail::join_list(known), ")"));
+}
+
+void register_optimizer_handlers(Agent& agent) {
+  auto host = std::make_shared<OptimizerHost>();
+  agent.add_handler("tutti.optim.create", Place::Pool, [&agent, host](Incoming& request) {
+    return FutureState::ready(create(agent, *host, request));
+  });
+  agent.add_handler("tutti.optim.step", Place::Pool, [&agent, host](Incoming& request) {
+    return FutureState::ready(step(agent, *host, request));
+  });
+  agent.add_handler("tutti.optim.destroy", Place::Pool, [host](Incoming& request) {
+    ByteReader meta(request.meta);
+    std::uint64_t id = 0;
+    meta.get(&id);
+    if (meta.finished()) host->remove(id);
+    return FutureState::ready(Message{});
+  });
+}
+
+}  // namespace detail
+
+void register_optimizer(const std::string& name, OptimizerFactory factory) {
+  if (name.empty() || !factory) {
+    throw Error(ErrorCode::InvalidArgument, "register_optimizer() needs a name and a factory");
+  }
+  detail::Registry& r = detail::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.factories[name] = std::move(factory);
+}
+
+DistributedOptimizer::DistributedOptimizer(const std::string& optimizer,
+                                           std::map<std::string, double> options,
+                                           std::vector<RRef> parameters) {
+  std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
+  detail::find_optimizer_factory(optimizer).status().throw_if_error();
+  Message all{.tensors = {}, .rrefs = parameters, .bytes = {}};
+  detail::check_message(all, *agent).throw_if_error();
+  std::vector<int> owners;  // In order of first appearance.
+  std::map<int, Message> groups;
+  for (const RRef& ref : parameters) {
+    const int owner = ref.owner().id;
+    if (!groups.contains(owner)) owners.push_back(owner);
+    groups[owner].rrefs.push_back(ref);
+  }
+  const std::string meta = detail::create_meta(optimizer, options);
+  std::vector<std::shared_ptr<detail::FutureState>> futures;
+  for (int owner : owners) {
+    futures.push_back(agent->call(owner, "tutti.optim.create", std::move(groups[owner]),
+                                  agent->default_timeout(), -1, meta));
+  }
+  Status failure;
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    const Result<Message>& result = futures[i]->wait();
+    detail::ByteReader reader(result.ok() ? result.value().bytes : std::string());
+    std::uint64_t id = 0;
+    if (result.ok() && reader.get(&id) && reader.finished()) {
+      remotes_.push_back(Remote{.owner = owners[i], .id = id});
+    } else if (failure.ok()) {
+      failure = result.ok() ? Status(ErrorCode::Internal, "corrupt optimizer creation response")
+                            : result.status();
+    }
+  }
+  if (!failure.ok()) {  // Drop the optimizers that were made: no destructor runs after a throw.
+    for (const Remote& r : remotes_) {
+      static_cast<void>(agent->call(r.owner, "tutti.optim.destroy", {}, agent->default_timeout(),
+                                    -1, detail::ids_meta(r.id, 0)));
+    }
+    failure.throw_if_error();
+  }
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  Result<std::shared_ptr<detail::Agent>> agent = detail::current_agent();
+  if (!agent.ok()) return;
+  for (const Remote& r : remotes_) {
+    static_cast<void>(agent.value()->call(r.owner, "tutti.optim.destroy", {},
+                                          agent.value()->default_timeout(), -1,
+                                          detail::ids_meta(r.id, 0)));
+  }
+}
+
+void DistributedOptimizer::step(std::int64_t context_id) {
+  std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
+  std::vector<std::shared_ptr<detail::FutureState>> futures;
+  for (const Remote& r : remotes_) {
+    futures.push_back(agent->call(r.owner, "tutti.optim.step", {}, agent->default_timeout(), -1,
+                                  detail::ids_meta(r.id, context_id)));
+  }
+  detail::when_all(futures)->wait().status().throw_if_error();
+}
+
+}  // namespace tutti::rpc

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/rpc/future.h"
+
+#include <atomic>
+#include <utility>
+
+#include "src/rpc/thread_pool.h"
+
+namespace tutti::rpc::detail {
+
+std::shared_ptr<FutureState> FutureState::ready(Result<Message> result) {
+  auto state = std::make_shared<FutureState>();
+  state->complete(std::move(result));
+  return state;
+}
+
+bool FutureState::complete(Result<Message> result) {
+  std::vector<std::function<void(const Result<Message>&)>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (result_) return false;
+    result_.emplace(std::move(result));
+    callbacks.swap(callbacks_);
+  }
+  cv_.notify_all();
+  for (auto& callback : callbacks) callback(*result_);
+  return true;
+}
+
+bool FutureState::done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return result_.has_value();
+}
+
+const Result<Message>& FutureState::wait() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (result_) return *result_;
+  }
+  ThreadPool::Blocking blocking;  // A nested call: let the pool start a helper meanwhile.
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return result_.has_value(); });
+  return *result_;
+}
+
+bool FutureState::wait_until(Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (result_) return true;
+  }
+  ThreadPool::Blocking blocking;
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_until(lock, deadline, [&] { return result_.has_value(); });
+}
+
+void FutureState::then(std::function<void(const Result<Message>&)> callback) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!result_) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback(*result_);
+}
+
+std::shared_ptr<FutureState> when_all(const std::vector<std::shared_ptr<FutureState>>& futures) {
+  auto all = std::make_shared<FutureState>();
+  if (futures.empty()) {
+    all->complete(Message{});
+    return all;
+  }
+  struct Join {
+    std::atomic<std::size_t> left;
+    std::vector<std::shared_ptr<FutureState>> futures;
+  };
+  auto join = std::make_shared<Join>();
+  join->left = futures.size();
+  join->futures = futures;
+  for (const auto& future : futures) {
+    future->then([join, all](const Result<Message>&) {
+      if (join->left.fetch_sub(1) != 1) return;
+      for (const auto& f : join->futures) {
+        if (!f->result().ok()) {
+          all->complete(f->result().status());
+          return;
+        }
+      }
+      all->complete(Message{});
+    });
+  }
+  return all;
+}
+
+}  // namespace tutti::rpc::detail

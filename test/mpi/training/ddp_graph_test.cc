@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: Apache-2.0
+// DistributedDataParallel where the graph matters: unused parameters (both settings of
+// find_unused_parameters), the bucket rebuild for a forward order unlike the registration
+// order (the root's order wins), join() with uneven batches, buckets starting mid-backward,
+// process sets. Oracles are identical models run with plain nn in one process.
+// See Note [Collective assertions] in test/support/mpi_test_util.h.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "src/nn/autograd.h"  // Probe: an identity operation that runs code in backward.
+#include "test/mpi/training/ddp_test_util.h"
+#include "test/mpi/training/training_test_util.h"
+#include "test/support/mpi_test_util.h"
+#include "tutti/nn.h"
+#include "tutti/optim.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+using nn::DistributedDataParallel;
+using nn::DistributedDataParallelOptions;
+
+// A bucket per parameter, so that bucket listings show the order.
+DistributedDataParallelOptions tiny_buckets() {
+  return {.bucket_cap_mb = 1e-9, .first_bucket_mb = 1e-9};
+}
+
+// "a" always used; "b" (if any) never; "u" (one element, scaling a's output) only on ranks
+// != 0.
+class Branches : public nn::Module {
+ public:
+  explicit Branches(int rank, bool with_b = true) : rank_(rank) {
+    nn::manual_seed(41);
+    a = register_module("a", std::make_shared<nn::Linear>(4, 2));
+    if (with_b) b = register_module("b", std::make_shared<nn::Linear>(4, 2));
+    u = register_parameter("u", nn::Variable(Tensor::from<float>(std::vector<float>{0.5f}, {1})));
+  }
+  nn::Variable forward(const nn::Variable& x) override {
+    nn::Variable y = a->forward(x);
+    return rank_ == 0 ? y : y * u;
+  }
+  std::shared_ptr<nn::Linear> a, b;
+  nn::Variable u;
+
+ private:
+  int rank_;
+};
+
+// The oracle for Branches: the ranks' local gradients, each computed here, averaged.
+nn::NamedParameters expected_branch_grads(int size, std::int64_t step, bool with_b = true) {
+  auto total = std::make_shared<Branches>(0, with_b);
+  for (const auto& [name, p] : total->named_parameters()) {
+    for (float& g : p.grad().span<float>()) g = 0;
+  }
+  for (int r = 0; r < size; ++r) {
+    Branches local(r, with_b);
+    forward_backward(local, shard(r, size, step));
+    const nn::NamedParameters l = local.named_parameters(), t = total->named_parameters();
+    for (std::size_t i = 0; i < l.size(); ++i) {
+      const auto from = l[i].second.grad().span<float>();
+      const auto to = t[i].second.grad().span<float>();
+      for (std::size_t k = 0; k < to.size(); ++k) to[k] += from[k] / static_cast<float>(size);
+    }
+  }
+  return total->named_parameters();
+}
+
+TEST_CASE("find_unused_parameters: unused parameters count as ready and average as zeros",
+          "[ddp][unused]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = std::make_shared<Branches>(rank);
+  DistributedDataParallel ddp(model, {.find_unused_parameters = true});
+  optim::SGD sgd(variables(ddp.named_parameters()), {.lr = 0.1});
+  for (std::int64_t step = 0; step < 2; ++step) {
+    sgd.zero_grad();
+    forward_backward(ddp, shard(rank, size, step));
+    const nn::NamedParameters expected = expected_branch_grads(size, step);
+    CHECK(all_ranks(max_diff(ddp.named_parameters(), expected, /*grads=*/true) < 1e-5));
+    bool b_zero = true;
+    for (float g : model->b->weight().grad().span<float>()) b_zero = b_zero && g == 0;
+    CHECK(all_ranks(b_zero));
+    // Keep the parameters equal to the oracle's next starting point: no step (the oracle
+    // models start from the seed), only the gradients are compared.
+  }
+}
+
+TEST_CASE("Without find_unused_parameters an unused parameter is InvalidArgument, not a hang",
+          "[ddp][unused]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = std::make_shared<Branches>(rank);
+  DistributedDataParallel ddp(model);
+  for (std::int64_t step = 0; step < 2; ++step) {  // The DDP stays usable after the error.
+    const auto [code, message] =
+        error_from([&] { forward_backward(ddp, shard(rank, size, step)); });
+    INFO(message);
+    // "b" is unused everywhere; "u" on rank 0 only, so rank 0 names it too.
+    const bool names_u = message.find("module.u") != std::string::npos;
+    CHECK(all_ranks(code == ErrorCode::InvalidArgument &&
+                    message.find("module.b.weight") != std::string::npos &&
+                    message.find("module.b.bias") != std::string::npos &&
+                    message.find("find_unused_parameters") != std::string::npos &&
+                    names_u == (rank == 0)));
+    // The used parameters were still averaged (the buckets were all reduced).
+    const nn::NamedParameters expected = expected_branch_grads(size, step);
+    CHECK(all_ranks(max_diff({ddp.named_parameters()[0]}, {expected[0]}, true) < 1e-5));
+    for (const auto& [name, p] : ddp.named_parameters()) {
+      for (float& g : p.grad().span<float>()) g = 0;
+    }
+  }
+}
+
+// Only some ranks leave a parameter unused: they throw, the others get the average with this
+// rank's zero, and the one-time bucket rebuild (a broadcast) still involves every rank.
+TEST_CASE("A parameter unused on one rank only: that rank throws, nobody hangs", "[ddp][unused]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  DistributedDataParallel ddp(std::make_shared<Branches>(rank, /*with_b=*/false), tiny_buckets());
+  for (std::int64_t step = 0; step < 2; ++step) {
+    const auto [code, message] =
+        error_from([&] { forward_backward(ddp, shard(rank, size, step)); });
+    INFO(message);
+    CHECK(all_ranks(rank == 0 ? code == ErrorCode::InvalidArgument &&
+                                    message.find("module.u") != std::string::npos
+                              : code == ErrorCode::Internal));
+    const nn::NamedParameters expected = expected_branch_grads(size, step, /*with_b=*/false);
+    CHECK(all_ranks(max_diff(ddp.named_parameters(), expected, true) < 1e-5));
+    for (const auto& [name, p] : ddp.named_parameters()) {
+      for (float& g : p.grad().span<float>()) g = 0;
+    }
+  }
+}
+
+// Registered a, b, c but applied b, a, c (or, on ranks != 0 with `rank_dependent`, a, b, c).
+class Reordered : public nn::Module {
+ public:
+  Reordered(bool b_first, std::uint64_t seed) : b_first_(b_first) {
+    nn::manual_seed(seed);
+    a = register_module("a", std::make_shared<nn::Linear>(4, 4));
+    b = register_module("b", std::make_shared<nn::Linear>(4, 4));
+    c = register_module("c", std::make_shared<nn::Linear>(4, 2));
+  }
+  nn::Variable forward(const nn::Variable& x) override {
+    const auto& first = b_first_ ? b : a;
+    const auto& second = b_first_ ? a : b;
+    return c->forward(nn::relu(second->forward(nn::relu(first->forward(x)))));
+  }
+  std::shared_ptr<nn::Linear> a, b, c;
+
+ private:
+  bool b_first_;
+};
+
+using BucketNames = std::vector<std::vector<std::string>>;
+const BucketNames kRegistrationOrder = {{"module.c.bias"}, {"module.c.weight"},
+                                        {"module.b.bias"}, {"module.b.weight"},
+                                        {"module.a.bias"}, {"module.a.weight"}};
+// backward() reaches c, then the layer applied second, then the first; weight before bias.
+const BucketNames kReadyOrderBFirst = {{"module.c.weight"}, {"module.c.bias"},
+                                       {"module.a.weight"}, {"module.a.bias"},
+                                       {"module.b.weight"}, {"module.b.bias"}};
+
+TEST_CASE("Buckets are rebuilt once, in the order gradients became ready", "[ddp][rebuild]") {
+  Session session;
+  const bool view = GENERATE(false, true);
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  DistributedDataParallelOptions options = tiny_buckets();
+  options.gradient_as_bucket_view = view;
+  DistributedDataParallel ddp(std::make_shared<Reordered>(true, 3), options);
+  Reordered reference(true, 3);
+  CHECK(all_ranks(ddp.bucket_names_for_testing() == kRegistrationOrder));
+  const nn::NamedParameters named = ddp.named_parameters();
+  optim::SGD sgd(variables(named), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref_sgd(variables(reference.named_parameters()), {.lr = 0.1, .momentum = 0.9});
+  for (std::int64_t step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    forward_backward(ddp, shard(rank, size, step));
+    CHECK(all_ranks(ddp.bucket_names_for_testing() == kReadyOrderBFirst));
+    ref_sgd.zero_grad();
+    forward_backward(reference, full_batch(step));
+    CHECK(all_ranks(max_diff(named, reference.named_parameters(), true) < 1e-5));
+    sgd.step();
+    ref_sgd.step();
+  }
+  CHECK(all_ranks(max_diff(named, reference.named_parameters()) < 1e-5));
+}
+
+TEST_CASE("The rebuild takes rank 0's order on every rank", "[ddp][rebuild]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  // Rank 0 applies b first, the others a first: their ready orders differ.
+  DistributedDataParallel ddp(std::make_shared<Reordered>(rank == 0, 3), tiny_buckets());
+  forward_backward(ddp, shard(rank, size, 0));
+  CHECK(all_ranks(ddp.bucket_names_for_testing() == kReadyOrderBFirst));
+}
+
+TEST_CASE("join(): a rank with fewer batches contributes zeros and nobody hangs", "[ddp][join]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const int fewer = GENERATE(0, 1) == 0 ? 0 : size - 1;  // The root, or the last rank.
+  auto steps_of = [&](int r) { return r == fewer ? 2 : 3; };
+  auto make = [] {
+    nn::manual_seed(29);
+    auto model = std::make_shared<nn::Sequential>();  // With buffers: broadcast while joined.
+    model->add(std::make_shared<nn::Linear>(4, 8))
+        .add(std::make_shared<nn::BatchNorm1d>(8))
+        .add(std::make_shared<nn::ReLU>())
+        .add(std::make_shared<nn::Linear>(8, 2));
+    return model;
+  };
+  DistributedDataParallel ddp(make());
+  optim::SGD sgd(variables(ddp.named_parameters()), {.lr = 0.1});
+  for (int step = 0; step < steps_of(rank); ++step) {
+    sgd.zero_grad();
+    forward_backward(ddp, shard(rank, size, step));
+    sgd.step();
+  }
+  const int last = tutti::join();
+  CHECK(all_ranks(last >= 0 && last < size));
+
+  // Oracle: at each step the sum of the active ranks' shard gradients over the set size.
+  auto reference = make();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  optim::SGD ref_sgd(variables(ref_named), {.lr = 0.1});
+  int max_steps = 0;
+  for (int r = 0; r < size; ++r) max_steps = std::max(max_steps, steps_of(r));
+  double diff = 1e30;
+  for (int step = 0; step < max_steps; ++step) {
+    ref_sgd.zero_grad();
+    for (int r = 0; r < size; ++r) {
+      if (step < steps_of(r)) forward_backward(*reference, shard(r, size, step));
+    }
+    for (const auto& [name, p] : ref_named) {
+      for (float& g : p.grad().span<float>()) g /= static_cast<float>(size);
+    }
+    ref_sgd.step();
+    if (step + 1 == steps_of(rank)) diff = max_diff(ddp.named_parameters(), ref_named);
+  }
+  INFO("rank " << rank << " (fewer: rank " << fewer << ") max |difference| " << diff);
+  CHECK(all_ranks(diff < 1e-5));
+}
+
+// Identity in forward; its backward records how many buckets had started by then.
+class Probe : public nn::Module {
+ public:
+  nn::Variable forward(const nn::Variable& x) override {
+    return nn::detail::make_result(x.value(), {x}, [this](const Tensor& g) {
+      started_at_backward = ddp->buckets_started_for_testing();
+      return nn::detail::Gradients{g};
+    });
+  }
+  DistributedDataParallel* ddp = nullptr;
+  int started_at_backward = -1;
+};
+
+TEST_CASE("Buckets start mid-backward, before the first layer's gradient is computed",
+          "[ddp][overlap]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  nn::manual_seed(31);
+  auto probe = std::make_shared<Probe>();
+  auto model = std::make_shared<nn::Sequential>();
+  model
+      ->add(std::make_shared<nn::Linear>(4, 8))  // 0: its gradient comes after the probe's.
+      .add(probe)
+      .add(std::make_shared<nn::ReLU>())
+      .add(std::make_shared<nn::Linear>(8, 8))
+      .add(std::make_shared<nn::ReLU>())
+      .add(std::make_shared<nn::Linear>(8, 2));
+  DistributedDataParallel ddp(model, tiny_buckets());  // 6 buckets, one per parameter.
+  probe->ddp = &ddp;
+  for (std::int64_t step = 0; step < 2; ++step) {  // Before and after the rebuild.
+    forward_backward(ddp, shard(rank, size, step));
+    INFO("step " << step << ": " << probe->started_at_backward << " buckets had started");
+    // Layers 3 and 5 (4 parameters, 4 buckets) were reduced while layer 0 was still to come.
+    CHECK(all_ranks(probe->started_at_backward == 4));
+    CHECK(all_ranks(ddp.buckets_started_for_testing() == 6));
+  }
+}
+
+TEST_CASE("DDP over a process set averages among its members only", "[ddp][process_set]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  if (size < 3) return;  // {0, 1} must differ from the global set. The same on every rank.
+  ProcessSet pair = add_process_set({0, 1});
+  if (rank <= 1) {
+    DistributedDataParallel ddp(make_model(37), {.process_set = pair});
+    auto reference = make_model(37);
+    forward_backward(ddp, shard(rank, 2, 0));
+    forward_backward(*reference, shard(0, 2, 0));
+    forward_backward(*reference, shard(1, 2, 0));
+    CHECK(all_ranks(max_diff(ddp.named_parameters(), reference->named_parameters(), true, 0.5) <
+                    1e-5));
+  } else {
+    const auto [code, message] =
+        error_from([&] { DistributedDataParallel ddp(make_model(37), {.process_set = pair}); });
+    CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+  }
+  remove_process_set(pair);
+}
+
+}  // namespace
+}  // namespace tutti::test

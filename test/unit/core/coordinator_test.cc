@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: Apache-2.0
+// The coordinator's negotiation (Note [Negotiation], Note [Join]) and its stage (stalls, the
+// shutdown's bye), driven by hand-made RequestLists from N ranks: no threads, no transport
+// beyond the process-set table's. Expected lists are written out from the protocol's rules.
+#include "src/core/coordinator_stage.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test/support/fake_transport.h"
+
+namespace tutti::core {
+namespace {
+
+using std::chrono::seconds;
+
+// The coordinator's view of a job of `size` ranks: rank 0's transport and process-set table.
+struct Job {
+  explicit Job(int size) : world(size), transport(world.transport(0)), sets(*transport, 1) {
+    std::vector<int> everyone;
+    for (int r = 0; r < size; ++r) everyone.push_back(r);
+    REQUIRE(sets.add(0, everyone).ok());
+  }
+  test::FakeWorld world;
+  std::unique_ptr<ops::Transport> transport;
+  ProcessSetTable sets;
+};
+
+Request allreduce(const std::string& name, Shape shape, int set = 0) {
+  Request r;
+  r.process_set_id = set;
+  r.name = name;
+  r.op = Collective::Allreduce;
+  r.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = std::move(shape)}};
+  return r;
+}
+
+RequestList list_of(std::vector<Request> requests, std::vector<std::int32_t> hits = {}) {
+  RequestList list;
+  list.requests = std::move(requests);
+  list.cache_hits = std::move(hits);
+  return list;
+}
+
+std::vector<std::string> names(const ResponseList& list) {
+  std::vector<std::string> result;
+  for (const Response& r : list.responses) result.push_back(r.name);
+  return result;
+}
+
+const Clock::time_point t0 = Clock::now();
+
+TEST_CASE("An op is ready once every member has submitted it, in readiness order",
+          "[coordinator]") {
+  Job job(3);
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::int32_t> resend;
+  c.receive(0, list_of({allreduce("a", {2}), allreduce("b", {2})}), t0, &resend);
+  c.receive(2, list_of({allreduce("b", {2}), allreduce("a", {2})}), t0, &resend);
+  CHECK_FALSE(c.has_ready());
+  c.receive(1, list_of({allreduce("b", {2})}), t0, &resend);  // b complete first.
+  c.receive(1, list_of({allreduce("a", {2})}), t0, &resend);
+  REQUIRE(c.has_ready());
+  const ResponseList list = c.take_ready();
+  CHECK(names(list) == std::vector<std::string>{"b", "a"});
+  CHECK(list.responses[0].ok);
+  CHECK(list.responses[0].tensors[0].shape == Shape{2});
+  CHECK(list.hit == std::vector<std::uint8_t>{0, 0});
+  CHECK(resend.empty());
+  CHECK_FALSE(c.has_ready());
+}
+
+TEST_CASE("A disagreement becomes an error response naming both ranks and values",
+          "[coordinator]") {
+  Job job(3);
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::int32_t> resend;
+  c.receive(0, list_of({allreduce("grad.fc1", {17, 3})}), t0, &resend);
+  c.receive(1, list_of({allreduce("grad.fc1", {17, 3})}), t0, &resend);
+  c.receive(2, list_of({allreduce("grad.fc1", {17, 4})}), t0, &resend);
+  const ResponseList list = c.take_ready();
+  REQUIRE(list.responses.size() == 1);
+  CHECK_FALSE(list.responses[0].ok);
+  CHECK(list.responses[0].error_code == ErrorCode::Mismatch);
+  CHECK(list.responses[0].error_message ==
+        "Mismatched ALLREDUCE tensor shapes for 'grad.fc1': rank 0 sent [17, 3], rank 2 sent "
+        "[17, 4]");
+  CHECK(list.cache_ids == std::vector<std::int32_t>{-1});  // Errors are never cached.
+}
+
+TEST_CASE("Cache ids from every rank replay the response; a stale id is sent back",
+          "[coordinator]") {
+  Job job(2);
+  Coordinator c(job.sets, 1, nullptr);  // One entry: the second name evicts the first.
+  std::vector<std::int32_t> resend;
+  for (int r : {0, 1}) c.receive(r, list_of({allreduce("a", {4})}), t0, &resend);
+  const ResponseList first = c.take_ready();
+  REQUIRE(first.cache_ids.size() == 1);
+  const std::int32_t id = first.cache_ids[0];
+  CHECK(id >= 0);
+  // Round two: both ranks send the id only.
+  for (int r : {0, 1}) c.receive(r, list_of({}, {id}), t0, &resend);
+  const ResponseList replay = c.take_ready();
+  CHECK(replay.hit == std::vector<std::uint8_t>{1});
+  CHECK(replay.cache_ids == std::vector<std::int32_t>{id});
+  // Another name takes the only slot: `a`'s id is evicted, and a later hit on it is resent.
+  for (int r : {0, 1}) c.receive(r, list_of({allreduce("b", {4})}), t0, &resend);
+  const ResponseList other = c.take_ready();
+  CHECK(other.evicted == std::vector<std::int32_t>{id});
+  c.receive(1, list_of({}, {id}), t0, &resend);
+  CHECK(resend == std::vector<std::int32_t>{id});
+}
+
+TEST_CASE("A joined rank's absence releases ops; the last join answers with the last joiner",
+          "[coordinator][join]") {
+  Job job(3);
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::int32_t> resend;
+  Request join;
+  join.name = std::string(kJoinName);
+  join.op = Collective::Join;
+  c.receive(0, list_of({allreduce("g", {3})}), t0, &resend);
+  c.receive(2, list_of({allreduce("g", {3})}), t0, &resend);
+  c.receive(1, list_of({join}), t0, &resend);  // Rank 1 has no more data.
+  const ResponseList released = c.take_ready();
+  REQUIRE(names(released) == std::vector<std::string>{"g"});
+  CHECK(released.responses[0].joined == std::vector<int>{1});  // Set ranks without data.
+  CHECK(released.cache_ids == std::vector<std::int32_t>{-1});   // Shaped by a join: not cached.
+  c.receive(2, list_of({join}), t0, &resend);
+  c.receive(0, list_of({join}), t0, &resend);
+  const ResponseList done = c.take_ready();
+  REQUIRE(done.responses.size() == 1);
+  CHECK(done.responses[0].op == Collective::Join);
+  CHECK(done.responses[0].last_joined_rank == 0);
+}
+
+TEST_CASE("Set changes: numbered in decision order, duplicates and unknown sets refused",
+          "[coordinator][process_set]") {
+  Job job(2);
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::int32_t> resend;
+  auto change = [](const std::string& name, Collective op, std::vector<int> ranks, int target) {
+    Request r;
+    r.name = name;
+    r.op = op;
+    r.set_ranks = std::move(ranks);
+    r.target_set_id = target;
+    return r;
+  };
+  // Two adds of the same ranks, and one of others, decided in one list.
+  for (int r : {0, 1}) {
+    c.receive(r,
+              list_of({change("tutti.process_set.0", Collective::AddProcessSet, {1, 0}, -1),
+                       change("tutti.process_set.1", Collective::AddProcessSet, {0, 1}, -1),
+                       change("tutti.process_set.2", Collective::AddProcessSet, {1}, -1),
+                       change("tutti.process_set.3", Collective::RemoveProcessSet, {}, 7)}),
+              t0, &resend);
+  }
+  const ResponseList list = c.take_ready();
+  REQUIRE(list.responses.size() == 4);
+  // {0, 1} is the global set's ranks already.
+  CHECK_FALSE(list.responses[0].ok);
+  CHECK(list.responses[0].error_message ==
+        "ADD_PROCESS_SET of ranks [0, 1]: process set 0 has the same ranks");
+  CHECK_FALSE(list.responses[1].ok);
+  CHECK(list.responses[2].ok);
+  CHECK(list.responses[2].target_set_id == 1);
+  CHECK(list.responses[2].set_ranks == std::vector<int>{1});
+  CHECK_FALSE(list.responses[3].ok);
+  CHECK(list.responses[3].error_message == "REMOVE_PROCESS_SET: process set 7 does not exist");
+}
+
+TEST_CASE("Stalls name the missing ranks; past the limit every rank is told Stalled",
+          "[coordinator][stall]") {
+  Job job(3);
+  Config config;
+  config.stall_check_time = seconds(2);
+  config.stall_shutdown_time = seconds(5);
+  CoordinatorStage stage(config, job.sets, nullptr, 3);
+  stage.receive(0, list_of({allreduce("w", {1})}), t0);
+  stage.receive(2, list_of({allreduce("w", {1})}), t0);
+  CHECK_FALSE(stage.take_list(t0 + seconds(3)).has_value());  // Warned only.
+  const std::optional<ResponseList> bye = stage.take_list(t0 + seconds(6));
+  REQUIRE(bye.has_value());
+  CHECK(bye->shutdown);
+  CHECK(bye->shutdown_code == ErrorCode::Stalled);
+  CHECK(bye->shutdown_message.find("missing: rank 1: w") != std::string::npos);
+  CHECK(stage.bye_sent());
+  CHECK_FALSE(stage.take_list(t0 + seconds(7)).has_value());  // Nothing after the bye.
+}
+
+TEST_CASE("A rank that stops on an error takes the job down, after the ready responses",
+          "[coordinator][shutdown]") {
+  Job job(2);
+  CoordinatorStage stage(Config{}, job.sets, nullptr, 2);
+  stage.receive(0, list_of({allreduce("x", {1})}), t0);
+  stage.receive(1, list_of({allreduce("x", {1})}), t0);
+  RequestList last;
+  last.shutdown = true;
+  last.shutdown_code = ErrorCode::Communication;
+  last.shutdown_message = "MPI_Allreduce failed";
+  stage.receive(1, last, t0);
+  CHECK(stage.all_last_messages());
+  const std::optional<ResponseList> bye = stage.take_list(t0);
+  REQUIRE(bye.has_value());
+  CHECK(names(*bye) == std::vector<std::string>{"x"});
+  CHECK(bye->shutdown);
+  CHECK(bye->shutdown_code == ErrorCode::ShutDown);
+  CHECK(bye->shutdown_message == "rank 1 stopped: MPI_Allreduce failed");
+}
+
+}  // namespace
+}  // namespace tutti::core
