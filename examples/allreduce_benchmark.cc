@@ -24,8 +24,8 @@
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
 // when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
 // CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
-#include <mpi.h>
 #include <sys/resource.h>
+#include <tutti/tutti.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,7 +42,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <tutti/tutti.h>
+#include <mpi.h>
 
 #if TUTTI_BENCHMARK_CUDA
 #include <cuda_runtime.h>

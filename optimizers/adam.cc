@@ -32,8 +32,10 @@ void check(const AdamHyper& h, const char* who) {
   // `!(x >= 0)` also rejects NaN.
   if (!(h.lr >= 0)) detail::throw_invalid_argument(who, ": invalid learning rate ", h.lr);
   if (!(h.eps >= 0)) detail::throw_invalid_argument(who, ": invalid epsilon value ", h.eps);
-  if (!(h.beta1 >= 0 && h.beta1 < 1)) detail::throw_invalid_argument(who, ": invalid beta1 ", h.beta1);
-  if (!(h.beta2 >= 0 && h.beta2 < 1)) detail::throw_invalid_argument(who, ": invalid beta2 ", h.beta2);
+  if (!(h.beta1 >= 0 && h.beta1 < 1))
+    detail::throw_invalid_argument(who, ": invalid beta1 ", h.beta1);
+  if (!(h.beta2 >= 0 && h.beta2 < 1))
+    detail::throw_invalid_argument(who, ": invalid beta2 ", h.beta2);
   if (!(h.weight_decay >= 0)) {
     detail::throw_invalid_argument(who, ": invalid weight_decay value ", h.weight_decay);
   }
@@ -139,7 +141,7 @@ void adam_load(const StateDict& state, const std::vector<nn::Variable>& params, 
     if (k.name == "exp_avg_sq") slot = &v;
     if (slot == nullptr) {
       detail::throw_invalid_argument(who, "::load_state_dict: unknown state '", key, "' (", who,
-                                 " keeps '<i>.exp_avg' and '<i>.exp_avg_sq')");
+                                     " keeps '<i>.exp_avg' and '<i>.exp_avg_sq')");
     }
     if ((*slot)[k.index])
       detail::throw_invalid_argument(who, "::load_state_dict: repeated state '", key, "'");

@@ -66,7 +66,8 @@ StateLayout decode(std::string_view bytes) {
     r.get_string(&name);
     layout.scalar_names.push_back(std::move(name));
   }
-  if (!r.done()) throw Error(ErrorCode::Internal, "broadcast_optimizer_state: malformed state layout");
+  if (!r.done())
+    throw Error(ErrorCode::Internal, "broadcast_optimizer_state: malformed state layout");
   return layout;
 }
 
@@ -79,11 +80,11 @@ void broadcast_parameters(const nn::NamedParameters& params, int root_rank,
   for (const auto& [name, variable] : params) {
     if (!seen.insert(name).second) {
       detail::throw_invalid_argument("broadcast_parameters: parameter name '", name,
-                                 "' appears more than once");
+                                     "' appears more than once");
     }
     if (!variable.defined()) {
       detail::throw_invalid_argument("broadcast_parameters: parameter '", name,
-                                 "' is an empty nn::Variable");
+                                     "' is an empty nn::Variable");
     }
   }
   std::vector<Handle> handles;

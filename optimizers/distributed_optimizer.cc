@@ -63,7 +63,7 @@ struct DistributedOptimizer::State {
   std::vector<nn::Variable> params;  // The inner optimizer's.
   std::vector<std::string> names;    // Per parameter; empty for those without a gradient.
   std::vector<int> passes TUTTI_GUARDED_BY(mutex);  // Hook firings this round, per parameter.
-  std::vector<std::size_t> unit_of;  // Per trainable parameter: its unit.
+  std::vector<std::size_t> unit_of;                 // Per trainable parameter: its unit.
   std::vector<Unit> units TUTTI_GUARDED_BY(mutex);
   std::optional<bool> included TUTTI_GUARDED_BY(mutex);  // Asked at the first reduction.
 
@@ -179,10 +179,10 @@ struct DistributedOptimizer::State {
     const int k = options.backward_passes_per_step;
     if (passes[index] >= k) {
       detail::throw_invalid_argument("DistributedOptimizer: backward() ran ", passes[index] + 1,
-                                 " times before step() (gradient of '", names[index],
-                                 "'), but backward_passes_per_step is ", k,
-                                 "; call step() after every ", k,
-                                 " backward passes or raise backward_passes_per_step");
+                                     " times before step() (gradient of '", names[index],
+                                     "'), but backward_passes_per_step is ", k,
+                                     "; call step() after every ", k,
+                                     " backward passes or raise backward_passes_per_step");
     }
     if (unit.phase != Phase::Idle) {
       detail::throw_invalid_argument(
@@ -255,12 +255,12 @@ namespace {
 void check_options(const DistributedOptions& o) {
   if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum && o.op != ReduceOp::Adasum) {
     detail::throw_invalid_argument("DistributedOptimizer: op must be Average, Sum or Adasum, got ",
-                               static_cast<int>(o.op));
+                                   static_cast<int>(o.op));
   }
   if (o.compression != Compression::None && o.compression != Compression::FP16 &&
       o.compression != Compression::BF16) {
     detail::throw_invalid_argument("DistributedOptimizer: unknown compression ",
-                               static_cast<int>(o.compression));
+                                   static_cast<int>(o.compression));
   }
   if (o.backward_passes_per_step < 1) {
     detail::throw_invalid_argument(
@@ -274,10 +274,11 @@ void check_options(const DistributedOptions& o) {
   }
   if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average) {
     detail::throw_invalid_argument("DistributedOptimizer: gradient_predivide_factor ",
-                               o.gradient_predivide_factor, " needs op Average");
+                                   o.gradient_predivide_factor, " needs op Average");
   }
   if (o.num_groups < 0) {
-    detail::throw_invalid_argument("DistributedOptimizer: num_groups must be >= 0, got ", o.num_groups);
+    detail::throw_invalid_argument("DistributedOptimizer: num_groups must be >= 0, got ",
+                                   o.num_groups);
   }
   if (o.num_groups > 0 && !o.groups.empty()) {
     detail::throw_invalid_argument("DistributedOptimizer: give num_groups or groups, not both");
@@ -313,8 +314,8 @@ DistributedOptimizer::DistributedOptimizer(
   for (std::size_t i = 0; i < n; ++i) {
     if (!index_of.emplace(&s.params[i].value(), i).second) {
       detail::throw_invalid_argument("DistributedOptimizer: parameter ", i,
-                                 " of the optimizer repeats parameter ",
-                                 index_of[&s.params[i].value()]);
+                                     " of the optimizer repeats parameter ",
+                                     index_of[&s.params[i].value()]);
     }
   }
 
@@ -326,11 +327,11 @@ DistributedOptimizer::DistributedOptimizer(
     for (const auto& [name, variable] : named_parameters) {
       if (!seen.insert(name).second) {
         detail::throw_invalid_argument("DistributedOptimizer: parameter name '", name,
-                                   "' appears more than once in named_parameters");
+                                       "' appears more than once in named_parameters");
       }
       if (!variable.defined()) {
         detail::throw_invalid_argument("DistributedOptimizer: parameter '", name,
-                                   "' is an empty nn::Variable");
+                                       "' is an empty nn::Variable");
       }
       const auto it = index_of.find(&variable.value());
       if (it != index_of.end() && s.names[it->second].empty()) s.names[it->second] = name;
@@ -344,10 +345,11 @@ DistributedOptimizer::DistributedOptimizer(
       continue;
     }
     if (s.names[i].empty()) {
-      detail::throw_invalid_argument("DistributedOptimizer: parameter ", i, " of the optimizer (shape ",
-                                 detail::shape_string(s.params[i].value().shape()),
-                                 ") has no name in named_parameters; the names must cover every "
-                                 "parameter");
+      detail::throw_invalid_argument(
+          "DistributedOptimizer: parameter ", i, " of the optimizer (shape ",
+          detail::shape_string(s.params[i].value().shape()),
+          ") has no name in named_parameters; the names must cover every "
+          "parameter");
     }
     trainable.push_back(i);
   }
@@ -379,17 +381,18 @@ DistributedOptimizer::DistributedOptimizer(
     for (std::size_t i : trainable) by_name.emplace(s.names[i], i);
     for (std::size_t g = 0; g < s.options.groups.size(); ++g) {
       const std::vector<std::string>& group = s.options.groups[g];
-      if (group.empty()) detail::throw_invalid_argument("DistributedOptimizer: group ", g, " is empty");
+      if (group.empty())
+        detail::throw_invalid_argument("DistributedOptimizer: group ", g, " is empty");
       std::vector<std::size_t> members;
       for (const std::string& name : group) {
         const auto it = by_name.find(name);
         if (it == by_name.end()) {
           detail::throw_invalid_argument("DistributedOptimizer: group ", g, " names '", name,
-                                     "', which is not a parameter of the optimizer");
+                                         "', which is not a parameter of the optimizer");
         }
         if (grouped[it->second]) {
           detail::throw_invalid_argument("DistributedOptimizer: parameter '", name,
-                                     "' appears more than once in groups");
+                                         "' appears more than once in groups");
         }
         grouped[it->second] = true;
         members.push_back(it->second);

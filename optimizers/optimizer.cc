@@ -19,11 +19,12 @@ StateKey parse_state_key(const std::string& key, std::size_t num_parameters, con
   if (dot == std::string::npos || dot == 0 || error != std::errc() || ptr != end ||
       dot + 1 == key.size()) {
     detail::throw_invalid_argument(who, "::load_state_dict: state key '", key,
-                     "' is not of the form '<parameter index>.<name>'");
+                                   "' is not of the form '<parameter index>.<name>'");
   }
   if (index >= num_parameters) {
-    detail::throw_invalid_argument(who, "::load_state_dict: state key '", key, "' refers to parameter ", index,
-                     " but the optimizer has ", num_parameters, " parameters");
+    detail::throw_invalid_argument(who, "::load_state_dict: state key '", key,
+                                   "' refers to parameter ", index, " but the optimizer has ",
+                                   num_parameters, " parameters");
   }
   return {index, key.substr(dot + 1)};
 }
@@ -32,14 +33,15 @@ Tensor checked_state_copy(const Tensor& tensor, const nn::Variable& p, const std
                           const char* who) {
   if (!trainable(p)) {
     detail::throw_invalid_argument(who, "::load_state_dict: state '", key,
-                     "' is for a parameter that does not require grad");
+                                   "' is for a parameter that does not require grad");
   }
   if (tensor.dtype() != DataType::Float32 || tensor.device() != Device::cpu() ||
       tensor.shape() != p.value().shape()) {
-    detail::throw_invalid_argument(who, "::load_state_dict: state '", key, "' is a ", to_string(tensor.dtype()),
-                     " tensor of shape ", detail::shape_string(tensor.shape()),
-                     " but its parameter is a float32 CPU tensor of shape ",
-                     detail::shape_string(p.value().shape()));
+    detail::throw_invalid_argument(who, "::load_state_dict: state '", key, "' is a ",
+                                   to_string(tensor.dtype()), " tensor of shape ",
+                                   detail::shape_string(tensor.shape()),
+                                   " but its parameter is a float32 CPU tensor of shape ",
+                                   detail::shape_string(p.value().shape()));
   }
   return tensor.clone();
 }
@@ -66,7 +68,7 @@ Optimizer::Optimizer(std::vector<nn::Variable> parameters) : parameters_(std::mo
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     if (!parameters_[i].defined()) {
       detail::throw_invalid_argument("Optimizer: parameter ", i,
-                                 " is an empty nn::Variable; assign it before use");
+                                     " is an empty nn::Variable; assign it before use");
     }
   }
 }

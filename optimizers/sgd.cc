@@ -99,7 +99,7 @@ void SGD::load_state_dict(const StateDict& state) {
   if (const std::optional<double> nesterov = internal::find_scalar(s, "nesterov")) {
     if (*nesterov != 0 && *nesterov != 1) {
       detail::throw_invalid_argument("SGD::load_state_dict: scalar 'nesterov' must be 0 or 1, got ",
-                                 *nesterov);
+                                     *nesterov);
     }
     options.nesterov = *nesterov == 1;
   }
@@ -110,7 +110,7 @@ void SGD::load_state_dict(const StateDict& state) {
     const internal::StateKey k = internal::parse_state_key(key, parameters().size(), kWho);
     if (k.name != "momentum_buffer") {
       detail::throw_invalid_argument("SGD::load_state_dict: unknown state '", key,
-                                 "' (SGD keeps '<i>.momentum_buffer')");
+                                     "' (SGD keeps '<i>.momentum_buffer')");
     }
     if (buffers[k.index])
       detail::throw_invalid_argument("SGD::load_state_dict: repeated state '", key, "'");

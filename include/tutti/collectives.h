@@ -47,7 +47,7 @@ namespace tutti {
 namespace detail {
 class OpState;
 struct HandleAccess;
-}
+}  // namespace detail
 
 // Average = Sum / set size. Adasum: adaptive summation, floating types only.
 enum class ReduceOp : std::uint8_t { Average, Sum, Min, Max, Product, Adasum };
@@ -95,8 +95,8 @@ class TUTTI_API Handle {
   std::shared_ptr<detail::OpState> state_;
 };
 
-TUTTI_API bool poll(const Handle& h);    // h.poll()
-TUTTI_API void synchronize(Handle& h);   // h.wait()
+TUTTI_API bool poll(const Handle& h);   // h.poll()
+TUTTI_API void synchronize(Handle& h);  // h.wait()
 // Tutti addition: waits for every handle, then throws the first failure (in order) if any.
 // All are waited for even when one fails, so no tensor is released while the runtime still
 // works on it.

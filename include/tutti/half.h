@@ -47,7 +47,8 @@ struct float16 {  // NOLINT(readability-identifier-naming)
     const std::uint32_t exponent = (h >> 10) & 0x1fu;
     std::uint32_t mantissa = h & 0x3ffu;
     if (exponent == 0x1fu) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-    if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+    if (exponent != 0)
+      return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
     if (mantissa == 0) return std::bit_cast<float>(sign);
     // Subnormal half: normalize into a float.
     std::uint32_t e = 113;
@@ -69,7 +70,8 @@ struct bfloat16 {  // NOLINT(readability-identifier-naming)
 
   static constexpr std::uint16_t from_float(float value) {
     const std::uint32_t f = std::bit_cast<std::uint32_t>(value);
-    if ((f & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((f >> 16) | 0x40u);  // NaN
+    if ((f & 0x7fffffffu) > 0x7f800000u)
+      return static_cast<std::uint16_t>((f >> 16) | 0x40u);     // NaN
     const std::uint32_t rounding = 0x7fffu + ((f >> 16) & 1u);  // Nearest even.
     return static_cast<std::uint16_t>((f + rounding) >> 16);
   }

@@ -22,11 +22,11 @@ TUTTI_API void shutdown();
 TUTTI_API bool is_initialized();
 
 // Where this process stands. Each throws NotInitialized outside a session.
-TUTTI_API int rank();         // In the global process set.
+TUTTI_API int rank();  // In the global process set.
 TUTTI_API int size();
-TUTTI_API int local_rank();   // Among the ranks on this host.
+TUTTI_API int local_rank();  // Among the ranks on this host.
 TUTTI_API int local_size();
-TUTTI_API int cross_rank();   // Among the ranks with the same local_rank, across hosts.
+TUTTI_API int cross_rank();  // Among the ranks with the same local_rank, across hosts.
 TUTTI_API int cross_size();
 TUTTI_API bool is_homogeneous();         // Every host runs the same number of ranks.
 TUTTI_API bool mpi_threads_supported();  // MPI provides MPI_THREAD_MULTIPLE.

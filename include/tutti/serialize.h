@@ -25,7 +25,7 @@ namespace tutti {
 class ByteWriter {
  public:
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put(const T& value) {
     const std::size_t at = bytes_.size();
     bytes_.resize(at + sizeof(T));
@@ -36,7 +36,7 @@ class ByteWriter {
     bytes_.append(s);
   }
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put_vector(const std::vector<T>& values) {
     put<std::uint64_t>(values.size());
     const std::size_t at = bytes_.size();
@@ -58,7 +58,7 @@ class ByteReader {
   explicit ByteReader(std::string_view bytes) : bytes_(bytes) {}
 
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   bool get(T* value) {
     if (failed_ || remaining() < sizeof(T)) return fail();
     std::memcpy(value, bytes_.data() + at_, sizeof(T));
@@ -67,7 +67,7 @@ class ByteReader {
   }
   // An enumerator stored as a uint8 below `count` (the number of enumerators).
   template <class E>
-    requires std::is_enum_v<E>
+  requires std::is_enum_v<E>
   bool get_enum(E* value, int count) {
     std::uint8_t raw = 0;
     if (!get(&raw)) return false;
@@ -93,7 +93,7 @@ class ByteReader {
     return true;
   }
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   bool get_vector(std::vector<T>* values) {
     std::size_t n = 0;
     if (!get_count(&n, sizeof(T))) return false;

@@ -20,8 +20,19 @@ namespace tutti {
 
 // Element types. Float16 and BFloat16 are storage types (tutti::float16, tutti::bfloat16)
 // that reductions widen to float32. Bool is one byte, 0 or 1.
-enum class DataType : std::uint8_t { UInt8, Int8, UInt16, Int16, Int32, Int64,
-                                     Float16, BFloat16, Float32, Float64, Bool };
+enum class DataType : std::uint8_t {
+  UInt8,
+  Int8,
+  UInt16,
+  Int16,
+  Int32,
+  Int64,
+  Float16,
+  BFloat16,
+  Float32,
+  Float64,
+  Bool
+};
 
 // Bytes per element. Throws InvalidArgument for a value outside the enumeration.
 TUTTI_API std::size_t element_size(DataType dtype);
@@ -34,18 +45,30 @@ TUTTI_API bool is_floating(DataType dtype);
 template <class T>
 constexpr DataType data_type_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, std::uint8_t>) return DataType::UInt8;
-  else if constexpr (std::is_same_v<U, std::int8_t>) return DataType::Int8;
-  else if constexpr (std::is_same_v<U, std::uint16_t>) return DataType::UInt16;
-  else if constexpr (std::is_same_v<U, std::int16_t>) return DataType::Int16;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return DataType::Int32;
-  else if constexpr (std::is_same_v<U, std::int64_t>) return DataType::Int64;
-  else if constexpr (std::is_same_v<U, float16>) return DataType::Float16;
-  else if constexpr (std::is_same_v<U, bfloat16>) return DataType::BFloat16;
-  else if constexpr (std::is_same_v<U, float>) return DataType::Float32;
-  else if constexpr (std::is_same_v<U, double>) return DataType::Float64;
-  else if constexpr (std::is_same_v<U, bool>) return DataType::Bool;
-  else static_assert(sizeof(U) == 0, "no tutti::DataType for this element type");
+  if constexpr (std::is_same_v<U, std::uint8_t>)
+    return DataType::UInt8;
+  else if constexpr (std::is_same_v<U, std::int8_t>)
+    return DataType::Int8;
+  else if constexpr (std::is_same_v<U, std::uint16_t>)
+    return DataType::UInt16;
+  else if constexpr (std::is_same_v<U, std::int16_t>)
+    return DataType::Int16;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return DataType::Int32;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return DataType::Int64;
+  else if constexpr (std::is_same_v<U, float16>)
+    return DataType::Float16;
+  else if constexpr (std::is_same_v<U, bfloat16>)
+    return DataType::BFloat16;
+  else if constexpr (std::is_same_v<U, float>)
+    return DataType::Float32;
+  else if constexpr (std::is_same_v<U, double>)
+    return DataType::Float64;
+  else if constexpr (std::is_same_v<U, bool>)
+    return DataType::Bool;
+  else
+    static_assert(sizeof(U) == 0, "no tutti::DataType for this element type");
 }
 
 // Where a tensor's memory lives.
@@ -129,17 +152,18 @@ class TUTTI_API Tensor {
   Tensor slice(std::int64_t offset, Shape shape) const {
     const std::int64_t count = tutti::num_elements(shape);
     if (offset < 0 || offset > num_elements() || count > num_elements() - offset) {
-      throw Error(ErrorCode::InvalidArgument,
-                  "Tensor::slice: elements [" + std::to_string(offset) + ", " +
-                      std::to_string(offset + count) + ") do not lie within a tensor of " +
-                      std::to_string(num_elements()) + " elements");
+      throw Error(ErrorCode::InvalidArgument, "Tensor::slice: elements [" + std::to_string(offset) +
+                                                  ", " + std::to_string(offset + count) +
+                                                  ") do not lie within a tensor of " +
+                                                  std::to_string(num_elements()) + " elements");
     }
     Tensor part;
     part.storage_ = storage_;
-    void* start = data() == nullptr
-                      ? nullptr
-                      : static_cast<void*>(static_cast<std::byte*>(data()) +
-                                           static_cast<std::size_t>(offset) * element_size(dtype()));
+    void* start =
+        data() == nullptr
+            ? nullptr
+            : static_cast<void*>(static_cast<std::byte*>(data()) +
+                                 static_cast<std::size_t>(offset) * element_size(dtype()));
     part.view_ = TensorView(start, dtype(), std::move(shape), device());
     return part;
   }
@@ -154,7 +178,9 @@ class TUTTI_API Tensor {
   std::int64_t num_elements() const { return view_.num_elements(); }
   std::size_t byte_size() const { return view_.byte_size(); }
   template <class T>
-  std::span<T> span() const { return view_.span<T>(); }
+  std::span<T> span() const {
+    return view_.span<T>();
+  }
 
  private:
   void check_from(std::size_t count) const;

@@ -30,8 +30,10 @@ D narrow(C value) {
   } else if constexpr (std::is_integral_v<D>) {
     // Saturate instead of undefined behaviour; NaN becomes 0.
     if (!(value == value)) return D(0);
-    if (value >= static_cast<C>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
-    if (value <= static_cast<C>(std::numeric_limits<D>::lowest())) return std::numeric_limits<D>::lowest();
+    if (value >= static_cast<C>(std::numeric_limits<D>::max()))
+      return std::numeric_limits<D>::max();
+    if (value <= static_cast<C>(std::numeric_limits<D>::lowest()))
+      return std::numeric_limits<D>::lowest();
     return static_cast<D>(value);  // Truncates toward zero.
   } else {
     return static_cast<D>(value);
@@ -41,15 +43,16 @@ D narrow(C value) {
 // No __restrict: scaling in place (destination == source) is a legal use; -O3 versions the
 // loop with a runtime overlap check instead.
 template <class S, class D>
-void convert_loop(D* destination, const S* source, std::size_t count,
-                  double factor) {
+void convert_loop(D* destination, const S* source, std::size_t count, double factor) {
   // float arithmetic where both sides fit in float (API.md: half types reduced in float32).
   using Compute = std::conditional_t<kIsNarrowFloat<S> && kIsNarrowFloat<D>, float, double>;
   const Compute f = static_cast<Compute>(factor);
   if (factor == 1.0) {
-    for (std::size_t i = 0; i < count; ++i) destination[i] = narrow<D>(static_cast<Compute>(source[i]));
+    for (std::size_t i = 0; i < count; ++i)
+      destination[i] = narrow<D>(static_cast<Compute>(source[i]));
   } else {
-    for (std::size_t i = 0; i < count; ++i) destination[i] = narrow<D>(static_cast<Compute>(source[i]) * f);
+    for (std::size_t i = 0; i < count; ++i)
+      destination[i] = narrow<D>(static_cast<Compute>(source[i]) * f);
   }
 }
 
@@ -84,7 +87,8 @@ void convert_scale(void* destination, DataType destination_type, const void* sou
     with_type(destination_type, [&](auto d) {
       using S = decltype(s);
       using D = decltype(d);
-      convert_loop<S, D>(static_cast<D*>(destination), static_cast<const S*>(source), count, factor);
+      convert_loop<S, D>(static_cast<D*>(destination), static_cast<const S*>(source), count,
+                         factor);
     });
   });
 }

@@ -4,9 +4,9 @@
 // is collective like MPI_Comm_free: every member destroys its copy.
 #pragma once
 
-#include <mpi.h>
-
 #include <vector>
+
+#include <mpi.h>
 
 #include "src/common/status.h"
 

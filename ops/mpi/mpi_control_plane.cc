@@ -60,7 +60,8 @@ Result<std::optional<Message>> MpiControlPlane::poll() {
   if (!arrived) return std::optional<Message>();
   int count = 0;
   MPI_Get_count(&status, MPI_BYTE, &count);
-  Message message{.source = status.MPI_SOURCE, .bytes = std::string(static_cast<std::size_t>(count), '\0')};
+  Message message{.source = status.MPI_SOURCE,
+                  .bytes = std::string(static_cast<std::size_t>(count), '\0')};
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Recv(message.bytes.data(), count, MPI_BYTE, status.MPI_SOURCE, tag_,
                                      comm_.get(), MPI_STATUS_IGNORE));
   return std::optional<Message>(std::move(message));

@@ -13,7 +13,8 @@ Status mpi_status(int code, const char* call) {
   // Only the function name: the argument list says nothing to a user.
   std::string name(call);
   name = name.substr(0, name.find('('));
-  return Status(ErrorCode::Communication, detail::str_cat(name, " failed: ", std::string(text, length)));
+  return Status(ErrorCode::Communication,
+                detail::str_cat(name, " failed: ", std::string(text, length)));
 }
 
 }  // namespace tutti::ops::mpi

@@ -2,9 +2,9 @@
 // MPI return codes to Status, naming the failing call and quoting MPI's message.
 #pragma once
 
-#include <mpi.h>
-
 #include <string>
+
+#include <mpi.h>
 
 #include "src/common/status.h"
 

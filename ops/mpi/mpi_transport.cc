@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The MPI transport: communicators for control, data and topology over a duplicate of the
 // parent communicator.
-#include <mpi.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <thread>
+
+#include <mpi.h>
 
 #include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_control_plane.h"
@@ -58,9 +58,10 @@ Status wait_for_everyone(MPI_Comm parent, std::chrono::milliseconds timeout) {
     TUTTI_MPI_RETURN_IF_ERROR(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return Status();
     if (std::chrono::steady_clock::now() > deadline) {
-      return Status(ErrorCode::Communication,
-                    detail::str_cat("not every rank called tutti::init() within TUTTI_START_TIMEOUT (",
-                            timeout.count() / 1000.0, " s)"));
+      return Status(
+          ErrorCode::Communication,
+          detail::str_cat("not every rank called tutti::init() within TUTTI_START_TIMEOUT (",
+                          timeout.count() / 1000.0, " s)"));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -102,7 +103,8 @@ class MpiTransport final : public Transport {
     t.rank = base_.rank();
     t.size = base_.size();
     MPI_Comm local = MPI_COMM_NULL;
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(base_.get(), MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local));
+    TUTTI_MPI_RETURN_IF_ERROR(
+        MPI_Comm_split_type(base_.get(), MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local));
     MPI_Comm_rank(local, &t.local_rank);
     MPI_Comm_size(local, &t.local_size);
     MPI_Comm_free(&local);
@@ -113,8 +115,10 @@ class MpiTransport final : public Transport {
     MPI_Comm_free(&cross);
     int min_local = t.local_size;
     int max_local = t.local_size;
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, base_.get()));
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, &max_local, 1, MPI_INT, MPI_MAX, base_.get()));
+    TUTTI_MPI_RETURN_IF_ERROR(
+        MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, base_.get()));
+    TUTTI_MPI_RETURN_IF_ERROR(
+        MPI_Allreduce(MPI_IN_PLACE, &max_local, 1, MPI_INT, MPI_MAX, base_.get()));
     t.homogeneous = min_local == max_local;
     return Status();
   }
@@ -143,7 +147,8 @@ void set_mpi_finalize_hook(void (*hook)()) {
   MPI_Initialized(&initialized);
   if (attached || !initialized) return;
   int keyval = MPI_KEYVAL_INVALID;
-  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, mpi::run_finalize_hook, &keyval, nullptr) == MPI_SUCCESS &&
+  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, mpi::run_finalize_hook, &keyval, nullptr) ==
+          MPI_SUCCESS &&
       MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr) == MPI_SUCCESS) {
     attached = true;
   }

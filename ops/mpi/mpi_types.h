@@ -2,9 +2,9 @@
 // DataType and WireOp to MPI's types and ops; counts to MPI's int.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
+
+#include <mpi.h>
 
 #include "ops/backend.h"
 

@@ -3,16 +3,17 @@
 // without depending on an upper layer (STYLE.md 2.1).
 #include "src/common/check.h"
 
-#include <mpi.h>
-
 #include <cstdlib>
+
+#include <mpi.h>
 
 #include "src/common/logging.h"
 
 namespace tutti::detail {
 
 void check_failed(const char* file, int line, const char* condition, const std::string& message) {
-  log_message(LogLevel::Fatal, str_cat(file, ":", line, ": check failed: ", condition, ": ", message));
+  log_message(LogLevel::Fatal,
+              str_cat(file, ":", line, ": check failed: ", condition, ": ", message));
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);

@@ -21,7 +21,7 @@ enum class KnobType { Int, Double, Bool, String };
 enum class KnobScope { Job, Rank, Launcher };
 
 struct Knob {
-  std::string_view name;           // Without prefix: "FUSION_THRESHOLD".
+  std::string_view name;  // Without prefix: "FUSION_THRESHOLD".
   KnobType type;
   std::string_view default_value;  // As text, parsed like a value from the environment.
   double min;                      // Inclusive range of numeric values.

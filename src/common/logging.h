@@ -26,10 +26,10 @@ void log_message(LogLevel level, const std::string& message);
 
 }  // namespace tutti::detail
 
-#define TUTTI_LOG_(level, ...)                                                            \
-  do {                                                                                    \
-    if (::tutti::detail::log_enabled(level))                                              \
-      ::tutti::detail::log_message(level, ::tutti::detail::str_cat(__VA_ARGS__));         \
+#define TUTTI_LOG_(level, ...)                                                    \
+  do {                                                                            \
+    if (::tutti::detail::log_enabled(level))                                      \
+      ::tutti::detail::log_message(level, ::tutti::detail::str_cat(__VA_ARGS__)); \
   } while (false)
 #define TUTTI_LOG_DEBUG(...) TUTTI_LOG_(::tutti::detail::LogLevel::Debug, __VA_ARGS__)
 #define TUTTI_LOG_INFO(...) TUTTI_LOG_(::tutti::detail::LogLevel::Info, __VA_ARGS__)

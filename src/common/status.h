@@ -48,8 +48,8 @@ template <class T>
 class [[nodiscard]] Result {
  public:
   // Implicit, so that functions can `return value;` and `return status;`.
-  Result(T value) : state_(std::move(value)) {}          // NOLINT(google-explicit-constructor)
-  Result(Status status) : state_(std::move(status)) {}   // NOLINT  Requires !status.ok().
+  Result(T value) : state_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : state_(std::move(status)) {}  // NOLINT  Requires !status.ok().
 
   bool ok() const { return std::holds_alternative<T>(state_); }
   Status status() const { return ok() ? Status() : std::get<Status>(state_); }

@@ -58,9 +58,10 @@ struct Submission {
     const int devices = ops::device_ops().device_count();
     if (devices == 0) {
       invalid(str_cat(to_string(request.op), " '", request.name, "': a cuda:", device.index,
-                      " tensor, but ", ops::built_with_cuda() ? "no CUDA device is visible"
-                                                           : "this Tutti was built without CUDA "
-                                                             "(meson setup -Dcuda=enabled)"));
+                      " tensor, but ",
+                      ops::built_with_cuda() ? "no CUDA device is visible"
+                                             : "this Tutti was built without CUDA "
+                                               "(meson setup -Dcuda=enabled)"));
     }
     if (device.index < 0 || device.index >= devices) {
       invalid(str_cat(to_string(request.op), " '", request.name, "': a cuda:", device.index,

@@ -26,7 +26,11 @@ bool cuda_built() { return ops::built_with_cuda(); }
 bool nccl_built() { return ops::built_with_nccl(); }
 
 void start_timeline(const std::string& path, bool mark_cycles) {
-  core::Runtime::get().session().value_or_throw()->start_timeline(path, mark_cycles).throw_if_error();
+  core::Runtime::get()
+      .session()
+      .value_or_throw()
+      ->start_timeline(path, mark_cycles)
+      .throw_if_error();
 }
 
 void stop_timeline() { core::Runtime::get().session().value_or_throw()->stop_timeline(); }

@@ -69,7 +69,8 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
     }
     if (status.ok()) status = finish_handshake();
   } catch (const std::exception& e) {
-    status = Status(ErrorCode::Internal, str_cat("Tutti's communication thread failed: ", e.what()));
+    status =
+        Status(ErrorCode::Internal, str_cat("Tutti's communication thread failed: ", e.what()));
   }
   if (!status.ok()) {
     // Tell the others, best effort, so that they stop instead of waiting for this rank (the
@@ -121,7 +122,8 @@ Status BackgroundLoop::send_new(bool* did_work) {
   if (!list) return Status();
   *did_work = true;
   if (!is_coordinator()) return parts_.plane.send(0, encode(*list));
-  const std::vector<std::int32_t> resend = coordinator_->receive(rank_, std::move(*list), Clock::now());
+  const std::vector<std::int32_t> resend =
+      coordinator_->receive(rank_, std::move(*list), Clock::now());
   TUTTI_CHECK(resend.empty(), "the coordinator's own cache hits went stale");
   return Status();
 }
@@ -175,7 +177,8 @@ Status BackgroundLoop::finish_handshake() {
       continue;
     }
     TUTTI_ASSIGN_OR_RETURN(RequestList list, decode_request_list(message->bytes));
-    if (list.shutdown) static_cast<void>(coordinator_->receive(message->source, std::move(list), Clock::now()));
+    if (list.shutdown)
+      static_cast<void>(coordinator_->receive(message->source, std::move(list), Clock::now()));
   }
   return Status();
 }

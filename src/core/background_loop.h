@@ -100,7 +100,7 @@ class BackgroundLoop {
   Parts parts_;
   const int rank_;
   ResponseExecutor executor_;
-  RequestSender sender_;  // Reads executor_'s cache.
+  RequestSender sender_;                         // Reads executor_'s cache.
   std::optional<CoordinatorStage> coordinator_;  // Rank 0 only.
 };
 

@@ -3,7 +3,6 @@
 
 #include <charconv>
 
-
 namespace tutti::core {
 namespace {
 
@@ -19,15 +18,18 @@ Status refuse(const detail::KnobSource& source, std::string_view knob, std::stri
 // and then ignored.
 Status refuse_unbuilt(const detail::KnobSource& source) {
   TUTTI_ASSIGN_OR_RETURN(bool autotune, detail::bool_knob("AUTOTUNE", source));
-  if (autotune) return refuse(source, "AUTOTUNE", "is not supported yet: online tuning is not built");
-  for (std::string_view knob : {"AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
-                                "AUTOTUNE_STEPS_PER_SAMPLE", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-                                "AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}) {
-    if (source.find(knob)) return refuse(source, knob, "needs TUTTI_AUTOTUNE=1, which is not supported yet");
+  if (autotune)
+    return refuse(source, "AUTOTUNE", "is not supported yet: online tuning is not built");
+  for (std::string_view knob :
+       {"AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES", "AUTOTUNE_STEPS_PER_SAMPLE",
+        "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}) {
+    if (source.find(knob))
+      return refuse(source, knob, "needs TUTTI_AUTOTUNE=1, which is not supported yet");
   }
   for (std::string_view knob : {"HIERARCHICAL_ALLREDUCE", "HIERARCHICAL_ALLGATHER"}) {
     TUTTI_ASSIGN_OR_RETURN(bool on, detail::bool_knob(knob, source));
-    if (on) return refuse(source, knob, "is not supported yet: hierarchical algorithms are not built");
+    if (on)
+      return refuse(source, knob, "is not supported yet: hierarchical algorithms are not built");
   }
   return Status();
 }

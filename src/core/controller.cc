@@ -212,8 +212,8 @@ void Coordinator::change_sets(Response& response, Decided& decided,
     return;
   }
   const int id = response.target_set_id;
-  const bool exists = !decided.removed.contains(id) &&
-                      (sets_.find(id).ok() || decided.added.contains(id));
+  const bool exists =
+      !decided.removed.contains(id) && (sets_.find(id).ok() || decided.added.contains(id));
   if (id == 0 || !exists) {
     response = error_response(
         response, ErrorCode::InvalidArgument,

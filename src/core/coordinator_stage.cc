@@ -15,11 +15,11 @@ std::vector<std::int32_t> CoordinatorStage::receive(int global_rank, RequestList
     if (global_rank != 0) ++last_messages_;
     // A rank that stopped on an error takes the job down with it: its peers would wait for it
     // forever. The others get ShutDown naming it.
-    begin_shutdown(Status(ErrorCode::ShutDown,
-                          list.shutdown_message.empty()
-                              ? detail::str_cat("rank ", global_rank, " shut down")
-                              : detail::str_cat("rank ", global_rank, " stopped: ",
-                                                list.shutdown_message)));
+    begin_shutdown(
+        Status(ErrorCode::ShutDown,
+               list.shutdown_message.empty()
+                   ? detail::str_cat("rank ", global_rank, " shut down")
+                   : detail::str_cat("rank ", global_rank, " stopped: ", list.shutdown_message)));
   }
   std::vector<std::int32_t> resend;
   coordinator_.receive(global_rank, std::move(list), now, &resend);

@@ -22,8 +22,7 @@ namespace tutti::core {
 class CoordinatorStage {
  public:
   // `sets` and `timeline` (null = none) must outlive the stage; `size` is the job's size.
-  CoordinatorStage(const Config& config, const ProcessSetTable& sets, Timeline* timeline,
-                   int size);
+  CoordinatorStage(const Config& config, const ProcessSetTable& sets, Timeline* timeline, int size);
 
   // Files one rank's message (this rank's own as well). Returns the cache ids that rank must
   // resend in full. A rank's last message is counted, and starts the shutdown.

@@ -17,9 +17,11 @@ Status DevicePath::claim(Device device) {
   int expected = -1;
   if (device_index_.compare_exchange_strong(expected, device.index) || expected == device.index)
     return Status();
-  return invalid_argument(detail::str_cat(
-      "this rank's CUDA tensors are on cuda:", expected, ", and a rank uses one device per "
-      "session (call tutti::shutdown() and tutti::init() to move to cuda:", device.index, ")"));
+  return invalid_argument(
+      detail::str_cat("this rank's CUDA tensors are on cuda:", expected,
+                      ", and a rank uses one device per "
+                      "session (call tutti::shutdown() and tutti::init() to move to cuda:",
+                      device.index, ")"));
 }
 
 Device DevicePath::device_of(std::span<const Work> batch) const {

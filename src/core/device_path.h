@@ -57,7 +57,7 @@ class DevicePath {
 
   ProcessSetTable& sets_;
   const ops::Topology& topology_;
-  std::atomic<int> device_index_{-1};                    // claim(); -1 until the first CUDA op.
+  std::atomic<int> device_index_{-1};                   // claim(); -1 until the first CUDA op.
   std::map<int, std::unique_ptr<DeviceMover>> movers_;  // By stream index.
   DeviceCompletions completions_;  // Declared last: stopped first, while the movers live.
 };

@@ -3,7 +3,8 @@
 
 namespace tutti {
 
-Error::Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+Error::Error(ErrorCode code, const std::string& message)
+    : std::runtime_error(message), code_(code) {}
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {

@@ -23,7 +23,8 @@ std::vector<std::vector<std::size_t>> plan_fusion(std::span<const FusionItem> it
     }
     batches.push_back({i});
     // Rule 2: an item at or over the threshold travels alone and leaves the open batch open.
-    if (item.bytes < threshold_bytes) open[item.key] = Open{.batch = batches.size() - 1, .bytes = item.bytes};
+    if (item.bytes < threshold_bytes)
+      open[item.key] = Open{.batch = batches.size() - 1, .bytes = item.bytes};
   }
   return batches;
 }

@@ -11,7 +11,8 @@
 namespace tutti::core {
 
 ResponseExecutor::ResponseExecutor(Parts parts, std::size_t fusion_threshold_bytes)
-    : parts_(parts), fusion_threshold_bytes_(fusion_threshold_bytes),
+    : parts_(parts),
+      fusion_threshold_bytes_(fusion_threshold_bytes),
       host_mover_(fusion_threshold_bytes) {
   executor_.set_timeline(parts_.timeline);
 }

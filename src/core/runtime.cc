@@ -70,7 +70,8 @@ namespace tutti::core {
 Result<std::shared_ptr<Session>> Runtime::session_for_op() const {
   detail::MutexLock lock(mutex_);
   if (session_ != nullptr) return session_;
-  if (was_shut_down_) return Status(ErrorCode::ShutDown, "Tutti has shut down; call tutti::init() to start again");
+  if (was_shut_down_)
+    return Status(ErrorCode::ShutDown, "Tutti has shut down; call tutti::init() to start again");
   return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");
 }
 

@@ -33,8 +33,8 @@ namespace {
 // the list covers every local rank and the CPU is one this process may run on.
 Result<std::optional<int>> affinity_cpu(const Config& config, const ops::Topology& topology) {
   if (config.thread_affinity.empty()) return std::optional<int>();
-  const std::string knob =
-      detail::str_cat("TUTTI_THREAD_AFFINITY='", detail::join_list(config.thread_affinity, ","), "'");
+  const std::string knob = detail::str_cat("TUTTI_THREAD_AFFINITY='",
+                                           detail::join_list(config.thread_affinity, ","), "'");
   if (static_cast<std::size_t>(topology.local_rank) >= config.thread_affinity.size()) {
     return invalid_argument(detail::str_cat(knob, " lists ", config.thread_affinity.size(),
                                             " CPUs for ", topology.local_size,
@@ -45,8 +45,8 @@ Result<std::optional<int>> affinity_cpu(const Config& config, const ops::Topolog
   CPU_ZERO(&allowed);
   if (cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
       !CPU_ISSET(cpu, &allowed)) {
-    return invalid_argument(detail::str_cat(knob, ": local rank ", topology.local_rank,
-                                            " may not run on CPU ", cpu));
+    return invalid_argument(
+        detail::str_cat(knob, ": local rank ", topology.local_rank, " may not run on CPU ", cpu));
   }
   return std::optional<int>(cpu);
 }
@@ -58,8 +58,10 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
   std::optional<int> cpu;
   if (local.ok()) {
     Result<std::optional<int>> pinned = affinity_cpu(local.value(), transport->topology());
-    if (pinned.ok()) cpu = pinned.value();
-    else local = pinned.status();
+    if (pinned.ok())
+      cpu = pinned.value();
+    else
+      local = pinned.status();
   }
   TUTTI_ASSIGN_OR_RETURN(Config config, agree_settings(transport->control_plane(), local,
                                                        local.ok() ? local.value().start_timeout

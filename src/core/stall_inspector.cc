@@ -45,15 +45,14 @@ std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
   for (const auto& [r, names] : by_rank) {
     missing += str_cat(missing.empty() ? "" : "; ", "rank ", r, ": ", detail::join_list(names));
   }
-  const std::string explanation = str_cat(
-      "ops were submitted by some ranks but not by others for more than ",
-      std::chrono::duration_cast<std::chrono::seconds>(check_after_).count(), " s; missing: ",
-      missing);
+  const std::string explanation =
+      str_cat("ops were submitted by some ranks but not by others for more than ",
+              std::chrono::duration_cast<std::chrono::seconds>(check_after_).count(),
+              " s; missing: ", missing);
   if (past_limit) {
-    return Status(
-        ErrorCode::Stalled,
-        str_cat("Stalled: ", explanation, " (past TUTTI_STALL_SHUTDOWN_TIME_SECONDS=",
-                std::chrono::duration<double>(shutdown_after_).count(), ")"));
+    return Status(ErrorCode::Stalled,
+                  str_cat("Stalled: ", explanation, " (past TUTTI_STALL_SHUTDOWN_TIME_SECONDS=",
+                          std::chrono::duration<double>(shutdown_after_).count(), ")"));
   }
   if (fresh) TUTTI_LOG_WARNING("Stall: ", explanation);
   return std::nullopt;

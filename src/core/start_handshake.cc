@@ -105,9 +105,9 @@ std::string value_text(const JobValues& values, std::string_view name) {
 Result<Config> lead(ops::ControlPlane& plane, const Result<Config>& local,
                     std::chrono::milliseconds timeout) {
   const JobValues mine = job_values();
-  Status outcome = local.ok() ? check_on_rank0(local.value())
-                              : Status(local.status().code(),
-                                       str_cat("rank 0: ", local.status().message()));
+  Status outcome =
+      local.ok() ? check_on_rank0(local.value())
+                 : Status(local.status().code(), str_cat("rank 0: ", local.status().message()));
   std::map<std::string, std::vector<int>> differing;  // Knob -> ranks.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<bool> heard(static_cast<std::size_t>(plane.size()), false);
@@ -132,7 +132,8 @@ Result<Config> lead(ops::ControlPlane& plane, const Result<Config>& local,
       outcome = Status(status.code(), str_cat("rank ", message->source, ": ", status.message()));
     }
     for (const detail::Knob& knob : detail::knobs()) {
-      if (knob.scope == detail::KnobScope::Job && value_text(theirs, knob.name) != value_text(mine, knob.name))
+      if (knob.scope == detail::KnobScope::Job &&
+          value_text(theirs, knob.name) != value_text(mine, knob.name))
         differing[std::string(knob.name)].push_back(message->source);
     }
   }
@@ -143,7 +144,8 @@ Result<Config> lead(ops::ControlPlane& plane, const Result<Config>& local,
   const std::string answer = encode(kAnswerMagic, outcome, mine);
   for (int r = 1; r < plane.size(); ++r) TUTTI_RETURN_IF_ERROR(plane.send(r, answer));
   const auto sent_by = std::chrono::steady_clock::now() + timeout;
-  while (!plane.sends_done() && std::chrono::steady_clock::now() < sent_by) std::this_thread::yield();
+  while (!plane.sends_done() && std::chrono::steady_clock::now() < sent_by)
+    std::this_thread::yield();
   if (!outcome.ok()) return outcome;
   return local;
 }
@@ -170,8 +172,8 @@ Result<Config> follow(ops::ControlPlane& plane, const Result<Config>& local,
     if (knob.scope != detail::KnobScope::Job) continue;
     const std::string theirs = value_text(rank0, knob.name);
     if (theirs != value_text(mine, knob.name)) {
-      TUTTI_LOG_WARNING("TUTTI_", knob.name, " is ", value_text(mine, knob.name),
-                        " here but ", theirs, " on rank 0; using rank 0's");
+      TUTTI_LOG_WARNING("TUTTI_", knob.name, " is ", value_text(mine, knob.name), " here but ",
+                        theirs, " on rank 0; using rank 0's");
     }
     if (auto it = rank0.find(knob.name); it != rank0.end()) {
       agreed.set(knob.name, str_cat("TUTTI_", knob.name, " (rank 0's)"), it->second);

@@ -46,8 +46,8 @@ std::string_view to_string(DataType dtype) {
 }
 
 bool is_floating(DataType dtype) {
-  return dtype == DataType::Float16 || dtype == DataType::BFloat16 ||
-         dtype == DataType::Float32 || dtype == DataType::Float64;
+  return dtype == DataType::Float16 || dtype == DataType::BFloat16 || dtype == DataType::Float32 ||
+         dtype == DataType::Float64;
 }
 
 std::int64_t num_elements(const Shape& shape) {
@@ -67,17 +67,17 @@ TensorView::TensorView(void* data, DataType dtype, Shape shape, Device device)
   count_ = tutti::num_elements(shape_);
   static_cast<void>(element_size(dtype_));  // Rejects values outside the enumeration.
   if (data_ == nullptr && count_ > 0) {
-    throw Error(ErrorCode::InvalidArgument,
-                detail::str_cat("TensorView of shape ", detail::shape_string(shape_),
-                                " has no data"));
+    throw Error(
+        ErrorCode::InvalidArgument,
+        detail::str_cat("TensorView of shape ", detail::shape_string(shape_), " has no data"));
   }
 }
 
 void TensorView::check_span(DataType requested) const {
   if (requested != dtype_) {
-    throw Error(ErrorCode::InvalidArgument,
-                detail::str_cat("span<", to_string(requested), "> of a ", to_string(dtype_),
-                                " tensor"));
+    throw Error(
+        ErrorCode::InvalidArgument,
+        detail::str_cat("span<", to_string(requested), "> of a ", to_string(dtype_), " tensor"));
   }
   if (device_.kind != Device::Kind::CPU) {
     throw Error(ErrorCode::InvalidArgument, "span() of a CUDA tensor: its memory is on the device");
@@ -101,8 +101,7 @@ void Tensor::check_from(std::size_t count) const {
   if (count != static_cast<std::size_t>(num_elements())) {
     throw Error(ErrorCode::InvalidArgument,
                 detail::str_cat("Tensor::from got ", count, " values for shape ",
-                                detail::shape_string(shape()), " (", num_elements(),
-                                " elements)"));
+                                detail::shape_string(shape()), " (", num_elements(), " elements)"));
   }
 }
 

@@ -33,9 +33,9 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
     }
     auto [it, inserted] = table.try_emplace(request.name, entry);
     if (!inserted) {
-      return invalid_argument(detail::str_cat("an op named '", request.name, "' is already in flight (",
-                                              to_string(it->second->request.op),
-                                              "); wait for it before reusing the name"));
+      return invalid_argument(detail::str_cat(
+          "an op named '", request.name, "' is already in flight (",
+          to_string(it->second->request.op), "); wait for it before reusing the name"));
     }
     new_.push_back(std::move(entry));
     notify = sleeping_;

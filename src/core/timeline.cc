@@ -154,7 +154,8 @@ void Timeline::write_loop(std::FILE* file) {
     while (!stopping_ && pending_.empty()) wake_writer_.wait(mutex_);
     // Then gather more for a while, so that the file is written in batches.
     const auto flush_by = std::chrono::steady_clock::now() + kFlushInterval;
-    while (!stopping_ && pending_.size() < kFlushBytes && wake_writer_.wait_until(mutex_, flush_by)) {
+    while (!stopping_ && pending_.size() < kFlushBytes &&
+           wake_writer_.wait_until(mutex_, flush_by)) {
     }
     batch.swap(pending_);  // pending_ takes the empty batch's capacity.
     const bool last = stopping_;

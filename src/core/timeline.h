@@ -107,8 +107,7 @@ class Timeline {
   // The track an *_end method closes a span on; null if not recording or never seen (a span
   // begun before this file started, whose B is not in it).
   Track* ended_track(std::string_view tensor) TUTTI_REQUIRES(mutex_);
-  void open_span(Track& track, Span span, std::string_view name, Args args)
-      TUTTI_REQUIRES(mutex_);
+  void open_span(Track& track, Span span, std::string_view name, Args args) TUTTI_REQUIRES(mutex_);
   // Closes `span` and any span inside it; nothing if `span` is not open.
   void close_span(Track& track, Span span, Args args) TUTTI_REQUIRES(mutex_);
   void emit(int tid, char phase, std::string_view name, Args args) TUTTI_REQUIRES(mutex_);

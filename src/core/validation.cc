@@ -204,8 +204,7 @@ Response negotiate_response(const std::vector<int>& global_ranks,
                                          " splits from a rank of a set of ", size);
         return response;
       }
-      response.splits.insert(response.splits.end(), request->splits.begin(),
-                             request->splits.end());
+      response.splits.insert(response.splits.end(), request->splits.begin(), request->splits.end());
     }
   } else if (first.op == Collective::AddProcessSet) {
     response.set_ranks = first.set_ranks;

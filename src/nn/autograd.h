@@ -80,7 +80,8 @@ struct RootGradient {
 };
 // Receives the gradient contributions reaching a leaf in run_backward_into(), possibly several
 // per leaf (the sink sums them). `gradient` may be shared with the graph: never write into it.
-using LeafSink = std::function<void(const std::shared_ptr<VariableImpl>& leaf, const Tensor& gradient)>;
+using LeafSink =
+    std::function<void(const std::shared_ptr<VariableImpl>& leaf, const Tensor& gradient)>;
 
 // A backward pass from several roots at once, each seeded with its own gradient, that hands
 // leaf gradients to `sink` instead of adding them to grad(), and fires no hooks. Roots may

@@ -8,9 +8,9 @@
 
 #include <Eigen/Core>
 
-#include "tutti/error.h"
 #include "src/common/strings.h"
 #include "src/common/throw.h"
+#include "tutti/error.h"
 #include "tutti/tensor.h"
 
 namespace tutti::nn::detail {

@@ -244,7 +244,9 @@ Variable make_result(Tensor value, const std::vector<Variable>& inputs, Backward
   return result;
 }
 
-std::uint64_t next_result_sequence() { return next_sequence.fetch_add(1, std::memory_order_relaxed); }
+std::uint64_t next_result_sequence() {
+  return next_sequence.fetch_add(1, std::memory_order_relaxed);
+}
 
 bool queue_backward_callback(std::function<void()> callback) {
   if (current_callbacks == nullptr) return false;

@@ -57,7 +57,9 @@ Clock::duration to_duration(double seconds) {
       std::chrono::duration<double>(std::min(seconds, 1e9)));
 }
 
-Clock::duration Agent::default_timeout() const { return to_duration(options_.options.timeout_seconds); }
+Clock::duration Agent::default_timeout() const {
+  return to_duration(options_.options.timeout_seconds);
+}
 
 void Agent::add_handler(const std::string& name, Place place, Handler handler) {
   handlers_[name] = {place, std::move(handler)};

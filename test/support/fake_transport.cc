@@ -14,7 +14,8 @@ struct FakeWorld::Shared {
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<std::deque<ops::Message>> mailboxes;
-  std::vector<std::deque<ops::Message>> rpc_mailboxes{static_cast<std::size_t>(size)};  // take_rpc_plane()'s.
+  std::vector<std::deque<ops::Message>> rpc_mailboxes{
+      static_cast<std::size_t>(size)};  // take_rpc_plane()'s.
 
   // One collective at a time per group of ranks: each rank posts its pointers, the last one
   // to arrive lets everyone compute, and the round ends when all have read.
@@ -34,12 +35,15 @@ class FakeControlPlane final : public ops::ControlPlane {
  public:
   // `rpc` picks the mailboxes of the RPC planes, apart from negotiation's.
   FakeControlPlane(std::shared_ptr<FakeWorld::Shared> shared, int rank, bool rpc = false)
-      : shared_(std::move(shared)), rank_(rank), boxes_(rpc ? &shared_->rpc_mailboxes : &shared_->mailboxes) {}
+      : shared_(std::move(shared)),
+        rank_(rank),
+        boxes_(rpc ? &shared_->rpc_mailboxes : &shared_->mailboxes) {}
   int rank() const override { return rank_; }
   int size() const override { return shared_->size; }
   Status send(int destination, std::string bytes) override {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    (*boxes_)[static_cast<std::size_t>(destination)].push_back(ops::Message{.source = rank_, .bytes = std::move(bytes)});
+    (*boxes_)[static_cast<std::size_t>(destination)].push_back(
+        ops::Message{.source = rank_, .bytes = std::move(bytes)});
     return Status();
   }
   Result<std::optional<ops::Message>> poll() override {
@@ -73,46 +77,58 @@ class FakeBackend final : public ops::Backend {
 
   Status allreduce(void* data, std::size_t count, DataType dtype, ops::WireOp op) override {
     std::vector<std::byte> result(count * element_size(dtype));
-    exchange(data, count, [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
-      std::vector<double> acc(count), x(count);
-      for (std::size_t r = 0; r < inputs.size(); ++r) {
-        ops::cpu::convert_scale(x.data(), DataType::Float64, inputs[r], dtype, count, 1.0);
-        for (std::size_t i = 0; i < count; ++i) {
-          if (r == 0) acc[i] = x[i];
-          else if (op == ops::WireOp::Sum) acc[i] += x[i];
-          else if (op == ops::WireOp::Min) acc[i] = std::min(acc[i], x[i]);
-          else if (op == ops::WireOp::Max) acc[i] = std::max(acc[i], x[i]);
-          else acc[i] *= x[i];
-        }
-      }
-      ops::cpu::convert_scale(result.data(), dtype, acc.data(), DataType::Float64, count, 1.0);
-    });
+    exchange(
+        data, count, [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+          std::vector<double> acc(count), x(count);
+          for (std::size_t r = 0; r < inputs.size(); ++r) {
+            ops::cpu::convert_scale(x.data(), DataType::Float64, inputs[r], dtype, count, 1.0);
+            for (std::size_t i = 0; i < count; ++i) {
+              if (r == 0)
+                acc[i] = x[i];
+              else if (op == ops::WireOp::Sum)
+                acc[i] += x[i];
+              else if (op == ops::WireOp::Min)
+                acc[i] = std::min(acc[i], x[i]);
+              else if (op == ops::WireOp::Max)
+                acc[i] = std::max(acc[i], x[i]);
+              else
+                acc[i] *= x[i];
+            }
+          }
+          ops::cpu::convert_scale(result.data(), dtype, acc.data(), DataType::Float64, count, 1.0);
+        });
     if (count) std::memcpy(data, result.data(), result.size());
     return Status();
   }
-  Status allgatherv(const void* input, void* output, std::span<const std::size_t> counts, DataType dtype) override {
+  Status allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                    DataType dtype) override {
     const std::size_t bytes = element_size(dtype);
-    exchange(input, counts[static_cast<std::size_t>(set_rank_)], [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>& sizes) {
-      auto* out = static_cast<std::byte*>(output);
-      for (std::size_t r = 0; r < inputs.size(); ++r) {
-        if (sizes[r]) std::memcpy(out, inputs[r], sizes[r] * bytes);
-        out += sizes[r] * bytes;
-      }
-    });
+    exchange(input, counts[static_cast<std::size_t>(set_rank_)],
+             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>& sizes) {
+               auto* out = static_cast<std::byte*>(output);
+               for (std::size_t r = 0; r < inputs.size(); ++r) {
+                 if (sizes[r]) std::memcpy(out, inputs[r], sizes[r] * bytes);
+                 out += sizes[r] * bytes;
+               }
+             });
     return Status();
   }
   Status broadcast(void* data, std::size_t count, DataType dtype, int root) override {
     std::vector<std::byte> copy(count * element_size(dtype));
-    exchange(data, count, [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
-      if (count) std::memcpy(copy.data(), inputs[static_cast<std::size_t>(root)], copy.size());
-    });
+    exchange(data, count,
+             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+               if (count)
+                 std::memcpy(copy.data(), inputs[static_cast<std::size_t>(root)], copy.size());
+             });
     if (count) std::memcpy(data, copy.data(), copy.size());
     return Status();
   }
-  Status alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>, DataType) override {
+  Status alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>,
+                   DataType) override {
     return Status(ErrorCode::Internal, "fake alltoallv is not implemented");
   }
-  Status reducescatter(const void*, void*, std::span<const std::size_t>, DataType, ops::WireOp) override {
+  Status reducescatter(const void*, void*, std::span<const std::size_t>, DataType,
+                       ops::WireOp) override {
     return Status(ErrorCode::Internal, "fake reducescatter is not implemented");
   }
   Status barrier() override {
@@ -135,7 +151,8 @@ class FakeBackend final : public ops::Backend {
     round.inputs[static_cast<std::size_t>(set_rank_)] = input;
     round.counts[static_cast<std::size_t>(set_rank_)] = count;
     if (++round.arrived == size()) shared_->cv.notify_all();
-    shared_->cv.wait(lock, [&] { return round.arrived == size() || shared_->generation[ranks_] != round_id; });
+    shared_->cv.wait(
+        lock, [&] { return round.arrived == size() || shared_->generation[ranks_] != round_id; });
     read(round.inputs, round.counts);
     if (++round.departed == size()) {
       round = {};
@@ -169,7 +186,8 @@ class FakeTransport final : public ops::Transport {
   }
   Result<std::unique_ptr<ops::Backend>> create_backend(const std::vector<int>& ranks) override {
     for (int r : ranks) {
-      if (r == topology_.rank) return std::unique_ptr<ops::Backend>(std::make_unique<FakeBackend>(shared_, ranks, r));
+      if (r == topology_.rank)
+        return std::unique_ptr<ops::Backend>(std::make_unique<FakeBackend>(shared_, ranks, r));
     }
     return std::unique_ptr<ops::Backend>();
   }

@@ -3,11 +3,10 @@
 // API.md promises); rank 0 prints the report, the others write catch-rank-<r>.log, and every
 // rank exits with the same code.
 #define CATCH_CONFIG_RUNNER  // NOLINT(readability-identifier-naming)
-#include <mpi.h>
-
 #include <string>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -18,7 +17,8 @@ int main(int argc, char** argv) {
   Catch::Session session;
   int failed = session.applyCommandLine(argc, argv);
   if (failed == 0) {
-    if (rank != 0) session.configData().outputFilename = "catch-rank-" + std::to_string(rank) + ".log";
+    if (rank != 0)
+      session.configData().outputFilename = "catch-rank-" + std::to_string(rank) + ".log";
     failed = session.run();
   }
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -8,9 +8,9 @@
 // SECTIONs are not.
 #pragma once
 
-#include <mpi.h>
-
 #include <string>
+
+#include <mpi.h>
 
 namespace tutti::test {
 

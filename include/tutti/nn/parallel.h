@@ -231,9 +231,9 @@ TUTTI_API std::shared_ptr<Module> convert_sync_batchnorm(
 //
 // The module's forward must be safe to run on several threads at once: the built-in layers
 // are (README, "Threads in nn"; Note [Thread safety of nn] in src/nn/variable.cc);
-// SyncBatchNorm and DDP are not. Outputs must be [parts rows, ...] with equal trailing dimensions. Parameters are
-// named "module.<name>". Exceptions from a thread are rethrown (the first) after all threads
-// have finished.
+// SyncBatchNorm and DDP are not. Outputs must be [parts rows, ...] with equal trailing dimensions.
+// Parameters are named "module.<name>". Exceptions from a thread are rethrown (the first) after all
+// threads have finished.
 class TUTTI_API DataParallel : public Module {
  public:
   // Throws InvalidArgument for a null module or num_threads < 1.

@@ -3,8 +3,6 @@
 // order, scale factors, grouped and out-of-place forms. Values are small integers, so every
 // summation order gives the same result and the oracle compares exactly (up to the final
 // scaling, compared with a tolerance).
-#include <mpi.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/mpi/core/oracle.h"
 #include "test/support/mpi_test_util.h"
@@ -34,7 +33,8 @@ TEST_CASE("allreduce matches plain MPI for every dtype, op and shape", "[allredu
   bool all_ok = true;
   std::string first_failure;
   for (DataType dtype : kAllDtypes) {
-    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
+    for (ReduceOp op :
+         {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
       if (dtype == DataType::Bool && op != ReduceOp::Min && op != ReduceOp::Max) continue;
       for (const Shape& shape : kShapes) {
         HostTensor t(dtype, shape, world_rank(), op == ReduceOp::Product);
@@ -58,12 +58,13 @@ TEST_CASE("prescale and postscale apply before and after the reduction", "[allre
   const int size = world_size();
   bool all_ok = true;
   std::string failure;
-  for (DataType dtype : {DataType::Float32, DataType::Float64, DataType::Float16, DataType::BFloat16,
-                         DataType::Int32, DataType::Int64, DataType::UInt8}) {
+  for (DataType dtype : {DataType::Float32, DataType::Float64, DataType::Float16,
+                         DataType::BFloat16, DataType::Int32, DataType::Int64, DataType::UInt8}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
       HostTensor t(dtype, {33}, world_rank(), false);
       const std::vector<double> expected = oracle_allreduce(t, op, 0.5, 3.0, size);
-      tutti::allreduce(t.view(), "scaled", {.op = op, .prescale_factor = 0.5, .postscale_factor = 3.0});
+      tutti::allreduce(t.view(), "scaled",
+                       {.op = op, .prescale_factor = 0.5, .postscale_factor = 3.0});
       const std::string f = t.compare(expected);
       if (!f.empty() && failure.empty()) failure = std::string(to_string(dtype)) + ": " + f;
       all_ok = all_ok && f.empty();
@@ -91,7 +92,8 @@ TEST_CASE("a batch of mixed tensors submitted in a different order on each rank"
   std::shuffle(order.begin(), order.end(), shuffle);
   std::vector<Handle> handles(kCount);
   for (int i : order) {
-    handles[i] = allreduce_async(tensors[i].view(), "batch." + std::to_string(i), {.op = ReduceOp::Sum});
+    handles[i] =
+        allreduce_async(tensors[i].view(), "batch." + std::to_string(i), {.op = ReduceOp::Sum});
   }
   bool all_ok = true;
   for (int i = 0; i < kCount; ++i) {
@@ -123,7 +125,8 @@ TEST_CASE("out-of-place allreduce leaves the input alone", "[allreduce]") {
     HostTensor out(DataType::Float32, {n}, 99, false);
     const std::vector<double> before = in.values();
     const auto expected = oracle_allreduce(in, ReduceOp::Sum, 2.0, 1.0, size);
-    allreduce_async(in.view(), out.view(), "oop", {.op = ReduceOp::Sum, .prescale_factor = 2.0}).wait();
+    allreduce_async(in.view(), out.view(), "oop", {.op = ReduceOp::Sum, .prescale_factor = 2.0})
+        .wait();
     CHECK(all_ranks(out.compare(expected).empty() && in.values() == before));
   }
 }
@@ -134,7 +137,8 @@ TEST_CASE("the same name can be reused once the op is done, with another shape",
   for (std::int64_t n : {3, 9, 1}) {
     std::vector<float> v(static_cast<std::size_t>(n), 1.0f);
     allreduce(TensorView(v.data(), {n}), "reused", {.op = ReduceOp::Sum});
-    ok = ok && std::all_of(v.begin(), v.end(), [](float x) { return x == static_cast<float>(world_size()); });
+    ok = ok && std::all_of(v.begin(), v.end(),
+                           [](float x) { return x == static_cast<float>(world_size()); });
   }
   CHECK(all_ranks(ok));
 }

@@ -2,14 +2,13 @@
 // Every error of API.md's allreduce part: argument errors from the call, cross-rank
 // disagreements as Mismatch on every rank (and the runtime usable afterwards), states before
 // init() and after shutdown(), re-init, and malformed settings.
-#include <mpi.h>
-
 #include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
@@ -37,7 +36,8 @@ TEST_CASE("init reports its place in the job", "[errors]") {
   init();
   CHECK(all_ranks(rank() == world_rank() && size() == world_size()));
   CHECK(all_ranks(local_size() >= 1 && local_rank() < local_size() && cross_rank() < cross_size()));
-  CHECK(all_ranks(ProcessSet::global().size() == world_size() && ProcessSet::global().rank() == world_rank()));
+  CHECK(all_ranks(ProcessSet::global().size() == world_size() &&
+                  ProcessSet::global().rank() == world_rank()));
   shutdown();
 }
 
@@ -54,8 +54,10 @@ TEST_CASE("argument errors are thrown by the call", "[errors]") {
   first.wait();
   CHECK(error_of([&] { allreduce_async(TensorView(flags.data(), DataType::Bool, {4}), "b"); }) ==
         ErrorCode::InvalidArgument);
-  CHECK(error_of([&] { allreduce_async(t, TensorView(d.data(), {4}), "oop"); }) == ErrorCode::InvalidArgument);
-  CHECK(error_of([&] { allreduce_async(t, "p", {.process_set = ProcessSet(42)}); }) == ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { allreduce_async(t, TensorView(d.data(), {4}), "oop"); }) ==
+        ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { allreduce_async(t, "p", {.process_set = ProcessSet(42)}); }) ==
+        ErrorCode::InvalidArgument);
   CHECK(error_of([&] { grouped_allreduce_async({}, "g"); }) == ErrorCode::InvalidArgument);
   CHECK(error_of([&] { broadcast_async(t, world_size(), "root"); }) == ErrorCode::InvalidArgument);
   CHECK(error_of([&] { Handle().wait(); }) == ErrorCode::InvalidArgument);
@@ -72,57 +74,78 @@ TEST_CASE("ranks that disagree get Mismatch on every rank, naming both values", 
   std::vector<std::int32_t> ints(68);
 
   std::string message;
-  auto shape = error_of([&] {
-    allreduce(TensorView(a.data(), {17, odd ? 4 : 3}), "grad.fc1");
-  }, &message);
-  const std::string expected = "Mismatched ALLREDUCE tensor shapes for 'grad.fc1': rank 0 sent [17, 3], rank " +
-                               std::to_string(last) + " sent [17, 4]";
+  auto shape = error_of(
+      [&] {
+        allreduce(TensorView(a.data(), {17, odd ? 4 : 3}), "grad.fc1");
+      },
+      &message);
+  const std::string expected =
+      "Mismatched ALLREDUCE tensor shapes for 'grad.fc1': rank 0 sent [17, 3], rank " +
+      std::to_string(last) + " sent [17, 4]";
   CHECK(all_ranks(shape == ErrorCode::Mismatch && message == expected));
   CHECK(all_ranks(sum_works()));
 
-  auto dtype = error_of([&] {
-    if (odd) allreduce(TensorView(ints.data(), {5}), "dtype"); else allreduce(TensorView(a.data(), {5}), "dtype");
-  }, &message);
+  auto dtype = error_of(
+      [&] {
+        if (odd)
+          allreduce(TensorView(ints.data(), {5}), "dtype");
+        else
+          allreduce(TensorView(a.data(), {5}), "dtype");
+      },
+      &message);
   CHECK(all_ranks(dtype == ErrorCode::Mismatch && message.find("data types") != std::string::npos &&
-                  message.find("int32") != std::string::npos && message.find("float32") != std::string::npos));
+                  message.find("int32") != std::string::npos &&
+                  message.find("float32") != std::string::npos));
 
-  auto op = error_of([&] {
-    allreduce(TensorView(a.data(), {5}), "op", {.op = odd ? ReduceOp::Max : ReduceOp::Sum});
-  }, &message);
+  auto op = error_of(
+      [&] {
+        allreduce(TensorView(a.data(), {5}), "op", {.op = odd ? ReduceOp::Max : ReduceOp::Sum});
+      },
+      &message);
   CHECK(all_ranks(op == ErrorCode::Mismatch && message.find("SUM") != std::string::npos &&
                   message.find("MAX") != std::string::npos));
 
-  auto scale = error_of([&] {
-    allreduce(TensorView(a.data(), {5}), "scale", {.prescale_factor = odd ? 2.0 : 1.0});
-  }, &message);
+  auto scale = error_of(
+      [&] { allreduce(TensorView(a.data(), {5}), "scale", {.prescale_factor = odd ? 2.0 : 1.0}); },
+      &message);
   CHECK(all_ranks(scale == ErrorCode::Mismatch && message.find("prescale") != std::string::npos));
 
-  auto kind = error_of([&] {
-    if (odd) broadcast(TensorView(a.data(), {5}), 0, "kind"); else allreduce(TensorView(a.data(), {5}), "kind");
-  }, &message);
+  auto kind = error_of(
+      [&] {
+        if (odd)
+          broadcast(TensorView(a.data(), {5}), 0, "kind");
+        else
+          allreduce(TensorView(a.data(), {5}), "kind");
+      },
+      &message);
   CHECK(all_ranks(kind == ErrorCode::Mismatch && message.find("BROADCAST") != std::string::npos));
 
-  auto group = error_of([&] {
-    std::vector<TensorView> views = {TensorView(a.data(), {5})};
-    if (odd) views.push_back(TensorView(b.data(), {5}));
-    grouped_allreduce(views, "group");
-  }, &message);
+  auto group = error_of(
+      [&] {
+        std::vector<TensorView> views = {TensorView(a.data(), {5})};
+        if (odd) views.push_back(TensorView(b.data(), {5}));
+        grouped_allreduce(views, "group");
+      },
+      &message);
   CHECK(all_ranks(group == ErrorCode::Mismatch));
   CHECK(all_ranks(sum_works()));
   shutdown();
 }
 
-TEST_CASE("after shutdown pending ops fail with ShutDown, new ones too, and init works again", "[errors]") {
+TEST_CASE("after shutdown pending ops fail with ShutDown, new ones too, and init works again",
+          "[errors]") {
   init();
   std::vector<float> v(3, 1.0f);
   // Only the last rank submits: nobody else ever will, so shutdown must fail it, not hang.
   Handle lonely;
-  if (world_size() > 1 && world_rank() == world_size() - 1) lonely = allreduce_async(TensorView(v.data(), {3}), "lonely");
+  if (world_size() > 1 && world_rank() == world_size() - 1)
+    lonely = allreduce_async(TensorView(v.data(), {3}), "lonely");
   MPI_Barrier(MPI_COMM_WORLD);
   shutdown();
   CHECK(all_ranks(world_size() == 1 || world_rank() != world_size() - 1 ||
                   error_of([&] { lonely.wait(); }) == ErrorCode::ShutDown));
-  CHECK(error_of([&] { allreduce_async(TensorView(v.data(), {3}), "late"); }) == ErrorCode::ShutDown);
+  CHECK(error_of([&] { allreduce_async(TensorView(v.data(), {3}), "late"); }) ==
+        ErrorCode::ShutDown);
   CHECK(error_of([] { static_cast<void>(size()); }) == ErrorCode::NotInitialized);
   shutdown();  // Idempotent.
   init();

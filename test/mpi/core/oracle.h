@@ -3,13 +3,13 @@
 // postscale * sum(prescale * x) [/ size], truncated for integers that are scaled or averaged).
 #pragma once
 
-#include <mpi.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <mpi.h>
 
 #include "tutti/tutti.h"
 
@@ -41,12 +41,16 @@ inline void store(std::byte* p, DataType dtype, double v) {
   switch (dtype) {
     case DataType::UInt8: *reinterpret_cast<std::uint8_t*>(p) = static_cast<std::uint8_t>(v); break;
     case DataType::Int8: *reinterpret_cast<std::int8_t*>(p) = static_cast<std::int8_t>(v); break;
-    case DataType::UInt16: *reinterpret_cast<std::uint16_t*>(p) = static_cast<std::uint16_t>(v); break;
+    case DataType::UInt16:
+      *reinterpret_cast<std::uint16_t*>(p) = static_cast<std::uint16_t>(v);
+      break;
     case DataType::Int16: *reinterpret_cast<std::int16_t*>(p) = static_cast<std::int16_t>(v); break;
     case DataType::Int32: *reinterpret_cast<std::int32_t*>(p) = static_cast<std::int32_t>(v); break;
     case DataType::Int64: *reinterpret_cast<std::int64_t*>(p) = static_cast<std::int64_t>(v); break;
     case DataType::Float16: *reinterpret_cast<float16*>(p) = float16(static_cast<float>(v)); break;
-    case DataType::BFloat16: *reinterpret_cast<bfloat16*>(p) = bfloat16(static_cast<float>(v)); break;
+    case DataType::BFloat16:
+      *reinterpret_cast<bfloat16*>(p) = bfloat16(static_cast<float>(v));
+      break;
     case DataType::Float32: *reinterpret_cast<float*>(p) = static_cast<float>(v); break;
     case DataType::Float64: *reinterpret_cast<double*>(p) = v; break;
     case DataType::Bool: *reinterpret_cast<std::uint8_t*>(p) = v != 0 ? 1 : 0; break;
@@ -62,9 +66,10 @@ class HostTensor {
     const auto n = static_cast<std::size_t>(num_elements(shape_));
     bytes_.resize(std::max<std::size_t>(1, n * element_size(dtype_)));
     for (std::size_t i = 0; i < n; ++i) {
-      const double v = dtype == DataType::Bool ? static_cast<double>((i + static_cast<std::size_t>(seed)) % 2)
-                       : for_product       ? static_cast<double>((i + static_cast<std::size_t>(seed)) % 2 + 1)
-                                           : static_cast<double>((i * 3 + static_cast<std::size_t>(seed)) % 11);
+      const double v =
+          dtype == DataType::Bool ? static_cast<double>((i + static_cast<std::size_t>(seed)) % 2)
+          : for_product ? static_cast<double>((i + static_cast<std::size_t>(seed)) % 2 + 1)
+                        : static_cast<double>((i * 3 + static_cast<std::size_t>(seed)) % 11);
       store(at(i), dtype_, v);
     }
   }
@@ -107,13 +112,15 @@ class HostTensor {
 inline std::vector<double> oracle_allreduce(const HostTensor& t, ReduceOp op, double prescale,
                                             double postscale, int size) {
   std::vector<double> v = t.values();
-  MPI_Op mpi_op = op == ReduceOp::Min ? MPI_MIN : op == ReduceOp::Max ? MPI_MAX
-                  : op == ReduceOp::Product                          ? MPI_PROD
-                                                                     : MPI_SUM;
+  MPI_Op mpi_op = op == ReduceOp::Min       ? MPI_MIN
+                  : op == ReduceOp::Max     ? MPI_MAX
+                  : op == ReduceOp::Product ? MPI_PROD
+                                            : MPI_SUM;
   if (mpi_op == MPI_SUM) {
     for (double& x : v) x *= prescale;
   }
-  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, mpi_op, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, mpi_op,
+                MPI_COMM_WORLD);
   const bool floating = is_floating(t.dtype());
   const bool scaled = op == ReduceOp::Average || prescale != 1.0 || postscale != 1.0;
   for (double& x : v) {

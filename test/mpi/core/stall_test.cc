@@ -2,13 +2,12 @@
 // The stall inspector: ops some ranks never submit fail with Stalled on every rank, naming
 // the missing ranks and tensors, within twice the configured limit. Run with
 // TUTTI_STALL_CHECK_TIME_SECONDS=1 and TUTTI_STALL_SHUTDOWN_TIME_SECONDS=2 (see meson.build).
-#include <mpi.h>
-
 #include <chrono>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
@@ -35,13 +34,15 @@ TEST_CASE("every rank gets Stalled naming the missing ranks within twice the lim
     code = e.code();
     message = e.what();
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (size == 1) {
     CHECK_FALSE(threw);  // Alone, nothing can stall.
   } else {
     INFO(message);
     CHECK(all_ranks(threw && code == ErrorCode::Stalled));
-    CHECK(all_ranks(message.find("rank " + std::to_string(last) + ": everyone.but.last") != std::string::npos));
+    CHECK(all_ranks(message.find("rank " + std::to_string(last) + ": everyone.but.last") !=
+                    std::string::npos));
     CHECK(all_ranks(message.find("only.last") != std::string::npos));
     CHECK(all_ranks(seconds < 2 * 2.0));
     // The runtime has stopped: new ops fail with ShutDown, not a hang.

@@ -2,7 +2,6 @@
 // The timeline: rank 0 writes a Chrome-trace file that is valid JSON after stop_timeline() and
 // at shutdown, with a negotiation span per tensor, an instant per rank's arrival, and the op
 // span with its activities. Checked with Python's json module (a real parser).
-#include <mpi.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
@@ -53,8 +53,8 @@ TEST_CASE("start_timeline writes valid JSON naming tensors, ranks and activities
   bool ok = true;
   std::string contents;
   if (world_rank() == 0) {
-    std::vector<std::string> names = {"grad.big", "grad.small", "NEGOTIATE_ALLREDUCE", "ALLREDUCE",
-                                      "BROADCAST", "rank 0"};
+    std::vector<std::string> names = {"grad.big",  "grad.small", "NEGOTIATE_ALLREDUCE",
+                                      "ALLREDUCE", "BROADCAST",  "rank 0"};
     if (world_size() > 1) names.push_back("rank " + std::to_string(world_size() - 1));
     ok = check_json(path, names) == 0;
     contents = read_file(path);

@@ -17,7 +17,7 @@ namespace {
 TEST_CASE("float16 conversions round to nearest even and keep specials", "[half]") {
   CHECK(float16(1.0f).bits == 0x3c00);
   CHECK(float16(-2.0f).bits == 0xc000);
-  CHECK(float16(65504.0f).bits == 0x7bff);           // Largest finite.
+  CHECK(float16(65504.0f).bits == 0x7bff);            // Largest finite.
   CHECK(float16(1e6f).bits == 0x7c00);                // Overflow to infinity.
   CHECK(float16(5.960464477539063e-08f).bits == 1);   // Smallest subnormal.
   CHECK(float16(1.0f + 1.0f / 2048).bits == 0x3c00);  // Halfway: rounds to even.
@@ -39,7 +39,8 @@ TEST_CASE("bfloat16 is the upper half of a float, rounded to nearest even", "[ha
 TEST_CASE("convert_scale truncates toward zero and saturates for integers", "[convert]") {
   const std::vector<double> in = {2.9, -2.9, 1e12, -1e12, 7.0};
   std::vector<std::int32_t> out(in.size());
-  ops::cpu::convert_scale(out.data(), DataType::Int32, in.data(), DataType::Float64, in.size(), 1.0);
+  ops::cpu::convert_scale(out.data(), DataType::Int32, in.data(), DataType::Float64, in.size(),
+                          1.0);
   CHECK(out == std::vector<std::int32_t>{2, -2, 2147483647, -2147483648, 7});
   std::vector<std::uint8_t> bytes(1);
   const double half_of_five = 5.0;
@@ -50,9 +51,11 @@ TEST_CASE("convert_scale truncates toward zero and saturates for integers", "[co
 TEST_CASE("convert_scale widens halves and scales in place", "[convert]") {
   std::vector<float16> halves = {float16(1.5f), float16(-3.0f)};
   std::vector<float> floats(2);
-  ops::cpu::convert_scale(floats.data(), DataType::Float32, halves.data(), DataType::Float16, 2, 2.0);
+  ops::cpu::convert_scale(floats.data(), DataType::Float32, halves.data(), DataType::Float16, 2,
+                          2.0);
   CHECK(floats == std::vector<float>{3.0f, -6.0f});
-  ops::cpu::convert_scale(floats.data(), DataType::Float32, floats.data(), DataType::Float32, 2, 0.5);
+  ops::cpu::convert_scale(floats.data(), DataType::Float32, floats.data(), DataType::Float32, 2,
+                          0.5);
   CHECK(floats == std::vector<float>{1.5f, -3.0f});
 }
 

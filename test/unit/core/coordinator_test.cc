@@ -2,14 +2,13 @@
 // The coordinator's negotiation (Note [Negotiation], Note [Join]) and its stage (stalls, the
 // shutdown's bye), driven by hand-made RequestLists from N ranks: no threads, no transport
 // beyond the process-set table's. Expected lists are written out from the protocol's rules.
-#include "src/core/coordinator_stage.h"
-
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "src/core/coordinator_stage.h"
 #include "test/support/fake_transport.h"
 
 namespace tutti::core {
@@ -128,7 +127,7 @@ TEST_CASE("A joined rank's absence releases ops; the last join answers with the 
   const ResponseList released = c.take_ready();
   REQUIRE(names(released) == std::vector<std::string>{"g"});
   CHECK(released.responses[0].joined == std::vector<int>{1});  // Set ranks without data.
-  CHECK(released.cache_ids == std::vector<std::int32_t>{-1});   // Shaped by a join: not cached.
+  CHECK(released.cache_ids == std::vector<std::int32_t>{-1});  // Shaped by a join: not cached.
   c.receive(2, list_of({join}), t0, &resend);
   c.receive(0, list_of({join}), t0, &resend);
   const ResponseList done = c.take_ready();

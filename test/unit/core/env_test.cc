@@ -34,7 +34,10 @@ TEST_CASE("Malformed values name the variable", "[env]") {
   CHECK(cycle.status().code() == ErrorCode::InvalidArgument);
   CHECK(cycle.status().message() == "TUTTI_CYCLE_TIME='12x' is not a number");
   ScopedEnv flag("HOROVOD_TIMELINE_MARK_CYCLES", "maybe");
-  CHECK(bool_setting("TIMELINE_MARK_CYCLES", false).status().message().find("HOROVOD_TIMELINE_MARK_CYCLES") == 0);
+  CHECK(bool_setting("TIMELINE_MARK_CYCLES", false)
+            .status()
+            .message()
+            .find("HOROVOD_TIMELINE_MARK_CYCLES") == 0);
 }
 
 TEST_CASE("Config::from_env parses every knob and rejects out-of-range values", "[env]") {

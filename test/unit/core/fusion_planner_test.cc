@@ -25,9 +25,7 @@ TEST_CASE("An item at or over the threshold travels alone", "[fusion]") {
   CHECK(plan_fusion(items, 0) == Batches{{0}, {1}, {2}});
 }
 
-TEST_CASE("Empty input gives no batches", "[fusion]") {
-  CHECK(plan_fusion({}, 100).empty());
-}
+TEST_CASE("Empty input gives no batches", "[fusion]") { CHECK(plan_fusion({}, 100).empty()); }
 
 }  // namespace
 }  // namespace tutti::core

@@ -106,11 +106,11 @@ TEST_CASE("A fused list sums every tensor; Average divides; errors fail only the
     error.ok = false;
     error.error_code = ErrorCode::Mismatch;
     error.error_message = "Mismatched ALLREDUCE tensor shapes for 'c'";
-    const Status status = rank.executor.execute(list_of(
-        {allreduce_response("a", 5, ReduceOp::Sum), allreduce_response("b", 3, ReduceOp::Average),
-         error}));
+    const Status status =
+        rank.executor.execute(list_of({allreduce_response("a", 5, ReduceOp::Sum),
+                                       allreduce_response("b", 3, ReduceOp::Average), error}));
     const float sum_a = static_cast<float>(size * (size + 1) / 2);  // Σ (r + 1)
-    const float avg_b = static_cast<float>(size - 1);                // Σ 2r / size
+    const float avg_b = static_cast<float>(size - 1);               // Σ 2r / size
     bool good = rank.ok && status.ok() && ea->state->wait().ok() && eb->state->wait().ok();
     for (float x : a) good = good && x == sum_a;
     for (float x : b) good = good && x == avg_b;
@@ -126,7 +126,8 @@ TEST_CASE("A cached response is filed on every rank and replayed by id", "[execu
   with_ranks(2, [&](Rank& rank, int r) {
     std::vector<float> x(4, 1.0f);
     auto first = rank.submit("x", x);
-    bool good = rank.executor.execute(list_of({allreduce_response("x", 4, ReduceOp::Sum)}, {9})).ok();
+    bool good =
+        rank.executor.execute(list_of({allreduce_response("x", 4, ReduceOp::Sum)}, {9})).ok();
     good = good && first->state->wait().ok() && rank.executor.cache().response(9) != nullptr;
     // The same request is now known by its id; a hit carries no body.
     auto again = rank.submit("x", x);
@@ -147,7 +148,8 @@ TEST_CASE("A joined member adds zeros without an entry of its own", "[executor][
     std::vector<float> g(6, static_cast<float>(r + 1));
     std::shared_ptr<Entry> entry;
     if (r != 1) entry = rank.submit("g", g);  // Rank 1 has joined.
-    const bool ran = rank.executor.execute(list_of({allreduce_response("g", 6, ReduceOp::Average, {1})})).ok();
+    const bool ran =
+        rank.executor.execute(list_of({allreduce_response("g", 6, ReduceOp::Average, {1})})).ok();
     bool good = ran;
     if (entry) {
       good = good && entry->state->wait().ok();

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Whole sessions over the in-memory transport: N threads as N ranks, no MPI.
+#include "src/core/session.h"
+
 #include <algorithm>
 #include <random>
 #include <string>
@@ -7,13 +9,13 @@
 
 #include <catch2/catch.hpp>
 
-#include "src/core/session.h"
 #include "test/support/fake_transport.h"
 
 namespace tutti::test {
 namespace {
 
-std::shared_ptr<core::Entry> allreduce_entry(const std::string& name, TensorView view, ReduceOp op = ReduceOp::Sum) {
+std::shared_ptr<core::Entry> allreduce_entry(const std::string& name, TensorView view,
+                                             ReduceOp op = ReduceOp::Sum) {
   auto entry = std::make_shared<core::Entry>();
   entry->request.name = name;
   entry->request.op = core::Collective::Allreduce;
@@ -34,7 +36,8 @@ void with_sessions(int size, F&& body) {
   run_ranks(size, [&](int rank) {
     // Session::create cannot fail over the fake transport (no MPI, no environment).
     std::shared_ptr<core::Session> session =
-        core::Session::create(core::Config{}, std::move(transports[static_cast<std::size_t>(rank)])).value();
+        core::Session::create(core::Config{}, std::move(transports[static_cast<std::size_t>(rank)]))
+            .value();
     body(*session, rank);
     session->stop();
   });
@@ -61,7 +64,8 @@ TEST_CASE("Sessions sum tensors submitted in a different order on each rank", "[
       all = all && entries[i]->state->wait().ok();
       // Closed form: sum over ranks of (rank + i).
       const float expected = static_cast<float>(size * (size - 1) / 2 + size * i);
-      all = all && std::all_of(data[i].begin(), data[i].end(), [&](float x) { return x == expected; });
+      all = all &&
+            std::all_of(data[i].begin(), data[i].end(), [&](float x) { return x == expected; });
     }
     ok[static_cast<std::size_t>(rank)] = all;
   });
@@ -87,8 +91,9 @@ TEST_CASE("Sessions fail a shape mismatch on every rank, naming both shapes", "[
     usable[static_cast<std::size_t>(rank)] =
         session.submit(after).ok() && after->state->wait().ok() && one == static_cast<float>(size);
   });
-  const std::string expected = "Mismatched ALLREDUCE tensor shapes for 'grad.fc1': rank 0 sent [17, 3], rank " +
-                               std::to_string(size - 1) + " sent [17, 4]";
+  const std::string expected =
+      "Mismatched ALLREDUCE tensor shapes for 'grad.fc1': rank 0 sent [17, 3], rank " +
+      std::to_string(size - 1) + " sent [17, 4]";
   for (int r = 0; r < size; ++r) {
     CHECK(codes[static_cast<std::size_t>(r)] == static_cast<int>(ErrorCode::Mismatch));
     CHECK(messages[static_cast<std::size_t>(r)] == expected);
