@@ -46,6 +46,12 @@ class Transport {
 // MPI works. Application thread; the last registration wins.
 void set_mpi_finalize_hook(void (*hook)());
 
+// After the runtime stopped on an error, a peer may be alive but stuck, and MPI_Finalize (at
+// exit, or the application's own) would wait for it forever. Once this is called, the next
+// MPI_Finalize gets `grace` to return; then MPI_Abort(MPI_COMM_WORLD, 1) ends the whole job,
+// so that its exit status reaches mpirun. Any thread; the shortest grace wins.
+void bound_finalize_after_error(std::chrono::milliseconds grace);
+
 // The MPI transport over MPI_COMM_WORLD (parent == nullptr) or over *parent (an MPI_Comm*).
 // Initializes MPI with MPI_THREAD_MULTIPLE if nobody has; then MPI is finalized at exit.
 // Application thread; collective over the parent communicator. Fails with Communication if

@@ -11,7 +11,8 @@
 // Names: a name may not be reused within a process set while an op with that name is in
 // flight (InvalidArgument); afterwards it may be reused with any shape or dtype. An empty name
 // becomes "<op>.noname.<n>" with a per-set counter, so unnamed ops must be issued in the same
-// order on every rank.
+// order on every rank. Names starting with "tutti." are reserved for Tutti's own ops (join,
+// process-set changes): a user op named so is InvalidArgument.
 //
 // Memory: every TensorView passed in must stay alive and unmodified until the handle is done.
 // All functions are thread-safe.

@@ -36,7 +36,9 @@ TUTTI_API bool cuda_built();
 TUTTI_API bool nccl_built();
 
 // Starts writing a Chrome-trace timeline to `path` (rank 0 writes; other ranks only record
-// nothing). Collective. Replaces a timeline already running. See README "Timeline".
+// nothing). Collective, with one outcome: if rank 0 cannot open `path`, every rank throws
+// InvalidArgument with rank 0's message. Replaces a timeline already running. See README
+// "Timeline".
 TUTTI_API void start_timeline(const std::string& path, bool mark_cycles = false);
 // Stops the timeline, leaving a complete JSON file. Collective. No-op if none runs.
 TUTTI_API void stop_timeline();

@@ -83,7 +83,8 @@ struct Device {
 
 using Shape = std::vector<std::int64_t>;
 
-// Product of the dimensions (1 for a 0-d shape). Throws InvalidArgument for a negative one.
+// Product of the dimensions (1 for a 0-d shape). Throws InvalidArgument for a negative one, or
+// when the product overflows int64.
 TUTTI_API std::int64_t num_elements(const Shape& shape);
 
 // A non-owning view of contiguous, row-major memory. Copying a view copies the pointer.
@@ -91,7 +92,8 @@ TUTTI_API std::int64_t num_elements(const Shape& shape);
 class TUTTI_API TensorView {
  public:
   TensorView() = default;
-  // Throws InvalidArgument for a negative dimension, or a null `data` with elements.
+  // Throws InvalidArgument for a negative dimension, a shape whose element count or size in
+  // bytes overflows int64, or a null `data` with elements.
   TensorView(void* data, DataType dtype, Shape shape, Device device = Device::cpu());
   template <class T>
   TensorView(T* data, Shape shape, Device device = Device::cpu())

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The MPI transport: communicators for control, data and topology over a duplicate of the
 // parent communicator.
+#include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -130,15 +133,45 @@ class MpiTransport final : public Transport {
 };
 
 void (*g_finalize_hook)() = nullptr;
+// The grace MPI_Finalize gets after an error, in ms; -1 while none happened.
+std::atomic<std::int64_t> g_finalize_grace_ms{-1};
+
+// Ends the job if MPI_Finalize has not returned within the grace: the thread is detached, and
+// the process normally exits before it wakes.
+void start_finalize_watchdog() {
+  const std::int64_t grace_ms = g_finalize_grace_ms.load();
+  if (grace_ms < 0) return;
+  static std::atomic<bool> started{false};
+  if (started.exchange(true)) return;
+  std::thread([grace_ms] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(grace_ms));
+    std::fprintf(stderr,
+                 "[tutti] MPI_Finalize has not returned %.3g s after the runtime stopped on an "
+                 "error (a peer is stuck?): ending the job with MPI_Abort "
+                 "(TUTTI_EXIT_GRACE_SECONDS)\n",
+                 static_cast<double>(grace_ms) / 1000.0);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }).detach();
+}
 
 // MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else, MPI still working.
 int run_finalize_hook(MPI_Comm, int, void*, void*) {
+  start_finalize_watchdog();  // The hook may itself wait on a stuck peer (RPC's shutdown).
   if (g_finalize_hook) g_finalize_hook();
+  start_finalize_watchdog();  // Or the runtime may have stopped on an error in the hook.
   return MPI_SUCCESS;
 }
 
 }  // namespace
 }  // namespace mpi
+
+void bound_finalize_after_error(std::chrono::milliseconds grace) {
+  const std::int64_t ms = grace.count();
+  std::int64_t current = mpi::g_finalize_grace_ms.load();
+  while ((current < 0 || ms < current) &&
+         !mpi::g_finalize_grace_ms.compare_exchange_weak(current, ms)) {
+  }
+}
 
 void set_mpi_finalize_hook(void (*hook)()) {
   mpi::g_finalize_hook = hook;

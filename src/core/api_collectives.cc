@@ -11,6 +11,7 @@
 #include "src/common/strings.h"
 #include "src/common/throw.h"
 #include "src/core/op_state.h"
+#include "src/core/own_ops.h"
 #include "src/core/runtime.h"
 #include "tutti/collectives.h"
 
@@ -20,6 +21,8 @@ namespace {
 using core::Collective;
 using detail::str_cat;
 
+constexpr std::string_view kReservedPrefix = "tutti.";
+
 [[noreturn]] void invalid(const std::string& message) { detail::throw_invalid_argument(message); }
 
 // The op being built: session, set and entry, with the checks every op shares.
@@ -28,12 +31,19 @@ struct Submission {
   core::SetInfo set;
   std::shared_ptr<core::Entry> entry = std::make_shared<core::Entry>();
 
-  Submission(Collective op, std::string name, int process_set_id) {
+  // `own` is true only for Tutti's own ops, which may use the reserved "tutti." names.
+  Submission(Collective op, std::string name, int process_set_id, bool own = false) {
     session = core::Runtime::get().session_for_op().value_or_throw();
     set = session->process_set(process_set_id).value_or_throw();
     if (!set.includes_me()) {
       invalid(str_cat(to_string(op), " on process set ", process_set_id,
                       " which does not include rank ", session->topology().rank));
+    }
+    // Names of Tutti's own ops (join, process-set changes) must not be taken for a user's:
+    // a user op named "tutti.join" would complete another rank's join.
+    if (!own && name.starts_with(kReservedPrefix)) {
+      invalid(str_cat(to_string(op), " '", name, "': names starting with \"", kReservedPrefix,
+                      "\" are reserved for Tutti's own ops"));
     }
     entry->request.op = op;
     entry->request.name = std::move(name);
@@ -247,8 +257,9 @@ Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name,
   return submission.submit();
 }
 
-Handle broadcast_async(TensorView tensor, int root_rank, std::string name, ProcessSet set) {
-  Submission submission(Collective::Broadcast, std::move(name), set.id());
+Handle broadcast_impl(TensorView tensor, int root_rank, std::string name, ProcessSet set,
+                      bool own) {
+  Submission submission(Collective::Broadcast, std::move(name), set.id(), own);
   const std::vector<int>& ranks = *submission.set.ranks;
   if (submission.set.set_rank_of(root_rank) < 0) {
     invalid(str_cat("BROADCAST '", submission.entry->request.name, "': root rank ", root_rank,
@@ -258,6 +269,10 @@ Handle broadcast_async(TensorView tensor, int root_rank, std::string name, Proce
   submission.entry->request.root_rank = root_rank;
   submission.add(tensor, tensor);
   return submission.submit();
+}
+
+Handle broadcast_async(TensorView tensor, int root_rank, std::string name, ProcessSet set) {
+  return broadcast_impl(tensor, root_rank, std::move(name), set, false);
 }
 
 Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits, std::string name,
@@ -342,22 +357,41 @@ void barrier(ProcessSet set) {
 int join(ProcessSet set) {
   // One fixed name: a rank has at most one join in flight per set, and the coordinator finds
   // the joins of all members under it (see Note [Join] in src/core/controller.h).
-  Submission submission(Collective::Join, std::string(core::kJoinName), set.id());
+  Submission submission(Collective::Join, std::string(core::kJoinName), set.id(), true);
   std::shared_ptr<detail::OpState> state = submission.submit_state();
   state->wait().throw_if_error();
   return state->results.last_joined_rank;
 }
 
+namespace {
+
+std::string broadcast_bytes(std::string_view bytes, int root_rank, const std::string& name,
+                            ProcessSet set, bool own) {
+  std::int64_t length = static_cast<std::int64_t>(bytes.size());
+  broadcast_impl(TensorView(&length, {1}), root_rank, name + ".size", set, own).wait();
+  std::string result(bytes);
+  result.resize(static_cast<std::size_t>(length));
+  broadcast_impl(TensorView(result.data(), DataType::UInt8, {length}), root_rank, name + ".bytes",
+                 set, own)
+      .wait();
+  return result;
+}
+
+}  // namespace
+
 std::string broadcast_object(std::string_view bytes, int root_rank, std::string name,
                              ProcessSet set) {
   if (name.empty()) name = "broadcast_object.noname";
-  std::int64_t length = static_cast<std::int64_t>(bytes.size());
-  broadcast(TensorView(&length, {1}), root_rank, name + ".size", set);
-  std::string result(bytes);
-  result.resize(static_cast<std::size_t>(length));
-  broadcast(TensorView(result.data(), DataType::UInt8, {length}), root_rank, name + ".bytes", set);
-  return result;
+  return broadcast_bytes(bytes, root_rank, name, set, false);
 }
+
+namespace core {
+
+std::string broadcast_own(std::string_view bytes, int root_rank, const std::string& name) {
+  return broadcast_bytes(bytes, root_rank, name, ProcessSet::global(), true);
+}
+
+}  // namespace core
 
 std::vector<std::string> allgather_object(std::string_view bytes, std::string name,
                                           ProcessSet set) {

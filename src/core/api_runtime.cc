@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // API.md's runtime functions.
 #include "ops/registry.h"
+#include "src/core/own_ops.h"
 #include "src/core/runtime.h"
 #include "tutti/runtime.h"
 
@@ -26,11 +27,16 @@ bool cuda_built() { return ops::built_with_cuda(); }
 bool nccl_built() { return ops::built_with_nccl(); }
 
 void start_timeline(const std::string& path, bool mark_cycles) {
-  core::Runtime::get()
-      .session()
-      .value_or_throw()
-      ->start_timeline(path, mark_cycles)
-      .throw_if_error();
+  // Only rank 0 writes the file, but the call is collective: every rank gets rank 0's outcome,
+  // so a path rank 0 cannot open fails the call everywhere, with the same message.
+  std::shared_ptr<core::Session> session = core::Runtime::get().session().value_or_throw();
+  std::string failure;
+  if (session->topology().rank == 0) {
+    const Status started = session->start_timeline(path, mark_cycles);
+    if (!started.ok()) failure = started.message();
+  }
+  failure = core::broadcast_own(failure, 0, "tutti.start_timeline");
+  if (!failure.empty()) throw Error(ErrorCode::InvalidArgument, failure);
 }
 
 void stop_timeline() { core::Runtime::get().session().value_or_throw()->stop_timeline(); }

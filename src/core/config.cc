@@ -76,6 +76,8 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   TUTTI_ASSIGN_OR_RETURN(c.thread_affinity, parse_cpus(source));
   TUTTI_ASSIGN_OR_RETURN(double start_s, detail::double_knob("START_TIMEOUT", source));
   c.start_timeout = seconds_to_ms(start_s);
+  TUTTI_ASSIGN_OR_RETURN(double grace_s, detail::double_knob("EXIT_GRACE_SECONDS", source));
+  c.exit_grace = seconds_to_ms(grace_s);
   TUTTI_RETURN_IF_ERROR(refuse_unbuilt(source));
 
   if (!detail::parse_log_level(detail::string_knob("LOG_LEVEL", source), &c.log_level)) {

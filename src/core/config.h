@@ -29,6 +29,8 @@ struct Config {
   // THREAD_AFFINITY: the CPU of each local rank's communication thread; empty = not pinned.
   std::vector<int> thread_affinity;
   std::chrono::milliseconds start_timeout = seconds_to_ms(detail::default_double("START_TIMEOUT"));
+  std::chrono::milliseconds exit_grace =
+      seconds_to_ms(detail::default_double("EXIT_GRACE_SECONDS"));
   detail::LogLevel log_level = detail::LogLevel::Warning;
   bool log_hide_time = detail::default_bool("LOG_HIDE_TIME");
 

@@ -84,6 +84,7 @@ void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, 
   if (set_rank < 0) return;  // Refused by the rank's own argument checks.
   const bool is_join = request->op == Collective::Join;
   const std::string name = request->name;
+  if (!is_join) set->last_submission = now;
   Pending& pending = set->pending[name];
   if (pending.requests.empty()) {
     pending.requests.assign(static_cast<std::size_t>(set->info.size()), nullptr);
@@ -233,12 +234,14 @@ std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
   std::vector<Stall> result;
   for (const auto& [set_id, set] : states_) {
     for (const auto& [name, pending] : set.pending) {
-      // A joined rank may wait for the others for as long as they have data: not a stall.
-      if (name == kJoinName || now - pending.first_seen < after) continue;
-      Stall stall{.process_set_id = set_id,
-                  .name = name,
-                  .missing = {},
-                  .waited = now - pending.first_seen};
+      // A joined rank may wait for the others for as long as they have data (they still
+      // submit ops): a join stalls only once the set has seen no other op for `after`. Its
+      // missing ranks are the members that have not joined.
+      const Clock::time_point since = name == kJoinName
+                                          ? std::max(pending.first_seen, set.last_submission)
+                                          : pending.first_seen;
+      if (now - since < after) continue;
+      Stall stall{.process_set_id = set_id, .name = name, .missing = {}, .waited = now - since};
       for (std::size_t i = 0; i < pending.requests.size(); ++i) {
         if (pending.requests[i] == nullptr && !set.joined[i])
           stall.missing.push_back(set.info.global_rank_of(static_cast<int>(i)));

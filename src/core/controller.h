@@ -35,6 +35,9 @@
 //    completes every member's join() with it, and the set's joined state is cleared.
 // A rank's requests reach the coordinator in submission order, so an op a rank submitted
 // before join() is filed (with its data) before its join.
+// Stalls: a pending join is reported like any op, naming the members that have not joined,
+// once the set has seen no other submission for the stall time (while the others still
+// submit ops, waiting is what join is for).
 //
 // Process-set changes (add_process_set, remove_process_set) are ops on the global set named
 // "tutti.process_set.<n>", n counting each rank's calls. When one is ready the coordinator
@@ -113,6 +116,9 @@ class Coordinator {
     std::unordered_map<std::string, Pending> pending;
     std::vector<bool> joined;  // By set rank; see Note [Join].
     int last_joined = -1;      // Global rank.
+    // When a member last submitted an op other than a join: while members still train, a
+    // joined rank's wait is not a stall.
+    Clock::time_point last_submission{};
   };
   // Set changes decided in the list being built, not yet in the table (take_ready() only).
   struct Decided {

@@ -6,6 +6,7 @@
 
 #include <numeric>
 
+#include "ops/transport.h"
 #include "src/common/logging.h"
 #include "src/common/strings.h"
 #include "src/core/start_handshake.h"
@@ -126,6 +127,11 @@ void Session::finish(const Status& status) {
   const std::optional<Status>& bye = loop_.shutdown_reason();
   const Status pending = !status.ok() ? status : bye && !bye->ok() ? *bye : refused;
   if (!status.ok()) TUTTI_LOG_ERROR(status.message());
+  // Stopped by an error here or on a peer: a stuck peer must not keep this process in
+  // MPI_Finalize forever (issue: jobs that never ended after an error).
+  if (!status.ok() || (bye && !bye->ok())) {
+    ops::bound_finalize_after_error(config_.exit_grace);
+  }
   device_.finish(pending);
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.

@@ -2,6 +2,7 @@
 // DataType helpers, TensorView and Tensor.
 #include "tutti/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -51,13 +52,22 @@ bool is_floating(DataType dtype) {
 }
 
 std::int64_t num_elements(const Shape& shape) {
-  std::int64_t count = 1;
   for (std::int64_t d : shape) {
     if (d < 0) {
       throw Error(ErrorCode::InvalidArgument,
                   detail::str_cat("negative dimension in shape ", detail::shape_string(shape)));
     }
-    count *= d;
+  }
+  // Checked after every dimension is known non-negative, so that a zero anywhere makes the
+  // product 0 even when the other dimensions alone would overflow.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  std::int64_t count = 1;
+  for (std::int64_t d : shape) {
+    if (__builtin_mul_overflow(count, d, &count)) {
+      throw Error(ErrorCode::InvalidArgument,
+                  detail::str_cat("shape ", detail::shape_string(shape),
+                                  " has more elements than an int64 holds"));
+    }
   }
   return count;
 }
@@ -65,7 +75,14 @@ std::int64_t num_elements(const Shape& shape) {
 TensorView::TensorView(void* data, DataType dtype, Shape shape, Device device)
     : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {
   count_ = tutti::num_elements(shape_);
-  static_cast<void>(element_size(dtype_));  // Rejects values outside the enumeration.
+  const std::size_t element_bytes = element_size(dtype_);  // Rejects unknown dtypes.
+  // Byte offsets (fusion, pieces, copies) are int64 and size_t: the size in bytes must fit.
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(count_, static_cast<std::int64_t>(element_bytes), &bytes)) {
+    throw Error(ErrorCode::InvalidArgument,
+                detail::str_cat("TensorView of shape ", detail::shape_string(shape_), " and dtype ",
+                                to_string(dtype_), " is larger than an int64 of bytes"));
+  }
   if (data_ == nullptr && count_ > 0) {
     throw Error(
         ErrorCode::InvalidArgument,

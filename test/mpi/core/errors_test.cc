@@ -65,6 +65,26 @@ TEST_CASE("argument errors are thrown by the call", "[errors]") {
   shutdown();
 }
 
+TEST_CASE("names starting with tutti. are refused for user ops", "[errors]") {
+  // Before this was refused, rank 1's allreduce named "tutti.join" completed rank 0's join().
+  init();
+  std::vector<float> v(4, 1.0f);
+  TensorView t(v.data(), {4});
+  std::string message;
+  CHECK(error_of([&] { allreduce_async(t, "tutti.join"); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message.find("reserved") != std::string::npos);
+  CHECK(error_of([&] { broadcast_async(t, 0, "tutti.process_set.0"); }) ==
+        ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { allgather_async(t, "tutti.x"); }) == ErrorCode::InvalidArgument);
+  CHECK(error_of([&] { grouped_allreduce_async({t}, "tutti."); }) == ErrorCode::InvalidArgument);
+  // Nothing was submitted: a join and a sum still work and agree.
+  const int last_joined = join();
+  CHECK((last_joined >= 0 && last_joined < world_size()));
+  CHECK(all_ranks(sum_works()));
+  shutdown();
+}
+
 TEST_CASE("ranks that disagree get Mismatch on every rank, naming both values", "[errors]") {
   if (world_size() < 2) return;
   init();

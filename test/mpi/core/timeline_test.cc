@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <mpi.h>
 
+#include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
@@ -62,6 +64,25 @@ TEST_CASE("start_timeline writes valid JSON naming tensors, ranks and activities
   }
   INFO(contents.substr(0, 2000));
   CHECK(all_ranks(ok));
+  shutdown();
+}
+
+TEST_CASE("start_timeline has one outcome on every rank", "[timeline]") {
+  // Before, only rank 0 failed for a path it cannot open, though the call is collective.
+  init();
+  std::string message;
+  const std::optional<ErrorCode> code =
+      error_of([] { start_timeline("/nonexistent/dir/t.json"); }, &message);
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+  CHECK(message.find("/nonexistent/dir/t.json") != std::string::npos);
+  // The runtime still works, and a good path still starts.
+  std::vector<float> v(3, 1.0f);
+  allreduce(TensorView(v.data(), {3}), "after.bad.timeline", {.op = ReduceOp::Sum});
+  CHECK(v[0] == static_cast<float>(size()));
+  const std::string path = "/tmp/tutti_timeline_again_" + std::to_string(getppid()) + ".json";
+  start_timeline(path);
+  stop_timeline();
+  if (world_rank() == 0) std::remove(path.c_str());
   shutdown();
 }
 
