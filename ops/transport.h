@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ops/backend.h"
@@ -51,6 +52,12 @@ void set_mpi_finalize_hook(void (*hook)());
 // MPI_Finalize gets `grace` to return; then MPI_Abort(MPI_COMM_WORLD, 1) ends the whole job,
 // so that its exit status reaches mpirun. Any thread; the shortest grace wins.
 void bound_finalize_after_error(std::chrono::milliseconds grace);
+
+// After this rank's own transport failed (Communication), its peers may be blocked inside a
+// collective this rank will never enter, where no message reaches them. Ends the whole job
+// with MPI_Abort(MPI_COMM_WORLD, 1) after `grace`, unless the process has exited by then
+// (the application gets that long to save its state). Any thread; the first call counts.
+void abort_job_after(std::chrono::milliseconds grace, const std::string& why);
 
 // The MPI transport over MPI_COMM_WORLD (parent == nullptr) or over *parent (an MPI_Comm*).
 // Initializes MPI with MPI_THREAD_MULTIPLE if nobody has; then MPI is finalized at exit.

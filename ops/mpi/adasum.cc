@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ops/mpi/mpi_error.h"
+#include "ops/mpi/mpi_pieces.h"
 #include "ops/mpi/mpi_types.h"
 #include "src/common/check.h"
 
@@ -67,9 +68,9 @@ Status run(MPI_Comm comm, T* data, std::span<const std::size_t> tensor_counts, M
     const std::size_t middle = mine.begin + mine.size() / 2;
     const Region keep = left ? Region{mine.begin, middle} : Region{middle, mine.end};
     const Region give = left ? Region{middle, mine.end} : Region{mine.begin, middle};
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Sendrecv(
-        data + give.begin, to_mpi_count(give.size()), type, partner, kTag, received.data(),
-        to_mpi_count(keep.size()), type, partner, kTag, comm, MPI_STATUS_IGNORE));
+    TUTTI_RETURN_IF_ERROR(exchange_in_pieces(data + give.begin, give.size(), partner,
+                                             received.data(), keep.size(), partner, type, sizeof(T),
+                                             kTag, comm));
     // Per tensor: a·b, |a|², |b|² over the kept piece, a being the left group's values.
     std::vector<double> sums(3 * tensors, 0.0);
     for (std::size_t t = 0; t < tensors; ++t) {
@@ -113,9 +114,9 @@ Status run(MPI_Comm comm, T* data, std::span<const std::size_t> tensor_counts, M
     const Region theirs = given.back();
     given.pop_back();
     const int partner = rank ^ level;
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Sendrecv(
-        data + mine.begin, to_mpi_count(mine.size()), type, partner, kTag, data + theirs.begin,
-        to_mpi_count(theirs.size()), type, partner, kTag, comm, MPI_STATUS_IGNORE));
+    TUTTI_RETURN_IF_ERROR(exchange_in_pieces(data + mine.begin, mine.size(), partner,
+                                             data + theirs.begin, theirs.size(), partner, type,
+                                             sizeof(T), kTag, comm));
     mine = Region{std::min(mine.begin, theirs.begin), std::max(mine.end, theirs.end)};
   }
   return Status();

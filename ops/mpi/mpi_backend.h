@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU backend: every collective is the matching MPI call on the set's communicator,
-// split into pieces of at most kMaxMpiCount elements where MPI's int counts require it.
+// split into pieces of at most max_mpi_count() elements where int counts cannot describe the
+// layout (allgatherv, alltoallv, reduce_scatter and Adasum then run per rank or pairwise).
 #pragma once
 
 #include "ops/backend.h"

@@ -173,6 +173,20 @@ void bound_finalize_after_error(std::chrono::milliseconds grace) {
   }
 }
 
+void abort_job_after(std::chrono::milliseconds grace, const std::string& why) {
+  static std::atomic<bool> armed{false};
+  if (armed.exchange(true)) return;
+  std::thread([grace, why] {
+    std::this_thread::sleep_for(grace);
+    std::fprintf(stderr,
+                 "[tutti] this rank's transport failed (%s); its peers may be blocked in a "
+                 "collective it will not enter: ending the job with MPI_Abort after %.3g s "
+                 "(TUTTI_EXIT_GRACE_SECONDS)\n",
+                 why.c_str(), std::chrono::duration<double>(grace).count());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }).detach();
+}
+
 void set_mpi_finalize_hook(void (*hook)()) {
   mpi::g_finalize_hook = hook;
   static bool attached = false;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ops/mpi/mpi_types.h"
 
+#include <atomic>
 #include <climits>
 
 #include "src/common/check.h"
@@ -34,6 +35,19 @@ MPI_Op to_mpi_op(WireOp op) {
     case WireOp::Product: return MPI_PROD;
   }
   TUTTI_CHECK(false, "WireOp ", static_cast<int>(op), " has no MPI_Op");
+}
+
+namespace {
+
+constexpr std::size_t kDefaultMaxMpiCount = std::size_t{1} << 30;
+std::atomic<std::size_t> g_max_mpi_count{kDefaultMaxMpiCount};
+
+}  // namespace
+
+std::size_t max_mpi_count() { return g_max_mpi_count.load(std::memory_order_relaxed); }
+
+void set_max_mpi_count_for_testing(std::size_t count) {
+  g_max_mpi_count.store(count == 0 ? kDefaultMaxMpiCount : count);
 }
 
 int to_mpi_count(std::size_t count) {

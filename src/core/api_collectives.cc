@@ -393,13 +393,21 @@ std::string broadcast_own(std::string_view bytes, int root_rank, const std::stri
 
 }  // namespace core
 
-std::vector<std::string> allgather_object(std::string_view bytes, std::string name,
-                                          ProcessSet set) {
-  if (name.empty()) name = "allgather_object.noname";
+namespace {
+
+std::vector<std::string> allgather_bytes(std::string_view bytes, const std::string& name,
+                                         ProcessSet set, bool own) {
+  auto gather = [&](TensorView input, const std::string& part) {
+    Submission submission(Collective::Allgather, name + part, set.id(), own);
+    submission.add(input, input);
+    Handle handle = submission.submit();
+    handle.wait();
+    return handle.output();
+  };
   std::int64_t length = static_cast<std::int64_t>(bytes.size());
-  Tensor lengths = allgather(TensorView(&length, {1}), name + ".sizes", set);
+  const Tensor lengths = gather(TensorView(&length, {1}), ".sizes");
   std::string copy(bytes);
-  Tensor all = allgather(TensorView(copy.data(), DataType::UInt8, {length}), name + ".bytes", set);
+  const Tensor all = gather(TensorView(copy.data(), DataType::UInt8, {length}), ".bytes");
   std::vector<std::string> result;
   const char* at = static_cast<const char*>(all.data());
   for (std::int64_t n : lengths.span<std::int64_t>()) {
@@ -408,5 +416,21 @@ std::vector<std::string> allgather_object(std::string_view bytes, std::string na
   }
   return result;
 }
+
+}  // namespace
+
+std::vector<std::string> allgather_object(std::string_view bytes, std::string name,
+                                          ProcessSet set) {
+  if (name.empty()) name = "allgather_object.noname";
+  return allgather_bytes(bytes, name, set, false);
+}
+
+namespace core {
+
+std::vector<std::string> allgather_own(std::string_view bytes, const std::string& name) {
+  return allgather_bytes(bytes, name, ProcessSet::global(), true);
+}
+
+}  // namespace core
 
 }  // namespace tutti

@@ -132,6 +132,11 @@ void Session::finish(const Status& status) {
   if (!status.ok() || (bye && !bye->ok())) {
     ops::bound_finalize_after_error(config_.exit_grace);
   }
+  // This rank's own transport failed: the bye below may never reach peers that wait inside a
+  // collective, so the job is ended after the same grace.
+  if (status.code() == ErrorCode::Communication) {
+    ops::abort_job_after(config_.exit_grace, std::string(status.message()));
+  }
   device_.finish(pending);
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "src/common/strings.h"
+#include "src/core/own_ops.h"
 #include "src/core/runtime.h"
 #include "src/rpc/agent.h"
 #include "src/rpc/rpc_runtime.h"
@@ -158,7 +159,7 @@ void init_rpc(const std::string& name, RpcOptions options) {
   detail::ByteWriter mine;
   mine.put<std::uint8_t>(problem.empty() ? 1 : 0);
   mine.put_string(problem.empty() ? name : problem);
-  const std::vector<std::string> all = tutti::allgather_object(mine.take(), "tutti.rpc.init");
+  const std::vector<std::string> all = core::allgather_own(mine.take(), "tutti.rpc.init");
   std::vector<std::string> names;
   std::string problems;
   for (std::size_t r = 0; r < all.size(); ++r) {

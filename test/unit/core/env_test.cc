@@ -2,6 +2,7 @@
 #include "src/common/env.h"
 
 #include <cstdlib>
+#include <string>
 
 #include <catch2/catch.hpp>
 
@@ -57,6 +58,32 @@ TEST_CASE("Config::from_env parses every knob and rejects out-of-range values", 
   CHECK(config.status().message().find("TUTTI_FUSION_THRESHOLD") != std::string_view::npos);
   ScopedEnv level("TUTTI_LOG_LEVEL", "LOUD");
   CHECK_FALSE(core::Config::from_env().ok());
+}
+
+TEST_CASE("Values that overflow or are not numbers are refused by name", "[env]") {
+  // The values hostile probes got through init() before knobs had ranges (issue 11, defect 5).
+  const char* cases[][2] = {
+      {"STALL_CHECK_TIME_SECONDS", "inf"},
+      {"CYCLE_TIME", "inf"},
+      {"CYCLE_TIME", "1e300"},
+      {"CYCLE_TIME", "nan"},
+      {"STALL_SHUTDOWN_TIME_SECONDS", "inf"},
+      {"STALL_SHUTDOWN_TIME_SECONDS", "1e300"},
+      {"THREAD_AFFINITY", "abc"},
+      {"START_TIMEOUT", "abc"},
+      {"AUTOTUNE_WARMUP_SAMPLES", "abc"},
+      {"FUSION_THRESHOLD", "9000000000000000000000"},
+      {"EXIT_GRACE_SECONDS", "0"},
+  };
+  for (const auto& [knob, value] : cases) {
+    const std::string variable = std::string("TUTTI_") + knob;
+    ScopedEnv env(variable.c_str(), value);
+    Result<core::Config> config = core::Config::from_env();
+    INFO(variable << "=" << value);
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().code() == ErrorCode::InvalidArgument);
+    CHECK(config.status().message().find(variable) != std::string_view::npos);
+  }
 }
 
 TEST_CASE("Every knob is documented", "[env]") {
