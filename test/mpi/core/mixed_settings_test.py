@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: Apache-2.0
+# Usage: mixed_settings_test.py MPIEXEC PROGRAM
+# Ranks started with different wire-relevant settings (TUTTI_FUSION_THRESHOLD=0 and
+# TUTTI_CACHE_CAPACITY=1 on rank 0 only, then on rank 1 only) must run correctly on rank 0's
+# values, with a warning naming the knob, instead of corrupting memory or hanging.
+import subprocess
+import sys
+
+mpiexec, program = sys.argv[1], sys.argv[2]
+odd = ["-x", "TUTTI_FUSION_THRESHOLD=0", "-x", "TUTTI_CACHE_CAPACITY=1"]
+failures = []
+for first, second in ((odd, []), ([], odd)):
+    command = ([mpiexec, "--oversubscribe", "-np", "1"] + first + [program, ":", "-np", "1"] +
+               second + [program])
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        failures.append(f"{' '.join(command)} hung")
+        continue
+    print(run.stdout)
+    print(run.stderr)
+    if run.returncode != 0:
+        failures.append(f"{' '.join(command)} exited {run.returncode}")
+    if "TUTTI_FUSION_THRESHOLD" not in run.stderr:
+        failures.append("no warning naming TUTTI_FUSION_THRESHOLD")
+for f in failures:
+    print("FAIL:", f)
+sys.exit(1 if failures else 0)
