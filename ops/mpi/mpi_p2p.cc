@@ -34,8 +34,8 @@ class MpiP2PChannel final : public P2PChannel {
     transfer.header = std::move(header);
     MPI_Request request = MPI_REQUEST_NULL;
     TUTTI_MPI_RETURN_IF_ERROR(MPI_Isend(transfer.header.data(),
-                                        to_mpi_count(transfer.header.size()), MPI_BYTE,
-                                        destination, 2 * tag, comm_.get(), &request));
+                                        to_mpi_count(transfer.header.size()), MPI_BYTE, destination,
+                                        2 * tag, comm_.get(), &request));
     add(id, request);
     const char* at = static_cast<const char*>(data);
     for (std::size_t done = 0; done < bytes; done += kMaxMpiCount) {
@@ -70,9 +70,8 @@ class MpiP2PChannel final : public P2PChannel {
     for (std::size_t done = 0; done < bytes; done += kMaxMpiCount) {
       const std::size_t n = std::min(kMaxMpiCount, bytes - done);
       MPI_Request request = MPI_REQUEST_NULL;
-      TUTTI_MPI_RETURN_IF_ERROR(
-          MPI_Irecv(at + done, to_mpi_count(n), MPI_BYTE, source, 2 * tag + 1, comm_.get(),
-                    &request));
+      TUTTI_MPI_RETURN_IF_ERROR(MPI_Irecv(at + done, to_mpi_count(n), MPI_BYTE, source, 2 * tag + 1,
+                                          comm_.get(), &request));
       add(id, request, /*receive=*/true);
     }
     return id;

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // tutti/p2p.h: argument checks on the caller's thread (InvalidArgument before anything is
 // queued), then P2POpEntries on the session's P2PQueue (Note [P2P stage] in p2p_engine.h).
-#include "tutti/p2p.h"
-
 #include "src/common/strings.h"
 #include "src/common/throw.h"
 #include "src/core/op_state.h"
 #include "src/core/runtime.h"
+#include "tutti/p2p.h"
 
 namespace tutti {
 namespace {
@@ -15,8 +14,8 @@ using detail::str_cat;
 
 [[noreturn]] void invalid(const std::string& message) { detail::throw_invalid_argument(message); }
 
-core::P2POpEntry make_op(const core::SetInfo& set, bool is_send,
-                         const TensorView& tensor, int peer, int tag) {
+core::P2POpEntry make_op(const core::SetInfo& set, bool is_send, const TensorView& tensor, int peer,
+                         int tag) {
   const char* what = is_send ? "isend" : "irecv";
   if (tag < 0 || tag > core::P2PEngine::kMaxUserTag) {
     invalid(str_cat(what, ": tag ", tag, " is outside 0...", core::P2PEngine::kMaxUserTag));
@@ -27,13 +26,15 @@ core::P2POpEntry make_op(const core::SetInfo& set, bool is_send,
     invalid(str_cat(what, ": rank ", peer, " is not a member of process set ", set.id));
   }
   if (tensor.device().kind != Device::Kind::CPU) {
-    invalid(str_cat(what, ": CUDA tensors are not supported by point-to-point ops yet; copy "
-                          "the tensor to the host"));
+    invalid(str_cat(what,
+                    ": CUDA tensors are not supported by point-to-point ops yet; copy "
+                    "the tensor to the host"));
   }
   const int channel_tag = core::P2PEngine::channel_tag(set.id, tag);
   if (channel_tag < 0) {
-    invalid(str_cat(what, ": process set ", set.id, " has too large an id for point-to-point "
-                          "tags"));
+    invalid(str_cat(what, ": process set ", set.id,
+                    " has too large an id for point-to-point "
+                    "tags"));
   }
   core::P2POpEntry op{.send = is_send,
                       .peer = peer,

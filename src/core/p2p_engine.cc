@@ -128,13 +128,12 @@ Status P2PEngine::start(P2POpEntry op) {
   const TensorView& tensor = op.entry->inputs[0];
   const std::size_t bytes = tensor.byte_size();
   const bool inline_payload = bytes <= kInlineBytes;
-  std::string header = encode_header(tensor.dtype(), tensor.num_elements(),
-                                     inline_payload ? tensor.data() : nullptr,
-                                     inline_payload ? bytes : 0);
-  TUTTI_ASSIGN_OR_RETURN(
-      const ops::P2PChannel::Id id,
-      channel_->start_send(op.peer, op.channel_tag, std::move(header), tensor.data(),
-                           inline_payload ? 0 : bytes));
+  std::string header =
+      encode_header(tensor.dtype(), tensor.num_elements(), inline_payload ? tensor.data() : nullptr,
+                    inline_payload ? bytes : 0);
+  TUTTI_ASSIGN_OR_RETURN(const ops::P2PChannel::Id id,
+                         channel_->start_send(op.peer, op.channel_tag, std::move(header),
+                                              tensor.data(), inline_payload ? 0 : bytes));
   active_.emplace(id, Active{.op = std::move(op), .status = Status(), .scratch = {}});
   return Status();
 }
@@ -185,9 +184,8 @@ Result<bool> P2PEngine::match(P2POpEntry& op) {
 
 Status P2PEngine::check_stalls(Clock::time_point now) {
   if (config_.stall_check_disabled || (waiting_.empty() && active_.empty())) return Status();
-  const auto period = std::min<Clock::duration>(std::chrono::seconds(1),
-                                                 config_.stall_check_time / 4 +
-                                                     std::chrono::milliseconds(1));
+  const auto period = std::min<Clock::duration>(
+      std::chrono::seconds(1), config_.stall_check_time / 4 + std::chrono::milliseconds(1));
   if (now - last_stall_check_ < period) return Status();
   last_stall_check_ = now;
   const auto inspect = [&](P2POpEntry& op) -> Status {

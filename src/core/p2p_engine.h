@@ -38,10 +38,10 @@ using Clock = std::chrono::steady_clock;
 // submission time, and a readable name ("isend to 1 tag 3") for the timeline and messages.
 struct P2POpEntry {
   bool send = true;
-  int peer = -1;         // Global rank; -1: any source (receives only).
-  int tag = 0;           // The user's tag.
+  int peer = -1;  // Global rank; -1: any source (receives only).
+  int tag = 0;    // The user's tag.
   int set_id = 0;
-  int channel_tag = 0;   // Unique per (set, tag); see P2PEngine::channel_tag().
+  int channel_tag = 0;  // Unique per (set, tag); see P2PEngine::channel_tag().
   std::shared_ptr<Entry> entry;
 };
 
@@ -86,8 +86,8 @@ class P2PEngine {
  private:
   struct Active {
     P2POpEntry op;
-    Status status;               // The receive's end (Mismatch if consumed into scratch).
-    std::vector<char> scratch;   // A mismatched payload lands here.
+    Status status;              // The receive's end (Mismatch if consumed into scratch).
+    std::vector<char> scratch;  // A mismatched payload lands here.
   };
   Status start(P2POpEntry op);
   // Tries to take the header of a waiting receive; true if it was taken.
@@ -100,9 +100,9 @@ class P2PEngine {
   P2PQueue& queue_;
   const Completer& completer_;
   const Config& config_;
-  std::deque<P2POpEntry> waiting_;                     // Receives before their header came.
-  std::map<ops::P2PChannel::Id, Active> active_;       // Transfers in progress.
-  std::map<const Entry*, bool> warned_;                // Ops already reported as stalled.
+  std::deque<P2POpEntry> waiting_;                // Receives before their header came.
+  std::map<ops::P2PChannel::Id, Active> active_;  // Transfers in progress.
+  std::map<const Entry*, bool> warned_;           // Ops already reported as stalled.
   Clock::time_point last_stall_check_{};
 };
 

@@ -94,8 +94,8 @@ TEST_CASE("messages per (sender, tag) arrive in order; tags interleave", "[p2p]"
     for (int tag = 0; tag < kTags; ++tag) {
       std::vector<float>& b = big[static_cast<std::size_t>(tag * kCount + i)];
       b.assign(i % 2 == 0 ? 1 : 1000, value(world_rank(), tag, i));
-      sends.push_back(isend(TensorView(b.data(), {static_cast<std::int64_t>(b.size())}), right(),
-                            tag));
+      sends.push_back(
+          isend(TensorView(b.data(), {static_cast<std::int64_t>(b.size())}), right(), tag));
     }
   }
   // Receives go tag by tag, last tag first.
@@ -129,9 +129,10 @@ TEST_CASE("any_source keeps each sender's order", "[p2p]") {
   std::vector<Handle> sends;
   for (int i = 0; i < kCount; ++i) {
     outs[static_cast<std::size_t>(i)].assign(i % 3 == 0 ? 2000 : 3, value(world_rank(), 1, i));
-    sends.push_back(isend(TensorView(outs[static_cast<std::size_t>(i)].data(),
-                                     {static_cast<std::int64_t>(outs[static_cast<std::size_t>(i)].size())}),
-                          0, 1));
+    sends.push_back(
+        isend(TensorView(outs[static_cast<std::size_t>(i)].data(),
+                         {static_cast<std::int64_t>(outs[static_cast<std::size_t>(i)].size())}),
+              0, 1));
   }
   bool ok = true;
   if (world_rank() == 0) {
@@ -141,8 +142,7 @@ TEST_CASE("any_source keeps each sender's order", "[p2p]") {
       const int from = n % size;
       const int i = next[static_cast<std::size_t>(from)]++;
       std::vector<float> g(i % 3 == 0 ? 2000 : 3);
-      ok = ok && recv(TensorView(g.data(), {static_cast<std::int64_t>(g.size())}), from, 1) ==
-                     from;
+      ok = ok && recv(TensorView(g.data(), {static_cast<std::int64_t>(g.size())}), from, 1) == from;
       ok = ok && g.front() == value(from, 1, i) && g.back() == value(from, 1, i);
     }
   }
@@ -213,8 +213,7 @@ TEST_CASE("symmetric exchanges through batch_isend_irecv", "[p2p]") {
   }
 }
 
-TEST_CASE("a mismatched message fails the receive, is consumed, and the next one works",
-          "[p2p]") {
+TEST_CASE("a mismatched message fails the receive, is consumed, and the next one works", "[p2p]") {
   Session session;
   bool ok = true;
   std::string messages;
@@ -232,8 +231,8 @@ TEST_CASE("a mismatched message fails the receive, is consumed, and the next one
     std::vector<float> right_one(static_cast<std::size_t>(n));
     std::string m1, m2;
     const auto e1 = error_of([&] { recv(TensorView(wrong_dtype.data(), {n}), left(), 11); }, &m1);
-    const auto e2 = error_of([&] { recv(TensorView(wrong_count.data(), {n - 1}), left(), 11); },
-                             &m2);
+    const auto e2 =
+        error_of([&] { recv(TensorView(wrong_count.data(), {n - 1}), left(), 11); }, &m2);
     const int from = recv(TensorView(right_one.data(), {n}), left(), 11);
     wait_all(sends);  // The senders' ops complete normally.
     const std::string sender = "rank " + std::to_string(left());
