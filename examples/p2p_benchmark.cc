@@ -106,12 +106,12 @@ int main(int argc, char** argv) {
     const double bytes = static_cast<double>(kBig * sizeof(float));
     const double tutti_gbs = bytes / tutti_big / 1e3;
     const double raw_gbs = bytes / raw_big / 1e3;
-    std::printf("1 float:  tutti %.2f us, raw MPI %.2f us (one way, median of %d)\n",
-                tutti_latency, raw_latency, iterations);
-    std::printf("64 MB:    tutti %.2f GB/s, raw MPI %.2f GB/s (median of %d)\n", tutti_gbs,
-                raw_gbs, mb_iterations);
-    std::printf("P6 latency_us=%.2f raw_us=%.2f bandwidth_ratio=%.3f\n", tutti_latency,
-                raw_latency, tutti_gbs / raw_gbs);
+    std::printf("1 float:  tutti %.2f us, raw MPI %.2f us (one way, median of %d)\n", tutti_latency,
+                raw_latency, iterations);
+    std::printf("64 MB:    tutti %.2f GB/s, raw MPI %.2f GB/s (median of %d)\n", tutti_gbs, raw_gbs,
+                mb_iterations);
+    std::printf("P6 latency_us=%.2f raw_us=%.2f bandwidth_ratio=%.3f\n", tutti_latency, raw_latency,
+                tutti_gbs / raw_gbs);
   }
   MPI_Comm_free(&comm);
   tutti::shutdown();

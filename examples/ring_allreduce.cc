@@ -97,12 +97,13 @@ int main(int argc, char** argv) {
     return w[0];
   }();
   if (rank == 0) {
-    std::printf("ring allreduce of %lld floats on %d ranks: ring %.3f ms, tutti::allreduce %.3f ms, "
-                "%s\n",
-                static_cast<long long>(elements), tutti::size(),
-                std::chrono::duration<double, std::milli>(t1 - t0).count(),
-                std::chrono::duration<double, std::milli>(t2 - t1).count(),
-                total_wrong == 0 ? "results equal" : "RESULTS DIFFER");
+    std::printf(
+        "ring allreduce of %lld floats on %d ranks: ring %.3f ms, tutti::allreduce %.3f ms, "
+        "%s\n",
+        static_cast<long long>(elements), tutti::size(),
+        std::chrono::duration<double, std::milli>(t1 - t0).count(),
+        std::chrono::duration<double, std::milli>(t2 - t1).count(),
+        total_wrong == 0 ? "results equal" : "RESULTS DIFFER");
   }
   tutti::shutdown();
   return total_wrong == 0 ? 0 : 1;

@@ -4,6 +4,8 @@
 #include "ops/mpi/mpi_p2p.h"
 
 #include <algorithm>
+#include <chrono>
+#include <memory>
 #include <unordered_map>
 
 #include <mpi.h>
@@ -128,6 +130,7 @@ class MpiP2PChannel final : public P2PChannel {
     owners_.clear();
     receive_.clear();
     transfers_.clear();
+    discard_arrived();
   }
 
  private:
@@ -135,6 +138,40 @@ class MpiP2PChannel final : public P2PChannel {
     std::string header;  // Kept alive until its send completes.
     int remaining = 0;   // MPI requests not yet complete.
   };
+  // Takes every message that has arrived and nobody received (a send never matched), so
+  // that none waits in a freed communicator whose context MPI may give the next session's
+  // (Note [Shutdown handshake] in src/core/background_loop.h). A matched probe removes it
+  // from matching at once; its data is received for at most 100 ms (a large message needs
+  // its sender's progress), then the request is released and the buffer left to MPI.
+  void discard_arrived() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || !comm_.valid()) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_.get(), &flag, &message, &status) !=
+              MPI_SUCCESS ||
+          !flag) {
+        return;
+      }
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      auto buffer = std::make_unique<char[]>(static_cast<std::size_t>(std::max(count, 1)));
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Imrecv(buffer.get(), count, MPI_BYTE, &message, &request) != MPI_SUCCESS) return;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      int done = 0;
+      while (!done && std::chrono::steady_clock::now() < deadline)
+        MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        MPI_Request_free(&request);
+        static_cast<void>(buffer.release());  // MPI may still write into it: leaked on purpose.
+      }
+    }
+  }
+
   void add(Id id, MPI_Request request, bool receive = false) {
     requests_.push_back(request);
     owners_.push_back(id);
