@@ -11,6 +11,7 @@
 
 #include "ops/backend.h"
 #include "ops/control_plane.h"
+#include "ops/p2p_channel.h"
 #include "src/common/status.h"
 
 namespace tutti::ops {
@@ -40,6 +41,10 @@ class Transport {
   // own (see Note [RPC threading] in src/rpc/agent.h). Handed out once; null afterwards, and
   // from transports that have none.
   virtual std::unique_ptr<ControlPlane> take_rpc_plane() { return nullptr; }
+  // The channel of point-to-point messages (tutti/p2p.h), over a communicator of its own
+  // created like the RPC plane's. Used by the communication thread only. Handed out once;
+  // null afterwards, and from transports that have none.
+  virtual std::unique_ptr<P2PChannel> take_p2p_channel() { return nullptr; }
 };
 
 // Registers `hook` to run at the start of MPI_Finalize (through an attribute on

@@ -82,6 +82,9 @@ class TUTTI_API Handle {
   void wait();        // Blocks until done; throws tutti::Error if the op failed.
   // The result of allgather, alltoall and reducescatter (waits first, throws as wait()).
   const Tensor& output() const;
+  // irecv (tutti/p2p.h): the sender's global rank; waits first and throws as wait(). -1 after
+  // any other op.
+  int source() const;
   // The results of grouped allgather and grouped reducescatter, in input order (waits first).
   const std::vector<Tensor>& outputs() const;
   // alltoall: rows received from each set rank (waits first).

@@ -5,6 +5,7 @@
 #include "tutti/collectives.h"  // IWYU pragma: export
 #include "tutti/error.h"        // IWYU pragma: export
 #include "tutti/half.h"         // IWYU pragma: export
+#include "tutti/p2p.h"          // IWYU pragma: export
 #include "tutti/process_set.h"  // IWYU pragma: export
 #include "tutti/runtime.h"      // IWYU pragma: export
 #include "tutti/tensor.h"       // IWYU pragma: export

@@ -13,6 +13,7 @@
 #include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_control_plane.h"
 #include "ops/mpi/mpi_error.h"
+#include "ops/mpi/mpi_p2p.h"
 #include "ops/transport.h"
 #include "src/common/strings.h"
 
@@ -84,6 +85,9 @@ class MpiTransport final : public Transport {
     // above on every rank (the agent starts later, on one rank at a time).
     TUTTI_ASSIGN_OR_RETURN(MpiComm rpc, MpiComm::duplicate(transport->base_.get()));
     transport->rpc_ = std::make_unique<MpiControlPlane>(std::move(rpc));
+    // Point-to-point messages' own communicator (tutti/p2p.h), likewise.
+    TUTTI_ASSIGN_OR_RETURN(MpiComm p2p, MpiComm::duplicate(transport->base_.get()));
+    transport->p2p_ = make_p2p_channel(std::move(p2p));
     TUTTI_RETURN_IF_ERROR(transport->read_topology());
     return std::unique_ptr<Transport>(std::move(transport));
   }
@@ -91,6 +95,7 @@ class MpiTransport final : public Transport {
   const Topology& topology() const override { return topology_; }
   ControlPlane& control_plane() override { return *control_; }
   std::unique_ptr<ControlPlane> take_rpc_plane() override { return std::move(rpc_); }
+  std::unique_ptr<P2PChannel> take_p2p_channel() override { return std::move(p2p_); }
 
   Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) override {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
@@ -130,6 +135,7 @@ class MpiTransport final : public Transport {
   MpiComm base_;
   std::unique_ptr<MpiControlPlane> control_;
   std::unique_ptr<MpiControlPlane> rpc_;  // Until the session takes it.
+  std::unique_ptr<P2PChannel> p2p_;       // Likewise.
 };
 
 void (*g_finalize_hook)() = nullptr;

@@ -189,6 +189,11 @@ const Tensor& Handle::output() const {
   return state_->results.output;
 }
 
+int Handle::source() const {
+  await();
+  return state_->results.source;
+}
+
 const std::vector<Tensor>& Handle::outputs() const {
   await();
   return state_->results.outputs;

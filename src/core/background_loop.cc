@@ -22,6 +22,7 @@ using std::chrono::microseconds;
 constexpr microseconds kSpinTime{50};
 constexpr microseconds kBusyCap{200};
 constexpr microseconds kIdleCap{5000};
+constexpr microseconds kP2PSpinTime{2000};
 // The coordinator waits this long for every rank's last message.
 constexpr std::chrono::seconds kShutdownAnswerTimeout{10};
 
@@ -64,7 +65,12 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
         std::this_thread::yield();
         continue;
       }
-      const microseconds cap = parts_.queue.empty() ? kIdleCap : kBusyCap;
+      // Point-to-point ops in flight: poll on for a while (ping-pong latency), then nap.
+      if (parts_.p2p.busy() && idle < kP2PSpinTime) {
+        std::this_thread::yield();
+        continue;
+      }
+      const microseconds cap = parts_.queue.empty() && !parts_.p2p.busy() ? kIdleCap : kBusyCap;
       parts_.queue.wait_for_work(std::clamp(idle / 8, microseconds{10}, cap));
     }
     if (status.ok()) status = finish_handshake();
@@ -76,12 +82,19 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
     // Tell the others, best effort, so that they stop instead of waiting for this rank (the
     // failure may be the transport itself, then they learn it from their own).
     static_cast<void>(stop_here(status));
+    // A stall is no transport failure: the coordinator still collects every rank's last
+    // message (a point-to-point stall may stop several ranks at once, each sending its own),
+    // so none is left for the next session (Note [Shutdown handshake]).
+    if (is_coordinator() && status.code() == ErrorCode::Stalled) {
+      static_cast<void>(finish_handshake());
+    }
   }
   return status;
 }
 
 Status BackgroundLoop::cycle(bool* did_work) {
   TUTTI_RETURN_IF_ERROR(parts_.device.check());
+  TUTTI_RETURN_IF_ERROR(parts_.p2p.progress(Clock::now(), did_work));
   TUTTI_RETURN_IF_ERROR(receive(did_work));
   if (executor_.shutdown()) return Status();
   TUTTI_RETURN_IF_ERROR(send_new(did_work));

@@ -25,6 +25,9 @@
 //        wrong, or stalled), emits ResponseLists.
 //     3. ResponseExecutor (every rank): runs each ResponseList in order: cache -> work ->
 //        fusion plan -> executor -> Completer.
+//   Beside them, point-to-point ops skip negotiation: P2PQueue --> P2PEngine --> Completer,
+//   stepped once per cycle (Note [P2P stage] in p2p_engine.h). While any is in flight the
+//   loop keeps polling instead of sleeping (a peer's message may come any moment).
 //   Completer --> the application's Handle.
 // On rank 0, stage 1 hands its list to stage 2 and stage 2 its lists to stage 3 directly;
 // everywhere else they travel over the control plane. One cycle: run the device checks,
@@ -53,6 +56,7 @@
 #include "src/core/config.h"
 #include "src/core/coordinator_stage.h"
 #include "src/core/device_path.h"
+#include "src/core/p2p_engine.h"
 #include "src/core/process_set_table.h"
 #include "src/core/request_sender.h"
 #include "src/core/response_executor.h"
@@ -70,6 +74,7 @@ class BackgroundLoop {
     TensorQueue& queue;
     ProcessSetTable& sets;
     DevicePath& device;
+    P2PEngine& p2p;  // Point-to-point ops: Note [P2P stage] in p2p_engine.h.
     const Completer& completer;
     Timeline& timeline;
     const Config& config;

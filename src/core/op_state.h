@@ -25,6 +25,7 @@ struct OpResults {
   std::vector<std::int64_t> received_splits;  // alltoall
   int last_joined_rank = -1;                  // join(): the global rank that joined last
   int created_set_id = -1;                    // add_process_set(): the new set's id
+  int source = -1;                            // irecv: the sender's global rank
 };
 
 // Results are written by the thread that runs the op (the communication thread, or for device

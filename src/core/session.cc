@@ -20,10 +20,12 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
       completer_(&timeline_),
       sets_(*transport_, config_.num_nccl_streams),
       device_(sets_, completer_, transport_->topology()),
+      p2p_(transport_->take_p2p_channel(), p2p_queue_, completer_, config_),
       loop_({.plane = transport_->control_plane(),
              .queue = queue_,
              .sets = sets_,
              .device = device_,
+             .p2p = p2p_,
              .completer = completer_,
              .timeline = timeline_,
              .config = config_}) {}
@@ -105,6 +107,14 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
   return queue_.push(std::move(entry));
 }
 
+Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
+  if (loop_done_.load()) return Status(ErrorCode::ShutDown, "Tutti has shut down");
+  // As submit(): finish() closes the queue, so a racing push is refused or failed there.
+  TUTTI_RETURN_IF_ERROR(p2p_queue_.push(std::move(ops)));
+  queue_.wake();
+  return Status();
+}
+
 Status Session::start_timeline(const std::string& path, bool mark_cycles) {
   // Only the coordinator sees every rank's arrival, so only rank 0 writes a timeline.
   if (topology().rank != 0) return Status();
@@ -141,6 +151,7 @@ void Session::finish(const Status& status) {
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.
   completer_.complete(queue_.close(refused), pending);
+  p2p_.finish(pending);
   ops::ControlPlane& plane = transport_->control_plane();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (!plane.sends_done() && std::chrono::steady_clock::now() < deadline)

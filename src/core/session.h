@@ -15,6 +15,7 @@
 #include "src/core/completer.h"
 #include "src/core/config.h"
 #include "src/core/device_path.h"
+#include "src/core/p2p_engine.h"
 #include "src/core/process_set_table.h"
 #include "src/core/tensor_queue.h"
 #include "src/core/timeline.h"
@@ -39,6 +40,9 @@ class Session {
 
   // Any thread. Queues an op (argument checks are the caller's); ShutDown once stopped.
   Status submit(std::shared_ptr<Entry> entry);
+  // Any thread. Queues point-to-point ops (all or none; checks are the caller's); ShutDown
+  // once stopped.
+  Status submit_p2p(std::vector<P2POpEntry> ops);
   // Any thread. The set, or InvalidArgument if unknown.
   Result<SetInfo> process_set(int id) const { return sets_.find(id); }
   // Any thread. See DevicePath::claim().
@@ -82,6 +86,8 @@ class Session {
   TensorQueue queue_;
   ProcessSetTable sets_;
   DevicePath device_;
+  P2PQueue p2p_queue_;
+  P2PEngine p2p_;        // Communication thread only.
   BackgroundLoop loop_;  // Communication thread only.
 
   std::atomic<std::uint64_t> set_changes_{0};

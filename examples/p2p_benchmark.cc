@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// P6 of DESIGN.md section 6: isend/irecv ping-pong between ranks 0 and 1 against raw
+// MPI_Send/MPI_Recv in the same run: the latency of 1 float (median half round trip) and the
+// bandwidth at 64 MB. The raw ping-pong runs on a duplicate of MPI_COMM_WORLD while Tutti's
+// communication thread idles.
+//
+// Usage: mpirun -n 2 build/examples/p2p_benchmark [--iterations N] [--mb-iterations M]
+// Ends with: P6 latency_us=<x> raw_us=<y> bandwidth_ratio=<tutti 64 MB bandwidth / raw>
+#include <tutti/tutti.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples.empty() ? 0 : samples[samples.size() / 2];
+}
+
+// Round trips of `count` floats with tutti::isend/irecv, in microseconds (rank 0's clock).
+std::vector<double> time_tutti(int rank, std::int64_t count, int iterations) {
+  std::vector<float> buffer(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)), 1.0f);
+  const tutti::TensorView t(buffer.data(), {count});
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    if (rank == 0) {
+      const Clock::time_point start = Clock::now();
+      tutti::Handle r = tutti::irecv(t, 1);
+      tutti::send(t, 1);
+      r.wait();
+      samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    } else if (rank == 1) {
+      tutti::recv(t, 0);
+      tutti::send(t, 0);
+    }
+  }
+  return samples;
+}
+
+std::vector<double> time_raw(MPI_Comm comm, int rank, std::int64_t count, int iterations) {
+  std::vector<float> buffer(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)), 1.0f);
+  const int n = static_cast<int>(count);
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    if (rank == 0) {
+      const Clock::time_point start = Clock::now();
+      MPI_Send(buffer.data(), n, MPI_FLOAT, 1, 0, comm);
+      MPI_Recv(buffer.data(), n, MPI_FLOAT, 1, 0, comm, MPI_STATUS_IGNORE);
+      samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    } else if (rank == 1) {
+      MPI_Recv(buffer.data(), n, MPI_FLOAT, 0, 0, comm, MPI_STATUS_IGNORE);
+      MPI_Send(buffer.data(), n, MPI_FLOAT, 0, 0, comm);
+    }
+  }
+  return samples;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iterations = 2000;
+  int mb_iterations = 20;
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--iterations") iterations = std::atoi(argv[i + 1]);
+    if (arg == "--mb-iterations") mb_iterations = std::atoi(argv[i + 1]);
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  tutti::init();
+  const int rank = tutti::rank();
+  if (tutti::size() < 2) {
+    std::fprintf(stderr, "p2p_benchmark needs at least 2 ranks\n");
+    tutti::shutdown();
+    MPI_Finalize();
+    return 1;
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  constexpr std::int64_t kBig = (64 << 20) / sizeof(float);
+  const int warmup = std::max(1, iterations / 10);
+
+  static_cast<void>(time_tutti(rank, 1, warmup));
+  const double tutti_latency = median(time_tutti(rank, 1, iterations)) / 2;
+  MPI_Barrier(comm);
+  static_cast<void>(time_raw(comm, rank, 1, warmup));
+  const double raw_latency = median(time_raw(comm, rank, 1, iterations)) / 2;
+  MPI_Barrier(comm);
+  static_cast<void>(time_tutti(rank, kBig, 2));
+  const double tutti_big = median(time_tutti(rank, kBig, mb_iterations)) / 2;
+  MPI_Barrier(comm);
+  static_cast<void>(time_raw(comm, rank, kBig, 2));
+  const double raw_big = median(time_raw(comm, rank, kBig, mb_iterations)) / 2;
+
+  if (rank == 0) {
+    const double bytes = static_cast<double>(kBig * sizeof(float));
+    const double tutti_gbs = bytes / tutti_big / 1e3;
+    const double raw_gbs = bytes / raw_big / 1e3;
+    std::printf("1 float:  tutti %.2f us, raw MPI %.2f us (one way, median of %d)\n", tutti_latency,
+                raw_latency, iterations);
+    std::printf("64 MB:    tutti %.2f GB/s, raw MPI %.2f GB/s (median of %d)\n", tutti_gbs, raw_gbs,
+                mb_iterations);
+    std::printf("P6 latency_us=%.2f raw_us=%.2f bandwidth_ratio=%.3f\n", tutti_latency, raw_latency,
+                tutti_gbs / raw_gbs);
+  }
+  MPI_Comm_free(&comm);
+  tutti::shutdown();
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+// tutti/p2p.h: argument checks on the caller's thread (InvalidArgument before anything is
+// queued), then P2POpEntries on the session's P2PQueue (Note [P2P stage] in p2p_engine.h).
+#include "src/common/strings.h"
+#include "src/common/throw.h"
+#include "src/core/op_state.h"
+#include "src/core/runtime.h"
+#include "tutti/p2p.h"
+
+namespace tutti {
+namespace {
+
+using detail::str_cat;
+
+[[noreturn]] void invalid(const std::string& message) { detail::throw_invalid_argument(message); }
+
+core::P2POpEntry make_op(const core::SetInfo& set, bool is_send, const TensorView& tensor, int peer,
+                         int tag) {
+  const char* what = is_send ? "isend" : "irecv";
+  if (tag < 0 || tag > core::P2PEngine::kMaxUserTag) {
+    invalid(str_cat(what, ": tag ", tag, " is outside 0...", core::P2PEngine::kMaxUserTag));
+  }
+  if (peer == any_source) {
+    if (is_send) invalid("isend: any_source is not a destination");
+  } else if (set.set_rank_of(peer) < 0) {
+    invalid(str_cat(what, ": rank ", peer, " is not a member of process set ", set.id));
+  }
+  if (tensor.device().kind != Device::Kind::CPU) {
+    invalid(str_cat(what,
+                    ": CUDA tensors are not supported by point-to-point ops yet; copy "
+                    "the tensor to the host"));
+  }
+  const int channel_tag = core::P2PEngine::channel_tag(set.id, tag);
+  if (channel_tag < 0) {
+    invalid(str_cat(what, ": process set ", set.id,
+                    " has too large an id for point-to-point "
+                    "tags"));
+  }
+  core::P2POpEntry op{.send = is_send,
+                      .peer = peer,
+                      .tag = tag,
+                      .set_id = set.id,
+                      .channel_tag = channel_tag,
+                      .entry = std::make_shared<core::Entry>()};
+  op.entry->request.name = str_cat("tutti.p2p.", what, ".", peer, ".", tag);
+  op.entry->request.process_set_id = set.id;
+  op.entry->inputs.push_back(tensor);
+  op.entry->state = std::make_shared<detail::OpState>();
+  op.entry->submitted = std::chrono::steady_clock::now();
+  return op;
+}
+
+struct Context {
+  std::shared_ptr<core::Session> session;
+  core::SetInfo set;
+};
+
+Context context(const char* what, const ProcessSet& process_set) {
+  Context c;
+  c.session = core::Runtime::get().session_for_op().value_or_throw();
+  c.set = c.session->process_set(process_set.id()).value_or_throw();
+  if (!c.set.includes_me()) {
+    invalid(str_cat(what, " on process set ", process_set.id(), " which does not include rank ",
+                    c.session->topology().rank));
+  }
+  return c;
+}
+
+std::vector<Handle> submit(Context& c, std::vector<core::P2POpEntry> ops) {
+  std::vector<Handle> handles;
+  handles.reserve(ops.size());
+  for (const core::P2POpEntry& op : ops) {
+    handles.push_back(detail::HandleAccess::make(op.entry->state));
+  }
+  c.session->submit_p2p(std::move(ops)).throw_if_error();
+  return handles;
+}
+
+Handle one(const char* what, bool is_send, TensorView tensor, int peer, int tag,
+           const ProcessSet& process_set) {
+  Context c = context(what, process_set);
+  std::vector<core::P2POpEntry> ops;
+  ops.push_back(make_op(c.set, is_send, tensor, peer, tag));
+  return submit(c, std::move(ops)).front();
+}
+
+}  // namespace
+
+Handle isend(TensorView tensor, int dst, int tag, ProcessSet process_set) {
+  return one("isend", true, tensor, dst, tag, process_set);
+}
+
+Handle irecv(TensorView tensor, int src, int tag, ProcessSet process_set) {
+  return one("irecv", false, tensor, src, tag, process_set);
+}
+
+void send(TensorView tensor, int dst, int tag, ProcessSet process_set) {
+  isend(tensor, dst, tag, std::move(process_set)).wait();
+}
+
+int recv(TensorView tensor, int src, int tag, ProcessSet process_set) {
+  return irecv(tensor, src, tag, std::move(process_set)).source();
+}
+
+std::vector<Handle> batch_isend_irecv(std::vector<P2POp> ops, ProcessSet process_set) {
+  Context c = context("batch_isend_irecv", process_set);
+  std::vector<core::P2POpEntry> entries;
+  entries.reserve(ops.size());
+  for (const P2POp& op : ops) {
+    const bool is_send = op.kind == P2POp::Kind::Send;
+    if (op.peer == any_source) {
+      invalid("batch_isend_irecv: any_source is not allowed (name each op's peer)");
+    }
+    entries.push_back(make_op(c.set, is_send, op.tensor, op.peer, op.tag));
+  }
+  return submit(c, std::move(entries));
+}
+
+}  // namespace tutti
