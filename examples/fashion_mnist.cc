@@ -18,7 +18,9 @@
 //   --lr          the single-rank learning rate (default 0.05), multiplied by the rank count
 //   --data-dir    idx(.gz) files; default /usr/share/datasets/fashion-mnist (Debian package
 //                 dataset-fashion-mnist); an MNIST directory works too
-//   --checkpoint  resume from FILE if it exists; rank 0 rewrites it atomically after each epoch
+//   --checkpoint  resume from FILE if it exists; rank 0 rewrites it atomically after each epoch.
+//                 A damaged file (CRC-32), another model's, an old-format one or one with more
+//                 epochs done than --epochs is refused (exit 1) and left as it is
 //   --seed        initial weights and shuffling, default 42
 //   --limit       train on the first N images only (quick tests)
 // Rank 0 prints progress, a line per epoch and, last, "final test accuracy: XX.XX%".
@@ -28,6 +30,7 @@
 #include <tutti/optim.h>
 #include <tutti/tutti.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -63,7 +66,8 @@ constexpr char kUsage[] =
 // Fashion-MNIST's training-set pixel mean and standard deviation: centred inputs train faster.
 constexpr float kPixelMean = 0.2860f;
 constexpr float kPixelStd = 0.3530f;
-constexpr char kMagic[] = "TUTTICK1";  // Checkpoint header and trailer (8 bytes).
+constexpr char kMagic[] = "TUTTICK2";     // Checkpoint header and trailer (8 bytes).
+constexpr char kOldMagic[] = "TUTTICK1";  // The format before the checksum: refused.
 
 struct Flags {
   std::string model = "mlp";
@@ -194,15 +198,27 @@ double evaluate(nn::Module& model, const tutti::data::ImageDataset& test) {
   return 100.0 * static_cast<double>(correct) / static_cast<double>(n);
 }
 
-// Checkpoint file, native byte order: "TUTTICK1", int64 epochs done; float32 tensors as
+// Checkpoint file, native byte order: "TUTTICK2", int64 epochs done; float32 tensors as
 // {uint32 name length, name, uint32 dims, int64 shape[dims], data} named "param.<name>",
 // "buffer.<name>" (BatchNorm statistics) and "optim.<state key>", then an empty name; the
-// optimizer's scalars as {name, float64}, then an empty name; "TUTTICK1" again.
+// optimizer's scalars as {name, float64}, then an empty name; "TUTTICK2" again; last, the
+// uint32 CRC-32 (zlib's) of every byte before it, so that a damaged file is refused.
 std::vector<std::pair<std::string, Tensor>> model_tensors(const nn::Module& model) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, p] : model.named_parameters()) tensors.emplace_back("param." + name, p.value());
   for (auto& [name, b] : model.named_buffers()) tensors.emplace_back("buffer." + name, b.value());
   return tensors;
+}
+
+std::uint32_t checksum(const char* data, std::size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (size > 0) {  // zlib's length is a uInt.
+    const auto piece = static_cast<uInt>(std::min<std::size_t>(size, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), piece);
+    data += piece;
+    size -= piece;
+  }
+  return static_cast<std::uint32_t>(crc);
 }
 
 // Writes aside, flushes to disk, then renames: a crash leaves the old checkpoint or the new one.
@@ -211,10 +227,10 @@ void save_checkpoint(const std::string& path, std::int64_t epochs, const nn::Mod
   const optim::StateDict state = optimizer.state_dict();
   std::vector<std::pair<std::string, Tensor>> tensors = model_tensors(model);
   for (auto& [key, t] : state.tensors) tensors.emplace_back("optim." + key, t);
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
-  auto put = [f](const void* data, std::size_t bytes) { std::fwrite(data, 1, bytes, f); };
+  std::string bytes;  // The file, built in memory for its checksum.
+  auto put = [&bytes](const void* data, std::size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+  };
   auto put_name = [&](const std::string& name) {
     const auto length = static_cast<std::uint32_t>(name.size());
     put(&length, sizeof length);
@@ -237,23 +253,54 @@ void save_checkpoint(const std::string& path, std::int64_t epochs, const nn::Mod
   }
   put_name("");
   put(kMagic, 8);
+  const std::uint32_t crc = checksum(bytes.data(), bytes.size());
+  put(&crc, sizeof crc);
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
   const bool written = std::ferror(f) == 0 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   if (std::fclose(f) != 0 || !written || std::rename(tmp.c_str(), path.c_str()) != 0) {
     throw std::runtime_error("cannot write checkpoint " + path + ": " + std::strerror(errno));
   }
 }
 
-// Loads `path` into the model and the optimizer and returns the epochs done. Throws
-// std::runtime_error naming the file if it is corrupt or holds another model.
+// Loads `path` into the model and the optimizer and returns the epochs done, at most
+// `max_epochs`. Throws std::runtime_error naming the file if it is damaged (checksum), of the
+// old format, out of range or holds another model; the model is then untouched.
 std::int64_t load_checkpoint(const std::string& path, nn::Module& model,
-                             optim::Optimizer& optimizer) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+                             optim::Optimizer& optimizer, std::int64_t max_epochs) {
   auto fail = [&](const std::string& why) -> void {
     throw std::runtime_error("bad checkpoint " + path + ": " + why);
   };
-  if (f == nullptr) fail(std::strerror(errno));
-  auto get = [&](void* data, std::size_t bytes) {
-    if (std::fread(data, 1, bytes, f.get()) != bytes) fail("truncated");
+  std::string bytes;
+  {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    if (f == nullptr) fail(std::strerror(errno));
+    char chunk[1 << 16];
+    for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0;) {
+      bytes.append(chunk, n);
+    }
+    if (std::ferror(f.get())) fail(std::strerror(errno));
+  }
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), kOldMagic, 8) == 0) {
+    fail("written in the old format TUTTICK1, which has no checksum; delete it to train anew");
+  }
+  if (bytes.size() < 8 || std::memcmp(bytes.data(), kMagic, 8) != 0) {
+    fail("not a Tutti checkpoint");
+  }
+  if (bytes.size() < 8 + 8 + 8 + sizeof(std::uint32_t)) fail("truncated");
+  std::uint32_t stored = 0;
+  std::memcpy(&stored, bytes.data() + bytes.size() - sizeof stored, sizeof stored);
+  bytes.resize(bytes.size() - sizeof stored);
+  if (checksum(bytes.data(), bytes.size()) != stored) {
+    fail("checksum mismatch: the file is damaged");
+  }
+  std::size_t offset = 0;
+  auto get = [&](void* data, std::size_t size) {
+    if (size > bytes.size() - offset) fail("truncated");
+    std::memcpy(data, bytes.data() + offset, size);
+    offset += size;
   };
   auto get_name = [&] {
     std::uint32_t length = 0;
@@ -265,11 +312,12 @@ std::int64_t load_checkpoint(const std::string& path, nn::Module& model,
   };
   char magic[8] = {};
   std::int64_t epochs = 0;
-  if (std::fread(magic, 1, 8, f.get()) != 8 || std::memcmp(magic, kMagic, 8) != 0) {
-    fail("not a Tutti checkpoint");
-  }
+  get(magic, 8);
   get(&epochs, sizeof epochs);
-  if (epochs < 0) fail("negative epoch count");
+  if (epochs < 0 || epochs > max_epochs) {
+    fail("epoch count " + std::to_string(epochs) + " outside 0 ... " + std::to_string(max_epochs) +
+         " (--epochs)");
+  }
   std::map<std::string, Tensor> tensors;
   optim::StateDict state;
   for (std::string name = get_name(); !name.empty(); name = get_name()) {
@@ -293,7 +341,7 @@ std::int64_t load_checkpoint(const std::string& path, nn::Module& model,
     get(&state.scalars[name], sizeof(double));
   }
   get(magic, 8);
-  if (std::memcmp(magic, kMagic, 8) != 0) fail("bad trailer");
+  if (std::memcmp(magic, kMagic, 8) != 0 || offset != bytes.size()) fail("bad trailer");
   // Copy into the model's own tensors, which the optimizer shares.
   const std::vector<std::pair<std::string, Tensor>> targets = model_tensors(model);
   if (targets.size() != tensors.size()) fail("another model (see --model)");
@@ -358,7 +406,7 @@ int train(const Flags& flags) {
   std::int64_t start_epoch = 0;
   if (root && !flags.checkpoint.empty() && std::filesystem::exists(flags.checkpoint)) {
     try {
-      start_epoch = load_checkpoint(flags.checkpoint, *model, optimizer);
+      start_epoch = load_checkpoint(flags.checkpoint, *model, optimizer, flags.epochs);
       std::printf("resuming from %s after epoch %lld\n", flags.checkpoint.c_str(),
                   static_cast<long long>(start_epoch));
     } catch (const std::exception& e) {

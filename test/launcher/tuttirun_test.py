@@ -143,13 +143,56 @@ class FlagMappingTest(unittest.TestCase):
                       ["--cache-capacity", "1.5"], ["--num-nccl-streams", "0"],
                       ["--log-level", "LOUD"], ["--thread-affinity", "a,b"],
                       ["--start-timeout", "0"], ["--start-timeout", "soon"],
-                      ["--autotune-gaussian-process-noise", "1.5"],
+                      ["--autotune-gaussian-process-noise", "1000.5"],
                       ["--stall-check-warning-time-seconds", "-3"],
                       ["--hierarchical-allreduce", "--no-hierarchical-allreduce"]):
             with self.subTest(flags=flags):
                 with self.assertRaises(SystemExit) as raised:
                     parse(["-np", "2"] + flags + ["prog"])
                 self.assertEqual(raised.exception.code, 2)
+
+    # Issue 11: values the runtime rejects in init() (every rank exiting 7) are refused here,
+    # with the ranges of src/common/knobs.def: fusion 0 … 2^40 bytes = 1048576 MB, stall
+    # warning 0.001 … 10^6 s, cycle time 0 … 10^4 ms, cache 0 … 2^30, NCCL streams 1 … 64.
+    OUT_OF_RANGE = [
+        (["--fusion-threshold-mb", "9000000000000"], "between 0 and 1048576"),
+        (["--fusion-threshold-mb", "1e300"], "between 0 and 1048576"),
+        (["--fusion-threshold-mb", "1048576.5"], "between 0 and 1048576"),
+        (["--stall-check-warning-time-seconds", "0"], "between 0.001 and 1000000"),
+        (["--stall-check-shutdown-time-seconds", "1000001"], "between 0 and 1000000"),
+        (["--cycle-time-ms", "10001"], "between 0 and 10000"),
+        (["--cache-capacity", "1073741825"], "between 0 and 1073741824"),
+        (["--num-nccl-streams", "65"], "between 1 and 64"),
+        (["--autotune-warmup-samples", "1001"], "between 0 and 1000"),
+        (["--autotune-steps-per-sample", "100001"], "between 1 and 100000"),
+        (["--autotune-bayes-opt-max-samples", "1001"], "between 1 and 1000"),
+        (["--start-timeout", "0.0001"], "between 0.001 and 1000000"),
+    ]
+
+    def test_out_of_range_values_are_usage_errors_naming_flag_and_range(self):
+        for flags, message in self.OUT_OF_RANGE:
+            with self.subTest(flags=flags):
+                result = run_launcher(["-np", "2", "--dry-run"] + flags + ["true"])
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn(f"argument {flags[0]}: '{flags[1]}' must be {message}",
+                              result.stderr)
+
+    def test_range_ends_are_accepted(self):
+        for flags, variable, value in (
+                (["--fusion-threshold-mb", "1048576"], "TUTTI_FUSION_THRESHOLD",
+                 str(2**40)),
+                (["--stall-check-warning-time-seconds", "0.001"],
+                 "TUTTI_STALL_CHECK_TIME_SECONDS", "0.001"),
+                (["--num-nccl-streams", "64"], "TUTTI_NUM_NCCL_STREAMS", "64"),
+                (["--cache-capacity", "1073741824"], "TUTTI_CACHE_CAPACITY", str(2**30))):
+            with self.subTest(flags=flags):
+                _, env = build(["-np", "2"] + flags + ["prog"])
+                self.assertEqual(env[variable], value)
+
+    def test_ranges_come_from_knobs_def(self):
+        knobs = {knob.name: knob for knob in tuttirun.knobs.load()}
+        self.assertEqual(tuttirun.flag_range("--cycle-time-ms"),
+                         (knobs["CYCLE_TIME"].min, knobs["CYCLE_TIME"].max))
 
 
 class HostsTest(unittest.TestCase):
@@ -308,8 +351,14 @@ class ErrorTest(unittest.TestCase):
         self.assert_usage_error([], "required: -np/--num-proc")
 
     def test_bad_np(self):
-        self.assert_usage_error(["-np", "0", "true"], "'0' must be >= 1")
+        self.assert_usage_error(["-np", "0", "true"], "'0' must be between 1 and 2147483647")
         self.assert_usage_error(["-np", "x", "true"], "'x' is not an integer")
+        # Issue 11: this reached mpirun, which read it as -1. MPI counts ranks in an int.
+        self.assert_usage_error(["-np", "99999999999999999999", "true"],
+                                "argument -np/--num-proc: '99999999999999999999' must be "
+                                "between 1 and 2147483647")
+        self.assert_usage_error(["-np", "2", "-p", "65536", "true"],
+                                "'65536' must be between 1 and 65535")
 
     def test_no_program(self):
         self.assert_usage_error(["-np", "2"], "no program given")
@@ -392,6 +441,27 @@ class CheckBuildTest(unittest.TestCase):
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stdout, "")
         self.assertIn("no Tutti build found", result.stderr)
+
+    def test_non_utf8_config_is_read_with_a_warning(self):
+        # Issue 11: this raised a UnicodeDecodeError traceback.
+        with tempfile.TemporaryDirectory() as build_dir:
+            with open(os.path.join(build_dir, "tutti_config.h"), "wb") as f:
+                f.write(b"// \xff\xfe caf\xe9\n#define TUTTI_HAVE_CUDA 1\n"
+                        b"#define TUTTI_HAVE_NCCL 0\n")
+            result = run_launcher(["--check-build"], env=clean_environ(TUTTI_BUILD_DIR=build_dir))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertIn("is not valid UTF-8", result.stderr)
+        self.assertIn("    [ ] NCCL\n    [X] CUDA\n", result.stdout)
+
+    def test_build_test_folder_is_found(self):
+        # Issue 11: scripts/test builds in build-test/, which --check-build did not search.
+        with tempfile.TemporaryDirectory() as repo:
+            os.mkdir(os.path.join(repo, "build-test"))
+            path = os.path.join(repo, "build-test", "tutti_config.h")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("#define TUTTI_HAVE_CUDA 0\n")
+            self.assertEqual(tuttirun.find_build_config({}, repo_dir=repo), path)
 
 
 @unittest.skipUnless(shutil.which("mpirun"), "needs OpenMPI's mpirun")

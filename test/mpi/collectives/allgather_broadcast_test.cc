@@ -125,17 +125,32 @@ TEST_CASE("allgather errors: 0-d at the call, dim-1 and dtype mismatch on every 
   CHECK(error_of([&] { allgather_async(TensorView(&scalar, {}), "scalar"); }) ==
         ErrorCode::InvalidArgument);
   CHECK(error_of([&] { grouped_allgather_async({}, "none"); }) == ErrorCode::InvalidArgument);
+  if (world_size() < 2) return;
   {
-    // A name in flight in the set is refused for any op; after the op it is free again.
+    // A name in flight in the set is refused for any op; after the op it is free again. The
+    // op is held in flight by its peers: each rank in turn submits "busy" alone and checks,
+    // and the others submit only after a plain MPI barrier. (With every rank submitting at
+    // once, the allreduce could complete before the checks, and a broadcast then accepted
+    // stayed pending and made the next allgather("busy") fail.)
     std::vector<float> busy(2, 1.0f);
-    Handle first = allreduce_async(TensorView(busy.data(), {2}), "busy");
-    std::string message;
-    CHECK(error_of([&] { allgather_async(TensorView(busy.data(), {2}), "busy"); }, &message) ==
-          ErrorCode::InvalidArgument);
-    CHECK(message.find("'busy'") != std::string::npos);
-    CHECK(error_of([&] { broadcast_async(TensorView(busy.data(), {2}), 0, "busy"); }) ==
-          ErrorCode::InvalidArgument);
-    first.wait();
+    bool refused = true;
+    for (int holder = 0; holder < world_size(); ++holder) {
+      Handle first;
+      if (world_rank() == holder) {
+        first = allreduce_async(TensorView(busy.data(), {2}), "busy");
+        std::string message;
+        refused = refused &&
+                  error_of([&] { allgather_async(TensorView(busy.data(), {2}), "busy"); },
+                           &message) == ErrorCode::InvalidArgument &&
+                  message.find("'busy'") != std::string::npos &&
+                  error_of([&] { broadcast_async(TensorView(busy.data(), {2}), 0, "busy"); }) ==
+                      ErrorCode::InvalidArgument;
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (world_rank() != holder) first = allreduce_async(TensorView(busy.data(), {2}), "busy");
+      first.wait();
+    }
+    CHECK(all_ranks(refused));
     CHECK(all_ranks(allgather(TensorView(busy.data(), {2}), "busy").num_elements() ==
                     2 * world_size()));
     barrier();
