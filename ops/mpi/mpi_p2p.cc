@@ -40,8 +40,8 @@ class MpiP2PChannel final : public P2PChannel {
                                         2 * tag, comm_.get(), &request));
     add(id, request);
     const char* at = static_cast<const char*>(data);
-    for (std::size_t done = 0; done < bytes; done += kMaxMpiCount) {
-      const std::size_t n = std::min(kMaxMpiCount, bytes - done);
+    for (std::size_t done = 0; done < bytes; done += max_mpi_count()) {
+      const std::size_t n = std::min(max_mpi_count(), bytes - done);
       TUTTI_MPI_RETURN_IF_ERROR(MPI_Isend(at + done, to_mpi_count(n), MPI_BYTE, destination,
                                           2 * tag + 1, comm_.get(), &request));
       add(id, request);
@@ -69,8 +69,8 @@ class MpiP2PChannel final : public P2PChannel {
     const Id id = next_id_++;
     transfers_[id];
     char* at = static_cast<char*>(data);
-    for (std::size_t done = 0; done < bytes; done += kMaxMpiCount) {
-      const std::size_t n = std::min(kMaxMpiCount, bytes - done);
+    for (std::size_t done = 0; done < bytes; done += max_mpi_count()) {
+      const std::size_t n = std::min(max_mpi_count(), bytes - done);
       MPI_Request request = MPI_REQUEST_NULL;
       TUTTI_MPI_RETURN_IF_ERROR(MPI_Irecv(at + done, to_mpi_count(n), MPI_BYTE, source, 2 * tag + 1,
                                           comm_.get(), &request));
