@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "tutti/nn/variable.h"
 #include "tutti/tensor.h"
 
@@ -36,8 +36,9 @@ struct VariableImpl {
   std::vector<std::function<void(Variable&)>> hooks;  // Leaves only.
   // Held while backward() adds into `grad`, so that backward passes running on several threads
   // over graphs that share this leaf (DataParallel-style code) do not lose contributions. See
-  // Note [Thread safety of nn] in src/nn/variable.cc.
-  std::mutex grad_mutex;
+  // Note [Thread safety of nn] in src/nn/variable.cc. `grad` is not TUTTI_GUARDED_BY it:
+  // Variable::grad() hands out a reference that callers use between backward passes.
+  tutti::detail::Mutex grad_mutex;
 
   bool is_leaf() const { return !backward; }
 };

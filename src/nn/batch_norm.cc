@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/nn/autograd.h"
 #include "src/nn/batch_norm_op.h"
 #include "src/nn/parallel/sync_batch_norm_op.h"
@@ -29,9 +29,10 @@ constexpr double kEps = 1e-5;
 constexpr double kMomentum = 0.1;
 
 // Serializes running-statistics updates: DataParallel runs a module's forward on several
-// threads that share its buffers. One lock for all layers: the update is short.
-std::mutex& running_stats_mutex() {
-  static std::mutex mutex;
+// threads that share its buffers. One lock for all layers: the update is short. (The buffers are
+// tensor data, which TUTTI_GUARDED_BY cannot name.)
+tutti::detail::Mutex& running_stats_mutex() {
+  static tutti::detail::Mutex mutex;
   return mutex;
 }
 
@@ -116,7 +117,7 @@ Variable batch_norm(const Variable& input, const Variable& weight, const Variabl
   BatchStatistics stats;
   if (training) {
     stats = batch_statistics(x, n, c, inner, reduce);
-    const std::lock_guard<std::mutex> lock(running_stats_mutex());
+    const tutti::detail::MutexLock lock(running_stats_mutex());
     for (std::int64_t ch = 0; ch < c; ++ch) {
       const auto k = static_cast<std::size_t>(ch);
       r_mean[ch] = static_cast<float>((1.0 - kMomentum) * r_mean[ch] + kMomentum * stats.mean[k]);
@@ -125,7 +126,7 @@ Variable batch_norm(const Variable& input, const Variable& weight, const Variabl
                                      kMomentum * stats.var[k] * stats.count / (stats.count - 1));
     }
   } else {
-    const std::lock_guard<std::mutex> lock(running_stats_mutex());
+    const tutti::detail::MutexLock lock(running_stats_mutex());
     stats.mean.assign(r_mean, r_mean + c);
     stats.var.assign(r_var, r_var + c);
   }

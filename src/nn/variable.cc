@@ -8,7 +8,6 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <queue>
 #include <string>
 #include <unordered_map>
@@ -125,7 +124,7 @@ void deliver(const std::shared_ptr<VariableImpl>& leaf, Tensor contribution,
     add_pending(*capture, leaf.get(), std::move(contribution));
     return;
   }
-  std::lock_guard<std::mutex> lock(leaf->grad_mutex);
+  const tutti::detail::MutexLock lock(leaf->grad_mutex);
   accumulate(leaf->grad, contribution);
 }
 

@@ -71,7 +71,7 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
   auto future = std::make_shared<FutureState>();
   std::string refused;
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
+    const tutti::detail::MutexLock lock(pending_mutex_);
     if (stopped_) {
       refused = str_cat("RPC has shut down on worker '", name(), "'");
     } else if (gone_[static_cast<std::size_t>(to)]) {
@@ -99,7 +99,7 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
   frame.payload = to_wire(args, to);
   std::string bytes = encode(frame);
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
+    const tutti::detail::MutexLock lock(pending_mutex_);
     const Clock::time_point deadline = Clock::now() + timeout;
     pending_.emplace(frame.id, Pending{.future = future,
                                        .destination = to,
@@ -114,7 +114,7 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
 
 void Agent::enqueue(int destination, std::string bytes, bool counted) {
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    const tutti::detail::MutexLock lock(queue_mutex_);
     outgoing_.push_back(
         Outgoing{.destination = destination, .bytes = std::move(bytes), .counted = counted});
   }
@@ -123,7 +123,7 @@ void Agent::enqueue(int destination, std::string bytes, bool counted) {
 
 void Agent::wake() {
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    const tutti::detail::MutexLock lock(queue_mutex_);
     wake_ = true;
   }
   queue_cv_.notify_one();
@@ -260,9 +260,10 @@ void Agent::run() {
       std::this_thread::yield();
       continue;
     }
-    std::unique_lock<std::mutex> lock(queue_mutex_);
-    queue_cv_.wait_until(lock, std::min(now + sleep, next_deadline),
-                         [&] { return !outgoing_.empty() || wake_; });
+    const tutti::detail::MutexLock lock(queue_mutex_);
+    const Clock::time_point until = std::min(now + sleep, next_deadline);
+    while (outgoing_.empty() && !wake_ && queue_cv_.wait_until(queue_mutex_, until)) {
+    }
     wake_ = false;
     sleep = std::min<Clock::duration>(sleep * 2, kMaxSleep);
   }
@@ -274,7 +275,7 @@ void Agent::run() {
 bool Agent::flush_outgoing(Status* fatal) {
   std::deque<Outgoing> out;
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    const tutti::detail::MutexLock lock(queue_mutex_);
     out.swap(outgoing_);
   }
   for (Outgoing& o : out) {
@@ -366,7 +367,7 @@ void Agent::handle_response(int source, Frame frame) {
                               frame.autograd_message_id);
   std::shared_ptr<FutureState> future;
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
+    const tutti::detail::MutexLock lock(pending_mutex_);
     auto it = pending_.find(frame.id);
     if (it == pending_.end() || it->second.destination != source) return;
     future = std::move(it->second.future);
@@ -384,7 +385,7 @@ Clock::time_point Agent::expire_calls() {
   std::vector<Pending> expired;
   Clock::time_point next = Clock::time_point::max();
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
+    const tutti::detail::MutexLock lock(pending_mutex_);
     const Clock::time_point now = Clock::now();
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       auto it = pending_.find(deadlines_.begin()->second);
@@ -405,7 +406,7 @@ Clock::time_point Agent::expire_calls() {
 void Agent::peer_left(int peer, const Status& why) {
   std::vector<Pending> failed;
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
+    const tutti::detail::MutexLock lock(pending_mutex_);
     gone_[static_cast<std::size_t>(peer)] = 1;
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second.destination != peer) {

@@ -39,12 +39,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -53,7 +51,9 @@
 #include <vector>
 
 #include "ops/control_plane.h"
+#include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "src/common/thread_annotations.h"
 #include "src/rpc/dist_context.h"
 #include "src/rpc/future.h"
 #include "src/rpc/rref_context.h"
@@ -136,7 +136,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   ContextContainer& contexts() { return contexts_; }
 
   // Application thread. Idempotent. See Note [Graceful shutdown] in agent_shutdown.cc.
-  void shutdown(bool graceful);
+  void shutdown(bool graceful) TUTTI_EXCLUDES(shutdown_mutex_);
   bool stopped() const { return stopped_.load(); }
 
  private:
@@ -161,8 +161,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   Message from_wire(WirePayload payload, int source, const std::shared_ptr<DistContext>& context,
                     std::int64_t autograd_message_id);
 
-  void enqueue(int destination, std::string bytes, bool counted);
-  void wake();  // Wakes the RPC thread from its sleep.
+  void enqueue(int destination, std::string bytes, bool counted) TUTTI_EXCLUDES(queue_mutex_);
+  void wake() TUTTI_EXCLUDES(queue_mutex_);  // Wakes the RPC thread from its sleep.
   void respond(const Incoming& request, const Result<Message>& result);
   void send_control(int destination, ControlKind kind, std::uint64_t round = 0,
                     std::uint64_t sent = 0, std::uint64_t received = 0);
@@ -181,7 +181,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void peer_left(int rank, const Status& why);
   bool shutdown_step();  // True: leave the loop.
   bool locally_idle();
-  void teardown(const Status& why);
+  void teardown(const Status& why) TUTTI_EXCLUDES(pending_mutex_, queue_mutex_, state_mutex_);
 
   ops::ControlPlane& plane_;
   const AgentOptions options_;
@@ -194,16 +194,18 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::thread thread_;
 
   std::atomic<std::uint64_t> next_id_{1};
-  std::mutex pending_mutex_;
-  std::map<std::uint64_t, Pending> pending_;                         // Guarded by pending_mutex_.
-  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;  // Guarded by pending_mutex_.
-  std::vector<char> gone_;            // Peers that left; guarded by pending_mutex_.
-  std::atomic<bool> stopped_{false};  // No more calls (set under both mutexes).
+  tutti::detail::Mutex pending_mutex_;
+  std::map<std::uint64_t, Pending> pending_ TUTTI_GUARDED_BY(pending_mutex_);
+  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_ TUTTI_GUARDED_BY(pending_mutex_);
+  std::vector<char> gone_ TUTTI_GUARDED_BY(pending_mutex_);  // Peers that left.
+  // No more calls. Set under both mutexes; atomic, so that it may be read under either (or
+  // none), which TUTTI_GUARDED_BY cannot say.
+  std::atomic<bool> stopped_{false};
 
-  std::mutex queue_mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<Outgoing> outgoing_;  // Guarded by queue_mutex_.
-  bool wake_ = false;              // Guarded by queue_mutex_.
+  tutti::detail::Mutex queue_mutex_;
+  tutti::detail::CondVar queue_cv_;
+  std::deque<Outgoing> outgoing_ TUTTI_GUARDED_BY(queue_mutex_);
+  bool wake_ TUTTI_GUARDED_BY(queue_mutex_) = false;
 
   // RPC thread only.
   std::deque<std::string> loopback_;
@@ -220,11 +222,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::atomic<int> in_progress_{0};  // Requests received and not answered yet.
   std::atomic<bool> graceful_requested_{false};
   std::atomic<bool> force_requested_{false};
-  std::mutex state_mutex_;
-  std::condition_variable state_cv_;
-  bool loop_done_ = false;  // Guarded by state_mutex_.
-  std::mutex shutdown_mutex_;
-  bool torn_down_ = false;  // Guarded by shutdown_mutex_.
+  tutti::detail::Mutex state_mutex_;
+  tutti::detail::CondVar state_cv_;
+  bool loop_done_ TUTTI_GUARDED_BY(state_mutex_) = false;
+  tutti::detail::Mutex shutdown_mutex_;
+  bool torn_down_ TUTTI_GUARDED_BY(shutdown_mutex_) = false;
 };
 
 // The agent of the calling thread: its pool threads' own, or the one a test installed with

@@ -78,10 +78,10 @@ void Agent::handle_control(int source, const Frame& frame) {
 bool Agent::locally_idle() {
   if (!loopback_.empty() || in_progress_.load() != 0 || !pool_->idle()) return false;
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    const tutti::detail::MutexLock lock(queue_mutex_);
     if (!outgoing_.empty()) return false;
   }
-  std::lock_guard<std::mutex> lock(pending_mutex_);
+  const tutti::detail::MutexLock lock(pending_mutex_);
   return pending_.empty();
 }
 
@@ -110,24 +110,27 @@ bool Agent::shutdown_step() {
 }
 
 void Agent::shutdown(bool graceful) {
-  std::lock_guard<std::mutex> once(shutdown_mutex_);
+  const tutti::detail::MutexLock once(shutdown_mutex_);
   if (torn_down_) return;
   torn_down_ = true;
   if (thread_.joinable()) {
     (graceful ? graceful_requested_ : force_requested_).store(true);
     wake();
-    std::unique_lock<std::mutex> lock(state_mutex_);
-    const Clock::time_point deadline = Clock::now() + default_timeout() + kShutdownSlack;
-    if (!state_cv_.wait_until(lock, deadline, [&] { return loop_done_; })) {
-      TUTTI_LOG_WARNING(
-          "RPC: the graceful shutdown did not finish within ",
-          seconds(default_timeout() + kShutdownSlack),
-          " s (a worker did not call shutdown(), or a call never ended); stopping now");
-      force_requested_.store(true);
-      wake();
-      state_cv_.wait(lock, [&] { return loop_done_; });
+    {
+      const tutti::detail::MutexLock lock(state_mutex_);
+      const Clock::time_point deadline = Clock::now() + default_timeout() + kShutdownSlack;
+      while (!loop_done_ && state_cv_.wait_until(state_mutex_, deadline)) {
+      }
+      if (!loop_done_) {
+        TUTTI_LOG_WARNING(
+            "RPC: the graceful shutdown did not finish within ",
+            seconds(default_timeout() + kShutdownSlack),
+            " s (a worker did not call shutdown(), or a call never ended); stopping now");
+        force_requested_.store(true);
+        wake();
+        while (!loop_done_) state_cv_.wait(state_mutex_);
+      }
     }
-    lock.unlock();
     thread_.join();
   }
   // Running functions end (their calls fail fast now); queued ones are dropped.
@@ -140,14 +143,14 @@ void Agent::shutdown(bool graceful) {
 
 void Agent::teardown(const Status& why) {
   {
-    std::lock_guard<std::mutex> pending(pending_mutex_);
-    std::lock_guard<std::mutex> queue(queue_mutex_);
+    const tutti::detail::MutexLock pending(pending_mutex_);
+    const tutti::detail::MutexLock queue(queue_mutex_);
     stopped_ = true;
     outgoing_.clear();
   }
   std::map<std::uint64_t, Pending> failed;
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
+    const tutti::detail::MutexLock lock(pending_mutex_);
     failed.swap(pending_);
     deadlines_.clear();
   }
@@ -156,7 +159,7 @@ void Agent::teardown(const Status& why) {
         Status(why.code(), str_cat("RPC '", p.function, "' to worker '", info(p.destination).name,
                                    "' failed: ", why.message())));
   }
-  std::lock_guard<std::mutex> lock(state_mutex_);
+  const tutti::detail::MutexLock lock(state_mutex_);
   loop_done_ = true;
   state_cv_.notify_all();
 }

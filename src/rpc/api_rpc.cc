@@ -3,10 +3,11 @@
 // running agent, and init_rpc()'s collective name exchange.
 #include <cmath>
 #include <map>
-#include <mutex>
 #include <utility>
 
+#include "src/common/mutex.h"
 #include "src/common/strings.h"
+#include "src/common/thread_annotations.h"
 #include "src/core/own_ops.h"
 #include "src/core/runtime.h"
 #include "src/rpc/agent.h"
@@ -24,12 +25,12 @@ using ::tutti::detail::str_cat;
 // The process's RPC state: like core::Runtime, one object that is never destroyed (the exit
 // hook may reach it during static teardown).
 struct RpcRuntime {
-  std::mutex mutex;
-  std::map<std::string, Function> functions;  // Guarded by mutex, as the rest.
-  std::shared_ptr<Agent> agent;
-  bool was_shut_down = false;
-  std::uint32_t epochs = 0;
-  std::size_t max_piece_bytes = kDefaultMaxPieceBytes;
+  ::tutti::detail::Mutex mutex;
+  std::map<std::string, Function> functions TUTTI_GUARDED_BY(mutex);
+  std::shared_ptr<Agent> agent TUTTI_GUARDED_BY(mutex);
+  bool was_shut_down TUTTI_GUARDED_BY(mutex) = false;
+  std::uint32_t epochs TUTTI_GUARDED_BY(mutex) = 0;
+  std::size_t max_piece_bytes TUTTI_GUARDED_BY(mutex) = kDefaultMaxPieceBytes;
 };
 
 RpcRuntime& runtime() {
@@ -63,8 +64,9 @@ std::string local_problem(const std::string& name, const RpcOptions& options,
            "MPI_THREAD_MULTIPLE, ...), or let tutti::init() do it";
   }
   if (session.rpc_plane() == nullptr) return "this Tutti session has no RPC channel";
-  std::lock_guard<std::mutex> lock(runtime().mutex);
-  if (runtime().agent != nullptr) return "RPC is already initialized (call rpc::shutdown() first)";
+  RpcRuntime& r = runtime();
+  const ::tutti::detail::MutexLock lock(r.mutex);
+  if (r.agent != nullptr) return "RPC is already initialized (call rpc::shutdown() first)";
   return "";
 }
 
@@ -73,7 +75,7 @@ std::string local_problem(const std::string& name, const RpcOptions& options,
 Result<std::shared_ptr<Agent>> current_agent() {
   if (Agent* agent = thread_agent()) return agent->shared_from_this();
   RpcRuntime& r = runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  const ::tutti::detail::MutexLock lock(r.mutex);
   if (r.agent != nullptr) return r.agent;
   if (r.was_shut_down)
     return Status(ErrorCode::ShutDown, "RPC has shut down (init_rpc() starts it again)");
@@ -91,18 +93,21 @@ Clock::duration call_timeout(const Agent& agent, double timeout_seconds) {
 }
 
 std::map<std::string, Function> registered_functions() {
-  std::lock_guard<std::mutex> lock(runtime().mutex);
-  return runtime().functions;
+  RpcRuntime& r = runtime();
+  const ::tutti::detail::MutexLock lock(r.mutex);
+  return r.functions;
 }
 
 void set_max_piece_bytes_for_testing(std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(runtime().mutex);
-  runtime().max_piece_bytes = bytes;
+  RpcRuntime& r = runtime();
+  const ::tutti::detail::MutexLock lock(r.mutex);
+  r.max_piece_bytes = bytes;
 }
 
 std::size_t max_piece_bytes() {
-  std::lock_guard<std::mutex> lock(runtime().mutex);
-  return runtime().max_piece_bytes;
+  RpcRuntime& r = runtime();
+  const ::tutti::detail::MutexLock lock(r.mutex);
+  return r.max_piece_bytes;
 }
 
 int owned_rref_count_for_testing() {
@@ -142,7 +147,7 @@ void register_function(const std::string& name, Function function) {
                 str_cat("RPC function names starting with 'tutti.' are reserved ('", name, "')"));
   }
   detail::RpcRuntime& r = detail::runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  const ::tutti::detail::MutexLock lock(r.mutex);
   if (r.agent != nullptr) {
     throw Error(ErrorCode::InvalidArgument, str_cat("register_function('", name,
                                                     "') after init_rpc(): register every "
@@ -182,7 +187,7 @@ void init_rpc(const std::string& name, RpcOptions options) {
     }
   }
   detail::RpcRuntime& r = detail::runtime();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  const ::tutti::detail::MutexLock lock(r.mutex);
   detail::AgentOptions agent_options{.rank = rank,
                                      .names = std::move(names),
                                      .options = options,
@@ -202,12 +207,12 @@ void shutdown(bool graceful) {
   detail::RpcRuntime& r = detail::runtime();
   std::shared_ptr<detail::Agent> agent;
   {
-    std::lock_guard<std::mutex> lock(r.mutex);
+    const ::tutti::detail::MutexLock lock(r.mutex);
     agent = r.agent;
   }
   if (agent == nullptr) return;
   agent->shutdown(graceful);
-  std::lock_guard<std::mutex> lock(r.mutex);
+  const ::tutti::detail::MutexLock lock(r.mutex);
   if (r.agent == agent) {
     r.agent.reset();
     r.was_shut_down = true;

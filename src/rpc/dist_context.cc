@@ -23,13 +23,13 @@ std::int64_t make_global_id(int rank) {
 
 void DistContext::record_send(std::int64_t message_id,
                               std::vector<std::shared_ptr<nn::detail::VariableImpl>> inputs) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   sends_[message_id] = std::move(inputs);
 }
 
 Result<std::shared_ptr<nn::detail::VariableImpl>> DistContext::send_input(std::int64_t message_id,
                                                                           std::size_t slot) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto it = sends_.find(message_id);
   if (it == sends_.end() || slot >= it->second.size() || it->second[slot] == nullptr) {
     return Status(
@@ -42,7 +42,7 @@ Result<std::shared_ptr<nn::detail::VariableImpl>> DistContext::send_input(std::i
 
 void DistContext::accumulate(const std::shared_ptr<nn::detail::VariableImpl>& leaf,
                              const Tensor& gradient) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto it = gradients_.find(leaf.get());
   if (it == gradients_.end()) {
     gradients_.emplace(leaf.get(), std::make_pair(leaf, gradient.clone()));
@@ -54,13 +54,13 @@ void DistContext::accumulate(const std::shared_ptr<nn::detail::VariableImpl>& le
 }
 
 Tensor DistContext::gradient(const nn::detail::VariableImpl* leaf) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto it = gradients_.find(leaf);
   return it == gradients_.end() ? Tensor() : it->second.second.clone();
 }
 
 std::vector<std::pair<nn::Variable, Tensor>> DistContext::gradients() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   std::vector<std::pair<nn::Variable, Tensor>> out;
   out.reserve(gradients_.size());
   for (const auto& [key, entry] : gradients_) {
@@ -70,37 +70,37 @@ std::vector<std::pair<nn::Variable, Tensor>> DistContext::gradients() const {
 }
 
 void DistContext::add_worker(int rank) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   workers_.insert(rank);
 }
 
 std::set<int> DistContext::workers() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   return workers_;
 }
 
 std::shared_ptr<DistContext> ContextContainer::create() {
   auto context = std::make_shared<DistContext>(make_global_id(rank_));
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   contexts_.emplace(context->id(), context);
   return context;
 }
 
 std::shared_ptr<DistContext> ContextContainer::get_or_create(std::int64_t id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto& slot = contexts_[id];
   if (!slot) slot = std::make_shared<DistContext>(id);
   return slot;
 }
 
 std::shared_ptr<DistContext> ContextContainer::find(std::int64_t id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto it = contexts_.find(id);
   return it == contexts_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<DistContext> ContextContainer::release(std::int64_t id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto it = contexts_.find(id);
   if (it == contexts_.end()) return nullptr;
   std::shared_ptr<DistContext> context = std::move(it->second);
@@ -111,13 +111,13 @@ std::shared_ptr<DistContext> ContextContainer::release(std::int64_t id) {
 void ContextContainer::clear() {
   std::map<std::int64_t, std::shared_ptr<DistContext>> dropped;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     dropped.swap(contexts_);
   }
 }
 
 std::size_t ContextContainer::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   return contexts_.size();
 }
 

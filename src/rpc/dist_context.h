@@ -6,12 +6,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "src/common/thread_annotations.h"
 #include "src/nn/autograd.h"
 #include "tutti/nn/variable.h"
 #include "tutti/tensor.h"
@@ -46,13 +47,13 @@ class DistContext {
 
  private:
   const std::int64_t id_;
-  mutable std::mutex mutex_;
-  std::map<std::int64_t, std::vector<std::shared_ptr<nn::detail::VariableImpl>>>
-      sends_;  // Guarded.
+  mutable tutti::detail::Mutex mutex_;
+  std::map<std::int64_t, std::vector<std::shared_ptr<nn::detail::VariableImpl>>> sends_
+      TUTTI_GUARDED_BY(mutex_);
   std::map<const nn::detail::VariableImpl*,
            std::pair<std::shared_ptr<nn::detail::VariableImpl>, Tensor>>
-      gradients_;          // Guarded.
-  std::set<int> workers_;  // Guarded by mutex_.
+      gradients_ TUTTI_GUARDED_BY(mutex_);
+  std::set<int> workers_ TUTTI_GUARDED_BY(mutex_);
 };
 
 // The contexts of one worker, by id. Any thread.
@@ -71,8 +72,8 @@ class ContextContainer {
 
  private:
   const int rank_;
-  mutable std::mutex mutex_;
-  std::map<std::int64_t, std::shared_ptr<DistContext>> contexts_;  // Guarded by mutex_.
+  mutable tutti::detail::Mutex mutex_;
+  std::map<std::int64_t, std::shared_ptr<DistContext>> contexts_ TUTTI_GUARDED_BY(mutex_);
 };
 
 // The current context of the calling thread (-1: none): a Context's creator, or a pool thread

@@ -4,13 +4,14 @@
 // distributed autograd context accumulated there (torch.distributed.optim's _LocalOptimizer).
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/common/strings.h"
+#include "src/common/thread_annotations.h"
 #include "src/rpc/agent.h"
 #include "src/rpc/optimizer_host.h"
 #include "src/rpc/rpc_runtime.h"
@@ -78,13 +79,14 @@ std::unique_ptr<optim::Optimizer> make_adam(const std::string& name,
 }
 
 struct Registry {
-  std::mutex mutex;
-  std::map<std::string, OptimizerFactory> factories;  // Guarded by mutex.
+  tutti::detail::Mutex mutex;
+  std::map<std::string, OptimizerFactory> factories TUTTI_GUARDED_BY(mutex);
 };
 
 Registry& registry() {
   static Registry* r = [] {  // Never destroyed: may be used during static teardown.
     auto* reg = new Registry();
+    const tutti::detail::MutexLock lock(reg->mutex);  // Uncontended; for the analysis.
     reg->factories["sgd"] = make_sgd;
     reg->factories["adam"] = [](std::vector<nn::Variable> p,
                                 const std::map<std::string, double>& o) {
@@ -108,20 +110,21 @@ struct Hosted {
 class OptimizerHost {
  public:
   // Held by every step on this worker: several trainers' optimizers may share parameters (and
-  // their grad()), as with PyTorch's _LocalOptimizer.global_lock.
-  std::mutex step_mutex;
+  // their grad()), as with PyTorch's _LocalOptimizer.global_lock. (What it guards is tensor
+  // data, which TUTTI_GUARDED_BY cannot name.)
+  tutti::detail::Mutex step_mutex;
 
   void add(std::uint64_t id, std::shared_ptr<Hosted> hosted) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     optimizers_[id] = std::move(hosted);
   }
   std::shared_ptr<Hosted> find(std::uint64_t id) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     auto it = optimizers_.find(id);
     return it == optimizers_.end() ? nullptr : it->second;
   }
   std::shared_ptr<Hosted> remove(std::uint64_t id) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     auto it = optimizers_.find(id);
     if (it == optimizers_.end()) return nullptr;
     std::shared_ptr<Hosted> hosted = std::move(it->second);
@@ -130,8 +133,8 @@ class OptimizerHost {
   }
 
  private:
-  std::mutex mutex_;
-  std::map<std::uint64_t, std::shared_ptr<Hosted>> optimizers_;  // Guarded by mutex_.
+  tutti::detail::Mutex mutex_;
+  std::map<std::uint64_t, std::shared_ptr<Hosted>> optimizers_ TUTTI_GUARDED_BY(mutex_);
 };
 
 std::string create_meta(const std::string& optimizer,
@@ -217,7 +220,7 @@ Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
                         "' has no such optimizer (destroyed, or from an earlier init_rpc())"));
   }
   std::shared_ptr<DistContext> context = agent.contexts().find(context_id);
-  std::lock_guard<std::mutex> lock(host.step_mutex);
+  const tutti::detail::MutexLock lock(host.step_mutex);
   for (const nn::Variable& p : hosted->optimizer->parameters()) {
     if (!p.requires_grad()) continue;
     Tensor gradient =
@@ -243,7 +246,7 @@ Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
 
 Result<OptimizerFactory> find_optimizer_factory(const std::string& name) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  const tutti::detail::MutexLock lock(r.mutex);
   auto it = r.factories.find(name);
   if (it != r.factories.end()) return it->second;
   std::vector<std::string> known;
@@ -276,7 +279,7 @@ void register_optimizer(const std::string& name, OptimizerFactory factory) {
     throw Error(ErrorCode::InvalidArgument, "register_optimizer() needs a name and a factory");
   }
   detail::Registry& r = detail::registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  const tutti::detail::MutexLock lock(r.mutex);
   r.factories[name] = std::move(factory);
 }
 

@@ -17,51 +17,54 @@ std::shared_ptr<FutureState> FutureState::ready(Result<Message> result) {
 bool FutureState::complete(Result<Message> result) {
   std::vector<std::function<void(const Result<Message>&)>> callbacks;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     if (result_) return false;
     result_.emplace(std::move(result));
     callbacks.swap(callbacks_);
   }
   cv_.notify_all();
-  for (auto& callback : callbacks) callback(*result_);
+  for (auto& callback : callbacks) callback(completed());
   return true;
 }
 
 bool FutureState::done() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   return result_.has_value();
 }
 
 const Result<Message>& FutureState::wait() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     if (result_) return *result_;
   }
   ThreadPool::Blocking blocking;  // A nested call: let the pool start a helper meanwhile.
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [&] { return result_.has_value(); });
+  const tutti::detail::MutexLock lock(mutex_);
+  while (!result_.has_value()) cv_.wait(mutex_);
   return *result_;
 }
 
 bool FutureState::wait_until(Clock::time_point deadline) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     if (result_) return true;
   }
   ThreadPool::Blocking blocking;
-  std::unique_lock<std::mutex> lock(mutex_);
-  return cv_.wait_until(lock, deadline, [&] { return result_.has_value(); });
+  const tutti::detail::MutexLock lock(mutex_);
+  while (!result_.has_value()) {
+    if (!cv_.wait_until(mutex_, deadline)) return result_.has_value();
+  }
+  return true;
 }
 
 void FutureState::then(std::function<void(const Result<Message>&)> callback) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     if (!result_) {
       callbacks_.push_back(std::move(callback));
       return;
     }
   }
-  callback(*result_);
+  callback(completed());
 }
 
 std::shared_ptr<FutureState> when_all(const std::vector<std::shared_ptr<FutureState>>& futures) {

@@ -4,14 +4,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "src/common/thread_annotations.h"
 #include "tutti/rpc.h"
 
 namespace tutti::rpc::detail {
@@ -37,16 +37,21 @@ class FutureState {
   // Waits until done or `deadline`; false at the deadline.
   bool wait_until(Clock::time_point deadline);
   // The result; requires done().
-  const Result<Message>& result() const { return *result_; }
+  const Result<Message>& result() const { return completed(); }
   // Runs `callback(result)` once done: at once on this thread if it is, else on the thread that
   // completes it (often the RPC thread, so callbacks must not block).
   void then(std::function<void(const Result<Message>&)> callback);
 
  private:
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::optional<Result<Message>> result_;  // Set once, under mutex_; read-only afterwards.
-  std::vector<std::function<void(const Result<Message>&)>> callbacks_;  // Guarded by mutex_.
+  // *result_ once it is set. Set once, under mutex_, and read-only afterwards, so reads after
+  // a locked check found it set need no lock; the analysis cannot see that, hence the
+  // exemption.
+  const Result<Message>& completed() const TUTTI_NO_THREAD_SAFETY_ANALYSIS { return *result_; }
+
+  mutable tutti::detail::Mutex mutex_;
+  tutti::detail::CondVar cv_;
+  std::optional<Result<Message>> result_ TUTTI_GUARDED_BY(mutex_);
+  std::vector<std::function<void(const Result<Message>&)>> callbacks_ TUTTI_GUARDED_BY(mutex_);
 };
 
 // Completes with an empty Message when every one of `futures` has succeeded, or with the first

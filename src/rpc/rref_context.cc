@@ -46,12 +46,12 @@ UserState::~UserState() {
 }
 
 void UserState::set_outcome(const Status& status) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   outcome_ = status;
 }
 
 Status UserState::outcome() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   return outcome_;
 }
 
@@ -71,7 +71,7 @@ std::uint64_t RRefContext::new_id() {
 std::shared_ptr<UserState> RRefContext::make_user(int owner, std::uint64_t rref_id,
                                                   std::uint64_t fork_id) {
   auto user = std::make_shared<UserState>(agent_.weak_from_this(), owner, rref_id, fork_id);
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   if (users_.size() >= 64 && users_.size() == users_.capacity()) {  // Prune before growing.
     std::erase_if(users_, [](const std::weak_ptr<UserState>& u) { return u.expired(); });
   }
@@ -106,7 +106,7 @@ RRef RRefContext::make_remote_user(int owner, std::uint64_t rref_id) {
 }
 
 std::shared_ptr<OwnerValue> RRefContext::add_fork(std::uint64_t rref_id, std::uint64_t fork_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   OwnerEntry& entry = owners_[rref_id];
   if (entry.value == nullptr) entry.value = std::make_shared<OwnerValue>(rref_id, live_);
   entry.forks.insert(fork_id);
@@ -115,7 +115,7 @@ std::shared_ptr<OwnerValue> RRefContext::add_fork(std::uint64_t rref_id, std::ui
 
 void RRefContext::remove_fork(std::uint64_t rref_id, std::uint64_t fork_id) {
   std::shared_ptr<OwnerValue> dropped;  // Freed outside the lock.
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto it = owners_.find(rref_id);
   if (it == owners_.end()) return;
   it->second.forks.erase(fork_id);
@@ -125,7 +125,7 @@ void RRefContext::remove_fork(std::uint64_t rref_id, std::uint64_t fork_id) {
 }
 
 std::shared_ptr<OwnerValue> RRefContext::find_or_create(std::uint64_t rref_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   OwnerEntry& entry = owners_[rref_id];
   if (entry.value == nullptr) entry.value = std::make_shared<OwnerValue>(rref_id, live_);
   return entry.value;
@@ -135,7 +135,7 @@ WireRRef RRefContext::fork(const RRefImpl& ref, int destination) {
   static_cast<void>(destination);  // Every fork is alike; the receiver tells the cases apart.
   const std::uint64_t fork_id = new_id();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     if (ref.owned != nullptr) {
       OwnerEntry& entry = owners_[ref.rref_id];
       if (entry.value == nullptr) entry.value = ref.owned;  // Its forks were all gone: back again.
@@ -153,7 +153,7 @@ RRef RRefContext::accept(const WireRRef& wire, int source) {
   if (wire.owner == agent_.rank()) {
     std::shared_ptr<OwnerValue> value;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      const tutti::detail::MutexLock lock(mutex_);
       auto it = owners_.find(wire.rref_id);
       if (it != owners_.end()) value = it->second.value;
     }
@@ -198,7 +198,7 @@ void RRefContext::send_fork_request(const std::shared_ptr<UserState>& user, int 
 
 void RRefContext::child_accepted(std::uint64_t fork_id) {
   std::shared_ptr<UserState> parent;  // Released outside the lock: may send its delete.
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   auto it = pending_children_.find(fork_id);
   if (it == pending_children_.end()) return;
   parent = std::move(it->second);
@@ -208,7 +208,7 @@ void RRefContext::child_accepted(std::uint64_t fork_id) {
 int RRefContext::release_users() {
   std::vector<std::shared_ptr<UserState>> releasable;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     for (const std::weak_ptr<UserState>& weak : users_) {
       std::shared_ptr<UserState> user = weak.lock();
       if (user == nullptr || user->released.load()) continue;
@@ -233,7 +233,7 @@ void RRefContext::clear() {
   std::map<std::uint64_t, OwnerEntry> owners;
   std::map<std::uint64_t, std::shared_ptr<UserState>> children;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     owners.swap(owners_);
     children.swap(pending_children_);
     for (const std::weak_ptr<UserState>& weak : users_) {

@@ -32,11 +32,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "src/common/thread_annotations.h"
 #include "src/rpc/future.h"
 #include "src/rpc/wire.h"
 #include "tutti/rpc.h"
@@ -84,8 +85,8 @@ struct UserState {
   std::shared_ptr<FutureState> creation;
 
  private:
-  mutable std::mutex mutex_;
-  Status outcome_;  // Guarded by mutex_.
+  mutable tutti::detail::Mutex mutex_;
+  Status outcome_ TUTTI_GUARDED_BY(mutex_);
 };
 
 // Behind the public RRef: exactly one of `owned` (on the owner) and `user` is set.
@@ -155,10 +156,10 @@ class RRefContext {
   Agent& agent_;
   std::atomic<std::uint64_t> next_{1};
   const std::shared_ptr<std::atomic<int>> live_ = std::make_shared<std::atomic<int>>(0);
-  mutable std::mutex mutex_;
-  std::map<std::uint64_t, OwnerEntry> owners_;                            // Guarded by mutex_.
-  std::map<std::uint64_t, std::shared_ptr<UserState>> pending_children_;  // Guarded by mutex_.
-  std::vector<std::weak_ptr<UserState>> users_;                           // Guarded by mutex_.
+  mutable tutti::detail::Mutex mutex_;
+  std::map<std::uint64_t, OwnerEntry> owners_ TUTTI_GUARDED_BY(mutex_);
+  std::map<std::uint64_t, std::shared_ptr<UserState>> pending_children_ TUTTI_GUARDED_BY(mutex_);
+  std::vector<std::weak_ptr<UserState>> users_ TUTTI_GUARDED_BY(mutex_);
 };
 
 // Registers the owner-side handlers of the protocol ("tutti.rref.*") on `agent`.

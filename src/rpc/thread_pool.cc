@@ -12,7 +12,7 @@ thread_local int t_blocking_depth = 0;      // Nested Blocking scopes on this th
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) : target_(threads < 1 ? 1 : threads) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   for (int i = 0; i < target_; ++i) spawn();
 }
 
@@ -27,7 +27,7 @@ void ThreadPool::spawn() {
 
 void ThreadPool::submit(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     if (!stopping_) {
       tasks_.push_back(std::move(task));
       cv_.notify_one();
@@ -38,7 +38,7 @@ void ThreadPool::submit(std::function<void()> task) {
 }
 
 bool ThreadPool::idle() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   return tasks_.empty() && running_ == 0;
 }
 
@@ -46,31 +46,34 @@ bool ThreadPool::on_pool_thread() { return t_pool != nullptr; }
 
 void ThreadPool::work() {
   t_pool = this;
-  std::unique_lock<std::mutex> lock(mutex_);
+  // Locked by hand, not by a MutexLock: the lock is dropped around each task, and clang 14's
+  // analysis cannot follow a scoped lock released in the middle of its scope.
+  mutex_.lock();
   while (!stopping_) {
     if (!tasks_.empty() && running_ - blocked_ < target_) {
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
       ++running_;
-      lock.unlock();
+      mutex_.unlock();
       task();
       task = nullptr;  // Destroyed before the lock is taken again.
-      lock.lock();
+      mutex_.lock();
       --running_;
       continue;
     }
     if (alive_ - blocked_ > target_) break;  // A surplus helper: its blocked peer came back.
-    cv_.wait(lock);
+    cv_.wait(mutex_);
   }
   --alive_;
   if (!stopping_) finished_.push_back(std::this_thread::get_id());
   t_pool = nullptr;
+  mutex_.unlock();
 }
 
 void ThreadPool::join_finished() {
   std::vector<std::thread> done;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     for (const std::thread::id& id : finished_) {
       auto it = threads_.find(id);
       done.push_back(std::move(it->second));
@@ -85,7 +88,7 @@ void ThreadPool::stop() {
   std::deque<std::function<void()>> dropped;
   std::map<std::thread::id, std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const tutti::detail::MutexLock lock(mutex_);
     stopping_ = true;
     dropped.swap(tasks_);
     threads.swap(threads_);
@@ -99,7 +102,7 @@ void ThreadPool::stop() {
 ThreadPool::Blocking::Blocking() : pool_(t_blocking_depth++ == 0 ? t_pool : nullptr) {
   if (pool_ == nullptr) return;
   pool_->join_finished();
-  std::lock_guard<std::mutex> lock(pool_->mutex_);
+  const tutti::detail::MutexLock lock(pool_->mutex_);
   ++pool_->blocked_;
   if (pool_->stopping_) return;
   if (pool_->alive_ - pool_->blocked_ < pool_->target_ && pool_->alive_ < kMaxThreads) {
@@ -112,7 +115,7 @@ ThreadPool::Blocking::Blocking() : pool_(t_blocking_depth++ == 0 ? t_pool : null
 ThreadPool::Blocking::~Blocking() {
   --t_blocking_depth;
   if (pool_ == nullptr) return;
-  std::lock_guard<std::mutex> lock(pool_->mutex_);
+  const tutti::detail::MutexLock lock(pool_->mutex_);
   --pool_->blocked_;
 }
 

@@ -3,14 +3,15 @@
 // grows while some of them wait on nested calls, so nested RPCs never deadlock.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "src/common/mutex.h"
+#include "src/common/thread_annotations.h"
 
 namespace tutti::rpc::detail {
 
@@ -56,20 +57,21 @@ class ThreadPool {
   };
 
  private:
-  void spawn();  // Requires mutex_.
-  void work();
-  void join_finished();  // Requires mutex_ not held.
+  void spawn() TUTTI_REQUIRES(mutex_);
+  void work() TUTTI_EXCLUDES(mutex_);
+  void join_finished() TUTTI_EXCLUDES(mutex_);
 
   const int target_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // Guarded by mutex_, as the counters below.
-  int alive_ = 0;                            // Threads in work().
-  int running_ = 0;                          // Threads inside a task, blocked or not.
-  int blocked_ = 0;                          // Threads inside a Blocking scope.
-  bool stopping_ = false;
-  std::map<std::thread::id, std::thread> threads_;
-  std::vector<std::thread::id> finished_;  // Exited helpers, not yet joined.
+  mutable tutti::detail::Mutex mutex_;
+  tutti::detail::CondVar cv_;
+  std::deque<std::function<void()>> tasks_ TUTTI_GUARDED_BY(mutex_);
+  int alive_ TUTTI_GUARDED_BY(mutex_) = 0;    // Threads in work().
+  int running_ TUTTI_GUARDED_BY(mutex_) = 0;  // Threads inside a task, blocked or not.
+  int blocked_ TUTTI_GUARDED_BY(mutex_) = 0;  // Threads inside a Blocking scope.
+  bool stopping_ TUTTI_GUARDED_BY(mutex_) = false;
+  std::map<std::thread::id, std::thread> threads_ TUTTI_GUARDED_BY(mutex_);
+  // Exited helpers, not yet joined.
+  std::vector<std::thread::id> finished_ TUTTI_GUARDED_BY(mutex_);
 };
 
 }  // namespace tutti::rpc::detail

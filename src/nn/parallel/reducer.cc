@@ -70,7 +70,7 @@ Reducer::Reducer(std::vector<Parameter> parameters, Config config)
 }
 
 Reducer::~Reducer() {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   // The runtime may still read and write the buckets. Destructors never fail: errors dropped.
   static_cast<void>(wait_all(/*write_results=*/false));
 }
@@ -121,7 +121,7 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
 }
 
 void Reducer::before_forward() {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   if (pass_active_) abandon_pass();
   if (!config_.as_view) return;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -138,7 +138,7 @@ void Reducer::before_forward() {
 
 void Reducer::note_reached(const Variable& output) {
   const std::vector<std::shared_ptr<VariableImpl>> leaves = reachable_leaves(output);
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   for (const std::shared_ptr<VariableImpl>& leaf : leaves) {
     const auto it = index_of_.find(leaf.get());
     if (it != index_of_.end()) reached_[it->second] = true;
@@ -154,12 +154,12 @@ Variable Reducer::attach(const Variable& output) {
 }
 
 bool Reducer::any_joined() const {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   return any_joined_;
 }
 
 std::vector<std::vector<std::string>> Reducer::bucket_names() const {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   std::vector<std::vector<std::string>> names;
   for (const Bucket& bucket : buckets_) {
     names.emplace_back();
@@ -169,13 +169,13 @@ std::vector<std::vector<std::string>> Reducer::bucket_names() const {
 }
 
 int Reducer::buckets_started() const {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   return started_;
 }
 
 // Step 1 of Note [DDP reduction passes].
 void Reducer::start_pass() {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   if (pass_active_) return;  // A second DDP output in the same backward pass.
   const std::weak_ptr<Reducer> weak = weak_from_this();
   const bool queued = queue_backward_callback([weak] {
@@ -202,7 +202,7 @@ void Reducer::start_pass() {
 
 // Step 2 of Note [DDP reduction passes]: the hook of parameter `index`.
 void Reducer::on_gradient(std::size_t index) {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   if (!pass_active_ || ready_[index]) return;
   mark_ready(index);
 }
@@ -269,7 +269,7 @@ std::exception_ptr Reducer::wait_all(bool write_results) {
 
 // Step 3 of Note [DDP reduction passes].
 void Reducer::finish_pass() {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  const tutti::detail::MutexLock lock(mutex_);
   if (!pass_active_) return;
   std::vector<std::string> missing;
   for (const Bucket& bucket : buckets_) {

@@ -7,11 +7,12 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "src/common/mutex.h"
+#include "src/common/thread_annotations.h"
 #include "src/nn/autograd.h"
 #include "tutti/collectives.h"
 #include "tutti/nn/variable.h"
@@ -97,34 +98,38 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     Handle handle;
   };
 
-  void build_buckets(const std::vector<std::vector<std::size_t>>& assignment);
-  Tensor slice_of(std::size_t index) const;
-  void start_pass();
-  void finish_pass();
-  void abandon_pass();
-  void on_gradient(std::size_t index);
-  void mark_ready(std::size_t index);
-  void launch(std::size_t bucket);
-  std::exception_ptr wait_all(bool write_results);
-  void rebuild();
+  void build_buckets(const std::vector<std::vector<std::size_t>>& assignment)
+      TUTTI_REQUIRES(mutex_);
+  Tensor slice_of(std::size_t index) const TUTTI_REQUIRES(mutex_);
+  void start_pass() TUTTI_EXCLUDES(mutex_);
+  void finish_pass() TUTTI_EXCLUDES(mutex_);
+  void abandon_pass() TUTTI_REQUIRES(mutex_);
+  void on_gradient(std::size_t index) TUTTI_EXCLUDES(mutex_);
+  void mark_ready(std::size_t index) TUTTI_REQUIRES(mutex_);
+  void launch(std::size_t bucket) TUTTI_REQUIRES(mutex_);
+  std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex_);
+  void rebuild() TUTTI_REQUIRES(mutex_);
 
   std::vector<Parameter> parameters_;
   Config config_;
   std::vector<std::int64_t> bytes_;  // Per parameter.
   std::unordered_map<const VariableImpl*, std::size_t> index_of_;
 
-  mutable std::mutex mutex_;
-  std::vector<Bucket> buckets_;
-  std::vector<std::size_t> bucket_of_;  // Per parameter.
-  std::vector<std::size_t> member_of_;  // Per parameter: its position in its bucket.
-  bool pass_active_ = false;
-  std::vector<bool> ready_;               // Per parameter, this pass.
-  std::vector<std::size_t> ready_order_;  // This pass.
-  std::vector<bool> reached_;             // find_unused: since the last pass started.
-  std::exception_ptr pass_error_;         // From a launch; thrown by finish_pass().
-  int started_ = 0;
-  bool rebuilt_ = false;
-  bool any_joined_ = false;
+  mutable tutti::detail::Mutex mutex_;
+  std::vector<Bucket> buckets_ TUTTI_GUARDED_BY(mutex_);
+  std::vector<std::size_t> bucket_of_ TUTTI_GUARDED_BY(mutex_);  // Per parameter.
+  // Per parameter: its position in its bucket.
+  std::vector<std::size_t> member_of_ TUTTI_GUARDED_BY(mutex_);
+  bool pass_active_ TUTTI_GUARDED_BY(mutex_) = false;
+  std::vector<bool> ready_ TUTTI_GUARDED_BY(mutex_);               // Per parameter, this pass.
+  std::vector<std::size_t> ready_order_ TUTTI_GUARDED_BY(mutex_);  // This pass.
+  // find_unused: since the last pass started.
+  std::vector<bool> reached_ TUTTI_GUARDED_BY(mutex_);
+  // From a launch; thrown by finish_pass().
+  std::exception_ptr pass_error_ TUTTI_GUARDED_BY(mutex_);
+  int started_ TUTTI_GUARDED_BY(mutex_) = 0;
+  bool rebuilt_ TUTTI_GUARDED_BY(mutex_) = false;
+  bool any_joined_ TUTTI_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace tutti::nn::detail
