@@ -21,10 +21,13 @@ namespace tutti::ops {
 namespace mpi {
 namespace {
 
+std::atomic<bool> g_finalize_returned{false};
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+  g_finalize_returned.store(true);
 }
 
 // MPI as the application left it, or initialized by us (then finalized at exit, so init()
@@ -151,6 +154,10 @@ void start_finalize_watchdog() {
   if (started.exchange(true)) return;
   std::thread([grace_ms] {
     std::this_thread::sleep_for(std::chrono::milliseconds(grace_ms));
+    // MPI_Finalized() is already true while Open MPI's MPI_Finalize waits, so only Tutti's own
+    // finalize at exit can tell that it returned. An application that finalizes MPI itself after
+    // an error and then works on for longer than the grace is ended too (README).
+    if (g_finalize_returned.load()) return;
     std::fprintf(stderr,
                  "[tutti] MPI_Finalize has not returned %.3g s after the runtime stopped on an "
                  "error (a peer is stuck?): ending the job with MPI_Abort "
