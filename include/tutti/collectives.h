@@ -158,6 +158,33 @@ TUTTI_API AlltoallResult alltoall(TensorView input, std::vector<std::int64_t> sp
                                   std::string name = {}, ProcessSet = ProcessSet::global());
 TUTTI_API Tensor reducescatter(TensorView input, std::string name = {}, ReduceOptions = {});
 
+// Rooted collectives (torch.distributed's reduce, gather, scatter). `root_rank` is a global
+// rank in the set (InvalidArgument otherwise); ranks that disagree on the root, shape or dtype
+// get Mismatch on every rank.
+// reduce: allreduce's arithmetic, but only the root's tensor receives the result; the other
+// ranks' tensors are left unchanged. Adasum is InvalidArgument. Runs as an allreduce whose
+// non-root output is scratch memory (so it moves an allreduce's bytes), fusing like one.
+TUTTI_API Handle reduce_async(TensorView tensor, int root_rank, std::string name = {},
+                              ReduceOptions = {});
+// gather: on the root output() is the concatenation along dim 0 in set-rank order; on the
+// other ranks an empty Tensor. Runs as an allgather (fusing like one).
+TUTTI_API Handle gather_async(TensorView input, int root_rank, std::string name = {},
+                              ProcessSet = ProcessSet::global());
+// scatter: the root's input split along dim 0, splits[i] rows to set-rank i (empty = equal
+// parts); every rank's output() holds its rows with the root's dtype and trailing dims. Other
+// ranks pass a view of the root's dtype whose data and shape are ignored, and their splits are
+// ignored. The root's shape and splits travel first in a blocking broadcast, so scatter_async
+// returns only once every member has called it; then the rows go as an alltoall. Fails with
+// InvalidArgument from wait() while any member has joined.
+TUTTI_API Handle scatter_async(TensorView input, int root_rank,
+                               std::vector<std::int64_t> splits = {}, std::string name = {},
+                               ProcessSet = ProcessSet::global());
+TUTTI_API void reduce(TensorView tensor, int root_rank, std::string name = {}, ReduceOptions = {});
+TUTTI_API Tensor gather(TensorView input, int root_rank, std::string name = {},
+                        ProcessSet = ProcessSet::global());
+TUTTI_API Tensor scatter(TensorView input, int root_rank, std::vector<std::int64_t> splits = {},
+                         std::string name = {}, ProcessSet = ProcessSet::global());
+
 // Blocks until every member of the set reaches the barrier. Collective.
 TUTTI_API void barrier(ProcessSet = ProcessSet::global());
 // This rank has no more data. Blocks until every member has joined; meanwhile the others'

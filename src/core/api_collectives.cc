@@ -2,9 +2,11 @@
 // API.md's collectives: argument checks on the caller's thread (InvalidArgument before
 // anything is queued), then an Entry on the session's queue and a Handle.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 #include <numeric>
+#include <optional>
 
 #include "ops/device_ops.h"
 #include "ops/registry.h"
@@ -14,6 +16,7 @@
 #include "src/core/own_ops.h"
 #include "src/core/runtime.h"
 #include "tutti/collectives.h"
+#include "tutti/serialize.h"
 
 namespace tutti {
 namespace {
@@ -88,6 +91,9 @@ struct Submission {
   // As submit(), for callers that read the state's other results (join's rank).
   std::shared_ptr<detail::OpState> submit_state() {
     entry->state = std::make_shared<detail::OpState>();
+    entry->state->results.scratch = std::move(scratch);
+    entry->state->results.drop_output = drop_output;
+    entry->state->results.output_row_dims = std::move(row_dims);
     entry->submitted = std::chrono::steady_clock::now();
     std::shared_ptr<detail::OpState> state = entry->state;
     session->submit(std::move(entry)).throw_if_error();
@@ -96,6 +102,12 @@ struct Submission {
 
   const std::string& name() const { return entry->request.name; }
   int set_size() const { return set.size(); }
+
+  // Rooted ops on a rank other than the root: reduce's scratch output, kept alive with the op,
+  // and gather's "output() stays empty" (see Note [Completion]).
+  Tensor scratch;
+  bool drop_output = false;
+  std::optional<Shape> row_dims;  // scatter: see OpResults::output_row_dims.
 };
 
 void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options,
@@ -114,8 +126,11 @@ void check_reduce(const std::string& name, const TensorView& tensor, const Reduc
   }
 }
 
+// `root`: -1 for an allreduce; reduce()'s global root rank otherwise (negotiated, so that
+// ranks disagreeing on it get Mismatch). `scratch` is kept alive with the op.
 Handle allreduce_impl(std::vector<std::pair<TensorView, TensorView>> tensors, std::string name,
-                      const ReduceOptions& options, bool grouped) {
+                      const ReduceOptions& options, bool grouped, int root = -1,
+                      Tensor scratch = {}) {
   Submission submission(Collective::Allreduce, std::move(name), options.process_set.id());
   if (grouped && tensors.empty()) invalid("grouped_allreduce_async needs at least one tensor");
   for (const auto& [input, output] : tensors) {
@@ -147,6 +162,8 @@ Handle allreduce_impl(std::vector<std::pair<TensorView, TensorView>> tensors, st
   request.reduce_op = options.op;
   request.prescale = options.prescale_factor;
   request.postscale = options.postscale_factor;
+  request.root_rank = root;
+  submission.scratch = std::move(scratch);
   return submission.submit();
 }
 
@@ -392,8 +409,9 @@ std::string broadcast_object(std::string_view bytes, int root_rank, std::string 
 
 namespace core {
 
-std::string broadcast_own(std::string_view bytes, int root_rank, const std::string& name) {
-  return broadcast_bytes(bytes, root_rank, name, ProcessSet::global(), true);
+std::string broadcast_own(std::string_view bytes, int root_rank, const std::string& name,
+                          ProcessSet set) {
+  return broadcast_bytes(bytes, root_rank, name, set, true);
 }
 
 }  // namespace core
@@ -437,5 +455,141 @@ std::vector<std::string> allgather_own(std::string_view bytes, const std::string
 }
 
 }  // namespace core
+
+// Rooted collectives (API.md "Rooted collectives"), built on the negotiated allreduce, allgather
+// and alltoall: they inherit validation, Mismatch, the cache, fusion, join rules, process sets,
+// the timeline and the device paths. The root is negotiated (Request::root_rank), so ranks that
+// disagree on it get Mismatch. The cost is that of the underlying op: reduce moves an
+// allreduce's bytes and gather an allgather's, not the (n-1)/n less a true rooted algorithm
+// would.
+namespace {
+
+void check_root(const char* op, const std::string& name, int root_rank, const ProcessSet& set) {
+  const std::vector<int>& ranks = set.ranks();
+  if (std::find(ranks.begin(), ranks.end(), root_rank) == ranks.end()) {
+    invalid(str_cat(op, " '", name, "': root rank ", root_rank, " is not in process set ", set.id(),
+                    " (ranks ", detail::join_list(ranks), ")"));
+  }
+}
+
+// Names of unnamed scatters, which need one before their metadata travels.
+std::atomic<std::int64_t> g_unnamed_scatters{0};
+
+}  // namespace
+
+Handle reduce_async(TensorView tensor, int root_rank, std::string name, ReduceOptions options) {
+  check_root("REDUCE", name, root_rank, options.process_set);
+  if (options.op == ReduceOp::Adasum) {
+    invalid(str_cat("REDUCE '", name, "': ADASUM has no rooted form; use allreduce"));
+  }
+  const int global_rank = core::Runtime::get().session_for_op().value_or_throw()->topology().rank;
+  if (global_rank == root_rank) {
+    return allreduce_impl({{tensor, tensor}}, std::move(name), options, false, root_rank);
+  }
+  // Elsewhere the result goes to scratch memory, so the caller's tensor stays unchanged.
+  Tensor scratch(tensor.dtype(), tensor.shape(), tensor.device());
+  const TensorView out = scratch.view();
+  return allreduce_impl({{tensor, out}}, std::move(name), options, false, root_rank,
+                        std::move(scratch));
+}
+
+Handle gather_async(TensorView input, int root_rank, std::string name, ProcessSet set) {
+  check_root("GATHER", name, root_rank, set);
+  Submission submission(Collective::Allgather, std::move(name), set.id());
+  if (input.dim() == 0) invalid(str_cat("GATHER '", submission.name(), "' of a 0-d tensor"));
+  submission.entry->request.root_rank = root_rank;
+  submission.drop_output = submission.session->topology().rank != root_rank;
+  submission.add(input, input);
+  return submission.submit();
+}
+
+Handle scatter_async(TensorView input, int root_rank, std::vector<std::int64_t> splits,
+                     std::string name, ProcessSet set) {
+  check_root("SCATTER", name, root_rank, set);
+  if (name.empty()) name = str_cat("scatter.noname.", g_unnamed_scatters.fetch_add(1));
+  const bool is_root =
+      core::Runtime::get().session_for_op().value_or_throw()->topology().rank == root_rank;
+  const int size = static_cast<int>(set.ranks().size());
+  // Only the root knows the shape and splits: they travel first (a blocking broadcast), as
+  // does an error in them, so that no rank waits for an alltoall the root will not submit.
+  std::string metadata;
+  if (is_root) {
+    std::string error;
+    if (input.dim() == 0) error = str_cat("SCATTER '", name, "' of a 0-d tensor");
+    const std::int64_t rows = input.dim() == 0 ? 0 : input.shape()[0];
+    if (error.empty() && splits.empty()) {
+      if (rows % size != 0) {
+        error = str_cat("SCATTER '", name, "': dim 0 (", rows,
+                        ") is not divisible by the set size (", size, ") for equal splits");
+      }
+      splits.assign(static_cast<std::size_t>(size), rows / size);
+    }
+    std::int64_t sum = 0;
+    bool negative = false;
+    for (std::int64_t split : splits) {
+      negative = negative || split < 0;
+      sum += split;
+    }
+    if (error.empty() &&
+        (splits.size() != static_cast<std::size_t>(size) || negative || sum > rows)) {
+      error = str_cat("SCATTER '", name, "': splits ", detail::shape_string(splits), " are not ",
+                      size, " non-negative row counts adding up to at most ", rows);
+    }
+    ByteWriter w;
+    w.put<std::uint8_t>(error.empty() ? 1 : 0);
+    if (!error.empty()) {
+      w.put_string(error);
+    } else {
+      w.put_vector(Shape(input.shape().begin() + 1, input.shape().end()));
+      w.put_vector(splits);
+    }
+    metadata = w.take();
+  }
+  metadata = core::broadcast_own(metadata, root_rank, "tutti.scatter." + name, set);
+  ByteReader r(metadata);
+  std::uint8_t ok = 0;
+  Shape row_dims;
+  std::vector<std::int64_t> root_splits;
+  std::string error;
+  if (!r.get(&ok)) invalid(str_cat("SCATTER '", name, "': no metadata from the root"));
+  if (ok == 0) {
+    r.get_string(&error);
+    invalid(error);
+  }
+  r.get_vector(&row_dims);
+  r.get_vector(&root_splits);
+  const std::int64_t row = num_elements(row_dims);
+  // The rows travel as a 1-d alltoall of elements: the root sends, the others send nothing;
+  // each rank's dtype goes into the negotiation, so a disagreement is Mismatch everywhere.
+  Submission submission(Collective::Alltoall, std::move(name), set.id());
+  std::vector<std::int64_t> element_splits(static_cast<std::size_t>(size), 0);
+  TensorView flat(nullptr, input.dtype(), {0}, input.device());
+  if (is_root) {
+    for (std::size_t i = 0; i < element_splits.size(); ++i)
+      element_splits[i] = root_splits[i] * row;
+    flat = TensorView(input.data(), input.dtype(), {input.num_elements()}, input.device());
+  }
+  submission.entry->request.splits = std::move(element_splits);
+  submission.add(flat, flat);
+  submission.row_dims = std::move(row_dims);
+  return submission.submit();
+}
+
+void reduce(TensorView tensor, int root_rank, std::string name, ReduceOptions options) {
+  reduce_async(tensor, root_rank, std::move(name), options).wait();
+}
+
+Tensor gather(TensorView input, int root_rank, std::string name, ProcessSet set) {
+  Handle h = gather_async(input, root_rank, std::move(name), set);
+  h.wait();
+  return h.output();
+}
+
+Tensor scatter(TensorView input, int root_rank, std::vector<std::int64_t> splits, std::string name,
+               ProcessSet set) {
+  Handle h = scatter_async(input, root_rank, std::move(splits), std::move(name), set);
+  h.wait();
+  return h.output();
+}
 
 }  // namespace tutti

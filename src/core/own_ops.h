@@ -8,11 +8,14 @@
 #include <string_view>
 #include <vector>
 
+#include "tutti/process_set.h"
+
 namespace tutti::core {
 
-// Every rank of the global set gets root_rank's `bytes` (others' are ignored). Collective and
+// Every rank of `set` gets root_rank's `bytes` (others' are ignored). Collective and
 // blocking, like broadcast_object; `name` must start with "tutti.". Throws as a broadcast does.
-std::string broadcast_own(std::string_view bytes, int root_rank, const std::string& name);
+std::string broadcast_own(std::string_view bytes, int root_rank, const std::string& name,
+                          ProcessSet set = ProcessSet::global());
 
 // Every rank of the global set gets every rank's `bytes`, by rank. Collective and blocking,
 // like allgather_object; `name` must start with "tutti.". Throws as an allgather does.

@@ -75,7 +75,8 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
     return differ("postscale factors", str_cat(first.postscale), str_cat(other.postscale),
                   first.name);
   }
-  if (first.op == Collective::Broadcast && other.root_rank != first.root_rank) {
+  // Broadcast, and the rooted ops built on allreduce and allgather (reduce, gather).
+  if (other.root_rank != first.root_rank) {
     return differ("root ranks", str_cat(first.root_rank), str_cat(other.root_rank), first.name);
   }
   if (first.op == Collective::AddProcessSet && other.set_ranks != first.set_ranks) {
@@ -131,15 +132,16 @@ std::optional<std::string> refuse_after_join(const Request& first,
       return str_cat(to_string(first.op), " '", first.name, "' cannot run while process set ",
                      first.process_set_id, " has joined ranks: ", detail::join_list(joined_ranks));
     case Collective::Broadcast:
+    case Collective::Allreduce:  // reduce() has a root; a plain allreduce has none (-1).
+    case Collective::Allgather:  // Likewise gather().
       for (int set_rank : absent) {
         if (global_ranks[static_cast<std::size_t>(set_rank)] == first.root_rank) {
-          return str_cat("BROADCAST '", first.name, "': root rank ", first.root_rank,
-                         " has joined process set ", first.process_set_id);
+          return str_cat(first.op == Collective::Broadcast ? "BROADCAST" : "rooted op", " '",
+                         first.name, "': root rank ", first.root_rank, " has joined process set ",
+                         first.process_set_id);
         }
       }
       return std::nullopt;
-    case Collective::Allreduce:
-    case Collective::Allgather:
     case Collective::Barrier:
     case Collective::Join: return std::nullopt;
   }
