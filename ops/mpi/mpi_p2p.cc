@@ -118,11 +118,16 @@ class MpiP2PChannel final : public P2PChannel {
   void abandon() override {
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       MPI_Request& request = requests_[i];
-      if (request == MPI_REQUEST_NULL) continue;
-      if (receive_[i]) {
-        MPI_Cancel(&request);
-        MPI_Wait(&request, MPI_STATUS_IGNORE);
-      } else {
+      if (request == MPI_REQUEST_NULL || !receive_[i]) continue;
+      MPI_Cancel(&request);
+      MPI_Wait(&request, MPI_STATUS_IGNORE);
+    }
+    // Before the sends are freed: an unmatched send to this rank itself is among the arrived
+    // messages, and MPICH over UCX crashes receiving a self-send whose request was freed.
+    discard_arrived();
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      MPI_Request& request = requests_[i];
+      if (request != MPI_REQUEST_NULL && !receive_[i]) {
         MPI_Request_free(&request);  // A send to a peer that is gone: let MPI drop it.
       }
     }
@@ -130,7 +135,6 @@ class MpiP2PChannel final : public P2PChannel {
     owners_.clear();
     receive_.clear();
     transfers_.clear();
-    discard_arrived();
   }
 
  private:

@@ -28,9 +28,11 @@ class [[nodiscard]] Status {
   ErrorCode code() const { return error_ ? error_->code() : ErrorCode::Internal; }
   std::string_view message() const { return error_ ? error_->what() : ""; }
 
-  // The API boundary: throws the tutti::Error unless ok().
+  // The API boundary: throws the tutti::Error unless ok(). A new Error with its own copy of
+  // the message, not a copy of the shared one: std::runtime_error's copies share a
+  // reference-counted string, and the other holders of this Status live on other threads.
   void throw_if_error() const {
-    if (error_) throw *error_;
+    if (error_) throw Error(error_->code(), error_->what());
   }
 
  private:

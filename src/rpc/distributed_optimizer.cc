@@ -306,7 +306,10 @@ DistributedOptimizer::DistributedOptimizer(const std::string& optimizer,
   Status failure;
   for (std::size_t i = 0; i < futures.size(); ++i) {
     const Result<Message>& result = futures[i]->wait();
-    detail::ByteReader reader(result.ok() ? result.value().bytes : std::string());
+    // A view of the reply itself: `ok ? bytes : std::string()` would be a temporary copy that
+    // dies before the reads (ASan found that).
+    detail::ByteReader reader(result.ok() ? std::string_view(result.value().bytes)
+                                          : std::string_view());
     std::uint64_t id = 0;
     if (result.ok() && reader.get(&id) && reader.finished()) {
       remotes_.push_back(Remote{.owner = owners[i], .id = id});

@@ -14,7 +14,7 @@ env = dict(os.environ, TUTTI_STALL_CHECK_TIME_SECONDS="1", TUTTI_STALL_SHUTDOWN_
            TUTTI_EXIT_GRACE_SECONDS="3")
 start = time.monotonic()
 try:
-    run = subprocess.run([mpiexec, "-n", np, "--oversubscribe", program], env=env,
+    run = subprocess.run([mpiexec, "-n", np, program], env=env,
                          capture_output=True, text=True, timeout=90)
 except subprocess.TimeoutExpired:
     print("FAIL: the job did not end within 90 s")

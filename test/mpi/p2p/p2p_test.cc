@@ -324,8 +324,10 @@ TEST_CASE("a message nobody received does not reach the next session", "[p2p]") 
   std::vector<float> got(3);
   {
     Session session;
-    isend(TensorView(old_value.data(), {3}), right(), 13).wait();
-    MPI_Barrier(MPI_COMM_WORLD);  // It has arrived; shutdown() drops it.
+    // Not waited for: MPI may complete a send only once it is matched (MPICH does so for a
+    // send to the rank itself), and this one never is. shutdown() drops it.
+    Handle unmatched = isend(TensorView(old_value.data(), {3}), right(), 13);
+    MPI_Barrier(MPI_COMM_WORLD);
   }
   Session session;
   Handle s = isend(TensorView(new_value.data(), {3}), right(), 13);
