@@ -194,7 +194,7 @@ double p4() {
 
 struct Options {
   bool cuda = false;  // --device cuda.
-  std::string grads_path = "../shared/bench/resnet50_grads.txt";
+  std::string grads_path = TUTTI_RESNET50_GRADS;  // examples/data, set by Meson.
   int repeats = 5;
   int kernel_repeats = 50;
   bool sweep = false;

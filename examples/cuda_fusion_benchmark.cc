@@ -36,7 +36,7 @@ std::vector<std::size_t> read_grads(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string grads_path = "../shared/bench/resnet50_grads.txt";
+  std::string grads_path = TUTTI_RESNET50_GRADS;  // examples/data, set by Meson.
   int repeats = 50;
   int device_index = 0;
   for (int i = 1; i < argc; ++i) {
