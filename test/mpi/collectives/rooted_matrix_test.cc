@@ -22,8 +22,9 @@ struct Data {
   Shape shape;
   std::vector<std::byte> bytes;
   Data(DataType type, Shape s, const std::vector<double>& values)
-      : dtype(type), shape(std::move(s)), bytes(std::max<std::size_t>(1, values.size() *
-                                                                             element_size(type))) {
+      : dtype(type),
+        shape(std::move(s)),
+        bytes(std::max<std::size_t>(1, values.size() * element_size(type))) {
     for (std::size_t i = 0; i < values.size(); ++i)
       store(bytes.data() + i * element_size(dtype), dtype, values[i]);
   }
@@ -38,15 +39,22 @@ double element(int s, int i, ReduceOp op, DataType dtype) {
 }
 
 // The closed form of reduce over `members` (global ranks) for element i.
-double reduced(const std::vector<int>& members, int i, ReduceOp op, DataType dtype,
-               double prescale, double postscale) {
-  double acc = op == ReduceOp::Product ? 1 : op == ReduceOp::Min ? 1e9 : op == ReduceOp::Max ? -1e9 : 0;
+double reduced(const std::vector<int>& members, int i, ReduceOp op, DataType dtype, double prescale,
+               double postscale) {
+  double acc = op == ReduceOp::Product ? 1
+               : op == ReduceOp::Min   ? 1e9
+               : op == ReduceOp::Max   ? -1e9
+                                       : 0;
   for (int s : members) {
     const double x = element(s, i, op, dtype);
-    if (op == ReduceOp::Product) acc *= x;
-    else if (op == ReduceOp::Min) acc = std::min(acc, x);
-    else if (op == ReduceOp::Max) acc = std::max(acc, x);
-    else acc += prescale * x;
+    if (op == ReduceOp::Product)
+      acc *= x;
+    else if (op == ReduceOp::Min)
+      acc = std::min(acc, x);
+    else if (op == ReduceOp::Max)
+      acc = std::max(acc, x);
+    else
+      acc += prescale * x;
   }
   if (op != ReduceOp::Sum && op != ReduceOp::Average) return acc;
   acc = acc * postscale / (op == ReduceOp::Average ? static_cast<double>(members.size()) : 1.0);
@@ -73,12 +81,12 @@ void check_reduce(const std::vector<int>& members, const ProcessSet& set, int ro
   constexpr int kCount = 7;
   const std::vector<double> mine = rank_values(me, kCount, op, dtype);
   Data data(dtype, {kCount}, mine);
-  const std::string tag = std::string(to_string(dtype)) + " op " +
-                          std::to_string(static_cast<int>(op)) + " root " + std::to_string(root) +
-                          " scale " + std::to_string(prescale) + "/" + std::to_string(postscale);
-  reduce(data.view(), root, "matrix.reduce",
-         {.op = op, .prescale_factor = prescale, .postscale_factor = postscale,
-          .process_set = set});
+  const std::string tag = std::string(to_string(dtype)) + " " + std::string(to_string(op)) +
+                          " root " + std::to_string(root) + " scale " + std::to_string(prescale) +
+                          "/" + std::to_string(postscale);
+  reduce(
+      data.view(), root, "matrix.reduce",
+      {.op = op, .prescale_factor = prescale, .postscale_factor = postscale, .process_set = set});
   std::vector<double> expected = mine;
   if (me == root) {
     for (int i = 0; i < kCount; ++i)
@@ -128,8 +136,8 @@ double gather_value(int s, std::int64_t k, int j, DataType dtype) {
   return static_cast<double>((16 * s + 4 * k + j) % 100);
 }
 
-void check_gather(const std::vector<int>& members, const ProcessSet& set, int root,
-                  DataType dtype, Failures& failures) {
+void check_gather(const std::vector<int>& members, const ProcessSet& set, int root, DataType dtype,
+                  Failures& failures) {
   const int me = world_rank();
   std::vector<double> mine;
   for (std::int64_t k = 0; k < gather_rows(me); ++k)
@@ -166,8 +174,8 @@ TEST_CASE("gather: every dtype and root, uneven rows, zero rows on some ranks",
 
 // The root's input: rows 0.. of 2 values (7 k + j) % 100; set-rank i gets splits[i] rows,
 // set-rank 0 none, the rest i + 1 each, and one row more than needed is left unsent.
-void check_scatter(const std::vector<int>& members, const ProcessSet& set, int root,
-                   DataType dtype, Failures& failures) {
+void check_scatter(const std::vector<int>& members, const ProcessSet& set, int root, DataType dtype,
+                   Failures& failures) {
   const int me = world_rank();
   const int n = static_cast<int>(members.size());
   std::vector<std::int64_t> splits;
@@ -226,27 +234,26 @@ TEST_CASE("rooted ops: a disputed shape or dtype is Mismatch on every rank", "[r
                   }) == ErrorCode::Mismatch));
   // reduce: rank 0 float64, the others float32 (the same bytes reinterpreted).
   CHECK(all_ranks(error_of([&] {
-                    reduce(TensorView(v.data(), me == 0 ? DataType::Float64 : DataType::Float32,
-                                      {2}),
-                           world_size() - 1, "mm.reduce.dtype", {.op = ReduceOp::Sum});
+                    reduce(
+                        TensorView(v.data(), me == 0 ? DataType::Float64 : DataType::Float32, {2}),
+                        world_size() - 1, "mm.reduce.dtype", {.op = ReduceOp::Sum});
                   }) == ErrorCode::Mismatch));
   // gather: trailing dims differ.
-  CHECK(all_ranks(error_of([&] {
-                    static_cast<void>(gather(TensorView(v.data(), {1, me == 0 ? 2 : 3}), 1,
-                                             "mm.gather.shape"));
-                  }) == ErrorCode::Mismatch));
+  CHECK(all_ranks(
+      error_of([&] {
+        static_cast<void>(gather(TensorView(v.data(), {1, me == 0 ? 2 : 3}), 1, "mm.gather.shape"));
+      }) == ErrorCode::Mismatch));
   // gather: dtypes differ.
   CHECK(all_ranks(error_of([&] {
                     static_cast<void>(gather(
-                        TensorView(v.data(), me == 0 ? DataType::Float64 : DataType::Int64, {2}),
-                        0, "mm.gather.dtype"));
+                        TensorView(v.data(), me == 0 ? DataType::Float64 : DataType::Int64, {2}), 0,
+                        "mm.gather.dtype"));
                   }) == ErrorCode::Mismatch));
   // scatter: a non-root names another dtype than the root's.
   CHECK(all_ranks(error_of([&] {
-                    static_cast<void>(scatter(
-                        me == 0 ? TensorView(v.data(), {world_size(), 1})
-                                : TensorView(nullptr, DataType::Int32, {0}),
-                        0, {}, "mm.scatter.dtype"));
+                    static_cast<void>(scatter(me == 0 ? TensorView(v.data(), {world_size(), 1})
+                                                      : TensorView(nullptr, DataType::Int32, {0}),
+                                              0, {}, "mm.scatter.dtype"));
                   }) == ErrorCode::Mismatch));
   // Still usable afterwards.
   std::vector<double> after(2, 1.0);
@@ -292,8 +299,7 @@ TEST_CASE("rooted ops with a joined rank", "[rooted][join]") {
       for (int s : others)
         for (std::int64_t k = 0; k < gather_rows(s); ++k)
           for (int j = 0; j < 3; ++j) all.push_back(gather_value(s, k, j, DataType::Int32));
-      failures.expect_equal(compare_values(values_of(out), all, DataType::Int32),
-                            tag + ": gather");
+      failures.expect_equal(compare_values(values_of(out), all, DataType::Int32), tag + ": gather");
     }
     // A joined root, and any scatter, are InvalidArgument from wait().
     std::vector<float> v(static_cast<std::size_t>(n), 1.0f);
@@ -303,13 +309,13 @@ TEST_CASE("rooted ops with a joined rank", "[rooted][join]") {
     Handle g = gather_async(TensorView(v.data(), {n}), first, "join.gather.root");
     failures.check(error_of([&] { g.wait(); }) == ErrorCode::InvalidArgument,
                    tag + ": gather at the joined root");
-    failures.check(error_of([&] {
-                     static_cast<void>(scatter(me == root ? TensorView(v.data(), {n})
-                                                          : TensorView(nullptr, DataType::Float32,
-                                                                       {0}),
-                                               root, {}, "join.scatter"));
-                   }) == ErrorCode::InvalidArgument,
-                   tag + ": scatter while a rank has joined");
+    failures.check(
+        error_of([&] {
+          static_cast<void>(scatter(
+              me == root ? TensorView(v.data(), {n}) : TensorView(nullptr, DataType::Float32, {0}),
+              root, {}, "join.scatter"));
+        }) == ErrorCode::InvalidArgument,
+        tag + ": scatter while a rank has joined");
     static_cast<void>(join());
   }
   INFO(failures.first());
@@ -344,8 +350,7 @@ TEST_CASE("rooted ops on process sets: global roots, members only", "[rooted][pr
                  "root outside the set");
   const ProcessSet& other_set = world_rank() % 2 == 0 ? set_odd : set_even;
   failures.check(error_of([&] {
-                   gather_async(TensorView(v.data(), {2}), others.front(), "not.member",
-                                other_set);
+                   gather_async(TensorView(v.data(), {2}), others.front(), "not.member", other_set);
                  }) == ErrorCode::InvalidArgument,
                  "a set this rank is not in");
   INFO(failures.first());
