@@ -256,6 +256,65 @@ TEST_CASE("allgather, broadcast, alltoall and reducescatter of CUDA tensors", "[
   CHECK(all_ranks(check.ok));
 }
 
+TEST_CASE("reduce, gather and scatter of CUDA tensors at every root", "[cuda][rooted]") {
+  Session session;
+  const int size = world_size();
+  const int me = world_rank();
+  Checks check;
+  for (int root = 0; root < size; ++root) {
+    const std::string at = " root " + std::to_string(root);
+    // reduce: only the root's tensor changes.
+    for (const ReduceCase& c : kReduceCases) {
+      const std::vector<double> mine = rank_values(me, 0, 1027);
+      Tensor t = device_tensor(mine, c.dtype, {1027});
+      reduce(t, root, "rd",
+             {.op = c.op, .prescale_factor = c.prescale, .postscale_factor = c.postscale});
+      const std::vector<double> got = device_values(t);
+      bool good = true;
+      for (std::int64_t i = 0; i < 1027; ++i) {
+        const double expected =
+            me == root ? reduced(c, size, i) : mine[static_cast<std::size_t>(i)];
+        good = good && close_to(got[static_cast<std::size_t>(i)], expected, c.dtype);
+      }
+      check(good, "reduce " + describe(c, 1027) + at);
+    }
+    // gather: rank r gives r rows of 3 (rank 0 none).
+    const Tensor gathered =
+        gather(device_tensor(rank_values(me, 0, 3 * me), DataType::Float32, {me, 3}), root, "ga");
+    if (me == root) {
+      std::vector<double> expected;
+      for (int r = 0; r < size; ++r) {
+        const std::vector<double> part = rank_values(r, 0, 3 * r);
+        expected.insert(expected.end(), part.begin(), part.end());
+      }
+      check(gathered.device() == test_device() && device_values(gathered) == expected &&
+                gathered.shape() == Shape{size * (size - 1) / 2, 3},
+            "gather" + at);
+    } else {
+      check(gathered.num_elements() == 0 && gathered.data() == nullptr, "gather non-root" + at);
+    }
+    // scatter: set-rank i gets i rows of 2 (set-rank 0 none) of the root's rows 0, 1, ...
+    std::vector<std::int64_t> splits;
+    std::int64_t rows = 0;
+    for (int i = 0; i < size; ++i) {
+      splits.push_back(i);
+      rows += i;
+    }
+    std::vector<double> input;
+    for (std::int64_t k = 0; k < 2 * rows; ++k) input.push_back(static_cast<double>(k % 97));
+    const Tensor part = scatter(me == root ? device_tensor(input, DataType::Int32, {rows, 2})
+                                           : device_tensor({}, DataType::Int32, {0}),
+                                root, splits, "sc");
+    const std::int64_t first = me * (me - 1) / 2;
+    std::vector<double> expected(input.begin() + 2 * first, input.begin() + 2 * (first + me));
+    check(part.device() == test_device() && part.shape() == Shape{me, 2} &&
+              device_values(part) == expected,
+          "scatter" + at);
+  }
+  INFO(check.first);
+  CHECK(all_ranks(check.ok));
+}
+
 TEST_CASE("CUDA collectives on a process set, and after it is removed", "[cuda][process_set]") {
   if (world_size() < 2) return;  // The even ranks would be the global set.
   Session session;
