@@ -106,8 +106,7 @@ TensorView view(const torch::Tensor& tensor) {
   const std::optional<DataType> dtype = tutti_type(tensor.scalar_type());
   if (!dtype) {
     detail::throw_invalid_argument("tutti::libtorch::view: dtype ",
-                                   c10::toString(tensor.scalar_type()),
-                                   " has no Tutti DataType");
+                                   c10::toString(tensor.scalar_type()), " has no Tutti DataType");
   }
   if (!tensor.is_contiguous()) {
     detail::throw_invalid_argument("tutti::libtorch::view: the tensor is non-contiguous (sizes ",
@@ -161,9 +160,8 @@ void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& 
   for (auto& [dtype, views] : by_type) {
     std::vector<Handle> handles;
     for (std::size_t i = 0; i < views.size(); ++i) {
-      handles.push_back(broadcast_async(views[i], root_rank,
-                                        "libtorch.broadcast_parameters." + names[dtype][i],
-                                        process_set));
+      handles.push_back(broadcast_async(
+          views[i], root_rank, "libtorch.broadcast_parameters." + names[dtype][i], process_set));
     }
     wait_all(handles);
   }
@@ -185,7 +183,8 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank
       optimizer.param_groups()[g].options().serialize(group);
       archive.write("group/" + std::to_string(g), group);
     }
-    archive.write("groups", torch::tensor(static_cast<std::int64_t>(optimizer.param_groups().size())));
+    archive.write("groups",
+                  torch::tensor(static_cast<std::int64_t>(optimizer.param_groups().size())));
     std::ostringstream out;
     archive.save_to(out);
     bytes = out.str();
@@ -258,7 +257,8 @@ struct DistributedOptimizer::State {
   }
 
   c10::ScalarType wire_type(const torch::Tensor& grad) const {
-    const bool wide = grad.scalar_type() == torch::kFloat32 || grad.scalar_type() == torch::kFloat64;
+    const bool wide =
+        grad.scalar_type() == torch::kFloat32 || grad.scalar_type() == torch::kFloat64;
     if (wide && options.compression == Compression::FP16) return torch::kFloat16;
     if (wide && options.compression == Compression::BF16) return torch::kBFloat16;
     return grad.scalar_type();
@@ -430,7 +430,8 @@ DistributedOptimizer::DistributedOptimizer(
   const std::string group_prefix = "DistributedOptimizer.grouped_allreduce.";
   std::vector<bool> grouped(n, false);
   if (s.options.num_groups > 0 && n > 0) {
-    const std::size_t count = std::min<std::size_t>(static_cast<std::size_t>(s.options.num_groups), n);
+    const std::size_t count =
+        std::min<std::size_t>(static_cast<std::size_t>(s.options.num_groups), n);
     const std::size_t base = n / count;
     const std::size_t extra = n % count;
     std::size_t next = 0;
@@ -449,7 +450,8 @@ DistributedOptimizer::DistributedOptimizer(
     for (std::size_t i = 0; i < n; ++i) by_name.emplace(s.names[i], i);
     for (std::size_t g = 0; g < s.options.groups.size(); ++g) {
       const std::vector<std::string>& group = s.options.groups[g];
-      if (group.empty()) detail::throw_invalid_argument("DistributedOptimizer: group ", g, " is empty");
+      if (group.empty())
+        detail::throw_invalid_argument("DistributedOptimizer: group ", g, " is empty");
       std::vector<std::size_t> members;
       for (const std::string& name : group) {
         const auto it = by_name.find(name);
@@ -458,8 +460,8 @@ DistributedOptimizer::DistributedOptimizer(
                                          "', which is not a parameter of the optimizer");
         }
         if (grouped[it->second]) {
-          detail::throw_invalid_argument("DistributedOptimizer: duplicate name: parameter '",
-                                         name, "' appears more than once in groups");
+          detail::throw_invalid_argument("DistributedOptimizer: duplicate name: parameter '", name,
+                                         "' appears more than once in groups");
         }
         grouped[it->second] = true;
         members.push_back(it->second);

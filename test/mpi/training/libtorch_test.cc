@@ -107,8 +107,8 @@ OptimizerFactory adam() {
 // (backward_passes_per_step on the distributed side, plain accumulation on the reference).
 double train_both(const std::function<torch::nn::Sequential()>& make,
                   const std::vector<std::int64_t>& sample_shape, torch::Dtype dtype,
-                  const OptimizerFactory& make_optimizer, DistributedOptions options,
-                  int steps = 3, int passes = 1) {
+                  const OptimizerFactory& make_optimizer, DistributedOptions options, int steps = 3,
+                  int passes = 1) {
   torch::nn::Sequential reference = make();
   torch::nn::Sequential model = make();
   std::unique_ptr<torch::optim::Optimizer> reference_opt = make_optimizer(reference->parameters());
@@ -257,7 +257,8 @@ TEST_CASE("LibTorch: a parameter without a gradient gets zeros and contributes z
   used->to(torch::kFloat64);
   rank0_only->to(torch::kFloat64);
   torch::OrderedDict<std::string, torch::Tensor> named;
-  for (const auto& item : used->named_parameters()) named.insert("used." + item.key(), item.value());
+  for (const auto& item : used->named_parameters())
+    named.insert("used." + item.key(), item.value());
   for (const auto& item : rank0_only->named_parameters()) {
     named.insert("rank0_only." + item.key(), item.value());
   }
@@ -287,8 +288,8 @@ TEST_CASE("LibTorch: a parameter without a gradient gets zeros and contributes z
 TEST_CASE("LibTorch: broadcast_optimizer_state equalizes state and hyper-parameters",
           "[libtorch]") {
   Session session;
-  using Make = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>,
-                                                                      double)>;
+  using Make =
+      std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>, double)>;
   const std::vector<std::pair<std::string, Make>> optimizers = {
       {"SGD",
        [](std::vector<torch::Tensor> p, double lr) {
@@ -301,8 +302,7 @@ TEST_CASE("LibTorch: broadcast_optimizer_state equalizes state and hyper-paramet
        }},
       {"AdamW",
        [](std::vector<torch::Tensor> p, double lr) {
-         return std::make_unique<torch::optim::AdamW>(std::move(p),
-                                                      torch::optim::AdamWOptions(lr));
+         return std::make_unique<torch::optim::AdamW>(std::move(p), torch::optim::AdamWOptions(lr));
        }},
       {"RMSprop",
        [](std::vector<torch::Tensor> p, double lr) {
@@ -385,8 +385,11 @@ TEST_CASE("LibTorch: view, to_torch and broadcast_parameters of parameters and b
 TEST_CASE("LibTorch: bad inputs are InvalidArgument naming the problem", "[libtorch]") {
   Session session;
   std::string message;
-  CHECK(error_of([] { libtorch::view(torch::ones({3, 4}).t()); }, &message) ==
-        ErrorCode::InvalidArgument);
+  CHECK(error_of(
+            [] {
+              libtorch::view(torch::ones({3, 4}).t());
+            },
+            &message) == ErrorCode::InvalidArgument);
   CHECK(message.find("non-contiguous") != std::string::npos);
   CHECK(error_of([] { libtorch::view(torch::ones({2}, torch::kComplexFloat)); }, &message) ==
         ErrorCode::InvalidArgument);
