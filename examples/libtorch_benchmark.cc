@@ -28,12 +28,12 @@ namespace {
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(std::int64_t channels)
       : conv1(register_module(
-            "conv1",
-            torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, channels, 3).padding(1).bias(false)))),
+            "conv1", torch::nn::Conv2d(
+                         torch::nn::Conv2dOptions(channels, channels, 3).padding(1).bias(false)))),
         bn1(register_module("bn1", torch::nn::BatchNorm2d(channels))),
         conv2(register_module(
-            "conv2",
-            torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, channels, 3).padding(1).bias(false)))),
+            "conv2", torch::nn::Conv2d(
+                         torch::nn::Conv2dOptions(channels, channels, 3).padding(1).bias(false)))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(channels))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
@@ -50,7 +50,8 @@ TORCH_MODULE(Block);
 
 struct ResNetImpl : torch::nn::Module {
   ResNetImpl(std::int64_t channels, int blocks)
-      : stem(register_module("stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, channels, 3).padding(1)))),
+      : stem(register_module(
+            "stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, channels, 3).padding(1)))),
         head(register_module("head", torch::nn::Linear(channels, 10))) {
     for (int b = 0; b < blocks; ++b) body->push_back(Block(channels));
     register_module("body", body);
@@ -101,8 +102,9 @@ int main(int argc, char** argv) {
     } else if (flag == "--iters") {
       iters = value;
     } else {
-      std::fprintf(stderr, "usage: libtorch_benchmark [--batch-size B] [--channels C] "
-                           "[--blocks N] [--warmup W] [--iters I]\n");
+      std::fprintf(stderr,
+                   "usage: libtorch_benchmark [--batch-size B] [--channels C] "
+                   "[--blocks N] [--warmup W] [--iters I]\n");
       return 2;
     }
   }
@@ -132,7 +134,8 @@ int main(int argc, char** argv) {
         sgd.zero_grad();
         backward();
         std::vector<tutti::TensorView> views;
-        for (const torch::Tensor& p : model->parameters()) views.push_back(tutti::libtorch::view(p.grad()));
+        for (const torch::Tensor& p : model->parameters())
+          views.push_back(tutti::libtorch::view(p.grad()));
         tutti::grouped_allreduce(std::move(views), "libtorch_benchmark.after_backward");
         sgd.step();
       },
@@ -153,10 +156,11 @@ int main(int argc, char** argv) {
   if (tutti::rank() == 0) {
     std::size_t count = 0;
     for (const torch::Tensor& p : model->parameters()) count += static_cast<std::size_t>(p.numel());
-    std::printf("libtorch_benchmark: %d ranks, ResNet-style %d blocks x %lld channels, %zu "
-                "parameters, batch %lld per rank, 32x32 inputs\n",
-                tutti::size(), blocks, static_cast<long long>(channels), count,
-                static_cast<long long>(batch_size));
+    std::printf(
+        "libtorch_benchmark: %d ranks, ResNet-style %d blocks x %lld channels, %zu "
+        "parameters, batch %lld per rank, 32x32 inputs\n",
+        tutti::size(), blocks, static_cast<long long>(channels), count,
+        static_cast<long long>(batch_size));
     std::printf("scaling efficiency (nocomm / tutti): %.1f%%\n", 100.0 * nocomm_ms / tutti_ms);
     std::printf("P9 tutti_ms=%.2f nocomm_ms=%.2f after_backward_ms=%.2f\n", tutti_ms, nocomm_ms,
                 after_backward_ms);

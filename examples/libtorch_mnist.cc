@@ -76,8 +76,10 @@ class Images : public torch::data::datasets::Dataset<Images> {
 
 struct NetImpl : torch::nn::Module {
   NetImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
+      : conv1(register_module("conv1",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)))),
+        conv2(register_module("conv2",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
         fc1(register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128))),
         fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
 
@@ -117,13 +119,14 @@ int main(int argc, char** argv) {
     } else if (flag == "--limit") {
       limit = std::stoll(value);
     } else {
-      std::fprintf(stderr, "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] "
-                           "[--data-dir DIR] [--limit N]\n");
+      std::fprintf(stderr,
+                   "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] "
+                   "[--data-dir DIR] [--limit N]\n");
       return 2;
     }
   }
 
-  tutti::init();  // Tutti (1/4)
+  tutti::init();              // Tutti (1/4)
   torch::set_num_threads(1);  // One core per rank.
   const std::string dir = plain_idx_dir(data_dir);
   if (dir.empty()) {
@@ -151,8 +154,8 @@ int main(int argc, char** argv) {
   torch::manual_seed(static_cast<std::uint64_t>(tutti::rank()) + 1);  // Broadcast fixes it.
   Net model;
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(lr));
-  tutti::libtorch::broadcast_parameters(model->named_parameters(), 0);      // Tutti (2/4)
-  tutti::libtorch::broadcast_optimizer_state(adam, 0);                      // Tutti (3/4)
+  tutti::libtorch::broadcast_parameters(model->named_parameters(), 0);               // Tutti (2/4)
+  tutti::libtorch::broadcast_optimizer_state(adam, 0);                               // Tutti (3/4)
   tutti::libtorch::DistributedOptimizer optimizer(adam, model->named_parameters());  // (4/4)
 
   const auto start = std::chrono::steady_clock::now();
@@ -163,8 +166,8 @@ int main(int argc, char** argv) {
     int batches = 0;
     for (auto& batch : *loader) {
       optimizer.zero_grad();
-      torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(batch.data),
-                                                                batch.target);
+      torch::Tensor loss =
+          torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
       loss.backward();
       optimizer.step();
       loss_sum += loss.item<double>();
@@ -188,8 +191,8 @@ int main(int argc, char** argv) {
   {
     torch::NoGradGuard no_grad;
     model->eval();
-    const torch::Tensor x = torch::data::transforms::Normalize<>(0.2860, 0.3530)(
-        test_set.images().slice(0, begin, end));
+    const torch::Tensor x = torch::data::transforms::Normalize<>(
+        0.2860, 0.3530)(test_set.images().slice(0, begin, end));
     const torch::Tensor predicted = model->forward(x).argmax(1);
     counts[0] = predicted.eq(test_set.targets().slice(0, begin, end)).sum().item<double>();
     counts[1] = static_cast<double>(end - begin);
