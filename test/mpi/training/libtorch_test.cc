@@ -1,0 +1,430 @@
+// SPDX-License-Identifier: Apache-2.0
+// The LibTorch adapter at 1-4 ranks against single-process oracles computed on every rank
+// with plain LibTorch: N ranks on shards of a batch must end where one process on the whole
+// batch ends. Every check after a collective is CHECK(all_ranks(...)) (Note [Collective
+// assertions] in test/support/mpi_test_util.h). One translation unit: Torch's headers are slow.
+#include "tutti/libtorch.h"
+
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test/mpi/training/capture_stderr.h"
+#include "test/mpi/training/training_test_util.h"
+#include "test/support/error_of.h"
+#include "test/support/mpi_test_util.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+using libtorch::DistributedOptimizer;
+using optim::DistributedOptions;
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+constexpr std::int64_t kBatch = 12;  // Divisible by 1, 2, 3 and 4 ranks.
+
+torch::nn::Sequential make_mlp(torch::Dtype dtype) {
+  torch::manual_seed(1);
+  torch::nn::Sequential model(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+  model->to(dtype);
+  return model;
+}
+
+torch::nn::Sequential make_cnn(torch::Dtype dtype) {
+  torch::manual_seed(2);
+  torch::nn::Sequential model(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)),
+                              torch::nn::ReLU(), torch::nn::Flatten(),
+                              torch::nn::Linear(4 * 4 * 4, 3));
+  model->to(dtype);
+  return model;
+}
+
+struct Batch {
+  torch::Tensor x;
+  torch::Tensor y;
+};
+
+// The whole batch of step `step`, identical on every rank.
+Batch whole_batch(const std::vector<std::int64_t>& sample_shape, torch::Dtype dtype, int step) {
+  torch::manual_seed(100 + step);
+  std::vector<std::int64_t> shape{kBatch};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  return {torch::randn(shape).to(dtype), torch::randint(0, 3, {kBatch}, torch::kLong)};
+}
+
+// This rank's shard of `batch`.
+Batch shard(const Batch& batch) {
+  const std::int64_t per_rank = kBatch / world_size();
+  const std::int64_t begin = per_rank * world_rank();
+  return {batch.x.slice(0, begin, begin + per_rank), batch.y.slice(0, begin, begin + per_rank)};
+}
+
+torch::Tensor loss_of(torch::nn::Sequential& model, const Batch& batch) {
+  return torch::nn::functional::cross_entropy(model->forward(batch.x), batch.y);
+}
+
+double max_difference(torch::nn::Sequential& a, torch::nn::Sequential& b) {
+  double worst = 0;
+  const std::vector<torch::Tensor> pa = a->parameters();
+  const std::vector<torch::Tensor> pb = b->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>());
+  }
+  return worst;
+}
+
+OptimizerFactory sgd_momentum() {
+  return [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(std::move(p),
+                                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  };
+}
+
+OptimizerFactory sgd_nesterov() {
+  return [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(
+        std::move(p), torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true));
+  };
+}
+
+OptimizerFactory adam() {
+  return [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::Adam>(std::move(p), torch::optim::AdamOptions(0.01));
+  };
+}
+
+// Trains a reference on whole batches and a distributed copy on shards for `steps` steps and
+// returns the largest parameter difference. `passes` micro-batches per step are accumulated
+// (backward_passes_per_step on the distributed side, plain accumulation on the reference).
+double train_both(const std::function<torch::nn::Sequential()>& make,
+                  const std::vector<std::int64_t>& sample_shape, torch::Dtype dtype,
+                  const OptimizerFactory& make_optimizer, DistributedOptions options, int steps = 3,
+                  int passes = 1) {
+  torch::nn::Sequential reference = make();
+  torch::nn::Sequential model = make();
+  std::unique_ptr<torch::optim::Optimizer> reference_opt = make_optimizer(reference->parameters());
+  std::unique_ptr<torch::optim::Optimizer> inner = make_optimizer(model->parameters());
+  options.backward_passes_per_step = passes;
+  DistributedOptimizer opt(*inner, model->named_parameters(), options);
+  for (int step = 0; step < steps; ++step) {
+    reference_opt->zero_grad();
+    opt.zero_grad();
+    for (int pass = 0; pass < passes; ++pass) {
+      const Batch batch = whole_batch(sample_shape, dtype, step * passes + pass);
+      loss_of(reference, batch).backward();
+      loss_of(model, shard(batch)).backward();
+    }
+    reference_opt->step();
+    opt.step();
+  }
+  return max_difference(reference, model);
+}
+
+TEST_CASE("LibTorch: N ranks on shards equal one process on the whole batch (MLP, CNN)",
+          "[libtorch]") {
+  Session session;
+  const auto mlp = [] { return make_mlp(torch::kFloat64); };
+  const auto cnn = [] { return make_cnn(torch::kFloat64); };
+  for (const OptimizerFactory& factory : {sgd_momentum(), sgd_nesterov(), adam()}) {
+    CHECK(all_ranks(train_both(mlp, {6}, torch::kFloat64, factory, {}) < 1e-5));
+    CHECK(all_ranks(train_both(cnn, {1, 6, 6}, torch::kFloat64, factory, {}) < 1e-5));
+  }
+  // Groups, predivision and Sum (with a loss scaled to make Sum an average) follow the same
+  // path through other options.
+  DistributedOptions grouped;
+  grouped.num_groups = 2;
+  CHECK(all_ranks(train_both(mlp, {6}, torch::kFloat64, sgd_momentum(), grouped) < 1e-5));
+  DistributedOptions named;
+  named.groups = {{"0.weight", "3.bias"}};
+  CHECK(all_ranks(train_both(cnn, {1, 6, 6}, torch::kFloat64, adam(), named) < 1e-5));
+  DistributedOptions predivide;
+  predivide.gradient_predivide_factor = 2.0;
+  CHECK(all_ranks(train_both(mlp, {6}, torch::kFloat64, sgd_nesterov(), predivide) < 1e-5));
+}
+
+TEST_CASE("LibTorch: FP16 and BF16 compression stay close to the whole batch", "[libtorch]") {
+  Session session;
+  const auto mlp = [] { return make_mlp(torch::kFloat32); };
+  for (const Compression compression : {Compression::FP16, Compression::BF16}) {
+    DistributedOptions options;
+    options.compression = compression;
+    CHECK(all_ranks(train_both(mlp, {6}, torch::kFloat32, sgd_momentum(), options) < 1e-2));
+  }
+}
+
+TEST_CASE("LibTorch: backward_passes_per_step = 3 equals local accumulation", "[libtorch]") {
+  Session session;
+  const auto mlp = [] { return make_mlp(torch::kFloat64); };
+  CHECK(all_ranks(train_both(mlp, {6}, torch::kFloat64, sgd_momentum(), {}, 2, 3) < 1e-5));
+
+  // A fourth pass before step() is refused from backward().
+  torch::nn::Sequential model = make_mlp(torch::kFloat64);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  DistributedOptions options;
+  options.backward_passes_per_step = 3;
+  DistributedOptimizer opt(sgd, model->named_parameters(), options);
+  const Batch batch = shard(whole_batch({6}, torch::kFloat64, 0));
+  for (int pass = 0; pass < 3; ++pass) loss_of(model, batch).backward();
+  std::string message;
+  bool refused = false;
+  try {
+    loss_of(model, batch).backward();
+  } catch (const std::exception& e) {
+    refused = true;
+    message = e.what();
+  }
+  CHECK(refused);
+  CHECK(message.find("backward_passes_per_step is 3") != std::string::npos);
+  opt.step();
+}
+
+TEST_CASE("LibTorch: the hooks start reductions mid-backward", "[libtorch]") {
+  Session session;
+  torch::nn::Sequential model = make_mlp(torch::kFloat64);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  DistributedOptimizer opt(sgd, model->named_parameters());
+  // The first layer's weight is accumulated after the last layer's gradients; a post hook
+  // registered after the optimizer's runs after it.
+  int started_then = -1;
+  torch::autograd::impl::grad_accumulator(model->parameters()[0])
+      ->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [&](const torch::autograd::variable_list& outputs,
+              const torch::autograd::variable_list&) {
+            started_then = opt.reductions_started();
+            return outputs;
+          }));
+  loss_of(model, shard(whole_batch({6}, torch::kFloat64, 0))).backward();
+  CHECK(started_then >= 3);  // Both of layer 2's and layer 1's weight.
+  CHECK(opt.reductions_started() == 4);
+  opt.step();
+  CHECK(opt.reductions_started() == 0);
+}
+
+TEST_CASE("LibTorch: clipping through synchronize() and skip_synchronize(); the one warning",
+          "[libtorch]") {
+  Session session;
+  torch::nn::Sequential reference = make_mlp(torch::kFloat64);
+  torch::nn::Sequential model = make_mlp(torch::kFloat64);
+  torch::optim::SGD reference_opt(reference->parameters(), 0.5);
+  torch::optim::SGD sgd(model->parameters(), 0.5);
+  DistributedOptimizer opt(sgd, model->named_parameters());
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = whole_batch({6}, torch::kFloat64, step);
+    reference_opt.zero_grad();
+    loss_of(reference, batch).backward();
+    torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.05);
+    reference_opt.step();
+    opt.zero_grad();
+    loss_of(model, shard(batch)).backward();
+    opt.synchronize();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), 0.05);
+    auto guard = opt.skip_synchronize();
+    opt.step();
+  }
+  CHECK(all_ranks(max_difference(reference, model) < 1e-5));
+
+  CaptureStderr capture;
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    loss_of(model, shard(whole_batch({6}, torch::kFloat64, step))).backward();
+    opt.synchronize();
+    opt.step();  // Without the guard: warned once.
+  }
+  const std::string text = capture.text();
+  std::size_t count = 0;
+  for (std::size_t at = text.find("without skip_synchronize"); at != std::string::npos;
+       at = text.find("without skip_synchronize", at + 1)) {
+    ++count;
+  }
+  CHECK(all_ranks(count == 1));
+}
+
+TEST_CASE("LibTorch: a parameter without a gradient gets zeros and contributes zeros",
+          "[libtorch]") {
+  Session session;
+  torch::manual_seed(3);
+  torch::nn::Linear used(4, 2);
+  torch::nn::Linear rank0_only(4, 2);
+  used->to(torch::kFloat64);
+  rank0_only->to(torch::kFloat64);
+  torch::OrderedDict<std::string, torch::Tensor> named;
+  for (const auto& item : used->named_parameters())
+    named.insert("used." + item.key(), item.value());
+  for (const auto& item : rank0_only->named_parameters()) {
+    named.insert("rank0_only." + item.key(), item.value());
+  }
+  torch::optim::SGD sgd(named.values(), 0.1);
+  DistributedOptimizer opt(sgd, named);
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({3, 4}, torch::kFloat64);
+  torch::Tensor loss = used->forward(x).sum();
+  if (world_rank() == 0) loss = loss + rank0_only->forward(x).pow(2).sum();
+  // Rank 0's gradient of rank0_only, computed here without the hooks' module.
+  const torch::Tensor w = rank0_only->weight.detach().clone().requires_grad_(true);
+  const torch::Tensor b = rank0_only->bias.detach().clone().requires_grad_(true);
+  torch::nn::functional::linear(x, w, b).pow(2).sum().backward();
+  loss.backward();
+  opt.synchronize();
+  const bool defined = rank0_only->weight.grad().defined() && rank0_only->bias.grad().defined();
+  bool ok = defined;
+  if (defined) {
+    ok = torch::allclose(rank0_only->weight.grad(), w.grad() / world_size(), 1e-9, 1e-12) &&
+         torch::allclose(rank0_only->bias.grad(), b.grad() / world_size(), 1e-9, 1e-12);
+  }
+  CHECK(all_ranks(ok));
+  auto guard = opt.skip_synchronize();
+  opt.step();
+}
+
+TEST_CASE("LibTorch: broadcast_optimizer_state equalizes state and hyper-parameters",
+          "[libtorch]") {
+  Session session;
+  using Make =
+      std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>, double)>;
+  const std::vector<std::pair<std::string, Make>> optimizers = {
+      {"SGD",
+       [](std::vector<torch::Tensor> p, double lr) {
+         return std::make_unique<torch::optim::SGD>(std::move(p),
+                                                    torch::optim::SGDOptions(lr).momentum(0.9));
+       }},
+      {"Adam",
+       [](std::vector<torch::Tensor> p, double lr) {
+         return std::make_unique<torch::optim::Adam>(std::move(p), torch::optim::AdamOptions(lr));
+       }},
+      {"AdamW",
+       [](std::vector<torch::Tensor> p, double lr) {
+         return std::make_unique<torch::optim::AdamW>(std::move(p), torch::optim::AdamWOptions(lr));
+       }},
+      {"RMSprop",
+       [](std::vector<torch::Tensor> p, double lr) {
+         return std::make_unique<torch::optim::RMSprop>(
+             std::move(p), torch::optim::RMSpropOptions(lr).momentum(0.5));
+       }},
+      {"Adagrad",
+       [](std::vector<torch::Tensor> p, double lr) {
+         return std::make_unique<torch::optim::Adagrad>(std::move(p),
+                                                        torch::optim::AdagradOptions(lr));
+       }},
+  };
+  for (const auto& [name, make] : optimizers) {
+    for (const int steps_before : {0, 2}) {
+      INFO(name << " after " << steps_before << " steps");
+      torch::nn::Sequential model = make_mlp(torch::kFloat64);
+      // Every rank starts elsewhere, with its own learning rate and its own history.
+      torch::manual_seed(50 + world_rank());
+      {
+        torch::NoGradGuard no_grad;
+        for (torch::Tensor& p : model->parameters()) p.add_(torch::randn_like(p));
+      }
+      const double lr = 0.01 * (world_rank() + 1);
+      std::unique_ptr<torch::optim::Optimizer> opt = make(model->parameters(), lr);
+      for (int step = 0; step < steps_before; ++step) {
+        opt->zero_grad();
+        loss_of(model, whole_batch({6}, torch::kFloat64, world_rank() * 10 + step)).backward();
+        opt->step();
+      }
+      libtorch::broadcast_parameters(model->named_parameters(), 0);
+      libtorch::broadcast_optimizer_state(*opt, 0);
+      bool ok = opt->param_groups()[0].options().get_lr() == 0.01;
+      // Equal state: one more identical step leaves identical parameters.
+      opt->zero_grad();
+      loss_of(model, whole_batch({6}, torch::kFloat64, 99)).backward();
+      opt->step();
+      for (const torch::Tensor& p : model->parameters()) {
+        torch::Tensor root = p.detach().clone();
+        tutti::broadcast(libtorch::view(root), 0, "libtorch_test.check." + name);
+        ok = ok && torch::equal(root, p.detach());
+      }
+      CHECK(all_ranks(ok));
+    }
+  }
+}
+
+TEST_CASE("LibTorch: view, to_torch and broadcast_parameters of parameters and buffers",
+          "[libtorch]") {
+  Session session;
+  torch::Tensor t = torch::full({2, 3}, static_cast<double>(world_rank()), torch::kFloat64);
+  tutti::allreduce(libtorch::view(t), "libtorch_test.view", {.op = ReduceOp::Sum});
+  const double expected = world_size() * (world_size() - 1) / 2.0;
+  CHECK(all_ranks(torch::all(t == expected).item<bool>()));
+
+  Tensor owned(DataType::Int32, {4});
+  torch::Tensor shared = libtorch::to_torch(owned);
+  shared.fill_(7);
+  CHECK(owned.span<std::int32_t>()[3] == 7);
+  CHECK(libtorch::to_torch(Tensor(DataType::Float16, {2})).scalar_type() == torch::kFloat16);
+  CHECK(libtorch::view(torch::ones({2}, torch::kBFloat16)).dtype() == DataType::BFloat16);
+
+  torch::manual_seed(20 + world_rank());
+  torch::nn::Sequential model(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
+  model->forward(torch::randn({5, 3}));  // Rank-dependent running statistics.
+  torch::manual_seed(20);
+  torch::nn::Sequential root(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
+  root->forward(torch::randn({5, 3}));
+  libtorch::broadcast_parameters(model->named_parameters(), 0);
+  libtorch::broadcast_parameters(model->named_buffers(), 0);
+  bool ok = true;
+  for (const auto& item : root->named_parameters()) {
+    ok = ok && torch::equal(item.value(), model->named_parameters()[item.key()]);
+  }
+  for (const auto& item : root->named_buffers()) {
+    ok = ok && torch::equal(item.value(), model->named_buffers()[item.key()]);
+  }
+  CHECK(all_ranks(ok));
+}
+
+TEST_CASE("LibTorch: bad inputs are InvalidArgument naming the problem", "[libtorch]") {
+  Session session;
+  std::string message;
+  CHECK(error_of(
+            [] {
+              libtorch::view(torch::ones({3, 4}).t());
+            },
+            &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("non-contiguous") != std::string::npos);
+  CHECK(error_of([] { libtorch::view(torch::ones({2}, torch::kComplexFloat)); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message.find("ComplexFloat") != std::string::npos);
+  CHECK(error_of([] { libtorch::to_torch(Tensor(DataType::UInt16, {2})); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message.find("uint16") != std::string::npos);
+
+  torch::nn::Sequential model = make_mlp(torch::kFloat32);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  DistributedOptions duplicate;
+  duplicate.groups = {{"0.weight", "2.weight"}, {"0.weight"}};
+  CHECK(error_of([&] { DistributedOptimizer(sgd, model->named_parameters(), duplicate); },
+                 &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("'0.weight' appears more than once") != std::string::npos);
+  DistributedOptions unknown;
+  unknown.groups = {{"nope"}};
+  CHECK(error_of([&] { DistributedOptimizer(sgd, model->named_parameters(), unknown); },
+                 &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("'nope'") != std::string::npos);
+  torch::OrderedDict<std::string, torch::Tensor> partial;
+  partial.insert("only", model->parameters()[0]);
+  CHECK(error_of([&] { DistributedOptimizer(sgd, partial); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message.find("has no name") != std::string::npos);
+  DistributedOptions bad_k;
+  bad_k.backward_passes_per_step = 0;
+  CHECK(error_of([&] { DistributedOptimizer(sgd, model->named_parameters(), bad_k); }) ==
+        ErrorCode::InvalidArgument);
+  torch::OrderedDict<std::string, torch::Tensor> strided;
+  strided.insert("t", torch::ones({3, 4}).t());
+  CHECK(error_of([&] { libtorch::broadcast_parameters(strided, 0); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message.find("'t'") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace tutti::test
