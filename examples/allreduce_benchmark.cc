@@ -193,7 +193,7 @@ double p4() {
 }
 
 struct Options {
-  bool cuda = false;  // --device cuda.
+  bool cuda = false;                              // --device cuda.
   std::string grads_path = TUTTI_RESNET50_GRADS;  // examples/data, set by Meson.
   int repeats = 5;
   int kernel_repeats = 50;
