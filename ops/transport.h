@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,15 @@ struct Topology {
   bool threads_multiple = true;  // MPI provides MPI_THREAD_MULTIPLE.
 };
 
+// How the collectives of CPU tensors travel among ranks that share a host
+// (TUTTI_HOST_TRANSPORT; Note [Which host transport] in ops/shm/shm_backend.h).
+enum class HostTransport : std::uint8_t { Auto, Mpi, Shm };
+
+// What a set's backend may use. The same on every rank (agreed settings).
+struct BackendOptions {
+  HostTransport host_transport = HostTransport::Auto;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -34,7 +44,8 @@ class Transport {
   virtual ControlPlane& control_plane() = 0;
   // A backend over the given global ranks (sorted). Collective over ALL ranks of the job, in
   // the same order everywhere; returns null on ranks outside `ranks`.
-  virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) = 0;
+  virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks,
+                                                          const BackendOptions& options) = 0;
   // The control plane reserved for the RPC agent (src/rpc): over a communicator of its own
   // (MPI: duplicated when the transport is created, in the same collective order as the
   // others), so RPC messages never meet negotiation's. Its user is one thread, the RPC agent's

@@ -14,6 +14,7 @@
 #include "ops/mpi/mpi_control_plane.h"
 #include "ops/mpi/mpi_error.h"
 #include "ops/mpi/mpi_p2p.h"
+#include "ops/shm/shm_backend.h"
 #include "ops/transport.h"
 #include "src/common/strings.h"
 
@@ -100,10 +101,11 @@ class MpiTransport final : public Transport {
   std::unique_ptr<ControlPlane> take_rpc_plane() override { return std::move(rpc_); }
   std::unique_ptr<P2PChannel> take_p2p_channel() override { return std::move(p2p_); }
 
-  Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) override {
+  Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks,
+                                                  const BackendOptions& options) override {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
     if (!comm.valid()) return std::unique_ptr<Backend>();
-    return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+    return shm::create_host_backend(std::move(comm), options.host_transport);
   }
 
  private:
