@@ -87,11 +87,8 @@ ShmPolicy policy_for(HostTransport transport) {
 
 Status ShmBackend::allreduce(void* data, std::size_t count, DataType dtype, WireOp op) {
   if (!uses_shm(count * element_size(dtype))) return mpi_->allreduce(data, count, dtype, op);
-  const FusedTensor tensor{.input = data,
-                           .input_type = dtype,
-                           .output = data,
-                           .output_type = dtype,
-                           .count = count};
+  const FusedTensor tensor{
+      .input = data, .input_type = dtype, .output = data, .output_type = dtype, .count = count};
   return allreduce_tensors({&tensor, 1}, dtype, op);
 }
 
@@ -138,13 +135,13 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
       const std::size_t r_lo = share_start(length, r, n, align);
       const std::size_t r_hi = share_start(length, r + 1, n, align);
       const std::byte* reduced = ring_->slot(r, chunk) + r_lo * element;
-      stream.for_each(begin + r_lo, begin + r_hi,
-                      [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
-                        if (t.output == nullptr) return;
-                        cpu::convert_scale(at(t.output, from * element_size(t.output_type)),
-                                           t.output_type, reduced + to * element, wire, count,
-                                           t.factor);
-                      });
+      stream.for_each(
+          begin + r_lo, begin + r_hi,
+          [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
+            if (t.output == nullptr) return;
+            cpu::convert_scale(at(t.output, from * element_size(t.output_type)), t.output_type,
+                               reduced + to * element, wire, count, t.factor);
+          });
     }
     ring_->publish(Counter::Consumed, chunk);
   }
@@ -181,7 +178,8 @@ Status ShmBackend::allgatherv(const void* input, void* output, std::span<const s
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       ring_->wait(r, Counter::Staged, chunk);
-      const std::size_t bytes = in_round(counts[static_cast<std::size_t>(r)] * element, done, round);
+      const std::size_t bytes =
+          in_round(counts[static_cast<std::size_t>(r)] * element, done, round);
       std::memcpy(at(output, offsets[static_cast<std::size_t>(r)] + done), ring_->slot(r, chunk),
                   bytes);
     }
@@ -269,7 +267,8 @@ Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm, HostTran
     // Every member decides alike: either all of them share one host or none is the whole set.
     one_host = local_size == comm.size();
   }
-  if (!one_host) return std::unique_ptr<Backend>(std::make_unique<mpi::MpiBackend>(std::move(comm)));
+  if (!one_host)
+    return std::unique_ptr<Backend>(std::make_unique<mpi::MpiBackend>(std::move(comm)));
   TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ShmRing> ring,
                          ShmRing::create(comm.get(), kSlotBytes, kSlots));
   return std::unique_ptr<Backend>(std::make_unique<ShmBackend>(

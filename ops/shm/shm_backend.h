@@ -41,8 +41,7 @@ class ShmBackend final : public Backend {
   int size() const override { return ring_->size(); }
   Status allreduce(void* data, std::size_t count, DataType dtype, WireOp op) override;
   bool reduces_tensors(std::size_t wire_bytes) const override { return uses_shm(wire_bytes); }
-  Status allreduce_tensors(std::span<const FusedTensor> tensors, DataType wire,
-                           WireOp op) override;
+  Status allreduce_tensors(std::span<const FusedTensor> tensors, DataType wire, WireOp op) override;
   Status allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                     DataType dtype) override;
   Status broadcast(void* data, std::size_t count, DataType dtype, int root) override;

@@ -49,8 +49,7 @@ void wait_until(Done done) {
 
 }  // namespace
 
-Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot_bytes,
-                                                 int slots) {
+Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot_bytes, int slots) {
   auto ring = std::unique_ptr<ShmRing>(new ShmRing());
   MPI_Comm_rank(comm, &ring->rank_);
   MPI_Comm_size(comm, &ring->size_);
@@ -66,8 +65,8 @@ Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot
   MPI_Info info = MPI_INFO_NULL;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
-  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(region), 1, info, comm, &mine,
-                                         &ring->window_);
+  const int rc =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(region), 1, info, comm, &mine, &ring->window_);
   MPI_Info_free(&info);
   TUTTI_RETURN_IF_ERROR(mpi::mpi_status(rc, "MPI_Win_allocate_shared"));
   ring->regions_.resize(static_cast<std::size_t>(ring->size_));
@@ -113,7 +112,8 @@ void ShmRing::wait_slot_free(std::uint64_t chunk) const {
 }
 
 void ShmRing::publish(Counter which, std::uint64_t chunk) {
-  std::atomic_ref<std::uint64_t>(*counter(rank_, which)).store(chunk + 1, std::memory_order_release);
+  std::atomic_ref<std::uint64_t>(*counter(rank_, which))
+      .store(chunk + 1, std::memory_order_release);
 }
 
 void ShmRing::wait(int rank, Counter which, std::uint64_t chunk) const {

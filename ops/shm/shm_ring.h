@@ -38,8 +38,7 @@ class ShmRing {
 
   // Collective over `comm`, whose ranks must share a host (MPI_COMM_TYPE_SHARED); `comm` must
   // outlive the ring. slot_bytes is rounded up to a multiple of 64.
-  static Result<std::unique_ptr<ShmRing>> create(MPI_Comm comm, std::size_t slot_bytes,
-                                                 int slots);
+  static Result<std::unique_ptr<ShmRing>> create(MPI_Comm comm, std::size_t slot_bytes, int slots);
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
   ~ShmRing();  // Collective over the communicator (MPI_Win_free), unless abandoned.
