@@ -248,8 +248,8 @@ bool parse_options(int argc, char** argv, Options* options) {
       ok = false;
     }
   }
-  if (ok && !((options->sweep || options->sweep_sizes || !options->transports.empty()) &&
-              options->cuda))
+  if (ok &&
+      !((options->sweep || options->sweep_sizes || !options->transports.empty()) && options->cuda))
     return true;
   if (world_rank() == 0) {
     std::fprintf(stderr,
