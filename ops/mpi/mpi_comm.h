@@ -31,6 +31,9 @@ class MpiComm {
   static Result<MpiComm> split(MPI_Comm parent, int color, int key);
 
   MPI_Comm get() const { return comm_; }
+  // Forgets the communicator without freeing it: MPI keeps it until MPI_Finalize, and its
+  // context is never given to another communicator. Local.
+  void leak() { comm_ = MPI_COMM_NULL; }
   bool valid() const { return comm_ != MPI_COMM_NULL; }
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -16,6 +16,13 @@
 namespace tutti::ops::mpi {
 namespace {
 
+// Note [Point-to-point communicator]
+// A send nobody receives stays queued at its destination, in the communicator it was sent
+// on. Were that communicator freed, MPI could give its context to the next session's, and
+// the stale message would match a receive there. Draining what has arrived at shutdown
+// (discard_arrived) cannot catch a message still on its way, so the channel never frees its
+// communicator: each session leaves one behind (a few hundred bytes, and its stale
+// messages), and no later communicator can reuse its context.
 class MpiP2PChannel final : public P2PChannel {
  public:
   explicit MpiP2PChannel(MpiComm comm) : comm_(std::move(comm)) {
@@ -25,7 +32,11 @@ class MpiP2PChannel final : public P2PChannel {
     const int ub = found ? *static_cast<int*>(value) : 32767;
     max_tag_ = (ub - 1) / 2;
   }
-  ~MpiP2PChannel() override { abandon(); }
+  // The communicator is left to MPI_Finalize, never freed (Note [Point-to-point communicator]).
+  ~MpiP2PChannel() override {
+    abandon();
+    comm_.leak();
+  }
 
   int max_tag() const override { return max_tag_; }
 
