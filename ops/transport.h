@@ -11,6 +11,7 @@
 
 #include "ops/backend.h"
 #include "ops/control_plane.h"
+#include "ops/hierarchy.h"
 #include "ops/p2p_channel.h"
 #include "src/common/status.h"
 
@@ -35,6 +36,10 @@ class Transport {
   // A backend over the given global ranks (sorted). Collective over ALL ranks of the job, in
   // the same order everywhere; returns null on ranks outside `ranks`.
   virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) = 0;
+  // Which collectives the backends created from now on run hierarchically on sets that span
+  // several hosts (ops/hierarchy.h). The same options on every rank (Job knobs); application
+  // thread, before the session's first create_backend. Transports without hosts ignore it.
+  virtual void set_hierarchy(const HierarchyOptions& /*options*/) {}
   // The control plane reserved for the RPC agent (src/rpc): over a communicator of its own
   // (MPI: duplicated when the transport is created, in the same collective order as the
   // others), so RPC messages never meet negotiation's. Its user is one thread, the RPC agent's

@@ -10,9 +10,9 @@
 
 #include <mpi.h>
 
-#include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_control_plane.h"
 #include "ops/mpi/mpi_error.h"
+#include "ops/mpi/mpi_hierarchy.h"
 #include "ops/mpi/mpi_p2p.h"
 #include "ops/transport.h"
 #include "src/common/strings.h"
@@ -103,8 +103,9 @@ class MpiTransport final : public Transport {
   Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) override {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
     if (!comm.valid()) return std::unique_ptr<Backend>();
-    return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+    return make_set_backend(std::move(comm), hierarchy_);
   }
+  void set_hierarchy(const HierarchyOptions& options) override { hierarchy_ = options; }
 
  private:
   MpiTransport() = default;
@@ -139,6 +140,7 @@ class MpiTransport final : public Transport {
   std::unique_ptr<MpiControlPlane> control_;
   std::unique_ptr<MpiControlPlane> rpc_;  // Until the session takes it.
   std::unique_ptr<P2PChannel> p2p_;       // Likewise.
+  HierarchyOptions hierarchy_;            // Of the backends created from now on.
 };
 
 void (*g_finalize_hook)() = nullptr;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/hierarchy.h"
 #include "src/common/env.h"
 #include "src/common/logging.h"
 #include "src/common/status.h"
@@ -25,6 +26,9 @@ struct Config {
       seconds_to_ms(detail::default_double("STALL_CHECK_TIME_SECONDS"));
   std::chrono::milliseconds stall_shutdown_time =  // 0 = never.
       seconds_to_ms(detail::default_double("STALL_SHUTDOWN_TIME_SECONDS"));
+  // HIERARCHICAL_ALLREDUCE / HIERARCHICAL_ALLGATHER: for sets spanning several hosts.
+  ops::HierarchyOptions hierarchy{.allreduce = detail::default_bool("HIERARCHICAL_ALLREDUCE"),
+                                  .allgather = detail::default_bool("HIERARCHICAL_ALLGATHER")};
   int num_nccl_streams = static_cast<int>(detail::default_int("NUM_NCCL_STREAMS"));
   // THREAD_AFFINITY: the CPU of each local rank's communication thread; empty = not pinned.
   std::vector<int> thread_affinity;

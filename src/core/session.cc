@@ -69,6 +69,8 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
   TUTTI_ASSIGN_OR_RETURN(Config config, agree_settings(transport->control_plane(), local,
                                                        local.ok() ? local.value().start_timeout
                                                                   : Config{}.start_timeout));
+  // Before the first set's backend: the hierarchy is a Job knob, the same on every rank now.
+  transport->set_hierarchy(config.hierarchy);
   std::shared_ptr<Session> session(new Session(std::move(config), std::move(transport)));
   std::vector<int> everyone(static_cast<std::size_t>(session->topology().size));
   std::iota(everyone.begin(), everyone.end(), 0);

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ops/mpi/mpi_hierarchy.h"
+
+#include <vector>
+
+#include "ops/hierarchical/hierarchical_backend.h"
+#include "ops/hierarchical/host_layout.h"
+#include "ops/mpi/mpi_backend.h"
+#include "ops/mpi/mpi_error.h"
+#include "src/common/logging.h"
+#include "src/common/strings.h"
+
+namespace tutti::ops::mpi {
+namespace {
+
+// Collective: an identifier of this rank's host, equal on its members and unique among hosts
+// (the lowest rank of `comm` on the host).
+Result<int> host_id(const MpiComm& comm) {
+  MPI_Comm shared = MPI_COMM_NULL;
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm.get(), MPI_COMM_TYPE_SHARED, comm.rank(),
+                                                MPI_INFO_NULL, &shared));
+  int lowest = comm.rank();
+  const int code = MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, shared);
+  MPI_Comm_free(&shared);
+  TUTTI_MPI_RETURN_IF_ERROR(code);
+  return lowest;
+}
+
+std::string members_per_host(const hierarchical::HostLayout& layout) {
+  std::vector<std::size_t> sizes;
+  for (const std::vector<int>& host : layout.members) sizes.push_back(host.size());
+  return detail::join_list(sizes, "+");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const HierarchyOptions& options) {
+  if (!options.any()) return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+  TUTTI_ASSIGN_OR_RETURN(int id, host_id(comm));
+  std::vector<int> ids(static_cast<std::size_t>(comm.size()));
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Allgather(&id, 1, MPI_INT, ids.data(), 1, MPI_INT, comm.get()));
+  hierarchical::HostLayout layout = hierarchical::layout_from_host_ids(ids);
+  if (!layout.hierarchical()) {
+    TUTTI_LOG_INFO("a process set of ", comm.size(), " ranks on ", layout.hosts(),
+                   " host(s) with ", members_per_host(layout),
+                   " members runs flat collectives: hierarchical ones need at least 2 hosts "
+                   "with the same number (at least 2) of members each");
+    return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+  }
+  const int me = comm.rank();
+  const auto r = static_cast<std::size_t>(me);
+  TUTTI_ASSIGN_OR_RETURN(MpiComm local, MpiComm::split(comm.get(), layout.host_of[r], me));
+  TUTTI_ASSIGN_OR_RETURN(MpiComm cross, MpiComm::split(comm.get(), layout.local_index_of[r],
+                                                       layout.host_of[r]));
+  hierarchical::HierarchicalBackend::Parts parts{
+      .flat = std::make_unique<MpiBackend>(std::move(comm)),
+      .local = std::make_unique<MpiBackend>(std::move(local)),
+      .cross = std::make_unique<MpiBackend>(std::move(cross))};
+  auto backend = std::make_unique<hierarchical::HierarchicalBackend>(std::move(parts),
+                                                                     std::move(layout), options);
+  TUTTI_LOG_DEBUG("process set backend: ", backend->name());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace tutti::ops::mpi
