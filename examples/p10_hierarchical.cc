@@ -73,9 +73,8 @@ Figures measure_tutti(bool hierarchical, std::vector<std::vector<float>>& grads,
   Figures figures;
   for (std::vector<float>& single : singles) {
     const tutti::TensorView view(single.data(), {static_cast<std::int64_t>(single.size())});
-    figures.single_ms.push_back(median_ms(iterations, [&] {
-      tutti::allreduce(view, "p10.single", {.op = tutti::ReduceOp::Sum});
-    }));
+    figures.single_ms.push_back(median_ms(
+        iterations, [&] { tutti::allreduce(view, "p10.single", {.op = tutti::ReduceOp::Sum}); }));
   }
   std::vector<tutti::TensorView> views;
   for (std::vector<float>& grad : grads)
@@ -111,13 +110,14 @@ int run_p10(const std::vector<std::int64_t>& grad_counts,
   const bool homogeneous = tutti::is_homogeneous();
   tutti::shutdown();
   if (rank == 0) {
-    std::printf("P10 layout: ranks=%d local_size=%d cross_size=%d homogeneous=%d gradients=%zu "
-                "floats=%zu (%.1f MB)\n",
-                size, local_size, cross_size, homogeneous ? 1 : 0, grads.size(), total,
-                total * 4.0 / 1e6);
+    std::printf(
+        "P10 layout: ranks=%d local_size=%d cross_size=%d homogeneous=%d gradients=%zu "
+        "floats=%zu (%.1f MB)\n",
+        size, local_size, cross_size, homogeneous ? 1 : 0, grads.size(), total, total * 4.0 / 1e6);
     if (local_size < 2 || cross_size < 2 || !homogeneous) {
-      std::printf("P10 note: hierarchical collectives need several hosts with the same number "
-                  "(>= 2) of ranks each; here they run flat\n");
+      std::printf(
+          "P10 note: hierarchical collectives need several hosts with the same number "
+          "(>= 2) of ranks each; here they run flat\n");
     }
     std::fflush(stdout);
   }

@@ -17,7 +17,7 @@ namespace tutti::examples {
 // `repeats` rounds after a warm-up). Raw is MPI_Allreduce (Sum) of the same bytes as one call,
 // or for the set, the best of 1, 4, 16 and 64 MB pieces as P1. Tutti runs twice: with
 // TUTTI_HIERARCHICAL_ALLREDUCE=0 and =1 (re-initialized in between). Returns the exit code.
-int run_p10(const std::vector<std::int64_t>& grad_counts, const std::vector<std::int64_t>& sizes_bytes,
-            int repeats, int iterations);
+int run_p10(const std::vector<std::int64_t>& grad_counts,
+            const std::vector<std::int64_t>& sizes_bytes, int repeats, int iterations);
 
 }  // namespace tutti::examples

@@ -21,8 +21,7 @@ std::string describe(const Backend& flat, const HostLayout& layout,
 
 }  // namespace
 
-HierarchicalBackend::HierarchicalBackend(Parts parts, HostLayout layout,
-                                         HierarchyOptions options)
+HierarchicalBackend::HierarchicalBackend(Parts parts, HostLayout layout, HierarchyOptions options)
     : flat_(std::move(parts.flat)),
       local_(std::move(parts.local)),
       cross_(std::move(parts.cross)),
@@ -75,8 +74,8 @@ Status HierarchicalBackend::allgatherv(const void* input, void* output,
 
   const bool in_place = layout_.contiguous();
   std::byte* block = scratch((host_counts[my_host] + (in_place ? 0 : total)) * bytes);
-  std::byte* gathered = in_place ? static_cast<std::byte*>(output)
-                                 : block + host_counts[my_host] * bytes;
+  std::byte* gathered =
+      in_place ? static_cast<std::byte*>(output) : block + host_counts[my_host] * bytes;
   TUTTI_RETURN_IF_ERROR(local_->allgatherv(input, block, local_counts, dtype));
   if (local_->rank() == 0) {
     TUTTI_RETURN_IF_ERROR(cross_->allgatherv(block, gathered, host_counts, dtype));

@@ -17,8 +17,8 @@ namespace {
 // (the lowest rank of `comm` on the host).
 Result<int> host_id(const MpiComm& comm) {
   MPI_Comm shared = MPI_COMM_NULL;
-  TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm.get(), MPI_COMM_TYPE_SHARED, comm.rank(),
-                                                MPI_INFO_NULL, &shared));
+  TUTTI_MPI_RETURN_IF_ERROR(
+      MPI_Comm_split_type(comm.get(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &shared));
   int lowest = comm.rank();
   const int code = MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, shared);
   MPI_Comm_free(&shared);
@@ -35,14 +35,15 @@ std::string members_per_host(const hierarchical::HostLayout& layout) {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const HierarchyOptions& options) {
-  if (!options.any()) return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+  if (!options.any())
+    return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
   TUTTI_ASSIGN_OR_RETURN(int id, host_id(comm));
   std::vector<int> ids(static_cast<std::size_t>(comm.size()));
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Allgather(&id, 1, MPI_INT, ids.data(), 1, MPI_INT, comm.get()));
   hierarchical::HostLayout layout = hierarchical::layout_from_host_ids(ids);
   if (!layout.hierarchical()) {
-    TUTTI_LOG_INFO("a process set of ", comm.size(), " ranks on ", layout.hosts(),
-                   " host(s) with ", members_per_host(layout),
+    TUTTI_LOG_INFO("a process set of ", comm.size(), " ranks on ", layout.hosts(), " host(s) with ",
+                   members_per_host(layout),
                    " members runs flat collectives: hierarchical ones need at least 2 hosts "
                    "with the same number (at least 2) of members each");
     return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
@@ -50,8 +51,8 @@ Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const HierarchyO
   const int me = comm.rank();
   const auto r = static_cast<std::size_t>(me);
   TUTTI_ASSIGN_OR_RETURN(MpiComm local, MpiComm::split(comm.get(), layout.host_of[r], me));
-  TUTTI_ASSIGN_OR_RETURN(MpiComm cross, MpiComm::split(comm.get(), layout.local_index_of[r],
-                                                       layout.host_of[r]));
+  TUTTI_ASSIGN_OR_RETURN(MpiComm cross,
+                         MpiComm::split(comm.get(), layout.local_index_of[r], layout.host_of[r]));
   hierarchical::HierarchicalBackend::Parts parts{
       .flat = std::make_unique<MpiBackend>(std::move(comm)),
       .local = std::make_unique<MpiBackend>(std::move(local)),

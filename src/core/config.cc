@@ -66,8 +66,10 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   TUTTI_ASSIGN_OR_RETURN(double shutdown_s,
                          detail::double_knob("STALL_SHUTDOWN_TIME_SECONDS", source));
   c.stall_shutdown_time = seconds_to_ms(shutdown_s);
-  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allreduce, detail::bool_knob("HIERARCHICAL_ALLREDUCE", source));
-  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allgather, detail::bool_knob("HIERARCHICAL_ALLGATHER", source));
+  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allreduce,
+                         detail::bool_knob("HIERARCHICAL_ALLREDUCE", source));
+  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allgather,
+                         detail::bool_knob("HIERARCHICAL_ALLGATHER", source));
   TUTTI_ASSIGN_OR_RETURN(std::int64_t streams, detail::int_knob("NUM_NCCL_STREAMS", source));
   c.num_nccl_streams = static_cast<int>(streams);
   TUTTI_ASSIGN_OR_RETURN(c.thread_affinity, parse_cpus(source));

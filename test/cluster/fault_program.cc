@@ -4,14 +4,13 @@
 // gradient over and over for SECONDS, rank 0 printing "step N" every 20 steps. A rank whose
 // op fails prints "rank R on HOST: tutti error: ..." and exits 3 (a surviving rank that got
 // an error); a run that is not interrupted exits 0.
+#include <tutti/tutti.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#include <tutti/tutti.h>
 
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 60.0;

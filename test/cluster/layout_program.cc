@@ -3,6 +3,7 @@
 // Checks on every rank that it runs on the host the layout puts it on, and that local_rank,
 // local_size, cross_rank, cross_size and is_homogeneous equal their closed forms for that
 // layout; prints one line per rank and exits 1 on every rank if any rank disagrees.
+#include <tutti/tutti.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,8 +11,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <tutti/tutti.h>
 
 namespace {
 
@@ -71,10 +70,9 @@ int main(int argc, char** argv) {
   const Expected e = expected_for(hosts, rank);
   char name[256] = {};
   gethostname(name, sizeof name - 1);
-  const bool ok = tutti::size() == total && e.host == name &&
-                  tutti::local_rank() == e.local_rank && tutti::local_size() == e.local_size &&
-                  tutti::cross_rank() == e.cross_rank && tutti::cross_size() == e.cross_size &&
-                  tutti::is_homogeneous() == e.homogeneous;
+  const bool ok = tutti::size() == total && e.host == name && tutti::local_rank() == e.local_rank &&
+                  tutti::local_size() == e.local_size && tutti::cross_rank() == e.cross_rank &&
+                  tutti::cross_size() == e.cross_size && tutti::is_homogeneous() == e.homogeneous;
   std::printf(
       "rank %d on %s: local %d/%d cross %d/%d homogeneous %d; expected %s: local %d/%d cross "
       "%d/%d homogeneous %d: %s\n",

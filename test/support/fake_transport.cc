@@ -116,9 +116,10 @@ class FakeBackend final : public ops::Backend {
     std::size_t first = 0;
     for (int r = 0; r < set_rank_; ++r) first += recv_counts[static_cast<std::size_t>(r)];
     const std::size_t count = recv_counts[static_cast<std::size_t>(set_rank_)];
-    exchange(input, 0, [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
-      reduce(output, inputs, first, count, dtype, op);
-    });
+    exchange(input, 0,
+             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+               reduce(output, inputs, first, count, dtype, op);
+             });
     return Status();
   }
   Status barrier() override {

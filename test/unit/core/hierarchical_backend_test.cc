@@ -72,12 +72,11 @@ void with_backends(const std::vector<int>& host_ids, F&& body) {
       same_index.push_back(host[static_cast<std::size_t>(layout.local_index_of[me])]);
     HierarchicalBackend::Parts parts{
         .flat = transport.create_backend(everyone).value(),
-        .local = transport.create_backend(
-                              layout.members[static_cast<std::size_t>(layout.host_of[me])])
-                     .value(),
+        .local =
+            transport.create_backend(layout.members[static_cast<std::size_t>(layout.host_of[me])])
+                .value(),
         .cross = transport.create_backend(same_index).value()};
-    HierarchicalBackend backend(std::move(parts), layout,
-                                {.allreduce = true, .allgather = true});
+    HierarchicalBackend backend(std::move(parts), layout, {.allreduce = true, .allgather = true});
     body(backend, rank);
   });
 }
