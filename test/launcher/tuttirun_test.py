@@ -393,7 +393,7 @@ class CommandTest(unittest.TestCase):
         command, _ = build(["-np", "2", "-H", "a:2", "--output-filename", "/tmp/out", "-p", "2222",
                             "-i", "/k/id", "prog"])
         self.assertEqual(command[command.index("--output-filename") + 1], "/tmp/out")
-        start = command.index("--mca")
+        start = command.index("plm_rsh_args") - 1
         self.assertEqual(command[start:start + 3], ["--mca", "plm_rsh_args", "-p 2222 -i /k/id"])
 
     def test_program_arguments_pass_through_untouched(self):
