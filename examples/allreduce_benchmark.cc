@@ -23,7 +23,8 @@
 //   --kernel-repeats N  D2's runs per figure, averaged after 3 warm-up runs (default 50)
 //   --sweep-fusion      --device cpu only: also runs P1 at several TUTTI_FUSION_THRESHOLD
 //                       values (restarting Tutti)
-//   --p10, --p10-mb N   P10 only, single tensors of 4 KB, 64 KB, 1 MB and 16 MB up to N MB
+//   --p10, --p10-mb N   P10 only (--repeats rounds), single tensors of 4 KB, 64 KB, 1 MB and
+//                       16 MB up to N MB
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
 // when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
 // CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.

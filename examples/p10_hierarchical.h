@@ -12,12 +12,13 @@ namespace tutti::examples {
 // Collective over MPI_COMM_WORLD (MPI initialized, Tutti not): prints, on rank 0,
 //   P10 size_bytes=<n> flat_ms=<x> hierarchical_ms=<y> raw_ms=<z>   one tensor of n bytes
 //   P10 flat_ms=<x> hierarchical_ms=<y> raw_ms=<z>                  the gradient set
-// for one float32 tensor of each size in `sizes_bytes` (median of `iterations` allreduces,
-// Sum) and for every tensor of `grad_counts` via allreduce_async then waited (Average, best of
-// `repeats` rounds after a warm-up). Raw is MPI_Allreduce (Sum) of the same bytes as one call,
-// or for the set, the best of 1, 4, 16 and 64 MB pieces as P1. Tutti runs twice: with
-// TUTTI_HIERARCHICAL_ALLREDUCE=0 and =1 (re-initialized in between). Returns the exit code.
+// for one float32 tensor of each size in `sizes_bytes` (allreduce, Sum; the best of
+// `iterations` after 3 warm-ups) and for every tensor of `grad_counts` via allreduce_async
+// then waited (Average, after a warm-up). Raw is MPI_Allreduce (Sum) of the same bytes as one
+// call, or for the set, the best of 1, 4, 16 and 64 MB pieces as P1. Tutti runs with
+// TUTTI_HIERARCHICAL_ALLREDUCE=0 and =1, a session each. The three are measured `rounds`
+// times in turn and each figure is its best round. Returns the exit code.
 int run_p10(const std::vector<std::int64_t>& grad_counts,
-            const std::vector<std::int64_t>& sizes_bytes, int repeats, int iterations);
+            const std::vector<std::int64_t>& sizes_bytes, int rounds, int iterations);
 
 }  // namespace tutti::examples
