@@ -5,13 +5,22 @@
 // settings] in src/core/start_handshake.h), so every member builds the same backend.
 #pragma once
 
+#include <cstdint>
+
 namespace tutti::ops {
 
-struct HierarchyOptions {
-  bool allreduce = false;
-  bool allgather = false;
+enum class HierarchyMode : std::uint8_t {
+  Off,   // Flat at every size.
+  On,    // Hierarchical at every size.
+  Auto,  // Hierarchical from the sizes at which it measured faster: see Note [Automatic
+         // hierarchy] in ops/hierarchical/calibration.h.
+};
 
-  bool any() const { return allreduce || allgather; }
+struct HierarchyOptions {
+  HierarchyMode allreduce = HierarchyMode::Off;
+  HierarchyMode allgather = HierarchyMode::Off;
+
+  bool any() const { return allreduce != HierarchyMode::Off || allgather != HierarchyMode::Off; }
 };
 
 }  // namespace tutti::ops

@@ -5,29 +5,15 @@
 #include <algorithm>
 
 #include "src/common/check.h"
-#include "src/common/strings.h"
 
 namespace tutti::ops::hierarchical {
-namespace {
 
-std::string describe(const Backend& flat, const HostLayout& layout,
-                     const HierarchyOptions& options) {
-  const char* which = options.allreduce && options.allgather ? "allreduce and allgather"
-                      : options.allreduce                    ? "allreduce"
-                                                             : "allgather";
-  return detail::str_cat(flat.name(), ", hierarchical ", which, " over ", layout.hosts(),
-                         " hosts x ", layout.members.front().size());
-}
-
-}  // namespace
-
-HierarchicalBackend::HierarchicalBackend(Parts parts, HostLayout layout, HierarchyOptions options)
+HierarchicalBackend::HierarchicalBackend(Parts parts, HostLayout layout, Thresholds thresholds)
     : flat_(std::move(parts.flat)),
       local_(std::move(parts.local)),
       cross_(std::move(parts.cross)),
       layout_(std::move(layout)),
-      options_(options),
-      name_(describe(*flat_, layout_, options_)) {
+      thresholds_(thresholds) {
   TUTTI_CHECK(layout_.hierarchical() && layout_.size() == flat_->size(),
               "a hierarchical backend over a layout without a hierarchy");
   const auto me = static_cast<std::size_t>(flat_->rank());
@@ -43,7 +29,8 @@ std::byte* HierarchicalBackend::scratch(std::size_t bytes) {
 }
 
 Status HierarchicalBackend::allreduce(void* data, std::size_t count, DataType dtype, WireOp op) {
-  if (!options_.allreduce) return flat_->allreduce(data, count, dtype, op);
+  if (count * element_size(dtype) < thresholds_.allreduce_bytes || count == 0)
+    return flat_->allreduce(data, count, dtype, op);
   const std::vector<std::size_t> slices = split_evenly(count, local_->size());
   const std::size_t mine = slices[static_cast<std::size_t>(local_->rank())];
   std::byte* slice = scratch(mine * element_size(dtype));
@@ -54,19 +41,20 @@ Status HierarchicalBackend::allreduce(void* data, std::size_t count, DataType dt
 
 Status HierarchicalBackend::allgatherv(const void* input, void* output,
                                        std::span<const std::size_t> counts, DataType dtype) {
-  if (!options_.allgather) return flat_->allgatherv(input, output, counts, dtype);
   TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
               "allgatherv needs one count per rank");
   const std::size_t bytes = element_size(dtype);
+  std::size_t total = 0;
+  for (std::size_t count : counts) total += count;
+  if (total * bytes < thresholds_.allgather_bytes || total == 0)
+    return flat_->allgatherv(input, output, counts, dtype);
   const auto me = static_cast<std::size_t>(rank());
   const auto my_host = static_cast<std::size_t>(layout_.host_of[me]);
   std::vector<std::size_t> host_counts(static_cast<std::size_t>(layout_.hosts()), 0);
   std::vector<std::size_t> offset_of(counts.size());  // Of each set rank's rows in the output.
-  std::size_t total = 0;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
+  for (std::size_t r = 0, offset = 0; r < counts.size(); offset += counts[r++]) {
     host_counts[static_cast<std::size_t>(layout_.host_of[r])] += counts[r];
-    offset_of[r] = total;
-    total += counts[r];
+    offset_of[r] = offset;
   }
   std::vector<std::size_t> local_counts;
   for (int member : layout_.members[my_host])

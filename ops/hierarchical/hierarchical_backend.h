@@ -18,18 +18,18 @@
 //    result lands straight in the output; otherwise it goes through scratch memory and each
 //    member's rows are copied to their place.
 // Everything else (broadcast, alltoallv, reducescatter, barrier, Adasum, and allreduce or
-// allgatherv when their knob is off) runs on the backend over all members. Which path an op
-// takes depends only on the options, agreed at init, so every member takes the same one.
+// allgatherv below their threshold) runs on the backend over all members. Which path an op
+// takes depends only on its byte size and the thresholds, which every member holds alike
+// (set from the agreed knobs, or from measurements every member shares: calibration.h).
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "ops/backend.h"
 #include "ops/hierarchical/host_layout.h"
-#include "ops/hierarchy.h"
 
 namespace tutti::ops::hierarchical {
 
@@ -41,11 +41,26 @@ class HierarchicalBackend final : public Backend {
     std::unique_ptr<Backend> local;  // This host's members, rank = local index.
     std::unique_ptr<Backend> cross;  // Members with this local index, rank = host index.
   };
+  // From which buffer size (count x element size, in bytes) allreduce and allgatherv (the
+  // gathered total) run hierarchically: 0 = always, kNever = never.
+  struct Thresholds {
+    std::size_t allreduce_bytes = 0;
+    std::size_t allgather_bytes = 0;
+  };
+  static constexpr std::size_t kNever = std::numeric_limits<std::size_t>::max();
+
   // `layout.hierarchical()` must hold and the parts' ranks and sizes must match it (checked:
   // a mismatch is a bug in the caller).
-  HierarchicalBackend(Parts parts, HostLayout layout, HierarchyOptions options);
+  HierarchicalBackend(Parts parts, HostLayout layout, Thresholds thresholds);
 
-  std::string_view name() const override { return name_; }
+  const Thresholds& thresholds() const { return thresholds_; }
+  // Collective decisions only: every member must set the same thresholds at the same point.
+  void set_thresholds(const Thresholds& thresholds) { thresholds_ = thresholds; }
+  // The backend over all members, which the flat path uses.
+  Backend& flat() { return *flat_; }
+  const HostLayout& layout() const { return layout_; }
+
+  std::string_view name() const override { return "MPI, hierarchical"; }
   int rank() const override { return flat_->rank(); }
   int size() const override { return flat_->size(); }
   Status allreduce(void* data, std::size_t count, DataType dtype, WireOp op) override;
@@ -76,8 +91,7 @@ class HierarchicalBackend final : public Backend {
   std::unique_ptr<Backend> local_;
   std::unique_ptr<Backend> cross_;
   const HostLayout layout_;
-  const HierarchyOptions options_;
-  const std::string name_;
+  Thresholds thresholds_;
   std::vector<std::byte> scratch_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "ops/hierarchical/calibration.h"
 #include "ops/hierarchical/hierarchical_backend.h"
 #include "ops/hierarchical/host_layout.h"
 #include "ops/mpi/mpi_backend.h"
@@ -32,6 +33,11 @@ std::string members_per_host(const hierarchical::HostLayout& layout) {
   return detail::join_list(sizes, "+");
 }
 
+std::string threshold_text(std::size_t bytes) {
+  if (bytes == hierarchical::HierarchicalBackend::kNever) return "never";
+  return bytes == 0 ? "at every size" : detail::str_cat("from ", bytes >> 10, " KiB");
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const HierarchyOptions& options) {
@@ -57,9 +63,15 @@ Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const HierarchyO
       .flat = std::make_unique<MpiBackend>(std::move(comm)),
       .local = std::make_unique<MpiBackend>(std::move(local)),
       .cross = std::make_unique<MpiBackend>(std::move(cross))};
-  auto backend = std::make_unique<hierarchical::HierarchicalBackend>(std::move(parts),
-                                                                     std::move(layout), options);
-  TUTTI_LOG_DEBUG("process set backend: ", backend->name());
+  auto backend = std::make_unique<hierarchical::HierarchicalBackend>(
+      std::move(parts), std::move(layout), hierarchical::HierarchicalBackend::Thresholds{});
+  std::string report;
+  TUTTI_RETURN_IF_ERROR(hierarchical::settle_thresholds(*backend, options, &report));
+  TUTTI_LOG_INFO("a process set of ", backend->size(), " ranks on ", backend->layout().hosts(),
+                 " hosts x ", backend->layout().members.front().size(), ": ",
+                 report.empty() ? "" : "measured ", report, "hierarchical allreduce ",
+                 threshold_text(backend->thresholds().allreduce_bytes), ", allgather ",
+                 threshold_text(backend->thresholds().allgather_bytes));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

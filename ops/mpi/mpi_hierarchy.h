@@ -17,7 +17,9 @@ namespace tutti::ops::mpi {
 // (MPI_COMM_TYPE_SHARED): with Open MPI, the nodes mpirun launched on. A set on one host, with
 // one member per host, or with different numbers of members on its hosts gets the plain MPI
 // backend whatever `options` say (logged at INFO): see Note [Hierarchical schedules] in
-// ops/hierarchical/hierarchical_backend.h for what the hierarchy would need.
+// ops/hierarchical/hierarchical_backend.h for what the hierarchy would need. Otherwise the
+// hierarchical backend, whose thresholds `options` fix or, for Auto, measurements on this set
+// (Note [Automatic hierarchy] in ops/hierarchical/calibration.h); the outcome is logged at INFO.
 Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const HierarchyOptions& options);
 
 }  // namespace tutti::ops::mpi

@@ -4,8 +4,8 @@
 # Usage: cluster_test.py CASE ARGS...
 #   layout SPEC [--hostfile] PROGRAM     rank-layout queries on SPEC's hosts (e.g. 3,1: 3 ranks
 #                                        on tnode0, 1 on tnode1), launched with -H or a hostfile
-#   sweep SPEC on|off PROGRAM [ARGS]     an mpi-suite test program on SPEC's hosts, hierarchical
-#                                        allreduce and allgather on or off
+#   sweep SPEC on|off|auto PROGRAM [ARGS]  an mpi-suite test program on SPEC's hosts,
+#                                        hierarchical allreduce and allgather on, off or auto
 #   fault link|crash|ranks PROGRAM       test/cluster/fault_program on 2 hosts x 2; after some
 #                                        steps tnode1's link goes down, tnode1 crashes (every
 #                                        process killed) or its ranks are killed: the job must end
@@ -127,8 +127,12 @@ def case_layout(args):
 def case_sweep(args):
     spec, switch, command = args[0], args[1], args[2:]
     total = sum(int(slots) for slots in spec.split(","))
-    flags = ["--hierarchical-allreduce", "--hierarchical-allgather"] if switch == "on" else \
-        ["--no-hierarchical-allreduce", "--no-hierarchical-allgather"]
+    # auto is the default: no flag, and none of the caller's variables either.
+    flags = {"on": ["--hierarchical-allreduce", "--hierarchical-allgather"],
+             "off": ["--no-hierarchical-allreduce", "--no-hierarchical-allgather"],
+             "auto": []}[switch]
+    for variable in ("TUTTI_HIERARCHICAL_ALLREDUCE", "TUTTI_HIERARCHICAL_ALLGATHER"):
+        os.environ.pop(variable, None)
     status, _, _ = tuttirun(["-np", str(total), "-H", hosts_of(spec)] + flags + command,
                             timeout=240)
     if status != 0:

@@ -3,11 +3,13 @@
 // on contiguous and interleaved host layouts, against closed forms.
 #include "ops/hierarchical/hierarchical_backend.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "ops/hierarchical/calibration.h"
 #include "ops/hierarchical/host_layout.h"
 #include "test/support/fake_transport.h"
 
@@ -16,8 +18,11 @@ namespace {
 
 using ops::hierarchical::HierarchicalBackend;
 using ops::hierarchical::HostLayout;
+using ops::hierarchical::kCalibrationBytes;
 using ops::hierarchical::layout_from_host_ids;
+using ops::hierarchical::settle_thresholds;
 using ops::hierarchical::split_evenly;
+using ops::hierarchical::threshold_from;
 
 TEST_CASE("Host layouts number hosts by their lowest rank", "[hierarchical]") {
   const std::vector<int> contiguous_ids = {7, 7, 3, 3};
@@ -54,7 +59,8 @@ TEST_CASE("split_evenly gives the first count % parts slices one more", "[hierar
 }
 
 // Runs `body(backend, rank)` on one thread per rank of `host_ids`' layout, each rank with a
-// hierarchical backend over in-memory flat, intra-host and cross-host backends.
+// hierarchical backend over in-memory flat, intra-host and cross-host backends, hierarchical
+// at every size.
 template <class F>
 void with_backends(const std::vector<int>& host_ids, F&& body) {
   const HostLayout layout = layout_from_host_ids(host_ids);
@@ -76,7 +82,8 @@ void with_backends(const std::vector<int>& host_ids, F&& body) {
             transport.create_backend(layout.members[static_cast<std::size_t>(layout.host_of[me])])
                 .value(),
         .cross = transport.create_backend(same_index).value()};
-    HierarchicalBackend backend(std::move(parts), layout, {.allreduce = true, .allgather = true});
+    HierarchicalBackend backend(std::move(parts), layout,
+                                {.allreduce_bytes = 0, .allgather_bytes = 0});
     body(backend, rank);
   });
 }
@@ -175,6 +182,54 @@ TEST_CASE("Hierarchical allgatherv concatenates in set-rank order", "[hierarchic
   });
   CHECK(ok == std::vector<int>(ids.size(), 1));
   for (const std::vector<float>& result : results) CHECK(result == expected);
+}
+
+TEST_CASE("The automatic threshold: the smallest size from which hierarchical keeps winning",
+          "[hierarchical][calibration]") {
+  constexpr std::size_t kNever = HierarchicalBackend::kNever;
+  using Times = std::vector<double>;
+  CHECK(threshold_from(Times{1, 10, 100}, Times{2, 5, 50}) == kCalibrationBytes[1]);
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 50}) == kCalibrationBytes[0]);
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 11, 50}) == kCalibrationBytes[2]);
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 100}) == kNever);  // Lost the largest.
+  CHECK(threshold_from(Times{1, 10, 100}, Times{1, 10, 97}) == kNever);    // Within the margin.
+}
+
+TEST_CASE("Thresholds follow the knobs, or measurements every member shares",
+          "[hierarchical][calibration]") {
+  const std::vector<int> ids = {0, 0, 1, 1};
+  const ops::HierarchyMode mode =
+      GENERATE(ops::HierarchyMode::Off, ops::HierarchyMode::On, ops::HierarchyMode::Auto);
+  std::vector<HierarchicalBackend::Thresholds> settled(ids.size());
+  std::vector<int> ok(ids.size(), 0);
+  with_backends(ids, [&](HierarchicalBackend& backend, int rank) {
+    const auto me = static_cast<std::size_t>(rank);
+    bool right = settle_thresholds(backend, {.allreduce = mode, .allgather = mode}).ok();
+    settled[me] = backend.thresholds();
+    // Whichever path each size takes now, the sums are right.
+    for (std::size_t count : {std::size_t{3}, std::size_t{70000}}) {
+      std::vector<float> data(count, static_cast<float>(rank + 1));
+      right =
+          right && backend.allreduce(data.data(), count, DataType::Float32, ops::WireOp::Sum).ok();
+      right = right && std::all_of(data.begin(), data.end(), [](float x) { return x == 10.0f; });
+    }
+    ok[me] = right;
+  });
+  CHECK(ok == std::vector<int>(ids.size(), 1));
+  const std::size_t expected = mode == ops::HierarchyMode::On ? 0 : HierarchicalBackend::kNever;
+  for (const HierarchicalBackend::Thresholds& t : settled) {
+    CHECK(t.allreduce_bytes == settled[0].allreduce_bytes);
+    CHECK(t.allgather_bytes == settled[0].allgather_bytes);
+    if (mode != ops::HierarchyMode::Auto) {
+      CHECK(t.allreduce_bytes == expected);
+      CHECK(t.allgather_bytes == expected);
+    } else {
+      const std::vector<std::size_t> possible = {kCalibrationBytes[0], kCalibrationBytes[1],
+                                                 kCalibrationBytes[2], HierarchicalBackend::kNever};
+      CHECK(std::count(possible.begin(), possible.end(), t.allreduce_bytes) == 1);
+      CHECK(std::count(possible.begin(), possible.end(), t.allgather_bytes) == 1);
+    }
+  }
 }
 
 }  // namespace
