@@ -29,22 +29,26 @@ Status run_once(HierarchicalBackend& backend, Collective collective, Path path, 
   return runner.allgatherv(data.data(), gathered.data(), counts, DataType::Float32);
 }
 
-// Per calibration size, the best time of `path`, in ms, on this rank.
-Result<std::vector<double>> time_path(HierarchicalBackend& backend, Collective collective,
-                                      Path path) {
+// Per calibration size, the best time of each path on this rank, in ms: flat's, then
+// hierarchical's. The two paths alternate run by run, so that a burst of load on the machine
+// slows both alike rather than one.
+Result<std::vector<double>> time_paths(HierarchicalBackend& backend, Collective collective) {
   const std::size_t largest = kCalibrationBytes.back() / sizeof(float);
   std::vector<float> data(largest, 0.0f), gathered(largest, 0.0f);
-  std::vector<double> best;
-  for (std::size_t bytes : kCalibrationBytes) {
-    double best_ms = 1e300;
+  const std::size_t n = kCalibrationBytes.size();
+  std::vector<double> best(2 * n, 1e300);
+  for (std::size_t i = 0; i < n; ++i) {
     for (int run = 0; run <= kCalibrationRuns; ++run) {  // Run 0 warms up.
-      TUTTI_RETURN_IF_ERROR(backend.flat().barrier());
-      const Clock::time_point start = Clock::now();
-      TUTTI_RETURN_IF_ERROR(run_once(backend, collective, path, bytes, data, gathered));
-      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-      if (run > 0) best_ms = std::min(best_ms, ms);
+      for (Path path : {Path::Flat, Path::Hierarchical}) {
+        TUTTI_RETURN_IF_ERROR(backend.flat().barrier());
+        const Clock::time_point start = Clock::now();
+        TUTTI_RETURN_IF_ERROR(
+            run_once(backend, collective, path, kCalibrationBytes[i], data, gathered));
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        double& slot = best[path == Path::Flat ? i : n + i];
+        if (run > 0) slot = std::min(slot, ms);
+      }
     }
-    best.push_back(best_ms);
   }
   return best;
 }
@@ -52,12 +56,8 @@ Result<std::vector<double>> time_path(HierarchicalBackend& backend, Collective c
 // The threshold of `collective` measured on `backend`; `report` gets the figures.
 Result<std::size_t> measure(HierarchicalBackend& backend, Collective collective,
                             std::string* report) {
-  TUTTI_ASSIGN_OR_RETURN(std::vector<double> flat, time_path(backend, collective, Path::Flat));
-  TUTTI_ASSIGN_OR_RETURN(std::vector<double> hierarchical,
-                         time_path(backend, collective, Path::Hierarchical));
+  TUTTI_ASSIGN_OR_RETURN(std::vector<double> times, time_paths(backend, collective));
   // The slowest member's times, the same numbers on every member.
-  std::vector<double> times = flat;
-  times.insert(times.end(), hierarchical.begin(), hierarchical.end());
   TUTTI_RETURN_IF_ERROR(
       backend.flat().allreduce(times.data(), times.size(), DataType::Float64, WireOp::Max));
   const std::span<const double> all(times);
