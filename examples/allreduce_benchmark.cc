@@ -19,10 +19,15 @@
 //       (fusion_kernel_figures.h; cuda_fusion_benchmark prints the same without MPI)
 // Usage: mpirun -n 2 allreduce_benchmark [--device cpu|cuda] [--grads FILE] [--repeats N]
 //                                        [--kernel-repeats N] [--sweep-fusion]
+//                                        [--transport LIST] [--sweep-sizes] [--p10 [--p10-mb N]]
 //   --repeats N         timed rounds after one warm-up; figures are the best (default 5)
 //   --kernel-repeats N  D2's runs per figure, averaged after 3 warm-up runs (default 50)
 //   --sweep-fusion      --device cpu only: also runs P1 at several TUTTI_FUSION_THRESHOLD
 //                       values (restarting Tutti)
+//   --transport LIST    --device cpu only: also runs P1 with TUTTI_HOST_TRANSPORT set to each of
+//                       the comma-separated auto, mpi, shm (one "P1 transport=" line each)
+//   --sweep-sizes       --device cpu only: one allreduce of 4 B to 64 MB on each host transport
+//                       against raw MPI (median microseconds)
 //   --p10, --p10-mb N   P10 only (--repeats rounds), single tensors of 4 KB, 64 KB, 1 MB and
 //                       16 MB up to N MB
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
@@ -204,9 +209,26 @@ struct Options {
   int repeats = 5;
   int kernel_repeats = 50;
   bool sweep = false;
+  // --transport: TUTTI_HOST_TRANSPORT values to run P1 under, one line each (empty = the
+  // environment's setting only).
+  std::vector<std::string> transports;
+  bool sweep_sizes = false;  // --sweep-sizes
   bool p10 = false;
   std::int64_t p10_mb = 16;  // Largest single tensor of P10.
 };
+
+// "mpi,shm" -> {"mpi", "shm"}; false for a value other than auto, mpi, shm.
+bool parse_transports(const std::string& list, std::vector<std::string>* out) {
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, comma - start);
+    if (item != "auto" && item != "mpi" && item != "shm") return false;
+    out->push_back(item);
+    start = comma + 1;
+  }
+  return true;
+}
 
 // False (after rank 0 printed the usage) for an unknown or incomplete flag, or --sweep-fusion
 // with --device cuda.
@@ -226,6 +248,10 @@ bool parse_options(int argc, char** argv, Options* options) {
       options->kernel_repeats = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--sweep-fusion") {
       options->sweep = true;
+    } else if (arg == "--transport" && i + 1 < argc) {
+      ok = parse_transports(argv[++i], &options->transports);
+    } else if (arg == "--sweep-sizes") {
+      options->sweep_sizes = true;
     } else if (arg == "--p10") {
       options->p10 = true;
     } else if (arg == "--p10-mb" && i + 1 < argc) {
@@ -234,11 +260,14 @@ bool parse_options(int argc, char** argv, Options* options) {
       ok = false;
     }
   }
-  if (ok && !(options->sweep && options->cuda)) return true;
+  if (ok &&
+      !((options->sweep || options->sweep_sizes || !options->transports.empty()) && options->cuda))
+    return true;
   if (world_rank() == 0) {
     std::fprintf(stderr,
                  "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
-                 "[--kernel-repeats N] [--sweep-fusion (cpu only)] [--p10 [--p10-mb N]]\n",
+                 "[--kernel-repeats N] [--sweep-fusion] [--transport auto|mpi|shm[,...]] "
+                 "[--sweep-sizes] (the last three cpu only) [--p10 [--p10-mb N]]\n",
                  argv[0]);
   }
   return false;
@@ -254,6 +283,47 @@ double best_raw_pieces(std::vector<float>& flat, int repeats) {
     best_raw = std::min(best_raw, ms);
   }
   return best_raw;
+}
+
+// Median time of `rounds` calls of `op` after a few warm-ups, max over ranks. Collective.
+template <class Op>
+double median_us(int rounds, Op op) {
+  std::vector<double> us(static_cast<std::size_t>(rounds));
+  for (int i = 0; i < 3; ++i) op();
+  for (double& t : us) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const Clock::time_point start = Clock::now();
+    op();
+    t = ms_since(start) * 1000.0;
+  }
+  return max_over_ranks(median(us));
+}
+
+// --sweep-sizes: one float32 allreduce (Sum) of 4 B to 64 MB through Tutti on each host
+// transport, and raw MPI_Allreduce, median of a few rounds each: where shared memory starts to
+// pay (Note [Which host transport] in ops/shm/shm_backend.h).
+void sweep_sizes(int repeats) {
+  const bool root = world_rank() == 0;
+  if (root) std::printf("%10s %12s %12s %12s\n", "bytes", "raw_us", "tutti_mpi_us", "tutti_shm_us");
+  for (std::size_t bytes = 4; bytes <= (std::size_t{64} << 20); bytes *= 4) {
+    std::vector<float> data(bytes / sizeof(float), 1.0f);
+    const int rounds = bytes <= (std::size_t{1} << 20) ? 20 * repeats : repeats;
+    const double raw = median_us(rounds, [&] {
+      MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+    });
+    double tutti_us[2] = {0, 0};
+    for (int t = 0; t < 2; ++t) {
+      setenv("TUTTI_HOST_TRANSPORT", t == 0 ? "mpi" : "shm", 1);
+      tutti::init();
+      const tutti::TensorView view(data.data(), {static_cast<std::int64_t>(data.size())});
+      tutti_us[t] =
+          median_us(rounds, [&] { tutti::allreduce(view, "sweep", {.op = tutti::ReduceOp::Sum}); });
+      tutti::shutdown();
+    }
+    unsetenv("TUTTI_HOST_TRANSPORT");
+    if (root) std::printf("%10zu %12.1f %12.1f %12.1f\n", bytes, raw, tutti_us[0], tutti_us[1]);
+  }
 }
 
 // P1 to P4 (--device cpu).
@@ -295,6 +365,18 @@ int run_host(const Options& options) {
     }
     unsetenv("TUTTI_FUSION_THRESHOLD");
   }
+  for (const std::string& transport : options.transports) {
+    setenv("TUTTI_HOST_TRANSPORT", transport.c_str(), 1);
+    tutti::init();
+    const double ms = p1_tutti(views, repeats);
+    tutti::shutdown();
+    if (root) {
+      std::printf("P1 transport=%s tutti_ms=%.2f best_raw_ms=%.2f ratio=%.3f\n", transport.c_str(),
+                  ms, best_raw, ms / best_raw);
+    }
+  }
+  if (!options.transports.empty()) unsetenv("TUTTI_HOST_TRANSPORT");
+  if (options.sweep_sizes) sweep_sizes(repeats);
   tutti::init();
   const double p1 = p1_tutti(views, repeats);
   double p2_tutti = 0, p2_raw = 0, p3_tutti = 0, p3_raw = 0;

@@ -9,12 +9,17 @@
 //
 // Usage: scripts/tuttirun -np 2 build/examples/synthetic_benchmark [--batch-size B]
 //          [--num-warmup-batches W] [--num-batches-per-iter K] [--num-iters N]
-//          [--wrapper optimizer|ddp]
-//   Defaults 32 (per rank), 10, 10, 10, as Horovod's pytorch_synthetic_benchmark.py; optimizer.
-// Each pass runs W untimed steps, then N iterations of K timed steps; img/sec is reported as
-// mean +- 1.96 sigma over the N iterations (rank 0's clock), per rank and for all ranks. Unlike
-// Horovod's script, the passes take turns iteration by iteration (each on its own copy of the
-// model), so that load from other processes on a shared machine hits all of them alike.
+//          [--wrapper optimizer|ddp] [--target-ci P] [--max-seconds S]
+//   Defaults 32 (per rank), 10, 10, 10, as Horovod's pytorch_synthetic_benchmark.py; optimizer;
+//   5 (percent); 300.
+// Each pass runs W untimed steps, then at least N iterations of K timed steps; img/sec is
+// reported as mean +- 1.96 sigma over the iterations (rank 0's clock), per rank and for all
+// ranks. Unlike Horovod's script, the passes take turns iteration by iteration (each on its own
+// copy of the model), so that load from other processes on a shared machine hits all of them
+// alike, and the iterations go on (past N, for at most S seconds in all; 0 = exactly N) until
+// the 95% confidence interval of the comparison is within P percent: of the overlap gain
+// (overlap / no overlap, paired by iteration) and of each pass's mean. The last line is
+// DESIGN.md's P5 (or P8 with --wrapper ddp) with that interval.
 // Model: conv 3->32, conv 32->64 (3x3, ReLU), max-pool 2, fc 16384->256, fc 256->10 on 32x32
 // images: the 4.2M-parameter fc layer's gradient comes first in backward(), so its allreduce
 // can run while the convolutions' gradients are still being computed.
@@ -44,7 +49,8 @@ namespace optim = tutti::optim;
 constexpr char kUsage[] =
     "usage: synthetic_benchmark [--batch-size B] [--num-warmup-batches W]\n"
     "                           [--num-batches-per-iter K] [--num-iters N]\n"
-    "                           [--wrapper optimizer|ddp]\n";
+    "                           [--wrapper optimizer|ddp] [--target-ci PERCENT]\n"
+    "                           [--max-seconds S]\n";
 
 struct Flags {
   std::int64_t batch_size = 32;
@@ -52,6 +58,8 @@ struct Flags {
   int batches_per_iter = 10;
   int iters = 10;
   bool ddp = false;  // --wrapper ddp
+  int target_ci_percent = 5;
+  int max_seconds = 300;
 };
 
 std::optional<Flags> parse_flags(int argc, char** argv) {
@@ -77,6 +85,10 @@ std::optional<Flags> parse_flags(int argc, char** argv) {
       f.batches_per_iter = v;
     else if (flag == "--num-iters" && v > 0)
       f.iters = v;
+    else if (flag == "--target-ci" && v > 0)
+      f.target_ci_percent = v;
+    else if (flag == "--max-seconds")
+      f.max_seconds = v;
     else
       return std::nullopt;
   }
@@ -97,6 +109,18 @@ std::vector<nn::Variable> parameters(const nn::NamedParameters& named) {
   std::vector<nn::Variable> params;
   for (auto& [name, p] : named) params.push_back(p);
   return params;
+}
+
+// Half the 95% confidence interval of the mean of `samples` (1.96 standard errors), in percent
+// of the mean; infinite for fewer than two samples.
+double interval_percent(const std::vector<double>& samples) {
+  const auto n = static_cast<double>(samples.size());
+  if (samples.size() < 2) return INFINITY;
+  double mean = 0;
+  for (double x : samples) mean += x / n;
+  double variance = 0;
+  for (double x : samples) variance += (x - mean) * (x - mean) / (n - 1);
+  return 1.96 * std::sqrt(variance / n) / mean * 100.0;
 }
 
 // One way of training, timed: its own copy of the model (rank 0's weights), its optimizer, its
@@ -123,6 +147,8 @@ struct Pass {
     for (double r : rates) variance += (r - mean()) * (r - mean());
     return 1.96 * std::sqrt(variance / static_cast<double>(rates.size()));
   }
+  // Half the 95% confidence interval of the mean, in percent of it.
+  double mean_ci_percent() const { return interval_percent(rates); }
 
   const char* title;
   std::shared_ptr<nn::Sequential> model = make_model();
@@ -132,16 +158,44 @@ struct Pass {
   std::vector<double> rates;
 };
 
-// Horovod's method: warm-up steps, then `iters` timings of `batches_per_iter` steps each, the
-// passes taking turns.
+// The first two passes' img/sec per iteration, divided: their comparison with the load of that
+// moment cancelled out.
+std::vector<double> paired_ratios(const std::vector<Pass*>& passes) {
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < passes[0]->rates.size(); ++i)
+    ratios.push_back(passes[0]->rates[i] / passes[1]->rates[i]);
+  return ratios;
+}
+
+// Whether the comparison is precise enough (see the usage above): decided on rank 0, so that
+// every rank runs the same number of iterations.
+bool precise_enough(const Flags& flags, const std::vector<Pass*>& passes, double seconds) {
+  std::int32_t done = 1;
+  if (tutti::rank() == 0 && flags.max_seconds > 0 && seconds < flags.max_seconds) {
+    const double target = flags.target_ci_percent;
+    bool precise = interval_percent(paired_ratios(passes)) <= target;
+    for (const Pass* pass : passes) precise = precise && pass->mean_ci_percent() <= target;
+    done = precise ? 1 : 0;
+  }
+  tutti::broadcast(tutti::TensorView(&done, {}), 0, "synthetic.done");
+  return done != 0;
+}
+
+// Horovod's method: warm-up steps, then timings of `batches_per_iter` steps each, the passes
+// taking turns: `iters` of them, then more until precise_enough().
 void measure(const Flags& flags, const std::vector<Pass*>& passes) {
   const bool root = tutti::rank() == 0;
+  const auto started = std::chrono::steady_clock::now();
   if (root) std::printf("Running warmup...\n");
   for (Pass* pass : passes) {
     for (int i = 0; i < flags.warmup_batches; ++i) pass->step();
   }
   if (root) std::printf("Running benchmark...\n");
-  for (int iter = 0; iter < flags.iters; ++iter) {
+  for (int iter = 0;; ++iter) {
+    if (iter >= flags.iters) {
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
+      if (precise_enough(flags, passes, elapsed.count())) break;
+    }
     if (root) std::printf("Iter #%d:", iter);
     for (Pass* pass : passes) {
       const auto start = std::chrono::steady_clock::now();
@@ -264,7 +318,16 @@ int main(int argc, char** argv) {
       std::printf("P8 ddp_ms=%.2f optimizer_ms=%.2f ratio=%.3f\n", ddp_ms, optimizer_ms,
                   ddp_ms / optimizer_ms);
     } else {
-      std::printf("gain: %+.1f%%\n", (overlap.mean() / second.mean() - 1) * 100);
+      // The paired gain: overlap's img/sec over no overlap's, iteration by iteration.
+      const std::vector<double> ratios = paired_ratios(passes);
+      double gain = 0;
+      for (double r : ratios) gain += r / static_cast<double>(ratios.size());
+      const double ci = interval_percent(ratios) * gain;  // Percentage points of the gain.
+      std::printf("gain: %+.1f%% +-%.1f%% (95%% confidence, %zu iterations)\n", (gain - 1) * 100,
+                  ci, ratios.size());
+      std::printf("P5 overlap_ms=%.2f after_backward_ms=%.2f gain=%.3f ci=%.3f iters=%zu\n",
+                  overlap.step_ms(flags->batch_size), second.step_ms(flags->batch_size), gain,
+                  ci / 100, ratios.size());
     }
     // Communication's cost at this rank count; compare with a -np 1 run for true scaling.
     std::printf("scaling efficiency vs no communication: %.1f%% (overlap), %.1f%% (%s)\n",

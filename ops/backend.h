@@ -19,6 +19,20 @@ namespace tutti::ops {
 // sends Sum and scales around the call, so every backend averages alike.
 enum class WireOp : std::uint8_t { Sum, Min, Max, Product };
 
+// One tensor of a fused reduction (Backend::allreduce_tensors): `count` elements read from
+// `input` as `input_type`, times `prescale` (zeros when `input` is null: a joined rank), are
+// reduced in the wire dtype and written to `output` as `output_type`, times `factor` (dropped
+// when `output` is null). `output` may equal `input`; tensors do not otherwise overlap.
+struct FusedTensor {
+  const void* input = nullptr;
+  DataType input_type = DataType::Float32;
+  double prescale = 1.0;
+  void* output = nullptr;
+  DataType output_type = DataType::Float32;
+  double factor = 1.0;
+  std::size_t count = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -45,6 +59,17 @@ class Backend {
                                std::span<const std::size_t> recv_counts, DataType dtype,
                                WireOp op) = 0;
   virtual Status barrier() = 0;
+  // Whether allreduce_tensors() takes a reduction of `wire_bytes` in total: backends that
+  // reduce straight from the tensors (shared memory) spare core the pack into a fusion buffer
+  // and the unpack from it. Pure and rank-independent, like every choice of the wire.
+  virtual bool reduces_tensors(std::size_t /*wire_bytes*/) const { return false; }
+  // Reduces `tensors` as one fused allreduce in `wire` (any dtype allreduce takes) with `op`,
+  // converting and scaling on the way in and out (see FusedTensor). Only where
+  // reduces_tensors() said yes.
+  virtual Status allreduce_tensors(std::span<const FusedTensor> /*tensors*/, DataType /*wire*/,
+                                   WireOp /*op*/) {
+    return Status(ErrorCode::Internal, "this backend does not reduce tensors directly");
+  }
   // Adasum (adaptive summation) of `data` in place: consecutive tensors of tensor_counts[i]
   // elements, each combined with its own coefficients. dtype is Float32 or Float64 (core
   // widens Float16/BFloat16); the set size is a power of two (checked at the call). Not pure,
@@ -58,6 +83,10 @@ class Backend {
   // lost mid-collective, after which the op's completion event would never complete. Core asks
   // while it polls a device op's event. Host backends finish inside each call: always OK.
   virtual Status async_error() { return Status(); }
+  // After the job stopped on an error a peer may never enter a collective again: drops what
+  // only a collective call could free (kept until the process exits), so that destroying the
+  // backend cannot wait for that peer. Communication thread, or the thread ending the session.
+  virtual void abandon() {}
 };
 
 }  // namespace tutti::ops

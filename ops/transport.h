@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,18 @@ struct Topology {
   bool threads_multiple = true;  // MPI provides MPI_THREAD_MULTIPLE.
 };
 
+// How the collectives of CPU tensors travel among ranks that share a host
+// (TUTTI_HOST_TRANSPORT; Note [Which host transport] in ops/shm/shm_backend.h).
+enum class HostTransport : std::uint8_t { Auto, Mpi, Shm };
+
+// What a set's backend may use. The same on every rank (agreed settings).
+struct BackendOptions {
+  HostTransport host_transport = HostTransport::Auto;
+  // Which collectives run hierarchically on sets that span several hosts (ops/hierarchy.h);
+  // transports without hosts ignore it.
+  HierarchyOptions hierarchy;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -35,11 +48,8 @@ class Transport {
   virtual ControlPlane& control_plane() = 0;
   // A backend over the given global ranks (sorted). Collective over ALL ranks of the job, in
   // the same order everywhere; returns null on ranks outside `ranks`.
-  virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) = 0;
-  // Which collectives the backends created from now on run hierarchically on sets that span
-  // several hosts (ops/hierarchy.h). The same options on every rank (Job knobs); application
-  // thread, before the session's first create_backend. Transports without hosts ignore it.
-  virtual void set_hierarchy(const HierarchyOptions& /*options*/) {}
+  virtual Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks,
+                                                          const BackendOptions& options) = 0;
   // The control plane reserved for the RPC agent (src/rpc): over a communicator of its own
   // (MPI: duplicated when the transport is created, in the same collective order as the
   // others), so RPC messages never meet negotiation's. Its user is one thread, the RPC agent's

@@ -28,8 +28,8 @@ namespace tutti::optim {
 // group of parameters reduced together) goes Idle -> InFlight -> Done exactly once:
 //  1. Each hook firing counts a backward pass of its parameter. The k-th pass
 //     (k = backward_passes_per_step) makes the parameter ready; when every member of its unit
-//     is ready, the unit's gradients are copied (or compressed) into the unit's buffers and
-//     its allreduce is started from the hook: communication overlaps the rest of backward().
+//     is ready, the unit's allreduce is started from the hook: communication overlaps the rest
+//     of backward(). What travels is given in Note [Gradient buffers].
 //  2. synchronize() starts every unit still Idle (parameters whose hook fired fewer than k
 //     times, or never, e.g. unused on this rank), so each rank submits every name once per
 //     round and no rank waits forever; then it waits for all units and copies each result
@@ -40,6 +40,19 @@ namespace tutti::optim {
 // is a (k+1)-th backward before step() and throws InvalidArgument from backward(). The
 // decision to start a unit depends only on this rank's hooks, but the set of names each rank
 // submits per round is the same (all units), which is what name-matched negotiation needs.
+
+// Note [Gradient buffers]
+// Without compression a gradient is reduced where it lies, with no copy: start() swaps the
+// gradient tensor out of its parameter for the unit's spare tensor of the same shape (a
+// handle swap; tensors share storage), the runtime averages the gradient's storage in place,
+// and finish() swaps it back, so after synchronize() grad() is the same storage as before,
+// now reduced. Meanwhile the parameter holds the spare: a refused extra backward() pass adds
+// into it, and nothing reads it. With FP16/BF16 compression the gradient is converted into
+// the unit's buffer, which is reduced and converted back.
+// A failed reduction (a mismatch, a stall, shutdown: errors found before data moves) leaves
+// every gradient as it was. step() inside skip_synchronize() without a synchronize() first
+// waits for the reductions the hooks started and applies them, as Horovod's in-place
+// reductions of p.grad would.
 
 struct DistributedOptimizer::State {
   enum class Phase { Idle, InFlight, Done };
@@ -52,7 +65,9 @@ struct DistributedOptimizer::State {
     std::size_t ready = 0;             // Members that made their k-th pass this round.
     Phase phase = Phase::Idle;
     Handle handle;
-    std::vector<Tensor> buffers;  // Per member: what travels (float32, float16 or bfloat16).
+    // Per member, what travels (Note [Gradient buffers]): while in flight, the gradient itself
+    // (uncompressed) or its compressed copy; otherwise the spare (uncompressed) or the buffer.
+    std::vector<Tensor> buffers;
   };
 
   // Hooks run on the backward() thread, the methods on the caller's: the mutable state below
@@ -91,8 +106,11 @@ struct DistributedOptimizer::State {
     return DataType::Float32;
   }
 
-  // Copies (compressing) the members' gradients into the unit's buffers and starts its
-  // allreduce. On a throw (e.g. the runtime is down) the unit stays Idle.
+  bool compressed() const { return options.compression != Compression::None; }
+
+  // Starts the unit's allreduce on its members' gradients, swapped out of the parameters or
+  // compressed into the buffers (Note [Gradient buffers]). On a throw (e.g. the runtime is
+  // down) the unit stays Idle and every gradient in place.
   void start(Unit& unit) TUTTI_REQUIRES(mutex) {
     unit.buffers.resize(unit.members.size());
     std::vector<TensorView> views;
@@ -103,28 +121,44 @@ struct DistributedOptimizer::State {
           buffer.data() == nullptr) {
         buffer = Tensor(wire_type(), grad.shape());
       }
-      pack(grad, buffer);
-      views.push_back(buffer.view());
+      if (compressed()) pack(grad, buffer);
+      views.push_back(compressed() ? buffer.view() : grad.view());
     }
     if (unit.grouped) {
       unit.handle = grouped_allreduce_async(std::move(views), unit.name, reduce_options());
     } else {
       unit.handle = allreduce_async(views.front(), unit.name, reduce_options());
     }
+    if (!compressed()) swap_gradients(unit);
     unit.phase = Phase::InFlight;
   }
 
-  // Writes a completed unit's results into the gradients.
-  void finish(Unit& unit) TUTTI_REQUIRES(mutex) {
+  // Exchanges the members' gradients with the unit's spares: out of the parameters at the
+  // start of a reduction, back in at its end.
+  void swap_gradients(Unit& unit) TUTTI_REQUIRES(mutex) {
     for (std::size_t m = 0; m < unit.members.size(); ++m) {
-      unpack(unit.buffers[m], params[unit.members[m]].grad());
+      std::swap(params[unit.members[m]].grad(), unit.buffers[m]);
+    }
+  }
+
+  // Puts a completed unit's results into the gradients; without `write_results` (a failure,
+  // or an optimizer being destroyed) gradients get their own storage back, whatever it holds,
+  // and compressed results are dropped.
+  void finish(Unit& unit, bool write_results) TUTTI_REQUIRES(mutex) {
+    if (!compressed()) {
+      swap_gradients(unit);
+    } else if (write_results) {
+      for (std::size_t m = 0; m < unit.members.size(); ++m) {
+        unpack(unit.buffers[m], params[unit.members[m]].grad());
+      }
     }
     unit.phase = Phase::Done;
   }
 
   // Waits for every unit in flight and, with `write_results`, writes their results into the
   // gradients if all succeeded (on a failure every gradient keeps its local value, so a step
-  // never mixes averaged and local gradients). Returns the first error, after waiting for all
+  // never mixes averaged and local gradients). Every gradient is back in its parameter
+  // afterwards (Note [Gradient buffers]). Returns the first error, after waiting for all
   // (their buffers must not be reused while in flight).
   std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex) {
     std::vector<Handle> handles;
@@ -133,17 +167,15 @@ struct DistributedOptimizer::State {
       if (unit.phase != Phase::InFlight) continue;
       handles.push_back(unit.handle);
       in_flight.push_back(&unit);
-      unit.phase = Phase::Done;
     }
+    std::exception_ptr error;
     try {
       tutti::wait_all(handles);
     } catch (...) {
-      return std::current_exception();
+      error = std::current_exception();
     }
-    if (write_results) {
-      for (Unit* unit : in_flight) finish(*unit);
-    }
-    return nullptr;
+    for (Unit* unit : in_flight) finish(*unit, write_results && !error);
+    return error;
   }
 
   void add_unit(std::string name, std::vector<std::size_t> members, bool grouped)
@@ -438,10 +470,10 @@ void DistributedOptimizer::step() {
     }
     state_->synchronize();
   } else {
-    // Reductions the hooks started are finished (their buffers and names must be free for the
-    // next round) but their results are dropped: the caller asked for the local gradients.
+    // Reductions the hooks started are finished and applied (their buffers and names must be
+    // free for the next round; see Note [Gradient buffers]).
     detail::MutexLock lock(state_->mutex);
-    if (std::exception_ptr error = state_->wait_all(/*write_results=*/false)) {
+    if (std::exception_ptr error = state_->wait_all(/*write_results=*/true)) {
       std::rethrow_exception(error);
     }
   }

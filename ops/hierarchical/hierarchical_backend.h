@@ -82,6 +82,15 @@ class HierarchicalBackend final : public Backend {
     return flat_->adasum(data, tensor_counts, dtype);
   }
   Status async_error() override { return flat_->async_error(); }
+  // Reduces from a fusion buffer only (reduces_tensors stays false): core packs, then
+  // allreduce() runs the schedule.
+  void abandon() override {
+    flat_->abandon();
+    local_->abandon();
+    cross_->abandon();
+  }
+  // The intra-host backend's name, for logs ("shared memory", "MPI").
+  std::string_view local_name() const { return local_->name(); }
 
  private:
   // At least `bytes` of scratch memory, kept for later calls.

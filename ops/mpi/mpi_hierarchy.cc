@@ -8,6 +8,7 @@
 #include "ops/hierarchical/host_layout.h"
 #include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_error.h"
+#include "ops/shm/shm_backend.h"
 #include "src/common/logging.h"
 #include "src/common/strings.h"
 
@@ -40,36 +41,44 @@ std::string threshold_text(std::size_t bytes) {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const HierarchyOptions& options) {
-  if (!options.any())
-    return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const BackendOptions& options) {
+  const HierarchyOptions& hierarchy = options.hierarchy;
+  if (!hierarchy.any()) return shm::create_host_backend(std::move(comm), options.host_transport);
   TUTTI_ASSIGN_OR_RETURN(int id, host_id(comm));
   std::vector<int> ids(static_cast<std::size_t>(comm.size()));
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Allgather(&id, 1, MPI_INT, ids.data(), 1, MPI_INT, comm.get()));
   hierarchical::HostLayout layout = hierarchical::layout_from_host_ids(ids);
   if (!layout.hierarchical()) {
-    TUTTI_LOG_INFO("a process set of ", comm.size(), " ranks on ", layout.hosts(), " host(s) with ",
-                   members_per_host(layout),
-                   " members runs flat collectives: hierarchical ones need at least 2 hosts "
-                   "with the same number (at least 2) of members each");
-    return std::unique_ptr<Backend>(std::make_unique<MpiBackend>(std::move(comm)));
+    // Asked for outright, the user learns why it does not apply; auto stays quiet.
+    if (hierarchy.allreduce == HierarchyMode::On || hierarchy.allgather == HierarchyMode::On) {
+      TUTTI_LOG_INFO("a process set of ", comm.size(), " ranks on ", layout.hosts(),
+                     " host(s) with ", members_per_host(layout),
+                     " members runs flat collectives: hierarchical ones need at least 2 hosts "
+                     "with the same number (at least 2) of members each");
+    }
+    return shm::create_host_backend(std::move(comm), options.host_transport);
   }
   const int me = comm.rank();
   const auto r = static_cast<std::size_t>(me);
   TUTTI_ASSIGN_OR_RETURN(MpiComm local, MpiComm::split(comm.get(), layout.host_of[r], me));
   TUTTI_ASSIGN_OR_RETURN(MpiComm cross,
                          MpiComm::split(comm.get(), layout.local_index_of[r], layout.host_of[r]));
+  // Within a host, shared memory where TUTTI_HOST_TRANSPORT allows (the local communicator is
+  // all on one host).
+  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<Backend> intra,
+                         shm::create_host_backend(std::move(local), options.host_transport));
   hierarchical::HierarchicalBackend::Parts parts{
       .flat = std::make_unique<MpiBackend>(std::move(comm)),
-      .local = std::make_unique<MpiBackend>(std::move(local)),
+      .local = std::move(intra),
       .cross = std::make_unique<MpiBackend>(std::move(cross))};
   auto backend = std::make_unique<hierarchical::HierarchicalBackend>(
       std::move(parts), std::move(layout), hierarchical::HierarchicalBackend::Thresholds{});
   std::string report;
-  TUTTI_RETURN_IF_ERROR(hierarchical::settle_thresholds(*backend, options, &report));
+  TUTTI_RETURN_IF_ERROR(hierarchical::settle_thresholds(*backend, hierarchy, &report));
   TUTTI_LOG_INFO("a process set of ", backend->size(), " ranks on ", backend->layout().hosts(),
-                 " hosts x ", backend->layout().members.front().size(), ": ",
-                 report.empty() ? "" : "measured ", report, "hierarchical allreduce ",
+                 " hosts x ", backend->layout().members.front().size(),
+                 " (within a host: ", backend->local_name(),
+                 "): ", report.empty() ? "" : "measured ", report, "hierarchical allreduce ",
                  threshold_text(backend->thresholds().allreduce_bytes), ", allgather ",
                  threshold_text(backend->thresholds().allgather_bytes));
   return std::unique_ptr<Backend>(std::move(backend));

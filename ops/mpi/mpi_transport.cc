@@ -100,12 +100,12 @@ class MpiTransport final : public Transport {
   std::unique_ptr<ControlPlane> take_rpc_plane() override { return std::move(rpc_); }
   std::unique_ptr<P2PChannel> take_p2p_channel() override { return std::move(p2p_); }
 
-  Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks) override {
+  Result<std::unique_ptr<Backend>> create_backend(const std::vector<int>& ranks,
+                                                  const BackendOptions& options) override {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
     if (!comm.valid()) return std::unique_ptr<Backend>();
-    return make_set_backend(std::move(comm), hierarchy_);
+    return make_set_backend(std::move(comm), options);
   }
-  void set_hierarchy(const HierarchyOptions& options) override { hierarchy_ = options; }
 
  private:
   MpiTransport() = default;
@@ -140,7 +140,6 @@ class MpiTransport final : public Transport {
   std::unique_ptr<MpiControlPlane> control_;
   std::unique_ptr<MpiControlPlane> rpc_;  // Until the session takes it.
   std::unique_ptr<P2PChannel> p2p_;       // Likewise.
-  HierarchyOptions hierarchy_;            // Of the backends created from now on.
 };
 
 void (*g_finalize_hook)() = nullptr;

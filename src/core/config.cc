@@ -63,6 +63,14 @@ Result<std::vector<int>> parse_cpus(const detail::KnobSource& source) {
   }
 }
 
+Result<ops::HostTransport> parse_host_transport(const detail::KnobSource& source) {
+  const std::string text = detail::string_knob("HOST_TRANSPORT", source);
+  if (text == "auto") return ops::HostTransport::Auto;
+  if (text == "shm") return ops::HostTransport::Shm;
+  if (text == "mpi") return ops::HostTransport::Mpi;
+  return refuse(source, "HOST_TRANSPORT", "is not one of auto, shm, mpi");
+}
+
 }  // namespace
 
 Result<Config> Config::from_env(const detail::KnobSource& source) {
@@ -71,6 +79,7 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   TUTTI_ASSIGN_OR_RETURN(double cycle_ms, detail::double_knob("CYCLE_TIME", source));
   c.cycle_time = ms_to_us(cycle_ms);
   TUTTI_ASSIGN_OR_RETURN(c.cache_capacity, detail::int_knob("CACHE_CAPACITY", source));
+  TUTTI_ASSIGN_OR_RETURN(c.host_transport, parse_host_transport(source));
   c.timeline_path = detail::string_knob("TIMELINE", source);
   TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles, detail::bool_knob("TIMELINE_MARK_CYCLES", source));
   TUTTI_ASSIGN_OR_RETURN(c.stall_check_disabled, detail::bool_knob("STALL_CHECK_DISABLE", source));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ops/hierarchy.h"
+#include "ops/transport.h"
 #include "src/common/env.h"
 #include "src/common/logging.h"
 #include "src/common/status.h"
@@ -19,6 +20,7 @@ struct Config {
   std::int64_t fusion_threshold_bytes = detail::default_int("FUSION_THRESHOLD");
   std::chrono::microseconds cycle_time = ms_to_us(detail::default_double("CYCLE_TIME"));
   std::int64_t cache_capacity = detail::default_int("CACHE_CAPACITY");
+  ops::HostTransport host_transport = ops::HostTransport::Auto;
   std::string timeline_path;
   bool timeline_mark_cycles = detail::default_bool("TIMELINE_MARK_CYCLES");
   bool stall_check_disabled = detail::default_bool("STALL_CHECK_DISABLE");

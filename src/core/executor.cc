@@ -196,6 +196,10 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& 
   const Response& first = *batch.front().response;
   if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend, mover);
   const DataType wire = batch_wire_dtype(batch);
+  if (backend.reduces_tensors(total_count(batch) * element_size(wire))) {
+    mark(batch, "ALLREDUCE");
+    return allreduce_tensors(batch, wire, backend);
+  }
   if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
       batch.front().entry != nullptr) {
     mark(batch, "ALLREDUCE");
@@ -211,6 +215,32 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& 
   const int size = backend.size();
   return unpack(batch, wire, buffer, mover,
                 [size](const Response& response) { return output_factor(response, size); });
+}
+
+// Straight from the inputs into the outputs, the backend converting and scaling on the way (no
+// fusion buffer): each tensor's prescale on the way in, its output factor on the way out.
+Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire, ops::Backend& backend) {
+  std::vector<ops::FusedTensor> tensors;
+  tensors.reserve(batch.size());
+  for (const Work& work : batch) {
+    const Response& response = *work.response;
+    const double factor = output_factor(response, backend.size());
+    for (std::size_t t = 0; t < response.tensors.size(); ++t) {
+      ops::FusedTensor tensor{.count = count_of(response.tensors[t])};
+      if (work.entry != nullptr) {  // A joined rank adds zeros and keeps nothing.
+        const TensorView& input = work.entry->inputs[t];
+        const TensorView& output = work.entry->outputs[t];
+        tensor.input = input.data();
+        tensor.input_type = input.dtype();
+        tensor.prescale = response.prescale;
+        tensor.output = output.data();
+        tensor.output_type = output.dtype();
+        tensor.factor = factor;
+      }
+      tensors.push_back(tensor);
+    }
+  }
+  return backend.allreduce_tensors(tensors, wire, wire_op(batch.front().response->reduce_op));
 }
 
 // Adasum works on the packed batch: its coefficients are per tensor, so the backend gets the

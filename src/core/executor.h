@@ -83,6 +83,7 @@ class Executor {
 
  private:
   Status allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover);
+  Status allreduce_tensors(std::span<Work> batch, DataType wire, ops::Backend& backend);
   Status adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover);
   Status allgather_one(Work& work, ops::Backend& backend, Mover& mover);
 

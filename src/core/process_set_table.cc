@@ -45,7 +45,7 @@ std::vector<SetInfo> ProcessSetTable::all() const {
 
 Status ProcessSetTable::add(int id, const std::vector<int>& sorted_global_ranks) {
   TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> host,
-                         transport_.create_backend(sorted_global_ranks));
+                         transport_.create_backend(sorted_global_ranks, options_));
   SetInfo info{.id = id, .ranks = intern(sorted_global_ranks), .set_rank = -1};
   info.set_rank = info.set_rank_of(transport_.topology().rank);
   if (host != nullptr) backends_[id].host = std::move(host);
@@ -68,10 +68,15 @@ void ProcessSetTable::remove(int id) {
   backends_.erase(it);
 }
 
-void ProcessSetTable::clear() {
+void ProcessSetTable::clear(bool after_error) {
   {
     detail::MutexLock lock(mutex_);
     infos_.clear();
+  }
+  if (after_error) {
+    for (auto& [id, backends] : backends_) {
+      if (backends.host != nullptr) backends.host->abandon();
+    }
   }
   for (auto& [id, backends] : backends_) backends.device.clear();
   backends_.clear();

@@ -49,8 +49,10 @@ struct SetInfo {
 // communication thread (before it starts: on the thread running init()).
 class ProcessSetTable {
  public:
-  ProcessSetTable(ops::Transport& transport, int num_device_streams)
-      : transport_(transport), num_device_streams_(num_device_streams) {}
+  // `options` choose each set's host backend (the same on every rank).
+  ProcessSetTable(ops::Transport& transport, int num_device_streams,
+                  ops::BackendOptions options = {})
+      : transport_(transport), num_device_streams_(num_device_streams), options_(options) {}
   ProcessSetTable(const ProcessSetTable&) = delete;
   ProcessSetTable& operator=(const ProcessSetTable&) = delete;
 
@@ -65,8 +67,10 @@ class ProcessSetTable {
   // Communication thread. Forgets the set first (new ops on it are refused by their call),
   // then waits for its device streams and drops its backends.
   void remove(int id) TUTTI_EXCLUDES(mutex_);
-  // Communication thread, collective at the end of the session: drops every backend.
-  void clear() TUTTI_EXCLUDES(mutex_);
+  // Communication thread, collective at the end of the session: drops every backend. After
+  // the job stopped on an error (`after_error`), without collective calls: a peer may be stuck
+  // and never join them (see ops::Backend::abandon).
+  void clear(bool after_error) TUTTI_EXCLUDES(mutex_);
 
   // Communication thread. The host backend of a set this rank is a member of.
   ops::Backend& host_backend(int id);
@@ -92,6 +96,7 @@ class ProcessSetTable {
 
   ops::Transport& transport_;
   const int num_device_streams_;
+  const ops::BackendOptions options_;
   mutable detail::Mutex mutex_;
   std::map<int, SetInfo> infos_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, Backends> backends_;  // Communication thread only.

@@ -18,7 +18,8 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
       transport_(std::move(transport)),
       rpc_plane_(transport_->take_rpc_plane()),
       completer_(&timeline_),
-      sets_(*transport_, config_.num_nccl_streams),
+      sets_(*transport_, config_.num_nccl_streams,
+            {.host_transport = config_.host_transport, .hierarchy = config_.hierarchy}),
       device_(sets_, completer_, transport_->topology()),
       p2p_(transport_->take_p2p_channel(), p2p_queue_, completer_, config_),
       loop_({.plane = transport_->control_plane(),
@@ -69,8 +70,6 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
   TUTTI_ASSIGN_OR_RETURN(Config config, agree_settings(transport->control_plane(), local,
                                                        local.ok() ? local.value().start_timeout
                                                                   : Config{}.start_timeout));
-  // Before the first set's backend: the hierarchy is a Job knob, the same on every rank now.
-  transport->set_hierarchy(config.hierarchy);
   std::shared_ptr<Session> session(new Session(std::move(config), std::move(transport)));
   std::vector<int> everyone(static_cast<std::size_t>(session->topology().size));
   std::iota(everyone.begin(), everyone.end(), 0);
@@ -131,7 +130,8 @@ void Session::stop() {
   }
   timeline_.stop();  // Leaves a complete JSON file.
   // Communicators are freed collectively: every rank reaches here from its own shutdown().
-  sets_.clear();
+  // Not after an error, when a peer may be stuck and never get here.
+  sets_.clear(stopped_on_error_.load());
 }
 
 void Session::finish(const Status& status) {
@@ -142,6 +142,7 @@ void Session::finish(const Status& status) {
   // Stopped by an error here or on a peer: a stuck peer must not keep this process in
   // MPI_Finalize forever (issue: jobs that never ended after an error).
   if (!status.ok() || (bye && !bye->ok())) {
+    stopped_on_error_.store(true);
     ops::bound_finalize_after_error(config_.exit_grace);
   }
   // This rank's own transport failed: the bye below may never reach peers that wait inside a

@@ -92,6 +92,7 @@ class Session {
 
   std::atomic<std::uint64_t> set_changes_{0};
   std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> stopped_on_error_{false};  // Set by finish(): the job stopped on an error.
   std::atomic<bool> loop_done_{false};
   std::thread thread_;  // Started by create(), joined by stop().
 };

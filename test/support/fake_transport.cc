@@ -198,7 +198,8 @@ class FakeTransport final : public ops::Transport {
     rpc_taken_ = true;
     return std::make_unique<FakeControlPlane>(shared_, topology_.rank, /*rpc=*/true);
   }
-  Result<std::unique_ptr<ops::Backend>> create_backend(const std::vector<int>& ranks) override {
+  Result<std::unique_ptr<ops::Backend>> create_backend(const std::vector<int>& ranks,
+                                                       const ops::BackendOptions&) override {
     for (int r : ranks) {
       if (r == topology_.rank)
         return std::unique_ptr<ops::Backend>(std::make_unique<FakeBackend>(shared_, ranks, r));

@@ -77,11 +77,12 @@ void with_backends(const std::vector<int>& host_ids, F&& body) {
     for (const std::vector<int>& host : layout.members)
       same_index.push_back(host[static_cast<std::size_t>(layout.local_index_of[me])]);
     HierarchicalBackend::Parts parts{
-        .flat = transport.create_backend(everyone).value(),
+        .flat = transport.create_backend(everyone, {}).value(),
         .local =
-            transport.create_backend(layout.members[static_cast<std::size_t>(layout.host_of[me])])
+            transport
+                .create_backend(layout.members[static_cast<std::size_t>(layout.host_of[me])], {})
                 .value(),
-        .cross = transport.create_backend(same_index).value()};
+        .cross = transport.create_backend(same_index, {}).value()};
     HierarchicalBackend backend(std::move(parts), layout,
                                 {.allreduce_bytes = 0, .allgather_bytes = 0});
     body(backend, rank);

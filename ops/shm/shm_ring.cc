@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ops/shm/shm_ring.h"
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "ops/mpi/mpi_error.h"
+
+namespace tutti::ops::shm {
+namespace {
+
+constexpr std::size_t kLine = 64;
+constexpr int kCounters = 3;
+// The counters' cache lines, then the slots.
+constexpr std::size_t kHeaderBytes = kCounters * kLine;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Peers normally arrive within microseconds (they run the same collective), so spin first;
+// past that a peer is descheduled (more ranks than cores, as in the tests) and yielding the
+// core lets it run; past a millisecond it is doing something else entirely, and sleeping
+// keeps a waiting rank from burning a core.
+template <class Done>
+void wait_until(Done done) {
+  for (int i = 0; i < 2000; ++i) {
+    if (done()) return;
+    cpu_relax();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot_bytes, int slots) {
+  auto ring = std::unique_ptr<ShmRing>(new ShmRing());
+  MPI_Comm_rank(comm, &ring->rank_);
+  MPI_Comm_size(comm, &ring->size_);
+  ring->slots_ = slots;
+  ring->slot_bytes_ = round_up(slot_bytes, kLine);
+  // A line more than needed: MPI aligns regions less than a cache line, so each starts at its
+  // first line boundary. Segments are mapped page-aligned, so that boundary is the same memory
+  // in every process.
+  const std::size_t region =
+      kHeaderBytes + ring->slot_bytes_ * static_cast<std::size_t>(slots) + kLine;
+  std::byte* mine = nullptr;
+  // Noncontiguous: each rank's region may start on its own page (near its own NUMA node).
+  MPI_Info info = MPI_INFO_NULL;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  const int rc =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(region), 1, info, comm, &mine, &ring->window_);
+  MPI_Info_free(&info);
+  TUTTI_RETURN_IF_ERROR(mpi::mpi_status(rc, "MPI_Win_allocate_shared"));
+  ring->regions_.resize(static_cast<std::size_t>(ring->size_));
+  for (int r = 0; r < ring->size_; ++r) {
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    void* base = nullptr;
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Win_shared_query(ring->window_, r, &bytes, &unit, &base));
+    const auto address = reinterpret_cast<std::uintptr_t>(base);
+    ring->regions_[static_cast<std::size_t>(r)] =
+        static_cast<std::byte*>(base) + (round_up(address, kLine) - address);
+  }
+  static_cast<void>(mine);
+  // Counters start at zero, and nobody may read them before they are.
+  for (int c = 0; c < kCounters; ++c) {
+    std::atomic_ref<std::uint64_t>(*ring->counter(ring->rank_, static_cast<Counter>(c)))
+        .store(0, std::memory_order_relaxed);
+  }
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Barrier(comm));
+  return ring;
+}
+
+ShmRing::~ShmRing() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (window_ != MPI_WIN_NULL && !finalized) MPI_Win_free(&window_);
+}
+
+std::byte* ShmRing::slot(int rank, std::uint64_t chunk) const {
+  return regions_[static_cast<std::size_t>(rank)] + kHeaderBytes +
+         slot_bytes_ * static_cast<std::size_t>(chunk % static_cast<std::uint64_t>(slots_));
+}
+
+std::uint64_t* ShmRing::counter(int rank, Counter which) const {
+  return reinterpret_cast<std::uint64_t*>(regions_[static_cast<std::size_t>(rank)] +
+                                          static_cast<std::size_t>(which) * kLine);
+}
+
+void ShmRing::wait_slot_free(std::uint64_t chunk) const {
+  const auto slots = static_cast<std::uint64_t>(slots_);
+  if (chunk < slots) return;
+  wait_all(Counter::Consumed, chunk - slots);
+}
+
+void ShmRing::publish(Counter which, std::uint64_t chunk) {
+  std::atomic_ref<std::uint64_t>(*counter(rank_, which))
+      .store(chunk + 1, std::memory_order_release);
+}
+
+void ShmRing::wait(int rank, Counter which, std::uint64_t chunk) const {
+  std::atomic_ref<std::uint64_t> value(*counter(rank, which));
+  wait_until([&] { return value.load(std::memory_order_acquire) > chunk; });
+}
+
+void ShmRing::wait_all(Counter which, std::uint64_t chunk) const {
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) wait(r, which, chunk);
+  }
+}
+
+}  // namespace tutti::ops::shm
