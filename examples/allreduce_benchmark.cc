@@ -6,6 +6,8 @@
 //   P2  median latency of a lone 1-float allreduce, against raw MPI_Allreduce
 //   P3  10,000 tiny named tensors per step (cache warm), against a raw per-tensor loop
 //   P4  CPU used by an idle initialized runtime over 5 s
+// --p10 (instead of P1-P4; run on several hosts, e.g. 2 x 2 in scripts/netns_cluster):
+//   P10 flat vs hierarchical allreduce vs raw MPI_Allreduce (examples/p10_hierarchical.h)
 // --device cuda (CUDA builds; each rank uses cuda:(local_rank % devices)); the flags are echoed:
 //   D1  the same gradients as float32 CUDA tensors via allreduce_async (Average), then all
 //       waited, best of --repeats, with the ranks per GPU and so the transport Tutti picks (NCCL
@@ -17,7 +19,7 @@
 //       (fusion_kernel_figures.h; cuda_fusion_benchmark prints the same without MPI)
 // Usage: mpirun -n 2 allreduce_benchmark [--device cpu|cuda] [--grads FILE] [--repeats N]
 //                                        [--kernel-repeats N] [--sweep-fusion]
-//                                        [--transport LIST] [--sweep-sizes]
+//                                        [--transport LIST] [--sweep-sizes] [--p10 [--p10-mb N]]
 //   --repeats N         timed rounds after one warm-up; figures are the best (default 5)
 //   --kernel-repeats N  D2's runs per figure, averaged after 3 warm-up runs (default 50)
 //   --sweep-fusion      --device cpu only: also runs P1 at several TUTTI_FUSION_THRESHOLD
@@ -26,6 +28,8 @@
 //                       the comma-separated auto, mpi, shm (one "P1 transport=" line each)
 //   --sweep-sizes       --device cpu only: one allreduce of 4 B to 64 MB on each host transport
 //                       against raw MPI (median microseconds)
+//   --p10, --p10-mb N   P10 only (--repeats rounds), single tensors of 4 KB, 64 KB, 1 MB and
+//                       16 MB up to N MB
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
 // when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
 // CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
@@ -48,6 +52,8 @@
 #include <vector>
 
 #include <mpi.h>
+
+#include "examples/p10_hierarchical.h"
 
 #if TUTTI_BENCHMARK_CUDA
 #include <cuda_runtime.h>
@@ -207,6 +213,8 @@ struct Options {
   // environment's setting only).
   std::vector<std::string> transports;
   bool sweep_sizes = false;  // --sweep-sizes
+  bool p10 = false;
+  std::int64_t p10_mb = 16;  // Largest single tensor of P10.
 };
 
 // "mpi,shm" -> {"mpi", "shm"}; false for a value other than auto, mpi, shm.
@@ -244,6 +252,10 @@ bool parse_options(int argc, char** argv, Options* options) {
       ok = parse_transports(argv[++i], &options->transports);
     } else if (arg == "--sweep-sizes") {
       options->sweep_sizes = true;
+    } else if (arg == "--p10") {
+      options->p10 = true;
+    } else if (arg == "--p10-mb" && i + 1 < argc) {
+      options->p10_mb = std::max(0, std::atoi(argv[++i]));
     } else {
       ok = false;
     }
@@ -255,7 +267,7 @@ bool parse_options(int argc, char** argv, Options* options) {
     std::fprintf(stderr,
                  "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
                  "[--kernel-repeats N] [--sweep-fusion] [--transport auto|mpi|shm[,...]] "
-                 "[--sweep-sizes] (the last three cpu only)\n",
+                 "[--sweep-sizes] (the last three cpu only) [--p10 [--p10-mb N]]\n",
                  argv[0]);
   }
   return false;
@@ -585,6 +597,11 @@ int main(int argc, char** argv) {
   int code = 2;
   if (!parse_options(argc, argv, &options)) {
     code = 2;
+  } else if (options.p10) {
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t bytes : {4096LL, 65536LL, 1LL << 20, 16LL << 20})
+      if (bytes <= options.p10_mb << 20) sizes.push_back(bytes);
+    code = tutti::examples::run_p10(read_grads(options.grads_path), sizes, options.repeats, 20);
   } else if (!options.cuda) {
     code = run_host(options);
   } else {

@@ -12,6 +12,7 @@
 
 #include "ops/backend.h"
 #include "ops/control_plane.h"
+#include "ops/hierarchy.h"
 #include "ops/p2p_channel.h"
 #include "src/common/status.h"
 
@@ -35,6 +36,9 @@ enum class HostTransport : std::uint8_t { Auto, Mpi, Shm };
 // What a set's backend may use. The same on every rank (agreed settings).
 struct BackendOptions {
   HostTransport host_transport = HostTransport::Auto;
+  // Which collectives run hierarchically on sets that span several hosts (ops/hierarchy.h);
+  // transports without hosts ignore it.
+  HierarchyOptions hierarchy;
 };
 
 class Transport {

@@ -10,11 +10,10 @@
 
 #include <mpi.h>
 
-#include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_control_plane.h"
 #include "ops/mpi/mpi_error.h"
+#include "ops/mpi/mpi_hierarchy.h"
 #include "ops/mpi/mpi_p2p.h"
-#include "ops/shm/shm_backend.h"
 #include "ops/transport.h"
 #include "src/common/strings.h"
 
@@ -105,7 +104,7 @@ class MpiTransport final : public Transport {
                                                   const BackendOptions& options) override {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
     if (!comm.valid()) return std::unique_ptr<Backend>();
-    return shm::create_host_backend(std::move(comm), options.host_transport);
+    return make_set_backend(std::move(comm), options);
   }
 
  private:

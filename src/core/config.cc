@@ -26,12 +26,20 @@ Status refuse_unbuilt(const detail::KnobSource& source) {
     if (source.find(knob))
       return refuse(source, knob, "needs TUTTI_AUTOTUNE=1, which is not supported yet");
   }
-  for (std::string_view knob : {"HIERARCHICAL_ALLREDUCE", "HIERARCHICAL_ALLGATHER"}) {
-    TUTTI_ASSIGN_OR_RETURN(bool on, detail::bool_knob(knob, source));
-    if (on)
-      return refuse(source, knob, "is not supported yet: hierarchical algorithms are not built");
-  }
   return Status();
+}
+
+// HIERARCHICAL_*: "auto" (the default) or a boolean (ops/hierarchy.h).
+Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source, std::string_view knob) {
+  const std::string text = detail::string_knob(knob, source);
+  if (text == "auto" || text == "AUTO" || text == "Auto") return ops::HierarchyMode::Auto;
+  for (std::string_view on : {"1", "true", "TRUE", "True", "yes", "YES", "on", "ON"}) {
+    if (text == on) return ops::HierarchyMode::On;
+  }
+  for (std::string_view off : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF", ""}) {
+    if (text == off) return ops::HierarchyMode::Off;
+  }
+  return refuse(source, knob, "is not auto, 1 (on) or 0 (off)");
 }
 
 // "0,8,16" -> {0, 8, 16}.
@@ -80,6 +88,8 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   TUTTI_ASSIGN_OR_RETURN(double shutdown_s,
                          detail::double_knob("STALL_SHUTDOWN_TIME_SECONDS", source));
   c.stall_shutdown_time = seconds_to_ms(shutdown_s);
+  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allreduce, hierarchy_mode(source, "HIERARCHICAL_ALLREDUCE"));
+  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allgather, hierarchy_mode(source, "HIERARCHICAL_ALLGATHER"));
   TUTTI_ASSIGN_OR_RETURN(std::int64_t streams, detail::int_knob("NUM_NCCL_STREAMS", source));
   c.num_nccl_streams = static_cast<int>(streams);
   TUTTI_ASSIGN_OR_RETURN(c.thread_affinity, parse_cpus(source));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/hierarchy.h"
 #include "ops/transport.h"
 #include "src/common/env.h"
 #include "src/common/logging.h"
@@ -27,6 +28,10 @@ struct Config {
       seconds_to_ms(detail::default_double("STALL_CHECK_TIME_SECONDS"));
   std::chrono::milliseconds stall_shutdown_time =  // 0 = never.
       seconds_to_ms(detail::default_double("STALL_SHUTDOWN_TIME_SECONDS"));
+  // HIERARCHICAL_ALLREDUCE / HIERARCHICAL_ALLGATHER, for sets spanning several hosts: the
+  // knob table's default is auto.
+  ops::HierarchyOptions hierarchy{.allreduce = ops::HierarchyMode::Auto,
+                                  .allgather = ops::HierarchyMode::Auto};
   int num_nccl_streams = static_cast<int>(detail::default_int("NUM_NCCL_STREAMS"));
   // THREAD_AFFINITY: the CPU of each local rank's communication thread; empty = not pinned.
   std::vector<int> thread_affinity;

@@ -104,6 +104,7 @@ class FlagMappingTest(unittest.TestCase):
         (["--thread-affinity", "3"], "TUTTI_THREAD_AFFINITY", "3"),
         (["--thread-affinity", "0,8"], "TUTTI_THREAD_AFFINITY", "0,8"),
         (["--start-timeout", "45"], "TUTTI_START_TIMEOUT", "45"),
+        (["--network-timeout", "12"], "TUTTI_NETWORK_TIMEOUT", "12"),
     ]
 
     def test_each_flag_sets_its_variable_and_exports_it(self):
@@ -167,6 +168,7 @@ class FlagMappingTest(unittest.TestCase):
         (["--autotune-steps-per-sample", "100001"], "between 1 and 100000"),
         (["--autotune-bayes-opt-max-samples", "1001"], "between 1 and 1000"),
         (["--start-timeout", "0.0001"], "between 0.001 and 1000000"),
+        (["--network-timeout", "3"], "between 4 and 86400"),
     ]
 
     def test_out_of_range_values_are_usage_errors_naming_flag_and_range(self):
@@ -252,6 +254,90 @@ class HostsTest(unittest.TestCase):
         self.assertNotIn("--oversubscribe", command)
 
 
+def keepalive(command):
+    """{param: value} of the oob_tcp_keepalive_* MCA settings in an mpirun command."""
+    return {command[i + 1]: command[i + 2] for i, arg in enumerate(command)
+            if arg == "--mca" and command[i + 1].startswith("oob_tcp_keepalive")}
+
+
+class NetworkFailureTest(unittest.TestCase):
+    """Issue 17: jobs on several hosts end a bounded time after a host is lost, and tuttirun
+    names the host."""
+
+    def test_host_jobs_bound_the_wait_for_a_lost_host(self):
+        command, _ = build(["-np", "4", "-H", "a:2,b:2", "prog"])
+        # The default TUTTI_NETWORK_TIMEOUT of 30 s: 15 s idle, then 3 probes 5 s apart.
+        self.assertEqual(keepalive(command), {"oob_tcp_keepalive_time": "15",
+                                              "oob_tcp_keepalive_intvl": "5",
+                                              "oob_tcp_keepalive_probes": "3"})
+        command, _ = build(["-np", "4", "-H", "a:2,b:2", "--network-timeout", "6", "prog"])
+        self.assertEqual(keepalive(command), {"oob_tcp_keepalive_time": "3",
+                                              "oob_tcp_keepalive_intvl": "1",
+                                              "oob_tcp_keepalive_probes": "3"})
+        command, _ = build(["-np", "4", "-H", "a:2,b:2", "prog"],
+                           environ=dict(BASE_ENV, TUTTI_NETWORK_TIMEOUT="6"))
+        self.assertEqual(keepalive(command)["oob_tcp_keepalive_time"], "3")
+
+    def test_keepalive_adds_up_to_the_timeout(self):
+        for timeout in list(range(4, 100)) + [86400]:
+            idle, interval, probes = tuttirun.keepalive_settings(timeout)
+            self.assertEqual(idle + interval * probes, timeout)
+            self.assertGreaterEqual(min(idle, interval), 1)
+
+    def test_local_jobs_and_the_callers_own_settings_are_left_alone(self):
+        command, _ = build(["-np", "2", "prog"])
+        self.assertEqual(keepalive(command), {})
+        command, _ = build(["-np", "4", "-H", "a:2,b:2",
+                            "--mpi-args=--mca oob_tcp_keepalive_time 60", "prog"])
+        self.assertEqual(keepalive(command), {"oob_tcp_keepalive_time": "60"})
+        command, _ = build(["-np", "4", "-H", "a:2,b:2", "prog"],
+                           environ=dict(BASE_ENV, OMPI_MCA_oob_tcp_keepalive_probes="9"))
+        self.assertEqual(keepalive(command), {})
+
+    def test_a_bad_network_timeout_variable_is_a_usage_error(self):
+        result = run_launcher(["-np", "2", "--dry-run", "-H", "a,b", "true"],
+                              env=clean_environ(TUTTI_NETWORK_TIMEOUT="soon"))
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("TUTTI_NETWORK_TIMEOUT: 'soon' is not an integer", result.stderr)
+
+    def scan(self, text, returncode=205):
+        scanner = tuttirun.HostFailureScanner()
+        for line in text.splitlines():
+            scanner.feed_line(line)
+        return scanner.report(returncode)
+
+    # Open MPI 4.1's own wording (help-errmgr-base.txt, help-orterun.txt).
+    LOST_DAEMON = """\
+ORTE has lost communication with a remote daemon.
+
+  HNP daemon   : [[9425,0],0] on node vm
+  Remote daemon: [[9425,0],2] on node tnode1
+
+This is usually due to either a failure of the TCP network
+"""
+    KILLED = ("mpirun noticed that process rank 2 with PID 0 on node tnode1 exited on signal 9 "
+              "(Killed).\n")
+    ABORTED = """\
+mpirun has exited due to process rank 3 with PID 1234 on
+node tnode1 calling "abort". This may have caused other processes
+"""
+
+    def test_the_report_names_the_lost_host(self):
+        self.assertEqual(self.scan(self.LOST_DAEMON),
+                         "tuttirun: the job failed (exit status 205): host tnode1: lost contact "
+                         "with the host (it crashed, or its network failed)")
+        self.assertEqual(self.scan(self.KILLED, 137),
+                         "tuttirun: the job failed (exit status 137): host tnode1: rank 2 was "
+                         "killed by signal 9 (Killed)")
+        self.assertEqual(self.scan(self.ABORTED, 1),
+                         "tuttirun: the job failed (exit status 1): host tnode1: rank 3 aborted "
+                         "the job")
+
+    def test_no_report_without_a_failure_or_a_host(self):
+        self.assertIsNone(self.scan(self.LOST_DAEMON, returncode=0))
+        self.assertIsNone(self.scan("[1,0]<stderr>:some error\n", returncode=1))
+
+
 class CommandTest(unittest.TestCase):
     def test_plain_local_command(self):
         command, env = build(["-np", "2", "prog", "a", "b"], cpu_count=4)
@@ -307,7 +393,7 @@ class CommandTest(unittest.TestCase):
         command, _ = build(["-np", "2", "-H", "a:2", "--output-filename", "/tmp/out", "-p", "2222",
                             "-i", "/k/id", "prog"])
         self.assertEqual(command[command.index("--output-filename") + 1], "/tmp/out")
-        start = command.index("--mca")
+        start = command.index("plm_rsh_args") - 1
         self.assertEqual(command[start:start + 3], ["--mca", "plm_rsh_args", "-p 2222 -i /k/id"])
 
     def test_program_arguments_pass_through_untouched(self):

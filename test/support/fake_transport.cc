@@ -77,26 +77,10 @@ class FakeBackend final : public ops::Backend {
 
   Status allreduce(void* data, std::size_t count, DataType dtype, ops::WireOp op) override {
     std::vector<std::byte> result(count * element_size(dtype));
-    exchange(
-        data, count, [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
-          std::vector<double> acc(count), x(count);
-          for (std::size_t r = 0; r < inputs.size(); ++r) {
-            ops::cpu::convert_scale(x.data(), DataType::Float64, inputs[r], dtype, count, 1.0);
-            for (std::size_t i = 0; i < count; ++i) {
-              if (r == 0)
-                acc[i] = x[i];
-              else if (op == ops::WireOp::Sum)
-                acc[i] += x[i];
-              else if (op == ops::WireOp::Min)
-                acc[i] = std::min(acc[i], x[i]);
-              else if (op == ops::WireOp::Max)
-                acc[i] = std::max(acc[i], x[i]);
-              else
-                acc[i] *= x[i];
-            }
-          }
-          ops::cpu::convert_scale(result.data(), dtype, acc.data(), DataType::Float64, count, 1.0);
-        });
+    exchange(data, count,
+             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+               reduce(result.data(), inputs, 0, count, dtype, op);
+             });
     if (count) std::memcpy(data, result.data(), result.size());
     return Status();
   }
@@ -127,9 +111,16 @@ class FakeBackend final : public ops::Backend {
                    DataType) override {
     return Status(ErrorCode::Internal, "fake alltoallv is not implemented");
   }
-  Status reducescatter(const void*, void*, std::span<const std::size_t>, DataType,
-                       ops::WireOp) override {
-    return Status(ErrorCode::Internal, "fake reducescatter is not implemented");
+  Status reducescatter(const void* input, void* output, std::span<const std::size_t> recv_counts,
+                       DataType dtype, ops::WireOp op) override {
+    std::size_t first = 0;
+    for (int r = 0; r < set_rank_; ++r) first += recv_counts[static_cast<std::size_t>(r)];
+    const std::size_t count = recv_counts[static_cast<std::size_t>(set_rank_)];
+    exchange(input, 0,
+             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+               reduce(output, inputs, first, count, dtype, op);
+             });
+    return Status();
   }
   Status barrier() override {
     exchange(nullptr, 0, [](const auto&, const auto&) {});
@@ -137,6 +128,29 @@ class FakeBackend final : public ops::Backend {
   }
 
  private:
+  // Reduces elements [first, first + count) of every member's input into `output`, in double.
+  static void reduce(void* output, const std::vector<const void*>& inputs, std::size_t first,
+                     std::size_t count, DataType dtype, ops::WireOp op) {
+    std::vector<double> acc(count), x(count);
+    for (std::size_t r = 0; r < inputs.size(); ++r) {
+      const auto* from = static_cast<const std::byte*>(inputs[r]) + first * element_size(dtype);
+      ops::cpu::convert_scale(x.data(), DataType::Float64, from, dtype, count, 1.0);
+      for (std::size_t i = 0; i < count; ++i) {
+        if (r == 0)
+          acc[i] = x[i];
+        else if (op == ops::WireOp::Sum)
+          acc[i] += x[i];
+        else if (op == ops::WireOp::Min)
+          acc[i] = std::min(acc[i], x[i]);
+        else if (op == ops::WireOp::Max)
+          acc[i] = std::max(acc[i], x[i]);
+        else
+          acc[i] *= x[i];
+      }
+    }
+    ops::cpu::convert_scale(output, dtype, acc.data(), DataType::Float64, count, 1.0);
+  }
+
   // Publishes (input, count), waits for every member, runs `read` over all inputs, and waits
   // until every member has read before anyone may reuse its buffer.
   template <class F>

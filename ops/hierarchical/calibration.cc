@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+// See Note [Automatic hierarchy] in calibration.h.
+#include "ops/hierarchical/calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "src/common/strings.h"
+
+namespace tutti::ops::hierarchical {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Path { Flat, Hierarchical };
+enum class Collective { Allreduce, Allgather };
+
+// One run of `collective` on `bytes` of float32 zeros along `path`.
+Status run_once(HierarchicalBackend& backend, Collective collective, Path path, std::size_t bytes,
+                std::vector<float>& data, std::vector<float>& gathered) {
+  Backend& runner = path == Path::Flat ? backend.flat() : static_cast<Backend&>(backend);
+  const std::size_t count = bytes / sizeof(float);
+  if (collective == Collective::Allreduce)
+    return runner.allreduce(data.data(), count, DataType::Float32, WireOp::Sum);
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(backend.size()),
+                                        count / static_cast<std::size_t>(backend.size()));
+  return runner.allgatherv(data.data(), gathered.data(), counts, DataType::Float32);
+}
+
+// Per calibration size, the best time of each path on this rank, in ms: flat's, then
+// hierarchical's. The two paths alternate run by run, so that a burst of load on the machine
+// slows both alike rather than one.
+Result<std::vector<double>> time_paths(HierarchicalBackend& backend, Collective collective) {
+  const std::size_t largest = kCalibrationBytes.back() / sizeof(float);
+  std::vector<float> data(largest, 0.0f), gathered(largest, 0.0f);
+  const std::size_t n = kCalibrationBytes.size();
+  std::vector<double> best(2 * n, 1e300);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (int run = 0; run <= kCalibrationRuns; ++run) {  // Run 0 warms up.
+      for (Path path : {Path::Flat, Path::Hierarchical}) {
+        TUTTI_RETURN_IF_ERROR(backend.flat().barrier());
+        const Clock::time_point start = Clock::now();
+        TUTTI_RETURN_IF_ERROR(
+            run_once(backend, collective, path, kCalibrationBytes[i], data, gathered));
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        double& slot = best[path == Path::Flat ? i : n + i];
+        if (run > 0) slot = std::min(slot, ms);
+      }
+    }
+  }
+  return best;
+}
+
+// The threshold of `collective` measured on `backend`; `report` gets the figures.
+Result<std::size_t> measure(HierarchicalBackend& backend, Collective collective,
+                            std::string* report) {
+  TUTTI_ASSIGN_OR_RETURN(std::vector<double> times, time_paths(backend, collective));
+  // The slowest member's times, the same numbers on every member.
+  TUTTI_RETURN_IF_ERROR(
+      backend.flat().allreduce(times.data(), times.size(), DataType::Float64, WireOp::Max));
+  const std::span<const double> all(times);
+  const std::size_t n = kCalibrationBytes.size();
+  const std::size_t threshold = threshold_from(all.first(n), all.subspan(n, n));
+  if (report != nullptr) {
+    auto ms = [](double x) { return std::round(x * 1000.0) / 1000.0; };
+    *report += detail::str_cat(collective == Collective::Allreduce ? "allreduce" : "allgather",
+                               " flat/hierarchical");
+    for (std::size_t i = 0; i < n; ++i) {
+      *report += detail::str_cat(i == 0 ? " " : ", ", kCalibrationBytes[i] >> 10, " KiB ",
+                                 ms(all[i]), "/", ms(all[n + i]), " ms");
+    }
+    *report += "; ";
+  }
+  return threshold;
+}
+
+}  // namespace
+
+std::size_t threshold_from(std::span<const double> flat_ms,
+                           std::span<const double> hierarchical_ms) {
+  std::size_t threshold = HierarchicalBackend::kNever;
+  for (std::size_t i = kCalibrationBytes.size(); i-- > 0;) {
+    if (!(hierarchical_ms[i] <= kCalibrationMargin * flat_ms[i])) break;
+    threshold = kCalibrationBytes[i];
+  }
+  return threshold;
+}
+
+Status settle_thresholds(HierarchicalBackend& backend, const HierarchyOptions& options,
+                         std::string* report) {
+  auto fixed = [](HierarchyMode mode) {
+    return mode == HierarchyMode::On ? std::size_t{0} : HierarchicalBackend::kNever;
+  };
+  HierarchicalBackend::Thresholds thresholds{.allreduce_bytes = fixed(options.allreduce),
+                                             .allgather_bytes = fixed(options.allgather)};
+  if (options.allreduce == HierarchyMode::Auto || options.allgather == HierarchyMode::Auto) {
+    backend.set_thresholds({.allreduce_bytes = 0, .allgather_bytes = 0});  // Both paths run.
+    if (options.allreduce == HierarchyMode::Auto) {
+      TUTTI_ASSIGN_OR_RETURN(thresholds.allreduce_bytes,
+                             measure(backend, Collective::Allreduce, report));
+    }
+    if (options.allgather == HierarchyMode::Auto) {
+      TUTTI_ASSIGN_OR_RETURN(thresholds.allgather_bytes,
+                             measure(backend, Collective::Allgather, report));
+    }
+  }
+  backend.set_thresholds(thresholds);
+  return Status();
+}
+
+}  // namespace tutti::ops::hierarchical

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// From which buffer size a hierarchical backend runs its collectives hierarchically: fixed by
+// the knobs (0 or 1), or measured when the set's backend is created (auto, the default).
+//
+// Note [Automatic hierarchy]
+// Whether the hierarchy pays off depends on the network between hosts, the memory within them
+// and the sizes, so TUTTI_HIERARCHICAL_ALLREDUCE/_ALLGATHER=auto (the default) measures it.
+// When a set whose layout has a hierarchy gets its backend, every member runs both paths of
+// each collective set to auto on kCalibrationBytes of float32 zeros (each size: a warm-up,
+// then kCalibrationRuns runs of each path, alternating, each started by a barrier; a path's
+// time is its best run, since on a shared machine the best run is the least disturbed one,
+// and alternating keeps a burst of load from favouring one path). The times are
+// then the slowest member's (a MAX allreduce), so every member decides from the same numbers:
+// hierarchical from the smallest measured size at which it was at least kCalibrationMargin
+// faster there and at every larger measured size; below it, and at every size if it never won,
+// flat. Cost: a few hundred milliseconds per set on the development machine, once.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "ops/hierarchical/hierarchical_backend.h"
+#include "ops/hierarchy.h"
+
+namespace tutti::ops::hierarchical {
+
+inline constexpr std::array<std::size_t, 3> kCalibrationBytes = {
+    std::size_t{16} << 10, std::size_t{256} << 10, std::size_t{4} << 20};
+inline constexpr int kCalibrationRuns = 5;
+// Hierarchical must take at most this fraction of flat's time to count as faster: timing noise
+// alone should not switch algorithms (best-of-5 times varied by about 10% between runs on the
+// shared development machine).
+inline constexpr double kCalibrationMargin = 0.9;
+
+// Collective over the backend's set (every member, at the same point, as the backend's
+// creation is). Sets the backend's thresholds from `options`: Off = never, On = always,
+// Auto = measured (Note [Automatic hierarchy]). `report`, if not null, receives a line of the
+// measurements for the log.
+Status settle_thresholds(HierarchicalBackend& backend, const HierarchyOptions& options,
+                         std::string* report = nullptr);
+
+// Pure: the threshold from per-size times (kCalibrationBytes' sizes) of both paths.
+std::size_t threshold_from(std::span<const double> flat_ms,
+                           std::span<const double> hierarchical_ms);
+
+}  // namespace tutti::ops::hierarchical
