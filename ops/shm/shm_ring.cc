@@ -31,14 +31,20 @@ void cpu_relax() {
 // past that a peer is descheduled (more ranks than cores, as in the tests) and yielding the
 // core lets it run; past a millisecond it is doing something else entirely, and sleeping
 // keeps a waiting rank from burning a core.
+// A peer may also not have started the collective yet because it is still waiting for the
+// response list this rank sent it: MPI delivers that message only while this rank makes MPI
+// progress (MPICH always, Open MPI for large lists). So past the spin every poll also drives
+// MPI's progress engine, through a probe on `comm` (which matches nothing Tutti leaves there).
 template <class Done>
-void wait_until(Done done) {
+void wait_until(Done done, MPI_Comm comm) {
   for (int i = 0; i < 2000; ++i) {
     if (done()) return;
     cpu_relax();
   }
   const auto start = std::chrono::steady_clock::now();
   while (!done()) {
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
     if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {
       sched_yield();
     } else {
@@ -54,6 +60,7 @@ Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot
   MPI_Comm_rank(comm, &ring->rank_);
   MPI_Comm_size(comm, &ring->size_);
   ring->slots_ = slots;
+  ring->comm_ = comm;
   ring->slot_bytes_ = round_up(slot_bytes, kLine);
   // A line more than needed: MPI aligns regions less than a cache line, so each starts at its
   // first line boundary. Segments are mapped page-aligned, so that boundary is the same memory
@@ -118,7 +125,7 @@ void ShmRing::publish(Counter which, std::uint64_t chunk) {
 
 void ShmRing::wait(int rank, Counter which, std::uint64_t chunk) const {
   std::atomic_ref<std::uint64_t> value(*counter(rank, which));
-  wait_until([&] { return value.load(std::memory_order_acquire) > chunk; });
+  wait_until([&] { return value.load(std::memory_order_acquire) > chunk; }, comm_);
 }
 
 void ShmRing::wait_all(Counter which, std::uint64_t chunk) const {

@@ -68,6 +68,7 @@ class ShmRing {
   std::uint64_t* counter(int rank, Counter counter) const;
 
   MPI_Win window_ = MPI_WIN_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // Probed while waiting, to keep MPI progressing.
   int rank_ = 0;
   int size_ = 1;
   int slots_ = 1;
