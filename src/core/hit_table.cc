@@ -40,8 +40,8 @@ HitTable::Pending& HitTable::start(std::int32_t id,
 }
 
 bool HitTable::add(Pending& pending, int set_rank) {
-  TUTTI_CHECK(set_rank >= 0 && set_rank < pending.size, "set rank ", set_rank,
-              " outside a set of ", pending.size);
+  TUTTI_CHECK(set_rank >= 0 && set_rank < pending.size, "set rank ", set_rank, " outside a set of ",
+              pending.size);
   TUTTI_CHECK(!pending.has(set_rank), "set rank ", set_rank, " sent cache id ", pending.id,
               " twice");
   if (set_rank < kWordBits) {

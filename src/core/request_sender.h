@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
@@ -39,6 +40,7 @@ class RequestSender {
   const RankCache& cache_;
   const std::chrono::microseconds cycle_time_;
   bool last_sent_ = false;
+  std::vector<std::shared_ptr<Entry>> entries_;  // take_new()'s batch; empty between calls.
 };
 
 }  // namespace tutti::core
