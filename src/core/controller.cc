@@ -51,18 +51,24 @@ Coordinator::SetState* Coordinator::state(int id) {
 void Coordinator::receive(int global_rank, RequestList list, Clock::time_point now,
                           std::vector<std::int32_t>* resend) {
   for (std::int32_t id : list.cache_hits) {
-    const CoordinatorCache::Entry* entry = cache_.find(id);
+    // Counted already: the id is still cached (an eviction moves its counted hits to the
+    // named bookkeeping), and counting is still right (Note [Hit fast path]).
+    if (HitTable::Pending* hit = hits_.find(id); hit != nullptr) {
+      SetState* set = state(hit->op->process_set_id);
+      TUTTI_CHECK(set != nullptr, "counted hits of unknown set ", hit->op->process_set_id);
+      count_hit(*hit, *set, member_rank(*set, global_rank, id), now);
+      continue;
+    }
+    std::shared_ptr<const CoordinatorCache::Entry> entry = cache_.use(id);
     if (entry == nullptr) {
       resend->push_back(id);
       continue;
     }
     SetState* set = state(entry->process_set_id);
     TUTTI_CHECK(set != nullptr, "cache entry of unknown set ", entry->process_set_id);
-    const int set_rank = set->info.set_rank_of(global_rank);
-    TUTTI_CHECK(set_rank >= 0, "rank ", global_rank, " sent a cache hit of process set ",
-                entry->process_set_id, " which does not include it");
+    const int set_rank = member_rank(*set, global_rank, id);
     if (can_count(*set, *entry)) {
-      count_hit(id, *set, set_rank, now);
+      count_hit(hits_.start(id, std::move(entry), set->info.size(), now), *set, set_rank, now);
     } else {
       file(global_rank, entry->requests[static_cast<std::size_t>(set_rank)], id, now);
     }
@@ -77,6 +83,13 @@ void Coordinator::receive(int global_rank, RequestList list, Clock::time_point n
   }
 }
 
+int Coordinator::member_rank(const SetState& set, int global_rank, std::int32_t id) {
+  const int set_rank = set.info.set_rank_of(global_rank);
+  TUTTI_CHECK(set_rank >= 0, "rank ", global_rank, " sent cache hit ", id, " of process set ",
+              set.info.id, " which does not include it");
+  return set_rank;
+}
+
 bool Coordinator::can_count(const SetState& set, const CoordinatorCache::Entry& op) const {
   // The timeline's negotiation spans need each rank's arrival by name.
   if (timeline_ != nullptr && timeline_->enabled()) return false;
@@ -84,13 +97,12 @@ bool Coordinator::can_count(const SetState& set, const CoordinatorCache::Entry& 
   return set.pending.empty() || !set.pending.contains(op.name);
 }
 
-void Coordinator::count_hit(std::int32_t id, SetState& set, int set_rank, Clock::time_point now) {
-  HitTable::Pending* hit = hits_.find(id);
-  if (hit == nullptr) hit = &hits_.start(id, cache_.share(id), set.info.size(), now);
+void Coordinator::count_hit(HitTable::Pending& hit, SetState& set, int set_rank,
+                            Clock::time_point now) {
   set.last_submission = now;  // A hit is never a join: joins are not cached.
-  if (hits_.add(*hit, set_rank)) {
-    hit->queued = true;
-    ready_.push_back(Ready{.process_set_id = set.info.id, .name = {}, .hit = id});
+  if (hits_.add(hit, set_rank)) {
+    hit.queued = true;
+    ready_.push_back(Ready{.process_set_id = set.info.id, .name = {}, .hit = hit.id});
   }
 }
 
@@ -191,13 +203,14 @@ ResponseList Coordinator::take_ready() {
   ResponseList list;
   list.evicted = std::move(evicted_);
   evicted_.clear();
-  std::vector<Ready> ready;
-  ready.swap(ready_);
-  list.responses.reserve(ready.size());
-  list.cache_ids.reserve(ready.size());
-  list.hit.reserve(ready.size());
+  // ready_ gets the buffer of the previous list back, so that a steady stream of ops does not
+  // grow a new vector each cycle.
+  taking_.swap(ready_);
+  list.responses.reserve(taking_.size());
+  list.cache_ids.reserve(taking_.size());
+  list.hit.reserve(taking_.size());
   Decided decided;
-  for (Ready& item : ready) {
+  for (Ready& item : taking_) {
     if (item.hit >= 0) {
       take_hit(item.hit, decided, list);
       continue;
@@ -221,6 +234,7 @@ ResponseList Coordinator::take_ready() {
     }
     respond(item.process_set_id, set, item.name, pending, decided, list);
   }
+  taking_.clear();
   return list;
 }
 
@@ -229,8 +243,9 @@ void Coordinator::take_hit(std::int32_t id, Decided& decided, ResponseList& list
   auto set_it = states_.find(hit.op->process_set_id);
   if (set_it == states_.end()) return;  // Removed earlier in this list; ranks fail it locally.
   SetState& set = set_it->second;
-  // As for a named op whose members all sent the same id (take_ready()).
-  if (set.joined_count == 0 && cache_.find(id) != nullptr) {
+  // As for a named op whose members all sent the same id (take_ready()); receive() marked the
+  // id as used.
+  if (set.joined_count == 0 && cache_.contains(id)) {
     list.responses.emplace_back();
     list.cache_ids.push_back(id);
     list.hit.push_back(1);

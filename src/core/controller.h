@@ -161,8 +161,10 @@ class Coordinator {
             Clock::time_point now);
   // Whether a hit on `op` may be counted (Note [Hit fast path]) rather than filed by name.
   bool can_count(const SetState& set, const CoordinatorCache::Entry& op) const;
-  // Counts set rank `set_rank`'s hit `id` (Note [Hit fast path]).
-  void count_hit(std::int32_t id, SetState& set, int set_rank, Clock::time_point now);
+  // Counts set rank `set_rank`'s hit on `hit` (Note [Hit fast path]).
+  void count_hit(HitTable::Pending& hit, SetState& set, int set_rank, Clock::time_point now);
+  // `global_rank`'s set rank in `set`, which its cache hit `id` belongs to (TUTTI_CHECK).
+  static int member_rank(const SetState& set, int global_rank, std::int32_t id);
   // Moves the counted hits on `id`, unless every member has sent it, to the named bookkeeping;
   // drops them if their set is gone.
   void hit_to_named(std::int32_t id);
@@ -188,8 +190,9 @@ class Coordinator {
   CoordinatorCache cache_;
   Timeline* timeline_;
   std::map<int, SetState> states_;
-  HitTable hits_;             // Counted cache hits (Note [Hit fast path]).
-  std::vector<Ready> ready_;  // In readiness order.
+  HitTable hits_;              // Counted cache hits (Note [Hit fast path]).
+  std::vector<Ready> ready_;   // In readiness order.
+  std::vector<Ready> taking_;  // take_ready()'s list of ready_; empty between calls.
   std::vector<std::int32_t> evicted_;
   int next_set_id_ = 1;  // Sets are numbered 1, 2, ... in decision order, here only.
 };

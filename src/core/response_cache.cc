@@ -12,16 +12,21 @@ std::string cache_key(int process_set_id, const std::string& name) {
   return key;
 }
 
-const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
+CoordinatorCache::Slot* CoordinatorCache::touch(std::int32_t id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
-  return it->second.entry.get();
+  return &it->second;
 }
 
-std::shared_ptr<const CoordinatorCache::Entry> CoordinatorCache::share(std::int32_t id) const {
-  auto it = entries_.find(id);
-  return it == entries_.end() ? nullptr : it->second.entry;
+const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
+  const Slot* slot = touch(id);
+  return slot == nullptr ? nullptr : slot->entry.get();
+}
+
+std::shared_ptr<const CoordinatorCache::Entry> CoordinatorCache::use(std::int32_t id) {
+  const Slot* slot = touch(id);
+  return slot == nullptr ? nullptr : slot->entry;
 }
 
 std::optional<std::int32_t> CoordinatorCache::id_of(OpKeyView key) const {

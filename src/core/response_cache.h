@@ -40,9 +40,11 @@ class CoordinatorCache {
   bool enabled() const { return capacity_ > 0; }
   // The entry for `id`, marked as recently used; null if unknown (evicted).
   const Entry* find(std::int32_t id);
-  // The entry for `id`, kept alive by the pointer after an eviction (the coordinator's record of
-  // hits still pending on it needs its requests); null if unknown. Not marked as used.
-  std::shared_ptr<const Entry> share(std::int32_t id) const;
+  // As find(), as a pointer that keeps the entry alive after an eviction (the coordinator's
+  // record of hits still pending on it needs its requests); null if unknown.
+  std::shared_ptr<const Entry> use(std::int32_t id);
+  // Whether `id` is cached. Not marked as used.
+  bool contains(std::int32_t id) const { return entries_.contains(id); }
   // The id cached for (set, name), if any.
   std::optional<std::int32_t> id_of(OpKeyView key) const;
   // Stores a negotiated op and returns its new id. Ids of the same name and of the least
@@ -53,6 +55,8 @@ class CoordinatorCache {
 
  private:
   void erase(std::int32_t id, std::vector<std::int32_t>* evicted);
+  struct Slot;
+  Slot* touch(std::int32_t id);  // Marks `id` as recently used; null if unknown.
 
   std::int64_t capacity_;
   std::int32_t next_id_ = 0;

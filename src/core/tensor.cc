@@ -52,6 +52,12 @@ bool is_floating(DataType dtype) {
 }
 
 std::int64_t num_elements(const Shape& shape) {
+  // One pass for the usual shape (every dimension positive, no overflow): the runtime counts
+  // elements several times per op. Anything else takes the checks below.
+  std::int64_t product = 1;
+  bool plain = true;
+  for (std::int64_t d : shape) plain &= d > 0 && !__builtin_mul_overflow(product, d, &product);
+  if (plain) return product;
   for (std::int64_t d : shape) {
     if (d < 0) {
       throw Error(ErrorCode::InvalidArgument,
