@@ -24,8 +24,8 @@ class RequestSender {
 
   // The ops submitted since the last call, as one list (cache ids for the ops the cache
   // knows), or nothing if there are none or this rank's last message was sent. Batches while
-  // ops keep arriving, at most the cycle time: a training step submits many at once, and a
-  // lone op goes out after one short gap.
+  // ops keep arriving (each drain of the queue finds more), at most the cycle time: a training
+  // step submits many at once, and a lone op goes out at once.
   std::optional<RequestList> take_new();
   // The full requests of this rank's ops in flight that were sent as the cache hits `ids`,
   // which the coordinator no longer knows; nothing once the last message was sent.
