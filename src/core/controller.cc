@@ -39,13 +39,14 @@ Response error_response(const Response& about, ErrorCode code, std::string messa
 }  // namespace
 
 Coordinator::SetState* Coordinator::state(int id) {
-  if (auto it = states_.find(id); it != states_.end()) return &it->second;
+  if (last_state_ != nullptr && last_state_->info.id == id) return last_state_;
+  if (auto it = states_.find(id); it != states_.end()) return last_state_ = &it->second;
   Result<SetInfo> info = sets_.find(id);
   if (!info.ok()) return nullptr;
   SetState& set = states_[id];
   set.info = info.value();
   set.joined.assign(static_cast<std::size_t>(set.info.size()), false);
-  return &set;
+  return last_state_ = &set;
 }
 
 void Coordinator::receive(int global_rank, RequestList list, Clock::time_point now,
@@ -340,6 +341,7 @@ void Coordinator::change_sets(Response& response, Decided& decided,
   // ShutDown when they execute this response.
   decided.removed.insert(id);
   states_.erase(id);
+  last_state_ = nullptr;
   cache_.erase_set(id, evicted);
 }
 

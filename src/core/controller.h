@@ -190,9 +190,10 @@ class Coordinator {
   CoordinatorCache cache_;
   Timeline* timeline_;
   std::map<int, SetState> states_;
-  HitTable hits_;              // Counted cache hits (Note [Hit fast path]).
-  std::vector<Ready> ready_;   // In readiness order.
-  std::vector<Ready> taking_;  // take_ready()'s list of ready_; empty between calls.
+  SetState* last_state_ = nullptr;  // state()'s last answer: ops come in runs of one set.
+  HitTable hits_;                   // Counted cache hits (Note [Hit fast path]).
+  std::vector<Ready> ready_;        // In readiness order.
+  std::vector<Ready> taking_;       // take_ready()'s list of ready_; empty between calls.
   std::vector<std::int32_t> evicted_;
   int next_set_id_ = 1;  // Sets are numbered 1, 2, ... in decision order, here only.
 };
