@@ -366,10 +366,10 @@ std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
     }
   }
   // Counted hits (Note [Hit fast path]): no member of their set has joined.
-  for (const auto& [id, hit] : hits_.all()) {
-    if (hit.queued || now - hit.first_seen < after) continue;
+  hits_.for_each([&](const HitTable::Pending& hit) {
+    if (hit.queued || now - hit.first_seen < after) return;
     auto set_it = states_.find(hit.op->process_set_id);
-    if (set_it == states_.end()) continue;
+    if (set_it == states_.end()) return;
     const SetState& set = set_it->second;
     Stall stall{.process_set_id = hit.op->process_set_id,
                 .name = hit.op->name,
@@ -380,7 +380,7 @@ std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
         stall.missing.push_back(set.info.global_rank_of(r));
     }
     result.push_back(std::move(stall));
-  }
+  });
   std::sort(result.begin(), result.end(),
             [](const Stall& a, const Stall& b) { return a.waited > b.waited; });
   return result;

@@ -3,7 +3,10 @@
 // counted per id, and every way a counted op moves to the named bookkeeping (a full request
 // for the same name, a join, an eviction) or is named by the stall inspector. Expected lists
 // are written out from the protocol's rules: cache ids count from 0 in insertion order.
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -287,6 +290,48 @@ TEST_CASE("The hit table keeps a bit per member, past 64 ranks too", "[hits]") {
   CHECK_FALSE(next.has(0));
   CHECK_FALSE(table.add(next, 1));
   CHECK(table.add(next, 0));
+}
+
+TEST_CASE("The hit table finds what it holds through growth and deletions", "[hits]") {
+  // Against a std::map: ids in runs (as caches hand them out) and scattered, records taken in
+  // an order unrelated to their insertion, so that probe runs wrap and shift.
+  HitTable table;
+  std::map<std::int32_t, int> reference;  // id -> size given to start().
+  std::mt19937 random(12);
+  for (int round = 0; round < 2000; ++round) {
+    const bool add = reference.size() < 5 || (reference.size() < 700 && random() % 3 != 0);
+    if (add) {
+      std::int32_t id = 0;
+      do {
+        id = random() % 2 == 0 ? static_cast<std::int32_t>(random() % 1000)
+                               : static_cast<std::int32_t>(random() % 100000);
+      } while (reference.contains(id));
+      const int size = 1 + static_cast<int>(random() % 5);
+      table.start(id, nullptr, size, t0);
+      reference[id] = size;
+    } else {
+      auto it = reference.begin();
+      std::advance(it, static_cast<long>(random() % reference.size()));
+      const HitTable::Pending taken = table.take(it->first);
+      CHECK(taken.id == it->first);
+      CHECK(taken.size == it->second);
+      reference.erase(it);
+    }
+    if (round % 97 == 0) {
+      for (const auto& [id, size] : reference) {
+        const HitTable::Pending* found = table.find(id);
+        REQUIRE(found != nullptr);
+        CHECK(found->size == size);
+      }
+      CHECK(table.find(-5 + 0) == nullptr);
+      std::vector<std::int32_t> ids = table.ids();
+      std::sort(ids.begin(), ids.end());
+      std::vector<std::int32_t> expected;
+      for (const auto& [id, size] : reference) expected.push_back(id);
+      CHECK(ids == expected);
+    }
+  }
+  CHECK(table.empty() == reference.empty());
 }
 
 }  // namespace

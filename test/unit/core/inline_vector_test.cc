@@ -23,7 +23,9 @@ struct Counted {
   ~Counted() { --live; }
 };
 
-std::string long_text(int i) { return "a value longer than the small-string buffer #" + std::to_string(i); }
+std::string long_text(int i) {
+  return "a value longer than the small-string buffer #" + std::to_string(i);
+}
 
 std::vector<std::string> values_of(const InlineVector<Counted, 2>& v) {
   std::vector<std::string> out;
