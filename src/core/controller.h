@@ -8,7 +8,8 @@
 // 2. The coordinator files each request under (process set, name). When every member of the
 //    set has submitted the name, the op is ready: if all members sent the same cache id the
 //    cached response is reused, otherwise negotiate_response() validates the requests and
-//    builds a Response (an error Response on any disagreement).
+//    builds a Response (an error Response on any disagreement). Cache hits are counted per id
+//    rather than filed by name while nothing needs the name (Note [Hit fast path]).
 // 3. The coordinator sends the ready responses, in the order they became ready, to every rank
 //    as one ResponseList, and executes the list itself.
 // 4. Every rank executes the responses of a list in list order.
