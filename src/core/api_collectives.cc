@@ -7,6 +7,7 @@
 #include <exception>
 #include <numeric>
 #include <optional>
+#include <span>
 
 #include "ops/device_ops.h"
 #include "ops/registry.h"
@@ -32,7 +33,7 @@ constexpr std::string_view kReservedPrefix = "tutti.";
 struct Submission {
   std::shared_ptr<core::Session> session;
   core::SetInfo set;
-  std::shared_ptr<core::Entry> entry = std::make_shared<core::Entry>();
+  std::shared_ptr<core::Entry> entry = core::make_entry();  // One allocation with its OpState.
 
   // `own` is true only for Tutti's own ops, which may use the reserved "tutti." names.
   Submission(Collective op, std::string name, int process_set_id, bool own = false) {
@@ -53,7 +54,8 @@ struct Submission {
     entry->request.process_set_id = process_set_id;
   }
 
-  void add(const TensorView& input, const TensorView& output) {
+  // By value: a caller done with its views moves them in (a view's shape is a heap vector).
+  void add(TensorView input, TensorView output) {
     core::Request& request = entry->request;
     if (!entry->inputs.empty() && input.device().kind != request.device) {
       invalid(str_cat(to_string(request.op), " '", request.name, "' mixes CPU and CUDA tensors"));
@@ -61,8 +63,13 @@ struct Submission {
     if (input.device().kind == Device::Kind::CUDA) check_device(input.device());
     request.device = input.device().kind;
     request.tensors.push_back(core::TensorSpec{.dtype = input.dtype(), .shape = input.shape()});
-    entry->inputs.push_back(input);
-    entry->outputs.push_back(output);
+    entry->inputs.push_back(std::move(input));
+    entry->outputs.push_back(std::move(output));
+  }
+  void reserve(std::size_t tensors) {
+    entry->request.tensors.reserve(tensors);
+    entry->inputs.reserve(tensors);
+    entry->outputs.reserve(tensors);
   }
 
   // A CUDA device this process sees, and the one this rank's other ops use.
@@ -90,12 +97,12 @@ struct Submission {
 
   // As submit(), for callers that read the state's other results (join's rank).
   std::shared_ptr<detail::OpState> submit_state() {
-    entry->state = std::make_shared<detail::OpState>();
-    entry->state->results.scratch = std::move(scratch);
-    entry->state->results.drop_output = drop_output;
-    entry->state->results.output_row_dims = std::move(row_dims);
+    detail::OpResults& results = entry->state->results;
+    results.scratch = std::move(scratch);
+    results.drop_output = drop_output;
+    results.output_row_dims = std::move(row_dims);
     entry->submitted = std::chrono::steady_clock::now();
-    std::shared_ptr<detail::OpState> state = entry->state;
+    std::shared_ptr<detail::OpState> state = core::handle_state(entry);
     session->submit(std::move(entry)).throw_if_error();
     return state;
   }
@@ -127,14 +134,23 @@ void check_reduce(const std::string& name, const TensorView& tensor, const Reduc
 }
 
 // `root`: -1 for an allreduce; reduce()'s global root rank otherwise (negotiated, so that
-// ranks disagreeing on it get Mismatch). `scratch` is kept alive with the op.
-Handle allreduce_impl(std::vector<std::pair<TensorView, TensorView>> tensors, std::string name,
+// ranks disagreeing on it get Mismatch). `scratch` is kept alive with the op. `outputs` empty:
+// in place. The views are moved into the op.
+Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> outputs, std::string name,
                       const ReduceOptions& options, bool grouped, int root = -1,
                       Tensor scratch = {}) {
   Submission submission(Collective::Allreduce, std::move(name), options.process_set.id());
-  if (grouped && tensors.empty()) invalid("grouped_allreduce_async needs at least one tensor");
-  for (const auto& [input, output] : tensors) {
+  if (grouped && inputs.empty()) invalid("grouped_allreduce_async needs at least one tensor");
+  submission.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    TensorView& input = inputs[i];
     check_reduce(submission.entry->request.name, input, options, Collective::Allreduce);
+    if (outputs.empty()) {
+      TensorView output = input;
+      submission.add(std::move(input), std::move(output));
+      continue;
+    }
+    TensorView& output = outputs[i];
     if (output.dtype() != input.dtype() || output.num_elements() != input.num_elements() ||
         output.device() != input.device()) {
       invalid(str_cat("ALLREDUCE '", submission.entry->request.name, "': output ",
@@ -142,7 +158,7 @@ Handle allreduce_impl(std::vector<std::pair<TensorView, TensorView>> tensors, st
                       " does not match input ", to_string(input.dtype()),
                       detail::shape_string(input.shape())));
     }
-    submission.add(input, output);
+    submission.add(std::move(input), std::move(output));
   }
   if (options.op == ReduceOp::Adasum && submission.entry->request.device == Device::Kind::CUDA) {
     invalid(str_cat("ALLREDUCE '", submission.name(),
@@ -249,19 +265,17 @@ std::string_view to_string(ReduceOp op) {
 }
 
 Handle allreduce_async(TensorView tensor, std::string name, ReduceOptions options) {
-  return allreduce_impl({{tensor, tensor}}, std::move(name), options, false);
+  return allreduce_impl({&tensor, 1}, {}, std::move(name), options, false);
 }
 
 Handle allreduce_async(TensorView input, TensorView output, std::string name,
                        ReduceOptions options) {
-  return allreduce_impl({{input, output}}, std::move(name), options, false);
+  return allreduce_impl({&input, 1}, {&output, 1}, std::move(name), options, false);
 }
 
 Handle grouped_allreduce_async(std::vector<TensorView> tensors, std::string name,
                                ReduceOptions options) {
-  std::vector<std::pair<TensorView, TensorView>> pairs;
-  for (const TensorView& t : tensors) pairs.emplace_back(t, t);
-  return allreduce_impl(std::move(pairs), std::move(name), options, true);
+  return allreduce_impl(tensors, {}, std::move(name), options, true);
 }
 
 Handle allgather_async(TensorView input, std::string name, ProcessSet set) {
@@ -484,12 +498,12 @@ Handle reduce_async(TensorView tensor, int root_rank, std::string name, ReduceOp
   }
   const int global_rank = core::Runtime::get().session_for_op().value_or_throw()->topology().rank;
   if (global_rank == root_rank) {
-    return allreduce_impl({{tensor, tensor}}, std::move(name), options, false, root_rank);
+    return allreduce_impl({&tensor, 1}, {}, std::move(name), options, false, root_rank);
   }
   // Elsewhere the result goes to scratch memory, so the caller's tensor stays unchanged.
   Tensor scratch(tensor.dtype(), tensor.shape(), tensor.device());
-  const TensorView out = scratch.view();
-  return allreduce_impl({{tensor, out}}, std::move(name), options, false, root_rank,
+  TensorView out = scratch.view();
+  return allreduce_impl({&tensor, 1}, {&out, 1}, std::move(name), options, false, root_rank,
                         std::move(scratch));
 }
 

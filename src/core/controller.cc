@@ -39,32 +39,100 @@ Response error_response(const Response& about, ErrorCode code, std::string messa
 }  // namespace
 
 Coordinator::SetState* Coordinator::state(int id) {
-  if (auto it = states_.find(id); it != states_.end()) return &it->second;
+  if (last_state_ != nullptr && last_state_->info.id == id) return last_state_;
+  if (auto it = states_.find(id); it != states_.end()) return last_state_ = &it->second;
   Result<SetInfo> info = sets_.find(id);
   if (!info.ok()) return nullptr;
   SetState& set = states_[id];
   set.info = info.value();
   set.joined.assign(static_cast<std::size_t>(set.info.size()), false);
-  return &set;
+  return last_state_ = &set;
 }
 
 void Coordinator::receive(int global_rank, RequestList list, Clock::time_point now,
                           std::vector<std::int32_t>* resend) {
   for (std::int32_t id : list.cache_hits) {
-    const CoordinatorCache::Entry* entry = cache_.find(id);
+    // Counted already: the id is still cached (an eviction moves its counted hits to the
+    // named bookkeeping), and counting is still right (Note [Hit fast path]).
+    if (HitTable::Pending* hit = hits_.find(id); hit != nullptr) {
+      SetState* set = state(hit->op->process_set_id);
+      TUTTI_CHECK(set != nullptr, "counted hits of unknown set ", hit->op->process_set_id);
+      count_hit(*hit, *set, member_rank(*set, global_rank, id), now);
+      continue;
+    }
+    std::shared_ptr<const CoordinatorCache::Entry> entry = cache_.use(id);
     if (entry == nullptr) {
       resend->push_back(id);
       continue;
     }
-    const SetState* set = state(entry->process_set_id);
+    SetState* set = state(entry->process_set_id);
     TUTTI_CHECK(set != nullptr, "cache entry of unknown set ", entry->process_set_id);
-    const int set_rank = set->info.set_rank_of(global_rank);
-    TUTTI_CHECK(set_rank >= 0, "rank ", global_rank, " sent a cache hit of process set ",
-                entry->process_set_id, " which does not include it");
-    file(global_rank, entry->requests[static_cast<std::size_t>(set_rank)], id, now);
+    const int set_rank = member_rank(*set, global_rank, id);
+    if (can_count(*set, *entry)) {
+      count_hit(hits_.start(id, std::move(entry), set->info.size(), now), *set, set_rank, now);
+    } else {
+      file(global_rank, entry->requests[static_cast<std::size_t>(set_rank)], id, now);
+    }
   }
   for (Request& request : list.requests) {
+    // Other members' counted hits on this op join this request by name (Note [Hit fast path]).
+    if (!hits_.empty()) {
+      if (std::optional<std::int32_t> id = cache_.id_of({request.process_set_id, request.name}))
+        hit_to_named(*id);
+    }
     file(global_rank, std::make_shared<const Request>(std::move(request)), -1, now);
+  }
+}
+
+int Coordinator::member_rank(const SetState& set, int global_rank, std::int32_t id) {
+  const int set_rank = set.info.set_rank_of(global_rank);
+  TUTTI_CHECK(set_rank >= 0, "rank ", global_rank, " sent cache hit ", id, " of process set ",
+              set.info.id, " which does not include it");
+  return set_rank;
+}
+
+bool Coordinator::can_count(const SetState& set, const CoordinatorCache::Entry& op) const {
+  // The timeline's negotiation spans need each rank's arrival by name.
+  if (timeline_ != nullptr && timeline_->enabled()) return false;
+  if (set.joined_count > 0) return false;
+  return set.pending.empty() || !set.pending.contains(op.name);
+}
+
+void Coordinator::count_hit(HitTable::Pending& hit, SetState& set, int set_rank,
+                            Clock::time_point now) {
+  set.last_submission = now;  // A hit is never a join: joins are not cached.
+  if (hits_.add(hit, set_rank)) {
+    hit.queued = true;
+    ready_.push_back(Ready{.process_set_id = set.info.id, .name = {}, .hit = hit.id});
+  }
+}
+
+void Coordinator::hit_to_named(std::int32_t id) {
+  const HitTable::Pending* found = hits_.find(id);
+  // Every member sent it: take_ready() decides it (replayed, or negotiated from the requests).
+  if (found == nullptr || found->queued) return;
+  const HitTable::Pending hit = hits_.take(id);
+  const int set_id = hit.op->process_set_id;
+  auto set_it = states_.find(set_id);
+  if (set_it == states_.end()) return;  // The set was removed; its ranks fail the op.
+  SetState& set = set_it->second;
+  TUTTI_CHECK(set.info.size() == hit.size, "process set ", set_id, " changed size");
+  Pending& pending = set.pending[hit.op->name];
+  if (pending.requests.empty()) {
+    pending.requests.assign(static_cast<std::size_t>(hit.size), nullptr);
+    pending.first_seen = hit.first_seen;
+  }
+  for (int r = 0; r < hit.size; ++r) {
+    if (!hit.has(r)) continue;
+    std::shared_ptr<const Request>& slot = pending.requests[static_cast<std::size_t>(r)];
+    TUTTI_CHECK(slot == nullptr, "set rank ", r, " submitted '", hit.op->name, "' twice");
+    slot = hit.op->requests[static_cast<std::size_t>(r)];
+    pending.common_hit = (pending.common_hit == -2 || pending.common_hit == id) ? id : -1;
+    ++pending.count;
+  }
+  if (!pending.queued && is_ready(set, pending)) {
+    pending.queued = true;
+    ready_.push_back(Ready{.process_set_id = set_id, .name = hit.op->name, .hit = -1});
   }
 }
 
@@ -102,12 +170,20 @@ void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, 
   if (is_join) join(set_id, *set, global_rank);
   if (!pending.queued && is_ready(*set, pending)) {
     pending.queued = true;
-    ready_.emplace_back(set_id, name);
+    ready_.push_back(Ready{.process_set_id = set_id, .name = name, .hit = -1});
   }
 }
 
 void Coordinator::join(int set_id, SetState& set, int global_rank) {
-  set.joined[static_cast<std::size_t>(set.info.set_rank_of(global_rank))] = true;
+  // Readiness now depends on who has joined, which only the named bookkeeping knows.
+  if (!hits_.empty()) {
+    for (std::int32_t id : hits_.ids()) {
+      if (hits_.find(id)->op->process_set_id == set_id) hit_to_named(id);
+    }
+  }
+  const std::size_t set_rank = static_cast<std::size_t>(set.info.set_rank_of(global_rank));
+  if (!set.joined[set_rank]) ++set.joined_count;
+  set.joined[set_rank] = true;
   set.last_joined = global_rank;
   // Queue in submission order (then by name), so the order does not depend on hashing.
   std::vector<std::pair<Clock::time_point, const std::string*>> released;
@@ -120,7 +196,7 @@ void Coordinator::join(int set_id, SetState& set, int global_rank) {
   });
   for (const auto& [when, name] : released) {
     set.pending.at(*name).queued = true;
-    ready_.emplace_back(set_id, *name);
+    ready_.push_back(Ready{.process_set_id = set_id, .name = *name, .hit = -1});
   }
 }
 
@@ -128,42 +204,80 @@ ResponseList Coordinator::take_ready() {
   ResponseList list;
   list.evicted = std::move(evicted_);
   evicted_.clear();
-  std::vector<std::pair<int, std::string>> ready;
-  ready.swap(ready_);
+  // ready_ gets the buffer of the previous list back, so that a steady stream of ops does not
+  // grow a new vector each cycle.
+  taking_.swap(ready_);
+  list.responses.reserve(taking_.size());
+  list.cache_ids.reserve(taking_.size());
+  list.hit.reserve(taking_.size());
   Decided decided;
-  for (auto& [set_id, name] : ready) {
-    auto set_it = states_.find(set_id);
+  for (Ready& item : taking_) {
+    if (item.hit >= 0) {
+      take_hit(item.hit, decided, list);
+      continue;
+    }
+    auto set_it = states_.find(item.process_set_id);
     if (set_it == states_.end()) continue;  // Removed earlier in this list; ranks fail it locally.
     SetState& set = set_it->second;
-    auto node = set.pending.extract(name);
+    auto node = set.pending.extract(item.name);
     Pending& pending = node.mapped();
-    if (timeline_ && timeline_->enabled()) timeline_->negotiate_end(name);
-    const bool anyone_joined =
-        std::find(set.joined.begin(), set.joined.end(), true) != set.joined.end();
+    if (timeline_ && timeline_->enabled()) timeline_->negotiate_end(item.name);
     // A hit is replayed only if its id is still cached here; then every rank still has it too
     // (ranks apply a list's evictions after its inserts). Otherwise negotiate afresh. Never
     // while members have joined (see Note [Join]).
-    if (pending.common_hit >= 0 && !anyone_joined && cache_.find(pending.common_hit) != nullptr) {
+    if (pending.common_hit >= 0 && set.joined_count == 0 &&
+        cache_.find(pending.common_hit) != nullptr) {
       // Every member sent the same cache id: replay the cached response.
       list.responses.emplace_back();
       list.cache_ids.push_back(pending.common_hit);
       list.hit.push_back(1);
       continue;
     }
-    Response response = decide(set_id, set, name, pending, decided, &list.evicted);
-    std::int32_t id = -1;
-    if (cacheable(response) && cache_.enabled()) {
-      id = cache_.insert({.process_set_id = set_id,
-                          .name = name,
-                          .requests = std::move(pending.requests),
-                          .response = response},
-                         &list.evicted);
-    }
-    list.responses.push_back(std::move(response));
-    list.cache_ids.push_back(id);
-    list.hit.push_back(0);
+    respond(item.process_set_id, set, item.name, pending, decided, list);
   }
+  taking_.clear();
   return list;
+}
+
+void Coordinator::take_hit(std::int32_t id, Decided& decided, ResponseList& list) {
+  HitTable::Pending hit = hits_.take(id);
+  auto set_it = states_.find(hit.op->process_set_id);
+  if (set_it == states_.end()) return;  // Removed earlier in this list; ranks fail it locally.
+  SetState& set = set_it->second;
+  // As for a named op whose members all sent the same id (take_ready()); receive() marked the
+  // id as used.
+  if (set.joined_count == 0 && cache_.contains(id)) {
+    list.responses.emplace_back();
+    list.cache_ids.push_back(id);
+    list.hit.push_back(1);
+    return;
+  }
+  Pending pending{.requests = hit.op->requests,
+                  .count = hit.count,
+                  .common_hit = id,
+                  .first_seen = hit.first_seen,
+                  .queued = true};
+  respond(hit.op->process_set_id, set, hit.op->name, pending, decided, list);
+}
+
+void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pending& pending,
+                          Decided& decided, ResponseList& list) {
+  const std::size_t evicted_before = list.evicted.size();
+  Response response = decide(set_id, set, name, pending, decided, &list.evicted);
+  std::int32_t id = -1;
+  if (cacheable(response) && cache_.enabled()) {
+    id = cache_.insert({.process_set_id = set_id,
+                        .name = name,
+                        .requests = std::move(pending.requests),
+                        .response = response},
+                       &list.evicted);
+  }
+  list.responses.push_back(std::move(response));
+  list.cache_ids.push_back(id);
+  list.hit.push_back(0);
+  // Hits still being counted on an evicted id must be findable by name from now on: the
+  // members that have not sent theirs will send full requests (Note [Hit fast path]).
+  for (std::size_t i = evicted_before; i < list.evicted.size(); ++i) hit_to_named(list.evicted[i]);
 }
 
 Response Coordinator::decide(int set_id, SetState& set, const std::string& name, Pending& pending,
@@ -177,6 +291,7 @@ Response Coordinator::decide(int set_id, SetState& set, const std::string& name,
     response.op = Collective::Join;
     response.last_joined_rank = set.last_joined;
     set.joined.assign(set.joined.size(), false);
+    set.joined_count = 0;
     set.last_joined = -1;
     return response;
   }
@@ -226,6 +341,7 @@ void Coordinator::change_sets(Response& response, Decided& decided,
   // ShutDown when they execute this response.
   decided.removed.insert(id);
   states_.erase(id);
+  last_state_ = nullptr;
   cache_.erase_set(id, evicted);
 }
 
@@ -249,6 +365,22 @@ std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
       result.push_back(std::move(stall));
     }
   }
+  // Counted hits (Note [Hit fast path]): no member of their set has joined.
+  hits_.for_each([&](const HitTable::Pending& hit) {
+    if (hit.queued || now - hit.first_seen < after) return;
+    auto set_it = states_.find(hit.op->process_set_id);
+    if (set_it == states_.end()) return;
+    const SetState& set = set_it->second;
+    Stall stall{.process_set_id = hit.op->process_set_id,
+                .name = hit.op->name,
+                .missing = {},
+                .waited = now - hit.first_seen};
+    for (int r = 0; r < hit.size; ++r) {
+      if (!hit.has(r) && !set.joined[static_cast<std::size_t>(r)])
+        stall.missing.push_back(set.info.global_rank_of(r));
+    }
+    result.push_back(std::move(stall));
+  });
   std::sort(result.begin(), result.end(),
             [](const Stall& a, const Stall& b) { return a.waited > b.waited; });
   return result;

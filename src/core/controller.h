@@ -8,7 +8,8 @@
 // 2. The coordinator files each request under (process set, name). When every member of the
 //    set has submitted the name, the op is ready: if all members sent the same cache id the
 //    cached response is reused, otherwise negotiate_response() validates the requests and
-//    builds a Response (an error Response on any disagreement).
+//    builds a Response (an error Response on any disagreement). Cache hits are counted per id
+//    rather than filed by name while nothing needs the name (Note [Hit fast path]).
 // 3. The coordinator sends the ready responses, in the order they became ready, to every rank
 //    as one ResponseList, and executes the list itself.
 // 4. Every rank executes the responses of a list in list order.
@@ -47,6 +48,25 @@
 // (collective over all ranks) needs. The coordinator executes each list before it files more
 // requests, so a new set's requests always find the set, and a removed set's are dropped.
 //
+// Note [Hit fast path]
+// In steady state every member sends the same cache id for an op, and filing each of them under
+// the op's name (a request pointer per rank, a map entry and a name copy per op) costs more than
+// the collective of a tiny tensor. So the coordinator counts hits per cache id instead
+// (HitTable): a bit per member, and the op is ready, in the same readiness order, when the count
+// reaches the set's size. A counted op moves to the named bookkeeping of step 2 (with the
+// cached request of each member counted so far) whenever a hit no longer says enough:
+//  - a member sends a full request under the same name (its request differs from the cached
+//    one, or its cache lost the id): the op is then negotiated from the requests;
+//  - a member of its set joins (Note [Join]): readiness then depends on who has joined;
+//  - its id is evicted (by an insert or a set's removal) before every member sent it; with the
+//    id gone, later members send full requests, which must find the others' by name.
+// Hits go to the named bookkeeping directly while the op's name is pending there, while a
+// member of the set has joined, and while the timeline records negotiation spans. An op every
+// member has sent as the id stays counted until take_ready(): it is replayed if the id is still
+// cached and no member has joined, else negotiated afresh from the requests the id stood for
+// (the record holds them, the cache entry may be gone). The stall inspector sees counted ops
+// like named ones, missing ranks being the members whose bit is not set.
+//
 // Note [Same decision on every rank]
 // Only the coordinator decides, and every rank receives its decisions through one FIFO
 // channel, so every rank executes the same responses in the same order, across all process
@@ -63,6 +83,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/core/hit_table.h"
 #include "src/core/process_set_table.h"
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
@@ -115,6 +136,7 @@ class Coordinator {
     SetInfo info;
     std::unordered_map<std::string, Pending> pending;
     std::vector<bool> joined;  // By set rank; see Note [Join].
+    int joined_count = 0;      // Set ranks in `joined`.
     int last_joined = -1;      // Global rank.
     // When a member last submitted an op other than a join: while members still train, a
     // joined rank's wait is not a stall.
@@ -126,11 +148,33 @@ class Coordinator {
     std::set<int> removed;
   };
 
+  // An op in readiness order: a name pending in its set, or (`hit` >= 0) a counted cache hit.
+  struct Ready {
+    int process_set_id = 0;
+    std::string name;  // Empty for a counted hit.
+    std::int32_t hit = -1;
+  };
+
   // The negotiation state of set `id`, created from the table on first use; null if the set
   // does not exist.
   SetState* state(int id);
   void file(int global_rank, std::shared_ptr<const Request> request, std::int32_t hit,
             Clock::time_point now);
+  // Whether a hit on `op` may be counted (Note [Hit fast path]) rather than filed by name.
+  bool can_count(const SetState& set, const CoordinatorCache::Entry& op) const;
+  // Counts set rank `set_rank`'s hit on `hit` (Note [Hit fast path]).
+  void count_hit(HitTable::Pending& hit, SetState& set, int set_rank, Clock::time_point now);
+  // `global_rank`'s set rank in `set`, which its cache hit `id` belongs to (TUTTI_CHECK).
+  static int member_rank(const SetState& set, int global_rank, std::int32_t id);
+  // Moves the counted hits on `id`, unless every member has sent it, to the named bookkeeping;
+  // drops them if their set is gone.
+  void hit_to_named(std::int32_t id);
+  // take_ready() of a counted hit: replayed, or negotiated afresh.
+  void take_hit(std::int32_t id, Decided& decided, ResponseList& list);
+  // Decides one ready op, files it in the cache if cacheable, and appends it to `list`; ids it
+  // evicts move their counted hits to the named bookkeeping.
+  void respond(int set_id, SetState& set, const std::string& name, Pending& pending,
+               Decided& decided, ResponseList& list);
   // Every member has submitted the op or joined.
   static bool is_ready(const SetState& set, const Pending& pending);
   // Marks `global_rank` joined and queues the ops that were waiting only for it.
@@ -147,7 +191,10 @@ class Coordinator {
   CoordinatorCache cache_;
   Timeline* timeline_;
   std::map<int, SetState> states_;
-  std::vector<std::pair<int, std::string>> ready_;  // (set, name) in readiness order.
+  SetState* last_state_ = nullptr;  // state()'s last answer: ops come in runs of one set.
+  HitTable hits_;                   // Counted cache hits (Note [Hit fast path]).
+  std::vector<Ready> ready_;        // In readiness order.
+  std::vector<Ready> taking_;       // take_ready()'s list of ready_; empty between calls.
   std::vector<std::int32_t> evicted_;
   int next_set_id_ = 1;  // Sets are numbered 1, 2, ... in decision order, here only.
 };

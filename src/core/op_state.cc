@@ -8,14 +8,18 @@
 
 namespace tutti::detail {
 
+// complete() and wait() are a Dekker pair on (done_, sleepers_), both sequentially consistent:
+// complete() stores done_ then reads sleepers_; a sleeper counts itself in sleepers_ (under the
+// lock) then reads done_. At least one of them sees the other's store, so either the sleeper
+// finds done_ set and does not sleep, or complete() sees it and notifies under the lock (which
+// the sleeper holds from its check until cv_.wait() releases it, so the notification cannot fall
+// between the two).
 void OpState::complete(Status status) {
   TUTTI_CHECK(!done(), "an op was completed twice");
   status_ = std::move(status);
-  {
-    // The lock orders the store against a waiter that checked done() and is about to sleep.
-    MutexLock lock(mutex_);
-    done_.store(true, std::memory_order_release);
-  }
+  done_.store(true, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+  { MutexLock lock(mutex_); }
   cv_.notify_all();
 }
 
@@ -26,7 +30,9 @@ Status OpState::wait() const {
   while (!done() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
   if (!done()) {
     MutexLock lock(mutex_);
-    while (!done()) cv_.wait(mutex_);
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    while (!done_.load(std::memory_order_seq_cst)) cv_.wait(mutex_);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
   return status_;
 }

@@ -54,6 +54,10 @@ class OpState {
   void complete(Status status) TUTTI_EXCLUDES(mutex_);
 
   std::atomic<bool> done_{false};
+  // Threads asleep (or about to sleep) in wait(): complete() takes the lock and notifies only
+  // when there are some, so that completing the thousands of ops nobody waits for yet (a step's
+  // gradients, waited for later) costs two atomic operations each. See complete().
+  mutable std::atomic<int> sleepers_{0};
   Status status_;  // Written once before done_ is set; read after.
   mutable Mutex mutex_;
   mutable CondVar cv_;

@@ -25,6 +25,9 @@ const std::vector<int>* intern(const std::vector<int>& ranks) {
 }  // namespace
 
 int SetInfo::set_rank_of(int global_rank) const {
+  // Most sets (the global one first) list the ranks from 0 up without gaps.
+  const std::size_t at = static_cast<std::size_t>(global_rank);
+  if (global_rank >= 0 && at < ranks->size() && (*ranks)[at] == global_rank) return global_rank;
   const auto it = std::lower_bound(ranks->begin(), ranks->end(), global_rank);
   return it != ranks->end() && *it == global_rank ? static_cast<int>(it - ranks->begin()) : -1;
 }

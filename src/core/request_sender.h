@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
@@ -23,8 +24,8 @@ class RequestSender {
 
   // The ops submitted since the last call, as one list (cache ids for the ops the cache
   // knows), or nothing if there are none or this rank's last message was sent. Batches while
-  // ops keep arriving, at most the cycle time: a training step submits many at once, and a
-  // lone op goes out after one short gap.
+  // ops keep arriving (each drain of the queue finds more), at most the cycle time: a training
+  // step submits many at once, and a lone op goes out at once.
   std::optional<RequestList> take_new();
   // The full requests of this rank's ops in flight that were sent as the cache hits `ids`,
   // which the coordinator no longer knows; nothing once the last message was sent.
@@ -39,6 +40,7 @@ class RequestSender {
   const RankCache& cache_;
   const std::chrono::microseconds cycle_time_;
   bool last_sent_ = false;
+  std::vector<std::shared_ptr<Entry>> entries_;  // take_new()'s batch; empty between calls.
 };
 
 }  // namespace tutti::core

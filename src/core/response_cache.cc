@@ -12,30 +12,48 @@ std::string cache_key(int process_set_id, const std::string& name) {
   return key;
 }
 
-const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
+CoordinatorCache::Slot* CoordinatorCache::touch(std::int32_t id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
-  return &it->second.entry;
+  return &it->second;
+}
+
+const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
+  const Slot* slot = touch(id);
+  return slot == nullptr ? nullptr : slot->entry.get();
+}
+
+std::shared_ptr<const CoordinatorCache::Entry> CoordinatorCache::use(std::int32_t id) {
+  const Slot* slot = touch(id);
+  return slot == nullptr ? nullptr : slot->entry;
+}
+
+std::optional<std::int32_t> CoordinatorCache::id_of(OpKeyView key) const {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* evicted) {
-  const std::string key = cache_key(entry.process_set_id, entry.name);
+  const OpKeyView key{entry.process_set_id, entry.name};
   if (auto old = by_key_.find(key); old != by_key_.end()) erase(old->second, evicted);
   while (!lru_.empty() && static_cast<std::int64_t>(entries_.size()) >= capacity_) {
     erase(lru_.back(), evicted);
   }
   const std::int32_t id = next_id_++;
+  OpKey owned{entry.process_set_id, entry.name};
   lru_.push_front(id);
-  entries_.emplace(id, Slot{.entry = std::move(entry), .lru = lru_.begin()});
-  by_key_[key] = id;
+  entries_.emplace(
+      id, Slot{.entry = std::make_shared<const Entry>(std::move(entry)), .lru = lru_.begin()});
+  by_key_.insert_or_assign(std::move(owned), id);
   return id;
 }
 
 void CoordinatorCache::erase_set(int process_set_id, std::vector<std::int32_t>* evicted) {
   std::vector<std::int32_t> ids;
   for (const auto& [id, slot] : entries_) {
-    if (slot.entry.process_set_id == process_set_id) ids.push_back(id);
+    if (slot.entry->process_set_id == process_set_id) ids.push_back(id);
   }
   for (std::int32_t id : ids) erase(id, evicted);
 }
@@ -43,18 +61,18 @@ void CoordinatorCache::erase_set(int process_set_id, std::vector<std::int32_t>* 
 void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
-  by_key_.erase(cache_key(it->second.entry.process_set_id, it->second.entry.name));
+  const Entry& entry = *it->second.entry;
+  auto key = by_key_.find(OpKeyView{entry.process_set_id, entry.name});
+  if (key != by_key_.end() && key->second == id) by_key_.erase(key);
   lru_.erase(it->second.lru);
   entries_.erase(it);
   evicted->push_back(id);
 }
 
 std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
-  auto key = by_key_.find(cache_key(request.process_set_id, request.name));
-  if (key == by_key_.end()) return std::nullopt;
-  auto it = entries_.find(key->second);
-  if (it == entries_.end() || !(it->second.request == request)) return std::nullopt;
-  return key->second;
+  auto it = by_key_.find(OpKeyView{request.process_set_id, request.name});
+  if (it == by_key_.end() || !(it->second.slot->request == request)) return std::nullopt;
+  return it->second.id;
 }
 
 const Response* RankCache::response(std::int32_t id) const {
@@ -63,15 +81,18 @@ const Response* RankCache::response(std::int32_t id) const {
 }
 
 void RankCache::insert(std::int32_t id, const Request& request, const Response& response) {
-  by_key_[cache_key(request.process_set_id, request.name)] = id;
-  entries_[id] = Slot{.request = request, .response = response};
+  Slot& slot = entries_[id];
+  slot = Slot{.request = request, .response = response};
+  by_key_.insert_or_assign(OpKey{request.process_set_id, request.name},
+                           Newest{.id = id, .slot = &slot});
 }
 
 void RankCache::erase(std::int32_t id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
-  auto key = by_key_.find(cache_key(it->second.request.process_set_id, it->second.request.name));
-  if (key != by_key_.end() && key->second == id) by_key_.erase(key);
+  const Request& request = it->second.request;
+  auto key = by_key_.find(OpKeyView{request.process_set_id, request.name});
+  if (key != by_key_.end() && key->second.id == id) by_key_.erase(key);
   entries_.erase(it);
 }
 

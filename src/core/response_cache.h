@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/core/op_key.h"
 #include "src/core/request.h"
 
 namespace tutti::core {
@@ -39,6 +40,13 @@ class CoordinatorCache {
   bool enabled() const { return capacity_ > 0; }
   // The entry for `id`, marked as recently used; null if unknown (evicted).
   const Entry* find(std::int32_t id);
+  // As find(), as a pointer that keeps the entry alive after an eviction (the coordinator's
+  // record of hits still pending on it needs its requests); null if unknown.
+  std::shared_ptr<const Entry> use(std::int32_t id);
+  // Whether `id` is cached. Not marked as used.
+  bool contains(std::int32_t id) const { return entries_.contains(id); }
+  // The id cached for (set, name), if any.
+  std::optional<std::int32_t> id_of(OpKeyView key) const;
   // Stores a negotiated op and returns its new id. Ids of the same name and of the least
   // recently used entries beyond the capacity are appended to `evicted`.
   std::int32_t insert(Entry entry, std::vector<std::int32_t>* evicted);
@@ -47,16 +55,18 @@ class CoordinatorCache {
 
  private:
   void erase(std::int32_t id, std::vector<std::int32_t>* evicted);
+  struct Slot;
+  Slot* touch(std::int32_t id);  // Marks `id` as recently used; null if unknown.
 
   std::int64_t capacity_;
   std::int32_t next_id_ = 0;
   std::list<std::int32_t> lru_;  // Most recent first.
   struct Slot {
-    Entry entry;
+    std::shared_ptr<const Entry> entry;  // Never null.
     std::list<std::int32_t>::iterator lru;
   };
   std::unordered_map<std::int32_t, Slot> entries_;
-  std::unordered_map<std::string, std::int32_t> by_key_;  // "<set>:<name>" -> id
+  std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;
 };
 
 // Rank side. Communication thread only.
@@ -74,8 +84,14 @@ class RankCache {
     Request request;
     Response response;
   };
+  // The newest id of each (set, name). Slots never move (unordered_map nodes are stable), so a
+  // lookup goes straight from the name to the cached request: one hash of the name per op.
+  struct Newest {
+    std::int32_t id = -1;
+    const Slot* slot = nullptr;
+  };
   std::unordered_map<std::int32_t, Slot> entries_;
-  std::unordered_map<std::string, std::int32_t> by_key_;
+  std::unordered_map<OpKey, Newest, OpKeyHash, OpKeyEqual> by_key_;
 };
 
 // "<set>:<name>", the key both caches file entries under.

@@ -51,7 +51,11 @@ bool is_floating(DataType dtype) {
          dtype == DataType::Float64;
 }
 
-std::int64_t num_elements(const Shape& shape) {
+namespace {
+
+// num_elements() of a shape with a non-positive dimension or too many elements: the errors,
+// or 0 when a dimension is 0.
+[[gnu::noinline]] std::int64_t checked_num_elements(const Shape& shape) {
   for (std::int64_t d : shape) {
     if (d < 0) {
       throw Error(ErrorCode::InvalidArgument,
@@ -70,6 +74,17 @@ std::int64_t num_elements(const Shape& shape) {
     }
   }
   return count;
+}
+
+}  // namespace
+
+std::int64_t num_elements(const Shape& shape) {
+  // The usual shape in one tight pass: the runtime counts elements several times per op.
+  std::int64_t product = 1;
+  for (std::int64_t d : shape) {
+    if (d <= 0 || __builtin_mul_overflow(product, d, &product)) return checked_num_elements(shape);
+  }
+  return product;
 }
 
 TensorView::TensorView(void* data, DataType dtype, Shape shape, Device device)

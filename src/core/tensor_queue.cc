@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <tuple>
 
 #include "src/common/strings.h"
 
@@ -17,7 +18,29 @@ std::string lower(std::string_view text) {
   return s;
 }
 
+// The queue's key for `entry`: it views the entry's own name.
+OpKeyView key_of(const Entry& entry) {
+  return OpKeyView{entry.request.process_set_id, entry.request.name};
+}
+
+// make_entry()'s one allocation.
+struct EntryWithState {
+  Entry entry;
+  detail::OpState state;
+};
+
 }  // namespace
+
+std::shared_ptr<Entry> make_entry() {
+  auto both = std::make_shared<EntryWithState>();
+  // Not owning: an owning pointer inside the entry would keep its own allocation alive forever.
+  both->entry.state = std::shared_ptr<detail::OpState>(std::shared_ptr<void>(), &both->state);
+  return std::shared_ptr<Entry>(both, &both->entry);
+}
+
+std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entry) {
+  return std::shared_ptr<detail::OpState>(entry, entry->state.get());
+}
 
 Status TensorQueue::push(std::shared_ptr<Entry> entry) {
   bool notify = false;
@@ -25,13 +48,28 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
     detail::MutexLock lock(mutex_);
     if (!closed_.ok()) return closed_;
     Request& request = entry->request;
-    auto& table = in_flight_[request.process_set_id];
     if (request.name.empty()) {
       // See Note [Automatic names].
       request.name = detail::str_cat(lower(to_string(request.op)), ".noname.",
                                      unnamed_counts_[request.process_set_id]++);
     }
-    auto [it, inserted] = table.try_emplace(request.name, entry);
+    InFlight::iterator it;
+    bool inserted = false;
+    if (spare_.empty()) {
+      std::tie(it, inserted) = in_flight_.try_emplace(key_of(*entry), entry);
+    } else {
+      InFlight::node_type node = std::move(spare_.back());
+      spare_.pop_back();
+      node.key() = key_of(*entry);
+      node.mapped() = entry;
+      auto result = in_flight_.insert(std::move(node));
+      it = result.position;
+      inserted = result.inserted;
+      if (!inserted) {
+        result.node.mapped() = nullptr;
+        spare_.push_back(std::move(result.node));
+      }
+    }
     if (!inserted) {
       return invalid_argument(detail::str_cat(
           "an op named '", request.name, "' is already in flight (",
@@ -45,20 +83,28 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::drain_new() {
-  detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> drained;
-  drained.swap(new_);
+  drain_new(&drained);
   return drained;
 }
 
-std::shared_ptr<Entry> TensorQueue::take(int process_set_id, const std::string& name) {
+void TensorQueue::drain_new(std::vector<std::shared_ptr<Entry>>* into) {
   detail::MutexLock lock(mutex_);
-  auto set = in_flight_.find(process_set_id);
-  if (set == in_flight_.end()) return nullptr;
-  auto it = set->second.find(name);
-  if (it == set->second.end()) return nullptr;
-  std::shared_ptr<Entry> entry = std::move(it->second);
-  set->second.erase(it);
+  if (into->empty()) {
+    into->swap(new_);
+    return;
+  }
+  for (std::shared_ptr<Entry>& entry : new_) into->push_back(std::move(entry));
+  new_.clear();
+}
+
+std::shared_ptr<Entry> TensorQueue::take(int process_set_id, std::string_view name) {
+  detail::MutexLock lock(mutex_);
+  auto it = in_flight_.find(OpKeyView{process_set_id, name});
+  if (it == in_flight_.end()) return nullptr;
+  InFlight::node_type node = in_flight_.extract(it);
+  std::shared_ptr<Entry> entry = std::move(node.mapped());
+  spare_.push_back(std::move(node));
   return entry;
 }
 
@@ -78,30 +124,29 @@ void TensorQueue::skip_automatic_name(int process_set_id, const std::string& nam
 std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
   detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> taken;
-  auto set = in_flight_.find(process_set_id);
-  if (set == in_flight_.end()) return taken;
-  for (auto& [name, entry] : set->second) taken.push_back(std::move(entry));
-  in_flight_.erase(set);
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->first.process_set_id != process_set_id) {
+      ++it;
+      continue;
+    }
+    taken.push_back(std::move(it->second));
+    it = in_flight_.erase(it);
+  }
   return taken;
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::with_cache_hit(std::int32_t id) const {
   detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> found;
-  for (const auto& [set, table] : in_flight_) {
-    for (const auto& [name, entry] : table) {
-      if (entry->cache_hit == id) found.push_back(entry);
-    }
+  for (const auto& [key, entry] : in_flight_) {
+    if (entry->cache_hit == id) found.push_back(entry);
   }
   return found;
 }
 
 bool TensorQueue::empty() const {
   detail::MutexLock lock(mutex_);
-  for (const auto& [id, table] : in_flight_) {
-    if (!table.empty()) return false;
-  }
-  return true;
+  return in_flight_.empty();
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
@@ -109,10 +154,9 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
   {
     detail::MutexLock lock(mutex_);
     if (closed_.ok()) closed_ = status;
-    for (auto& [id, table] : in_flight_) {
-      for (auto& [name, entry] : table) pending.push_back(std::move(entry));
-      table.clear();
-    }
+    for (auto& [key, entry] : in_flight_) pending.push_back(std::move(entry));
+    in_flight_.clear();
+    spare_.clear();
     new_.clear();
   }
   cv_.notify_all();

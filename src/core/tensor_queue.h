@@ -18,6 +18,8 @@
 
 #include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "src/core/inline_vector.h"
+#include "src/core/op_key.h"
 #include "src/core/op_state.h"
 #include "src/core/request.h"
 
@@ -26,12 +28,22 @@ namespace tutti::core {
 // One submitted op on this rank.
 struct Entry {
   Request request;
-  std::vector<TensorView> inputs;
-  std::vector<TensorView> outputs;  // Same as inputs for in-place ops; empty when core allocates.
+  // One view in place: nearly every op has one tensor (grouped ops spill to the heap).
+  InlineVector<TensorView, 1> inputs;
+  InlineVector<TensorView, 1> outputs;  // Same as inputs for in-place ops; empty when core
+                                        // allocates.
+  // The state the op's Handle shares. In an entry from make_entry() it lives in the entry's own
+  // allocation and this pointer does not own it (the entry keeps it alive): hand out
+  // handle_state(), never a copy of this pointer, to anything that may outlive the entry.
   std::shared_ptr<detail::OpState> state;
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
 };
+
+// An Entry with its OpState in one allocation (the API's ops make one per call).
+std::shared_ptr<Entry> make_entry();
+// An owning pointer to `entry`'s state, for the Handle: it keeps the entry's allocation alive.
+std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entry);
 
 // Application threads push; the communication thread drains, takes and closes.
 class TensorQueue {
@@ -42,8 +54,12 @@ class TensorQueue {
 
   // Communication thread. Entries pushed since the last call, oldest first.
   std::vector<std::shared_ptr<Entry>> drain_new() TUTTI_EXCLUDES(mutex_);
+  // Communication thread. As drain_new(), appending to `into`; when `into` is empty the queue
+  // keeps its buffer for the next pushes, so that a caller that clears and reuses one vector
+  // lets a steady stream of ops allocate no queue memory.
+  void drain_new(std::vector<std::shared_ptr<Entry>>* into) TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns the in-flight entry, or null.
-  std::shared_ptr<Entry> take(int process_set_id, const std::string& name) TUTTI_EXCLUDES(mutex_);
+  std::shared_ptr<Entry> take(int process_set_id, std::string_view name) TUTTI_EXCLUDES(mutex_);
   // Communication thread. A member that joined executes ops it never submitted; when one
   // carries an automatic name "<op>.noname.<n>", the set's counter moves past n, so that this
   // rank's next unnamed op matches the others' after the join (see Note [Join] in
@@ -72,8 +88,12 @@ class TensorQueue {
   bool woken_ TUTTI_GUARDED_BY(mutex_) = false;
   Status closed_ TUTTI_GUARDED_BY(mutex_);  // OK while open.
   std::vector<std::shared_ptr<Entry>> new_ TUTTI_GUARDED_BY(mutex_);
-  std::map<int, std::unordered_map<std::string, std::shared_ptr<Entry>>> in_flight_
-      TUTTI_GUARDED_BY(mutex_);
+  // Keyed by the entry's own (set, name), which stays unchanged while it is in the table.
+  using InFlight = std::unordered_map<OpKeyView, std::shared_ptr<Entry>, OpKeyHash, OpKeyEqual>;
+  InFlight in_flight_ TUTTI_GUARDED_BY(mutex_);
+  // Nodes of taken entries, reused by push(): ops of a steady workload then allocate no table
+  // memory (the queue keeps as many nodes as ops were ever in flight at once).
+  std::vector<InFlight::node_type> spare_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, std::uint64_t> unnamed_counts_ TUTTI_GUARDED_BY(mutex_);
 };
 

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+// The queue's table of ops in flight (reused nodes, names viewed in their entries), entries that
+// share one allocation with their OpState, and completion racing with waiters.
+#include "src/core/tensor_queue.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "src/core/completer.h"
+
+namespace tutti::core {
+namespace {
+
+std::shared_ptr<Entry> entry_named(const std::string& name, int set = 0) {
+  std::shared_ptr<Entry> entry = make_entry();
+  entry->request.name = name;
+  entry->request.process_set_id = set;
+  return entry;
+}
+
+TEST_CASE("The queue refuses a name in flight and takes it again once taken", "[queue]") {
+  TensorQueue queue;
+  // Names past the small-string buffer: the table's keys view the entries' own names.
+  const std::string long_name = "a name well past the small string buffer";
+  for (int round = 0; round < 3; ++round) {  // Rounds 1 and 2 reuse round 0's nodes.
+    REQUIRE(queue.push(entry_named(long_name)).ok());
+    REQUIRE(queue.push(entry_named(long_name, 1)).ok());  // Another set: another op.
+    const Status again = queue.push(entry_named(long_name));
+    CHECK(again.code() == ErrorCode::InvalidArgument);
+    CHECK(again.message() == "an op named '" + long_name +
+                                 "' is already in flight (ALLREDUCE); wait for it before "
+                                 "reusing the name");
+    std::vector<std::shared_ptr<Entry>> drained;
+    queue.drain_new(&drained);
+    CHECK(drained.size() == 2);
+    CHECK_FALSE(queue.empty());
+    std::shared_ptr<Entry> taken = queue.take(0, long_name);
+    REQUIRE(taken != nullptr);
+    CHECK(taken->request.process_set_id == 0);
+    CHECK(queue.take(0, long_name) == nullptr);
+    CHECK(queue.take(1, long_name) != nullptr);
+    CHECK(queue.empty());
+  }
+}
+
+TEST_CASE("drain_new appends, and hands back entries in push order", "[queue]") {
+  TensorQueue queue;
+  std::vector<std::shared_ptr<Entry>> drained;
+  for (int i = 0; i < 3; ++i) REQUIRE(queue.push(entry_named("a" + std::to_string(i))).ok());
+  queue.drain_new(&drained);
+  for (int i = 0; i < 2; ++i) REQUIRE(queue.push(entry_named("b" + std::to_string(i))).ok());
+  queue.drain_new(&drained);
+  std::vector<std::string> names;
+  for (const auto& entry : drained) names.push_back(entry->request.name);
+  CHECK(names == std::vector<std::string>{"a0", "a1", "a2", "b0", "b1"});
+  CHECK(queue.drain_new().empty());
+  // Automatic names count per set, from 0.
+  std::shared_ptr<Entry> unnamed = entry_named("");
+  REQUIRE(queue.push(unnamed).ok());
+  CHECK(unnamed->request.name == "allreduce.noname.0");
+  CHECK(queue.take_set(0).size() == 6);
+  CHECK(queue.empty());
+}
+
+TEST_CASE("close() fails later pushes and returns what is in flight", "[queue]") {
+  TensorQueue queue;
+  REQUIRE(queue.push(entry_named("x")).ok());
+  REQUIRE(queue.push(entry_named("y")).ok());
+  static_cast<void>(queue.take(0, "x"));
+  const std::vector<std::shared_ptr<Entry>> pending =
+      queue.close(Status(ErrorCode::ShutDown, "closed"));
+  REQUIRE(pending.size() == 1);
+  CHECK(pending[0]->request.name == "y");
+  CHECK(queue.push(entry_named("z")).code() == ErrorCode::ShutDown);
+}
+
+TEST_CASE("An entry and its state share one allocation; the handle keeps both", "[queue]") {
+  std::weak_ptr<Entry> watch;
+  std::shared_ptr<detail::OpState> state;
+  {
+    std::shared_ptr<Entry> entry = entry_named("w");
+    watch = entry;
+    state = handle_state(entry);
+    CHECK(state.get() == entry->state.get());
+  }
+  CHECK_FALSE(watch.expired());  // The handle's pointer owns the entry's allocation.
+  Completer completer(nullptr);
+  completer.complete(*watch.lock(), Status());
+  CHECK(state->done());
+  CHECK(state->wait().ok());
+  state.reset();
+  CHECK(watch.expired());  // Nothing left: no cycle through Entry::state.
+}
+
+TEST_CASE("Completion wakes waiters that sleep, and skips the lock when none do", "[queue]") {
+  // Waiters past their spin sleep on the condition variable; completions race with them. Every
+  // waiter must return with the op's status (the test hangs otherwise; ThreadSanitizer checks
+  // the orderings).
+  constexpr int kOps = 200;
+  Completer completer(nullptr);
+  std::vector<std::shared_ptr<Entry>> entries;
+  std::vector<std::shared_ptr<detail::OpState>> states;
+  for (int i = 0; i < kOps; ++i) {
+    entries.push_back(entry_named("op" + std::to_string(i)));
+    states.push_back(handle_state(entries.back()));
+  }
+  std::atomic<int> ok{0};
+  std::thread waiter([&] {
+    for (const auto& state : states) ok += state->wait().code() == ErrorCode::Mismatch ? 1 : 0;
+  });
+  for (int i = 0; i < kOps; ++i) {
+    // Now and then slower than the waiter's spin, so that it sleeps.
+    if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    completer.complete(*entries[static_cast<std::size_t>(i)], Status(ErrorCode::Mismatch, "no"));
+  }
+  waiter.join();
+  CHECK(ok.load() == kOps);
+}
+
+}  // namespace
+}  // namespace tutti::core
