@@ -29,6 +29,14 @@ const std::byte* at(const void* base, std::size_t bytes) {
   return static_cast<const std::byte*>(base) + bytes;
 }
 
+// `bytes` from `from` + `offset` to `to` + `to_offset`. Nothing at all when there are none: a
+// rank with no data of its own (joined, or 0 rows) may pass null, where even the address
+// arithmetic is undefined.
+void copy(void* to, std::size_t to_offset, const void* from, std::size_t offset,
+          std::size_t bytes) {
+  if (bytes > 0) std::memcpy(at(to, to_offset), at(from, offset), bytes);
+}
+
 // Bytes of a `total`-byte block in the round that starts at `done`, rounds being `round` long.
 std::size_t in_round(std::size_t total, std::size_t done, std::size_t round) {
   return total > done ? std::min(round, total - done) : 0;
@@ -173,15 +181,14 @@ Status ShmBackend::allgatherv(const void* input, void* output, std::span<const s
   for (std::size_t done = 0; done < largest; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
-    std::memcpy(ring_->slot(me, chunk), at(input, done), in_round(my_bytes, done, round));
+    copy(ring_->slot(me, chunk), 0, input, done, in_round(my_bytes, done, round));
     ring_->publish(Counter::Staged, chunk);
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       ring_->wait(r, Counter::Staged, chunk);
       const std::size_t bytes =
           in_round(counts[static_cast<std::size_t>(r)] * element, done, round);
-      std::memcpy(at(output, offsets[static_cast<std::size_t>(r)] + done), ring_->slot(r, chunk),
-                  bytes);
+      copy(output, offsets[static_cast<std::size_t>(r)] + done, ring_->slot(r, chunk), 0, bytes);
     }
     ring_->publish(Counter::Consumed, chunk);
   }
@@ -198,11 +205,11 @@ Status ShmBackend::broadcast(void* data, std::size_t count, DataType dtype, int 
     const std::size_t piece = in_round(bytes, done, round);
     if (rank() == root) {
       ring_->wait_slot_free(chunk);
-      std::memcpy(ring_->slot(root, chunk), at(data, done), piece);
+      copy(ring_->slot(root, chunk), 0, data, done, piece);
       ring_->publish(Counter::Staged, chunk);
     } else {
       ring_->wait(root, Counter::Staged, chunk);
-      std::memcpy(at(data, done), ring_->slot(root, chunk), piece);
+      copy(data, done, ring_->slot(root, chunk), 0, piece);
     }
     ring_->publish(Counter::Consumed, chunk);
   }
@@ -239,8 +246,8 @@ Status ShmBackend::reducescatter(const void* input, void* output,
     std::byte* mine = ring_->slot(me, chunk);
     for (int r = 0; r < n; ++r) {
       const auto j = static_cast<std::size_t>(r);
-      std::memcpy(mine + j * share * element, at(input, (offsets[j] + done) * element),
-                  in_round(recv_counts[j], done, share) * element);
+      copy(mine, j * share * element, input, (offsets[j] + done) * element,
+           in_round(recv_counts[j], done, share) * element);
     }
     ring_->publish(Counter::Staged, chunk);
     ring_->wait_all(Counter::Staged, chunk);
@@ -248,8 +255,8 @@ Status ShmBackend::reducescatter(const void* input, void* output,
     for (int r = 0; r < n; ++r) {
       sources[static_cast<std::size_t>(r)] = ring_->slot(r, chunk) + j * share * element;
     }
-    cpu::reduce(at(output, done * element), sources, in_round(recv_counts[j], done, share), dtype,
-                op);
+    const std::size_t mine_now = in_round(recv_counts[j], done, share);
+    if (mine_now > 0) cpu::reduce(at(output, done * element), sources, mine_now, dtype, op);
     ring_->publish(Counter::Consumed, chunk);
   }
   return Status();
