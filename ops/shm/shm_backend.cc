@@ -23,6 +23,9 @@ constexpr std::size_t kSlotBytes = 256 * 1024;
 constexpr int kSlots = 4;
 // Shares of a chunk start on cache-line boundaries, so no two ranks write one line.
 constexpr std::size_t kLine = 64;
+// Up to this size an allreduce is reduced whole by every rank (see allreduce_tensors): the
+// redundant work costs less than a second round of synchronization.
+constexpr std::size_t kWholeChunkBytes = 4096;
 
 std::byte* at(void* base, std::size_t bytes) { return static_cast<std::byte*>(base) + bytes; }
 const std::byte* at(const void* base, std::size_t bytes) {
@@ -81,20 +84,22 @@ class Stream {
   std::vector<std::size_t> starts_;
 };
 
-std::size_t sum(std::span<const std::size_t> counts) {
-  std::size_t total = 0;
-  for (std::size_t c : counts) total += c;
-  return total;
+// Copies reduced wire elements [begin, end) of `stream` from `reduced` into the outputs,
+// converted and scaled.
+void unpack(const Stream& stream, std::size_t begin, std::size_t end, const std::byte* reduced,
+            DataType wire) {
+  const std::size_t element = element_size(wire);
+  stream.for_each(
+      begin, end, [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
+        if (t.output == nullptr) return;
+        cpu::convert_scale(at(t.output, from * element_size(t.output_type)), t.output_type,
+                           reduced + to * element, wire, count, t.factor);
+      });
 }
 
 }  // namespace
 
-ShmPolicy policy_for(HostTransport transport) {
-  return ShmPolicy{.min_bytes = transport == HostTransport::Shm ? 0 : std::size_t{64} * 1024};
-}
-
 Status ShmBackend::allreduce(void* data, std::size_t count, DataType dtype, WireOp op) {
-  if (!uses_shm(count * element_size(dtype))) return mpi_->allreduce(data, count, dtype, op);
   const FusedTensor tensor{
       .input = data, .input_type = dtype, .output = data, .output_type = dtype, .count = count};
   return allreduce_tensors({&tensor, 1}, dtype, op);
@@ -102,7 +107,10 @@ Status ShmBackend::allreduce(void* data, std::size_t count, DataType dtype, Wire
 
 // Per chunk: pack this rank's elements into its slot (converted, prescaled), reduce its share
 // of the chunk across every rank's slot into its own, then copy every rank's reduced share
-// out into the outputs (converted, scaled). See Note [Shared-memory ring].
+// out into the outputs (converted, scaled). A collective that fits one small chunk skips the
+// shares: every rank reduces the whole chunk from every slot into a scratch buffer of its own,
+// the same sources in the same order everywhere, so every rank gets the same bits with one
+// synchronization less. See Note [Shared-memory ring].
 Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataType wire,
                                      WireOp op) {
   TUTTI_RETURN_IF_ERROR(take_allreduce_fault());
@@ -110,9 +118,10 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
   const std::size_t element = element_size(wire);
   const std::size_t chunk_elements = ring_->slot_bytes() / element;
   const std::size_t align = std::max<std::size_t>(1, kLine / element);
+  const bool whole = stream.total() * element <= kWholeChunkBytes;
   const int n = size();
   const int me = rank();
-  std::vector<const void*> sources(static_cast<std::size_t>(n));
+  sources_.resize(static_cast<std::size_t>(n));
   for (std::size_t begin = 0; begin < stream.total(); begin += chunk_elements) {
     const std::size_t length = std::min(chunk_elements, stream.total() - begin);
     const std::uint64_t chunk = ring_->take_chunk();
@@ -131,25 +140,26 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
                     });
     ring_->publish(Counter::Staged, chunk);
     ring_->wait_all(Counter::Staged, chunk);
+    if (whole) {
+      scratch_.resize(length * element);
+      for (int r = 0; r < n; ++r) sources_[static_cast<std::size_t>(r)] = ring_->slot(r, chunk);
+      cpu::reduce(scratch_.data(), sources_, length, wire, op);
+      ring_->publish(Counter::Consumed, chunk);
+      unpack(stream, begin, begin + length, scratch_.data(), wire);
+      continue;
+    }
     const std::size_t lo = share_start(length, me, n, align);
     const std::size_t hi = share_start(length, me + 1, n, align);
     for (int r = 0; r < n; ++r) {
-      sources[static_cast<std::size_t>(r)] = ring_->slot(r, chunk) + lo * element;
+      sources_[static_cast<std::size_t>(r)] = ring_->slot(r, chunk) + lo * element;
     }
-    cpu::reduce(mine + lo * element, sources, hi - lo, wire, op);
+    cpu::reduce(mine + lo * element, sources_, hi - lo, wire, op);
     ring_->publish(Counter::Reduced, chunk);
     for (int r = 0; r < n; ++r) {
       if (r != me) ring_->wait(r, Counter::Reduced, chunk);
       const std::size_t r_lo = share_start(length, r, n, align);
       const std::size_t r_hi = share_start(length, r + 1, n, align);
-      const std::byte* reduced = ring_->slot(r, chunk) + r_lo * element;
-      stream.for_each(
-          begin + r_lo, begin + r_hi,
-          [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
-            if (t.output == nullptr) return;
-            cpu::convert_scale(at(t.output, from * element_size(t.output_type)), t.output_type,
-                               reduced + to * element, wire, count, t.factor);
-          });
+      unpack(stream, begin + r_lo, begin + r_hi, ring_->slot(r, chunk) + r_lo * element, wire);
     }
     ring_->publish(Counter::Consumed, chunk);
   }
@@ -161,7 +171,6 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
 Status ShmBackend::allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                               DataType dtype) {
   const std::size_t element = element_size(dtype);
-  if (!uses_shm(sum(counts) * element)) return mpi_->allgatherv(input, output, counts, dtype);
   const int n = size();
   const int me = rank();
   std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
@@ -198,7 +207,6 @@ Status ShmBackend::allgatherv(const void* input, void* output, std::span<const s
 // The root stages a slot at a time; the others copy it out.
 Status ShmBackend::broadcast(void* data, std::size_t count, DataType dtype, int root) {
   const std::size_t bytes = count * element_size(dtype);
-  if (!uses_shm(bytes)) return mpi_->broadcast(data, count, dtype, root);
   const std::size_t round = ring_->slot_bytes();
   for (std::size_t done = 0; done < bytes; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();
@@ -222,9 +230,6 @@ Status ShmBackend::reducescatter(const void* input, void* output,
                                  std::span<const std::size_t> recv_counts, DataType dtype,
                                  WireOp op) {
   const std::size_t element = element_size(dtype);
-  if (!uses_shm(sum(recv_counts) * element)) {
-    return mpi_->reducescatter(input, output, recv_counts, dtype, op);
-  }
   const int n = size();
   const int me = rank();
   // Elements per share, whole cache lines of them.
@@ -279,7 +284,7 @@ Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm, HostTran
   TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ShmRing> ring,
                          ShmRing::create(comm.get(), kSlotBytes, kSlots));
   return std::unique_ptr<Backend>(std::make_unique<ShmBackend>(
-      std::make_unique<mpi::MpiBackend>(std::move(comm)), std::move(ring), policy_for(transport)));
+      std::make_unique<mpi::MpiBackend>(std::move(comm)), std::move(ring)));
 }
 
 }  // namespace tutti::ops::shm

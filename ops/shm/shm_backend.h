@@ -2,12 +2,12 @@
 // Collectives among ranks that share a host, through shared memory (Note [Shared-memory ring]
 // in ops/shm/shm_ring.h): allreduce (packing, conversion and scaling fused into the chunked
 // reduction: allreduce_tensors), allgatherv, broadcast and reducescatter. The set's MPI
-// backend runs the rest (alltoallv, barrier, Adasum) and the sizes where MPI is faster (Note
-// [Which host transport]).
+// backend runs the rest (alltoallv, barrier, Adasum). See Note [Which host transport].
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "ops/backend.h"
 #include "ops/mpi/mpi_comm.h"
@@ -17,30 +17,29 @@
 namespace tutti::ops::shm {
 
 // Note [Which host transport]
-// TUTTI_HOST_TRANSPORT picks, per set whose ranks all share a host: `mpi` always MPI, `shm`
-// shared memory for every collective it has, `auto` shared memory for collectives of at least
-// kAutoMinBytes. The choice depends only on the op's size, which every rank knows alike, so
-// all ranks of a set pick the same transport for every op. Below kAutoMinBytes the
-// two are equally fast on the machines measured (a few microseconds, dominated by negotiation);
-// above it shared memory reads each peer's data once, where MPI's shared-memory transport
-// copies it through its FIFOs (figures in README "Benchmarks").
-struct ShmPolicy {
-  std::size_t min_bytes = 0;  // Smaller collectives go to MPI.
-};
-ShmPolicy policy_for(HostTransport transport);
+// TUTTI_HOST_TRANSPORT picks, per set whose ranks all share a host: `mpi` always MPI; `shm` and
+// `auto` (the default) shared memory for every collective it has. Measured at 2 ranks
+// (allreduce_benchmark --sweep-sizes, README "Benchmarks"), shared memory is as fast as MPI up
+// to a few KB (both are dominated by negotiation; small allreduces take a one-round path, see
+// allreduce_tensors) and faster above (each peer's byte is read once, where MPI's transport
+// copies it through its FIFOs). It also waits without busy-polling: MPI's blocking collectives
+// spin on a core, which during an overlapped backward pass is the compute thread's (P9: ~30%
+// slower steps on MPI). With more ranks than cores a tiny op's latency is somewhat higher on
+// shared memory than on MPI (which yields when oversubscribed); `auto` still picks shared
+// memory, since a size rule would have to guess the machine.
 
 class ShmBackend final : public Backend {
  public:
   // `mpi` is the set's MPI backend; `ring` is over the same communicator. Communication
   // thread only.
-  ShmBackend(std::unique_ptr<Backend> mpi, std::unique_ptr<ShmRing> ring, ShmPolicy policy)
-      : mpi_(std::move(mpi)), ring_(std::move(ring)), policy_(policy) {}
+  ShmBackend(std::unique_ptr<Backend> mpi, std::unique_ptr<ShmRing> ring)
+      : mpi_(std::move(mpi)), ring_(std::move(ring)) {}
 
   std::string_view name() const override { return "shared memory"; }
   int rank() const override { return ring_->rank(); }
   int size() const override { return ring_->size(); }
   Status allreduce(void* data, std::size_t count, DataType dtype, WireOp op) override;
-  bool reduces_tensors(std::size_t wire_bytes) const override { return uses_shm(wire_bytes); }
+  bool reduces_tensors(std::size_t /*wire_bytes*/) const override { return true; }
   Status allreduce_tensors(std::span<const FusedTensor> tensors, DataType wire, WireOp op) override;
   Status allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                     DataType dtype) override;
@@ -58,11 +57,10 @@ class ShmBackend final : public Backend {
   void abandon() override { ring_->abandon(); }
 
  private:
-  bool uses_shm(std::size_t bytes) const { return bytes >= policy_.min_bytes; }
-
   std::unique_ptr<Backend> mpi_;
-  std::unique_ptr<ShmRing> ring_;  // Destroyed first: its window lives on mpi_'s communicator.
-  ShmPolicy policy_;
+  std::unique_ptr<ShmRing> ring_;     // Destroyed first: its window lives on mpi_'s communicator.
+  std::vector<const void*> sources_;  // Reused by every reduction: no allocation per op.
+  std::vector<std::byte> scratch_;    // Small allreduces' result (see allreduce_tensors).
 };
 
 // The host backend of a set over `comm`: a ShmBackend when `transport` allows it, the set has

@@ -27,17 +27,20 @@ void cpu_relax() {
 #endif
 }
 
-// Peers normally arrive within microseconds (they run the same collective), so spin first;
-// past that a peer is descheduled (more ranks than cores, as in the tests) and yielding the
-// core lets it run; past a millisecond it is doing something else entirely, and sleeping
-// keeps a waiting rank from burning a core.
+// Peers normally arrive within microseconds (they run the same collective), so spin briefly
+// first (200 pauses, some 10-30 us: a pause is 40-140 cycles depending on the core); past that
+// a peer may be descheduled (more ranks than cores, as in the tests) and yielding the core
+// lets it run, or lets this rank's own compute thread run (an overlapped backward pass);
+// past 20 ms the peer is doing something else entirely, and sleeping keeps a waiting rank from
+// burning a core. (With 4 ranks on 2 cores, 2000 pauses and 1 ms of yielding made a 1-float
+// allreduce take ~290 us; these ~40 us.)
 // A peer may also not have started the collective yet because it is still waiting for the
 // response list this rank sent it: MPI delivers that message only while this rank makes MPI
 // progress (MPICH always, Open MPI for large lists). So past the spin every poll also drives
 // MPI's progress engine, through a probe on `comm` (which matches nothing Tutti leaves there).
 template <class Done>
 void wait_until(Done done, MPI_Comm comm) {
-  for (int i = 0; i < 2000; ++i) {
+  for (int i = 0; i < 200; ++i) {
     if (done()) return;
     cpu_relax();
   }
@@ -45,7 +48,7 @@ void wait_until(Done done, MPI_Comm comm) {
   while (!done()) {
     int flag = 0;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
-    if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {
+    if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(20)) {
       sched_yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
