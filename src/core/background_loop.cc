@@ -9,6 +9,7 @@
 #include "src/common/logging.h"
 #include "src/common/strings.h"
 #include "src/core/message_codec.h"
+#include "src/core/runtime.h"
 
 namespace tutti::core {
 namespace {
@@ -16,9 +17,13 @@ namespace {
 using detail::str_cat;
 using std::chrono::microseconds;
 
-// Idle policy: spin this long after the last work (ops often come in bursts), then sleep with
-// a timeout that grows with the idle time up to a cap: short while ops are in flight (a peer's
-// answer may come any moment), long when nothing is (an idle job then wakes ~200 times/s).
+// Idle policy: while an application thread waits on an op, spin this long after the last work
+// (the answer it waits for may come any moment, and its core is idle anyway); otherwise, and
+// after that, sleep with a timeout that grows with the idle time up to a cap: short while ops
+// are in flight, long when nothing is (an idle job then wakes ~200 times/s). Not spinning
+// while nobody waits leaves the core to the application's computation: during an overlapped
+// backward pass the hooks' submissions each wake this thread, and spinning after each took
+// the core from backward() on machines without spare cores.
 constexpr microseconds kSpinTime{50};
 constexpr microseconds kBusyCap{200};
 constexpr microseconds kIdleCap{5000};
@@ -61,7 +66,7 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
         continue;
       }
       const auto idle = std::chrono::duration_cast<microseconds>(now - idle_since);
-      if (idle < kSpinTime) {
+      if (idle < kSpinTime && Runtime::get().app_waiting()) {
         std::this_thread::yield();
         continue;
       }

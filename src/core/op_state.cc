@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "src/common/check.h"
+#include "src/core/runtime.h"
 
 namespace tutti::detail {
 
@@ -24,6 +25,10 @@ void OpState::complete(Status status) {
 }
 
 Status OpState::wait() const {
+  if (done()) return status_;
+  // While this thread waits, the communication thread polls without pause (Note [The cycle]).
+  core::Runtime& runtime = core::Runtime::get();
+  runtime.begin_app_wait();
   // A short spin first: a small op finishes within microseconds, and a futex sleep and
   // wake-up would double its latency.
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
@@ -34,6 +39,7 @@ Status OpState::wait() const {
     while (!done_.load(std::memory_order_seq_cst)) cv_.wait(mutex_);
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
+  runtime.end_app_wait();
   return status_;
 }
 
