@@ -40,6 +40,7 @@ BackgroundLoop::BackgroundLoop(Parts parts)
       sender_(parts.queue, executor_.cache(), parts.config.cycle_time) {
   if (rank_ == 0) {
     coordinator_.emplace(parts.config, parts.sets, &parts.timeline, parts.plane.size());
+    if (parts.config.autotune) tuner_.emplace(Autotuner::options_of(parts.config));
   }
 }
 
@@ -142,6 +143,11 @@ Status BackgroundLoop::send_new(bool* did_work) {
 }
 
 Status BackgroundLoop::broadcast_and_execute(ResponseList list) {
+  if (tuner_ && !tuner_->settled()) {
+    if (std::optional<std::int64_t> threshold =
+            tuner_->observe(seen_ops(list, executor_.cache()), Clock::now()))
+      list.fusion_threshold_bytes = *threshold;
+  }
   const std::string bytes = encode(list);
   for (int r = 0; r < parts_.plane.size(); ++r) {
     if (r != rank_) TUTTI_RETURN_IF_ERROR(parts_.plane.send(r, bytes));

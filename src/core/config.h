@@ -16,6 +16,8 @@ namespace tutti::core {
 
 struct Config {
   std::int64_t fusion_threshold_bytes = detail::default_int("FUSION_THRESHOLD");
+  // TUTTI_FUSION_THRESHOLD was set: with autotune, that threshold is one of the candidates.
+  bool fusion_threshold_set = false;
   std::chrono::microseconds cycle_time = ms_to_us(detail::default_double("CYCLE_TIME"));
   std::int64_t cache_capacity = detail::default_int("CACHE_CAPACITY");
   std::string timeline_path;
@@ -25,6 +27,14 @@ struct Config {
       seconds_to_ms(detail::default_double("STALL_CHECK_TIME_SECONDS"));
   std::chrono::milliseconds stall_shutdown_time =  // 0 = never.
       seconds_to_ms(detail::default_double("STALL_SHUTDOWN_TIME_SECONDS"));
+  // TUTTI_AUTOTUNE and its settings (see Note [Autotune] in src/core/autotune.h).
+  bool autotune = detail::default_bool("AUTOTUNE");
+  std::string autotune_log;
+  int autotune_warmup_samples = static_cast<int>(detail::default_int("AUTOTUNE_WARMUP_SAMPLES"));
+  int autotune_steps_per_sample =
+      static_cast<int>(detail::default_int("AUTOTUNE_STEPS_PER_SAMPLE"));
+  int autotune_max_samples =
+      static_cast<int>(detail::default_int("AUTOTUNE_BAYES_OPT_MAX_SAMPLES"));
   int num_nccl_streams = static_cast<int>(detail::default_int("NUM_NCCL_STREAMS"));
   // THREAD_AFFINITY: the CPU of each local rank's communication thread; empty = not pinned.
   std::vector<int> thread_affinity;

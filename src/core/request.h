@@ -114,6 +114,9 @@ struct ResponseList {
   bool shutdown = false;              // The job is stopping; see `shutdown_code`.
   ErrorCode shutdown_code = ErrorCode::ShutDown;
   std::string shutdown_message;
+  // Autotune: -1, or the fusion threshold (and piece size) in bytes that every rank uses from
+  // this list on, this list included (Note [Autotune] in autotune.h).
+  std::int64_t fusion_threshold_bytes = -1;
 };
 
 }  // namespace tutti::core

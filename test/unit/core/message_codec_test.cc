@@ -52,6 +52,7 @@ ResponseList sample_responses() {
   list.shutdown = true;
   list.shutdown_code = ErrorCode::Stalled;
   list.shutdown_message = "stalled";
+  list.fusion_threshold_bytes = std::int64_t{3} << 40;  // Beyond 32 bits.
   return list;
 }
 
@@ -77,6 +78,25 @@ TEST_CASE("ResponseList round-trips, with hits carried as ids alone", "[codec]")
   CHECK(got.resend == list.resend);
   CHECK(got.shutdown_code == ErrorCode::Stalled);
   CHECK(got.shutdown_message == "stalled");
+  CHECK(got.fusion_threshold_bytes == std::int64_t{3} << 40);
+}
+
+TEST_CASE("An autotuned threshold travels with its list; -1 means no change", "[codec]") {
+  for (std::int64_t bytes : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1} << 20}) {
+    ResponseList list;
+    list.fusion_threshold_bytes = bytes;
+    Result<ResponseList> decoded = decode_response_list(encode(list));
+    REQUIRE(decoded.ok());
+    CHECK(decoded.value().fusion_threshold_bytes == bytes);
+  }
+  // Anything below -1 is corrupt: the threshold follows magic(4) shutdown(1) code(1), the
+  // message and four empty vectors (an 8-byte length each).
+  std::string bytes = encode(ResponseList{});
+  constexpr std::size_t kAt = 4 + 1 + 1 + 8 + 4 * 8;
+  REQUIRE(bytes.size() > kAt + 8);
+  CHECK(bytes.substr(kAt, 8) == std::string(8, '\xff'));  // -1, little-endian.
+  bytes[kAt] = '\xfe';                                    // -2.
+  CHECK_FALSE(decode_response_list(bytes).ok());
 }
 
 TEST_CASE("Every truncation of a message is rejected, never read past", "[codec]") {

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// See Note [Autotune] in autotune.h.
+#include "src/core/autotune.h"
+
+#include <cctype>
+#include <cmath>
+#include <functional>
+
+#include "src/common/logging.h"
+#include "src/common/strings.h"
+
+namespace tutti::core {
+namespace {
+
+using detail::str_cat;
+
+// "allreduce.noname.17" -> "allreduce.noname": unnamed ops of one type share a step identity.
+std::string_view step_name(std::string_view name) {
+  constexpr std::string_view kMarker = ".noname.";
+  const std::size_t at = name.rfind(kMarker);
+  if (at == std::string_view::npos || at + kMarker.size() == name.size()) return name;
+  for (char c : name.substr(at + kMarker.size())) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return name;
+  }
+  return name.substr(0, at + kMarker.size() - 1);
+}
+
+std::uint64_t step_key(const Response& response) {
+  const std::uint64_t name = std::hash<std::string_view>{}(step_name(response.name));
+  return name ^ (static_cast<std::uint64_t>(response.process_set_id) * 0x9e3779b97f4a7c15ull);
+}
+
+std::uint64_t bytes_of(const Response& response) {
+  std::uint64_t bytes = 0;
+  for (const TensorSpec& spec : response.tensors) {
+    bytes += static_cast<std::uint64_t>(num_elements(spec.shape)) * element_size(spec.dtype);
+  }
+  return bytes;
+}
+
+// The log's name for each step of Note [Autotune search].
+const char* stage_name(int stage) {
+  switch (stage) {
+    case 1: return "grid";
+    case 2: return "top5";
+    case 3: return "top3";
+    default: return "settled";
+  }
+}
+
+}  // namespace
+
+std::vector<SeenOp> seen_ops(const ResponseList& list, const RankCache& cache) {
+  std::vector<SeenOp> ops;
+  ops.reserve(list.responses.size());
+  for (std::size_t i = 0; i < list.responses.size(); ++i) {
+    const Response* response = &list.responses[i];
+    if (i < list.hit.size() && list.hit[i]) {
+      response = cache.response(list.cache_ids[i]);
+      if (response == nullptr) continue;  // The executor will stop on this; nothing to count.
+    }
+    if (!response->ok) continue;
+    ops.push_back(SeenOp{.key = step_key(*response), .bytes = bytes_of(*response)});
+  }
+  return ops;
+}
+
+Autotuner::Options Autotuner::options_of(const Config& config) {
+  return Options{.warmup_samples = config.autotune_warmup_samples,
+                 .steps_per_sample = config.autotune_steps_per_sample,
+                 .search = {.start_bytes = config.fusion_threshold_bytes,
+                            .start_is_candidate = config.fusion_threshold_set,
+                            .max_samples = config.autotune_max_samples},
+                 .log_path = config.autotune_log};
+}
+
+Autotuner::Autotuner(const Options& options)
+    : options_(options), search_(options.search), threshold_(options.search.start_bytes) {
+  if (options_.log_path.empty()) return;
+  // The start handshake opened it once already, so this fails only if the path changed since.
+  log_.reset(std::fopen(options_.log_path.c_str(), "w"));
+  if (log_ == nullptr) {
+    TUTTI_LOG_ERROR("TUTTI_AUTOTUNE_LOG='", options_.log_path, "' cannot be opened; no log");
+    return;
+  }
+  std::fprintf(log_.get(), "%s\n", std::string(kLogHeader).c_str());
+  std::fflush(log_.get());
+}
+
+std::optional<std::int64_t> Autotuner::observe(std::span<const SeenOp> ops,
+                                               std::chrono::steady_clock::time_point now) {
+  if (settled() || ops.empty()) return std::nullopt;
+  std::optional<std::int64_t> change;
+  if (!started_) {
+    started_ = true;
+    sample_start_ = now;
+    // Without warm-up the first sample is the search's already: the first list switches.
+    if (options_.warmup_samples == 0 && search_.next() != threshold_)
+      change = threshold_ = search_.next();
+  }
+  // Where the next step starts in this list, if it does (step 1 of Note [Autotune]).
+  std::size_t first_of_next = ops.size();
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (step_keys_.contains(ops[i].key)) {
+      first_of_next = i;
+      break;
+    }
+    step_keys_.insert(ops[i].key);
+    sample_bytes_ += ops[i].bytes;
+  }
+  if (first_of_next == ops.size()) return change;
+  ++steps_;
+  if (++sample_steps_ == options_.steps_per_sample) {
+    const std::int64_t next = end_sample(now);
+    if (next != threshold_) change = threshold_ = next;
+    sample_start_ = now;
+    sample_bytes_ = 0;
+    sample_steps_ = 0;
+  }
+  step_keys_.clear();
+  for (std::size_t i = first_of_next; i < ops.size(); ++i) {
+    step_keys_.insert(ops[i].key);
+    sample_bytes_ += ops[i].bytes;
+  }
+  return change;
+}
+
+std::int64_t Autotuner::end_sample(std::chrono::steady_clock::time_point now) {
+  const double seconds = std::chrono::duration<double>(now - sample_start_).count();
+  // A sample's steps cannot take no time at all; guard the division anyway.
+  const double throughput = static_cast<double>(sample_bytes_) / std::max(seconds, 1e-9);
+  const bool warmup = samples_ < options_.warmup_samples;
+  ++samples_;
+  const std::string phase = warmup ? "warmup" : stage_name(search_.stage());
+  if (!warmup) search_.record(throughput);
+  write_row(phase, threshold_, str_cat(seconds), str_cat(sample_bytes_), throughput,
+            !warmup && search_.best() == threshold_);
+  if (warmup && samples_ < options_.warmup_samples) return threshold_;
+  if (settled()) {
+    write_row("settled", search_.best(), "", "", search_.best_median(), true);
+    TUTTI_LOG_INFO("autotune settled on TUTTI_FUSION_THRESHOLD=", search_.best(), " after ", steps_,
+                   " steps (", search_.samples(), " samples measured, ", options_.warmup_samples,
+                   " warm-up)");
+  }
+  return search_.next();
+}
+
+void Autotuner::write_row(std::string_view phase, std::int64_t bytes_threshold,
+                          const std::string& seconds, const std::string& bytes, double throughput,
+                          bool is_best) {
+  if (log_ == nullptr) return;
+  const std::string row = str_cat(samples_ - (phase == "settled" ? 0 : 1), ",", steps_, ",", phase,
+                                  ",", bytes_threshold, ",", seconds, ",", bytes, ",",
+                                  std::llround(throughput), ",", is_best ? 1 : 0, "\n");
+  if (std::fputs(row.c_str(), log_.get()) < 0 || std::fflush(log_.get()) != 0) {
+    TUTTI_LOG_WARNING("TUTTI_AUTOTUNE_LOG='", options_.log_path,
+                      "': writing failed; autotuning goes on without the log");
+    log_.reset();
+  }
+}
+
+}  // namespace tutti::core

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// See Note [Autotune search] in autotune_search.h.
+#include "src/core/autotune_search.h"
+
+#include <algorithm>
+
+#include "src/common/check.h"
+
+namespace tutti::core {
+namespace {
+
+// Step 2 of Note [Autotune search]: how many stay, for how many rounds; step 3: how many stay.
+constexpr std::size_t kSecondKeep = 5;
+constexpr int kSecondRounds = 2;
+constexpr std::size_t kFinalKeep = 3;
+
+}  // namespace
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+ThresholdSearch::ThresholdSearch(const Options& options)
+    : max_samples_(options.max_samples), start_(options.start_bytes) {
+  TUTTI_CHECK(options.max_samples >= 1, "the autotune budget must be at least one sample, not ",
+              options.max_samples);
+  for (std::int64_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 2) candidates_.push_back(bytes);
+  if (options.start_is_candidate &&
+      std::find(candidates_.begin(), candidates_.end(), start_) == candidates_.end()) {
+    candidates_.insert(std::upper_bound(candidates_.begin(), candidates_.end(), start_), start_);
+  }
+  schedule(1);
+}
+
+void ThresholdSearch::schedule(int rounds) {
+  queue_.clear();
+  position_ = 0;
+  const std::size_t n = candidates_.size();
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t i = 0; i < n; ++i)
+      queue_.push_back(candidates_[(i + static_cast<std::size_t>(r)) % n]);
+  }
+  queue_.resize(std::min(queue_.size(), static_cast<std::size_t>(max_samples_ - samples_)));
+}
+
+std::int64_t ThresholdSearch::next() const {
+  return phase_ == Phase::Settled ? best() : queue_[position_];
+}
+
+void ThresholdSearch::record(double throughput) {
+  TUTTI_CHECK(phase_ == Phase::Search, "the autotune search recorded a sample after settling");
+  scores_[queue_[position_]].push_back(throughput);
+  ++position_;
+  ++samples_;
+  if (position_ == queue_.size()) next_stage();
+}
+
+void ThresholdSearch::next_stage() {
+  // Only measured candidates stay (step 1 may have been cut short by the budget), best first;
+  // ties go to the smaller threshold.
+  std::erase_if(candidates_, [&](std::int64_t bytes) { return !scores_.contains(bytes); });
+  std::stable_sort(candidates_.begin(), candidates_.end(), [&](std::int64_t a, std::int64_t b) {
+    return median_of(scores_.at(a)) > median_of(scores_.at(b));
+  });
+  const int left = max_samples_ - samples_;
+  if (stage_ == 1 && candidates_.size() > kSecondKeep &&
+      left >= kSecondRounds * static_cast<int>(kSecondKeep) + static_cast<int>(kFinalKeep)) {
+    stage_ = 2;
+    candidates_.resize(kSecondKeep);
+    schedule(kSecondRounds);
+    return;
+  }
+  if (stage_ < 3 && candidates_.size() > 1) {
+    candidates_.resize(std::min(candidates_.size(), kFinalKeep));
+    const int rounds = left / static_cast<int>(candidates_.size());
+    if (rounds > 0) {
+      stage_ = 3;
+      schedule(rounds);
+      return;
+    }
+  }
+  stage_ = 4;
+  phase_ = Phase::Settled;
+  candidates_.resize(std::min<std::size_t>(candidates_.size(), 1));
+  queue_.clear();
+  position_ = 0;
+}
+
+std::int64_t ThresholdSearch::best() const {
+  std::int64_t best = -1;
+  double best_median = 0;
+  for (std::int64_t bytes : candidates_) {
+    auto it = scores_.find(bytes);
+    if (it == scores_.end()) continue;
+    const double median = median_of(it->second);
+    if (best < 0 || median > best_median || (median == best_median && bytes < best)) {
+      best = bytes;
+      best_median = median;
+    }
+  }
+  return best < 0 ? start_ : best;
+}
+
+double ThresholdSearch::best_median() const {
+  auto it = scores_.find(best());
+  return it == scores_.end() ? 0 : median_of(it->second);
+}
+
+}  // namespace tutti::core
