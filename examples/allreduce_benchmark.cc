@@ -21,11 +21,17 @@
 //   --kernel-repeats N  D2's runs per figure, averaged after 3 warm-up runs (default 50)
 //   --sweep-fusion      --device cpu only: also runs P1 at several TUTTI_FUSION_THRESHOLD
 //                       values (restarting Tutti)
+//   --autotune          --device cpu only, instead of P1-P4: P1 step after step under
+//                       TUTTI_AUTOTUNE=1 until the tuner settles (at most 3000 steps), then
+//                       --repeats interleaved rounds of P1 at the sweep's thresholds and the
+//                       tuned one; ends with "P1-autotune tuned_ms=... best_fixed_ms=...
+//                       ratio=... threshold=... steps=..."
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
 // when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
 // CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
 #include <sys/resource.h>
 #include <tutti/tutti.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +49,8 @@
 #include <vector>
 
 #include <mpi.h>
+
+#include "examples/p1_autotune.h"
 
 #if TUTTI_BENCHMARK_CUDA
 #include <cuda_runtime.h>
@@ -198,6 +206,7 @@ struct Options {
   int repeats = 5;
   int kernel_repeats = 50;
   bool sweep = false;
+  bool autotune = false;  // --autotune: see run_autotune().
 };
 
 // False (after rank 0 printed the usage) for an unknown or incomplete flag, or --sweep-fusion
@@ -218,15 +227,17 @@ bool parse_options(int argc, char** argv, Options* options) {
       options->kernel_repeats = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--sweep-fusion") {
       options->sweep = true;
+    } else if (arg == "--autotune") {
+      options->autotune = true;
     } else {
       ok = false;
     }
   }
-  if (ok && !(options->sweep && options->cuda)) return true;
+  if (ok && !((options->sweep || options->autotune) && options->cuda)) return true;
   if (world_rank() == 0) {
     std::fprintf(stderr,
                  "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
-                 "[--kernel-repeats N] [--sweep-fusion (cpu only)]\n",
+                 "[--kernel-repeats N] [--sweep-fusion (cpu only)] [--autotune (cpu only)]\n",
                  argv[0]);
   }
   return false;
@@ -270,6 +281,7 @@ int run_host(const Options& options) {
   }
 
   const double best_raw = best_raw_pieces(flat, repeats);
+  if (options.autotune) return tutti::examples::run_p1_autotune(views, repeats, best_raw, p1_tutti);
   if (options.sweep) {
     for (std::size_t kb : {256, 1024, 2048, 4096, 8192, 16384, 65536}) {
       setenv("TUTTI_FUSION_THRESHOLD", std::to_string(kb << 10).c_str(), 1);
