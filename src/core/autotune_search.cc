@@ -39,6 +39,7 @@ void ThresholdSearch::schedule(int rounds) {
   queue_.clear();
   position_ = 0;
   const std::size_t n = candidates_.size();
+  round_size_ = n;
   for (int r = 0; r < rounds; ++r) {
     for (std::size_t i = 0; i < n; ++i)
       queue_.push_back(candidates_[(i + static_cast<std::size_t>(r)) % n]);
@@ -52,10 +53,22 @@ std::int64_t ThresholdSearch::next() const {
 
 void ThresholdSearch::record(double throughput) {
   TUTTI_CHECK(phase_ == Phase::Search, "the autotune search recorded a sample after settling");
-  scores_[queue_[position_]].push_back(throughput);
+  round_.emplace_back(queue_[position_], throughput);
+  raw_[queue_[position_]].push_back(throughput);
   ++position_;
   ++samples_;
+  // The budget may end a round early: its samples still count, against their own median.
+  if (round_.size() == round_size_ || position_ == queue_.size()) close_round();
   if (position_ == queue_.size()) next_stage();
+}
+
+void ThresholdSearch::close_round() {
+  std::vector<double> values;
+  for (const auto& [bytes, throughput] : round_) values.push_back(throughput);
+  const double median = median_of(std::move(values));
+  for (const auto& [bytes, throughput] : round_)
+    scores_[bytes].push_back(median > 0 ? throughput / median : throughput);
+  round_.clear();
 }
 
 void ThresholdSearch::next_stage() {
@@ -90,11 +103,13 @@ void ThresholdSearch::next_stage() {
 }
 
 std::int64_t ThresholdSearch::best() const {
+  // Before the first round completes, the raw throughputs so far are all there is.
+  const auto& scores = scores_.empty() ? raw_ : scores_;
   std::int64_t best = -1;
   double best_median = 0;
   for (std::int64_t bytes : candidates_) {
-    auto it = scores_.find(bytes);
-    if (it == scores_.end()) continue;
+    auto it = scores.find(bytes);
+    if (it == scores.end()) continue;
     const double median = median_of(it->second);
     if (best < 0 || median > best_median || (median == best_median && bytes < best)) {
       best = bytes;
@@ -105,8 +120,8 @@ std::int64_t ThresholdSearch::best() const {
 }
 
 double ThresholdSearch::best_median() const {
-  auto it = scores_.find(best());
-  return it == scores_.end() ? 0 : median_of(it->second);
+  auto it = raw_.find(best());
+  return it == raw_.end() ? 0 : median_of(it->second);
 }
 
 }  // namespace tutti::core

@@ -37,7 +37,7 @@ struct Outcome {
   double worst = 1.0;  // The worst chosen step time over the best.
 };
 
-Outcome run_seeds(const test::Valley& valley, double sigma, double spike, bool drift, int seeds) {
+Outcome run_seeds(const test::Valley& valley, double sigma, double spike, int drift, int seeds) {
   Outcome outcome;
   for (int seed = 0; seed < seeds; ++seed) {
     test::Noise noise(static_cast<std::uint64_t>(seed) * 7919 + 1, sigma, spike, drift);
@@ -51,7 +51,7 @@ Outcome run_seeds(const test::Valley& valley, double sigma, double spike, bool d
 
 TEST_CASE("Without noise the search finds each valley's best grid point", "[autotune]") {
   for (const test::Valley& valley : test::valleys()) {
-    test::Noise exact(1, 0, 0, false);
+    test::Noise exact(1, 0, 0, 0);
     const std::int64_t chosen = search(valley, exact, 30);
     INFO(valley.name << " chose " << chosen);
     // Closed forms: the smooth valley's minimum at 1.5 MiB lies between the grid points 1 and
@@ -64,24 +64,25 @@ TEST_CASE("Without noise the search finds each valley's best grid point", "[auto
 
 TEST_CASE("With noise the search settles within 5 % of the optimum within its budget",
           "[autotune]") {
-  // 100 seeds each. Per-sample noise of 5 % with one sample in 50 twice as slow, and load
-  // that changes over time, as seen on the shared development VM. The Intel table's second
-  // best (2 MiB) is 5.4 % slower than its best, closer than the noise can separate every time.
+  // 100 seeds each, per-sample noise as seen on the shared development VM: 5 % with one
+  // sample in 50 twice as slow, without and with load that changes over time (drift 1), and
+  // 3 % with builds starting and stopping (drift 2: load 1x or 3x); 2 % on a quiet machine.
+  // The Intel table's runner-up (2 MiB) is only 5.4 % slower than its best, closer than 5 %
+  // noise separates every time, so there some runs settle 5.4 % off, never worse.
   struct Case {
     double sigma, spike;
-    bool drift;
+    int drift;
     int min_within[3];  // Smooth, Intel, AMD: of 100.
   };
-  for (const Case& c :
-       {Case{0.05, 0.02, false, {100, 80, 97}}, Case{0.05, 0.02, true, {95, 65, 95}},
-        Case{0.02, 0, false, {100, 95, 100}}}) {
+  for (const Case& c : {Case{0.05, 0.02, 0, {100, 75, 100}}, Case{0.05, 0.02, 1, {100, 65, 100}},
+                        Case{0.03, 0, 2, {100, 90, 100}}, Case{0.02, 0, 0, {100, 100, 100}}}) {
     std::size_t i = 0;
     for (const test::Valley& valley : test::valleys()) {
       const Outcome outcome = run_seeds(valley, c.sigma, c.spike, c.drift, 100);
       INFO(valley.name << " sigma " << c.sigma << " drift " << c.drift << ": " << outcome.within
                        << " of 100 within 5 %, worst " << outcome.worst);
       CHECK(outcome.within >= c.min_within[i++]);
-      CHECK(outcome.worst <= 1.25);  // Never far off, even when not within 5 %.
+      CHECK(outcome.worst <= 1.06);
     }
   }
 }
@@ -259,7 +260,7 @@ TEST_CASE("seen_ops resolves cache hits, skips errors, and names unnamed ops ali
 // baseline settle within 5 % of each valley's optimum, for Note [Autotune search].
 TEST_CASE("Successive halving against Bayesian optimisation", "[.comparison]") {
   constexpr int kSeeds = 200;
-  for (bool drift : {false, true}) {
+  for (int drift : {0, 1, 2}) {
     for (double sigma : {0.03, 0.05, 0.1}) {
       for (const test::Valley& valley : test::valleys()) {
         int halving = 0, bayes = 0;
@@ -273,7 +274,7 @@ TEST_CASE("Successive halving against Bayesian optimisation", "[.comparison]") {
           bayes += valley.step_time(gp) <= 1.05 * valley.best_time ? 1 : 0;
         }
         std::printf("%-6s sigma %.2f drift %d: within 5%%: halving %3d/%d, bayes-opt %3d/%d\n",
-                    valley.name.c_str(), sigma, drift ? 1 : 0, halving, kSeeds, bayes, kSeeds);
+                    valley.name.c_str(), sigma, drift, halving, kSeeds, bayes, kSeeds);
       }
     }
   }
