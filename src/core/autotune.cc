@@ -112,7 +112,10 @@ std::optional<std::int64_t> Autotuner::observe(std::span<const SeenOp> ops,
   ++steps_;
   if (++sample_steps_ == options_.steps_per_sample) {
     const std::int64_t next = end_sample(now);
-    if (next != threshold_) change = threshold_ = next;
+    if (next != threshold_) {
+      TUTTI_LOG_DEBUG("autotune: TUTTI_FUSION_THRESHOLD ", next, " from step ", steps_ + 1);
+      change = threshold_ = next;
+    }
     sample_start_ = now;
     sample_bytes_ = 0;
     sample_steps_ = 0;
