@@ -2,9 +2,11 @@
 // See Note [Autotune] in autotune.h.
 #include "src/core/autotune.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <functional>
+#include <iterator>
 
 #include "src/common/logging.h"
 #include "src/common/strings.h"
@@ -38,7 +40,7 @@ std::uint64_t bytes_of(const Response& response) {
   return bytes;
 }
 
-// The log's name for each step of Note [Autotune search].
+// The log's name for each step of the threshold search (Note [Autotune search]).
 const char* stage_name(int stage) {
   switch (stage) {
     case 1: return "grid";
@@ -66,16 +68,42 @@ std::vector<SeenOp> seen_ops(const ResponseList& list, const RankCache& cache) {
 }
 
 Autotuner::Options Autotuner::options_of(const Config& config) {
+  // One round of every cycle-time candidate, then 2 rounds of the best 3 (step 3 of Note
+  // [Autotune]; with 3 candidates, 3 rounds of each).
+  const int cycles =
+      static_cast<int>(std::size(kCycleCandidatesUs)) +
+      (config.cycle_time_set &&
+               std::find(std::begin(kCycleCandidatesUs), std::end(kCycleCandidatesUs),
+                         config.cycle_time.count()) == std::end(kCycleCandidatesUs)
+           ? 1
+           : 0);
   return Options{.warmup_samples = config.autotune_warmup_samples,
                  .steps_per_sample = config.autotune_steps_per_sample,
-                 .search = {.start_bytes = config.fusion_threshold_bytes,
-                            .start_is_candidate = config.fusion_threshold_set,
-                            .max_samples = config.autotune_max_samples},
+                 .threshold = {.start = config.fusion_threshold_bytes,
+                               .start_is_candidate = config.fusion_threshold_set,
+                               .max_samples = config.autotune_max_samples},
+                 .cycle = {.start = config.cycle_time.count(),
+                           .start_is_candidate = config.cycle_time_set,
+                           .max_samples = cycles + 2 * 3},
                  .log_path = config.autotune_log};
 }
 
-Autotuner::Autotuner(const Options& options)
-    : options_(options), search_(options.search), threshold_(options.search.start_bytes) {
+namespace {
+
+HalvingSearch::Options cycle_options(HalvingSearch::Options options) {
+  if (options.candidates.empty())
+    options.candidates.assign(std::begin(kCycleCandidatesUs), std::end(kCycleCandidatesUs));
+  return options;
+}
+
+}  // namespace
+
+Autotuner::Autotuner(Options options)
+    : options_(std::move(options)),
+      threshold_search_(options_.threshold),
+      cycle_(cycle_options(options_.cycle)),
+      threshold_bytes_(options_.threshold.start),
+      cycle_us_(options_.cycle.start) {
   if (options_.log_path.empty()) return;
   // The start handshake opened it once already, so this fails only if the path changed since.
   log_.reset(std::fopen(options_.log_path.c_str(), "w"));
@@ -87,16 +115,16 @@ Autotuner::Autotuner(const Options& options)
   std::fflush(log_.get());
 }
 
-std::optional<std::int64_t> Autotuner::observe(std::span<const SeenOp> ops,
-                                               std::chrono::steady_clock::time_point now) {
+std::optional<TunedSettings> Autotuner::observe(std::span<const SeenOp> ops,
+                                                std::chrono::steady_clock::time_point now) {
   if (settled() || ops.empty()) return std::nullopt;
-  std::optional<std::int64_t> change;
+  const std::int64_t threshold_before = threshold_bytes_;
+  const std::int64_t cycle_before = cycle_us_;
   if (!started_) {
     started_ = true;
     sample_start_ = now;
     // Without warm-up the first sample is the search's already: the first list switches.
-    if (options_.warmup_samples == 0 && search_.next() != threshold_)
-      change = threshold_ = search_.next();
+    if (options_.warmup_samples == 0) threshold_bytes_ = threshold_search_.next();
   }
   // Where the next step starts in this list, if it does (step 1 of Note [Autotune]).
   std::size_t first_of_next = ops.size();
@@ -108,53 +136,62 @@ std::optional<std::int64_t> Autotuner::observe(std::span<const SeenOp> ops,
     step_keys_.insert(ops[i].key);
     sample_bytes_ += ops[i].bytes;
   }
-  if (first_of_next == ops.size()) return change;
-  ++steps_;
-  if (++sample_steps_ == options_.steps_per_sample) {
-    const std::int64_t next = end_sample(now);
-    if (next != threshold_) {
-      TUTTI_LOG_DEBUG("autotune: TUTTI_FUSION_THRESHOLD ", next, " from step ", steps_ + 1);
-      change = threshold_ = next;
+  if (first_of_next < ops.size()) {
+    ++steps_;
+    if (++sample_steps_ == options_.steps_per_sample) {
+      end_sample(now);
+      sample_start_ = now;
+      sample_bytes_ = 0;
+      sample_steps_ = 0;
     }
-    sample_start_ = now;
-    sample_bytes_ = 0;
-    sample_steps_ = 0;
+    step_keys_.clear();
+    for (std::size_t i = first_of_next; i < ops.size(); ++i) {
+      step_keys_.insert(ops[i].key);
+      sample_bytes_ += ops[i].bytes;
+    }
   }
-  step_keys_.clear();
-  for (std::size_t i = first_of_next; i < ops.size(); ++i) {
-    step_keys_.insert(ops[i].key);
-    sample_bytes_ += ops[i].bytes;
-  }
-  return change;
+  if (threshold_bytes_ == threshold_before && cycle_us_ == cycle_before) return std::nullopt;
+  TUTTI_LOG_DEBUG("autotune: TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
+                  " TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " from step ",
+                  steps_ + 1);
+  return TunedSettings{
+      .fusion_threshold_bytes = threshold_bytes_ != threshold_before ? threshold_bytes_ : -1,
+      .cycle_time_us = cycle_us_ != cycle_before ? cycle_us_ : -1};
 }
 
-std::int64_t Autotuner::end_sample(std::chrono::steady_clock::time_point now) {
+void Autotuner::end_sample(std::chrono::steady_clock::time_point now) {
   const double seconds = std::chrono::duration<double>(now - sample_start_).count();
   // A sample's steps cannot take no time at all; guard the division anyway.
   const double throughput = static_cast<double>(sample_bytes_) / std::max(seconds, 1e-9);
   const bool warmup = samples_ < options_.warmup_samples;
   ++samples_;
-  const std::string phase = warmup ? "warmup" : stage_name(search_.stage());
-  if (!warmup) search_.record(throughput);
-  write_row(phase, threshold_, str_cat(seconds), str_cat(sample_bytes_), throughput,
-            !warmup && search_.best() == threshold_);
-  if (warmup && samples_ < options_.warmup_samples) return threshold_;
-  if (settled()) {
-    write_row("settled", search_.best(), "", "", search_.best_median(), true);
-    TUTTI_LOG_INFO("autotune settled on TUTTI_FUSION_THRESHOLD=", search_.best(), " after ", steps_,
-                   " steps (", search_.samples(), " samples measured, ", options_.warmup_samples,
-                   " warm-up)");
+  const bool tuning_cycle = threshold_search_.phase() == HalvingSearch::Phase::Settled;
+  HalvingSearch& search = tuning_cycle ? cycle_ : threshold_search_;
+  std::string phase = "warmup";
+  if (!warmup) {
+    phase = tuning_cycle ? "cycle" : stage_name(search.stage());
+    search.record(throughput);
   }
-  return search_.next();
+  const bool is_best = !warmup && search.best() == (tuning_cycle ? cycle_us_ : threshold_bytes_);
+  write_row(phase, str_cat(seconds), str_cat(sample_bytes_), throughput, is_best);
+  if (warmup && samples_ < options_.warmup_samples) return;  // Still warming up.
+  threshold_bytes_ = threshold_search_.next();               // The chosen one once settled.
+  if (threshold_search_.phase() == HalvingSearch::Phase::Settled) cycle_us_ = cycle_.next();
+  if (!settled()) return;
+  write_row("settled", "", "", cycle_.best_median(), true);
+  TUTTI_LOG_INFO("autotune settled on TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
+                 " and TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " after ", steps_,
+                 " steps (", threshold_search_.samples() + cycle_.samples(), " samples measured, ",
+                 options_.warmup_samples, " warm-up)");
 }
 
-void Autotuner::write_row(std::string_view phase, std::int64_t bytes_threshold,
-                          const std::string& seconds, const std::string& bytes, double throughput,
-                          bool is_best) {
+void Autotuner::write_row(std::string_view phase, const std::string& seconds,
+                          const std::string& bytes, double throughput, bool is_best) {
   if (log_ == nullptr) return;
-  const std::string row = str_cat(samples_ - (phase == "settled" ? 0 : 1), ",", steps_, ",", phase,
-                                  ",", bytes_threshold, ",", seconds, ",", bytes, ",",
-                                  std::llround(throughput), ",", is_best ? 1 : 0, "\n");
+  const std::string row =
+      str_cat(samples_ - (phase == "settled" ? 0 : 1), ",", steps_, ",", phase, ",",
+              threshold_bytes_, ",", static_cast<double>(cycle_us_) / 1000, ",", seconds, ",",
+              bytes, ",", std::llround(throughput), ",", is_best ? 1 : 0, "\n");
   if (std::fputs(row.c_str(), log_.get()) < 0 || std::fflush(log_.get()) != 0) {
     TUTTI_LOG_WARNING("TUTTI_AUTOTUNE_LOG='", options_.log_path,
                       "': writing failed; autotuning goes on without the log");

@@ -3,6 +3,7 @@
 #include "src/core/autotune_search.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "src/common/check.h"
 
@@ -23,19 +24,33 @@ double median_of(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-ThresholdSearch::ThresholdSearch(const Options& options)
-    : max_samples_(options.max_samples), start_(options.start_bytes) {
+std::vector<std::int64_t> HalvingSearch::threshold_grid() {
+  std::vector<std::int64_t> grid;
+  for (std::int64_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 2) grid.push_back(bytes);
+  return grid;
+}
+
+HalvingSearch::HalvingSearch(const Options& options)
+    : max_samples_(options.max_samples), start_(options.start) {
   TUTTI_CHECK(options.max_samples >= 1, "the autotune budget must be at least one sample, not ",
               options.max_samples);
-  for (std::int64_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 2) candidates_.push_back(bytes);
+  candidates_ = options.candidates.empty() ? threshold_grid() : options.candidates;
   if (options.start_is_candidate &&
       std::find(candidates_.begin(), candidates_.end(), start_) == candidates_.end()) {
     candidates_.insert(std::upper_bound(candidates_.begin(), candidates_.end(), start_), start_);
   }
+  // Step 1's spread order: i * k mod n for the largest k <= n / 2 prime to n, so consecutive
+  // samples lie about half the grid apart and every candidate comes once.
+  const std::size_t n = candidates_.size();
+  std::size_t k = std::max<std::size_t>(1, n / 2);
+  while (k > 1 && std::gcd(k, n) != 1) --k;
+  std::vector<std::int64_t> spread;
+  for (std::size_t i = 0; i < n; ++i) spread.push_back(candidates_[i * k % n]);
+  candidates_ = std::move(spread);
   schedule(1);
 }
 
-void ThresholdSearch::schedule(int rounds) {
+void HalvingSearch::schedule(int rounds) {
   queue_.clear();
   position_ = 0;
   const std::size_t n = candidates_.size();
@@ -47,11 +62,11 @@ void ThresholdSearch::schedule(int rounds) {
   queue_.resize(std::min(queue_.size(), static_cast<std::size_t>(max_samples_ - samples_)));
 }
 
-std::int64_t ThresholdSearch::next() const {
+std::int64_t HalvingSearch::next() const {
   return phase_ == Phase::Settled ? best() : queue_[position_];
 }
 
-void ThresholdSearch::record(double throughput) {
+void HalvingSearch::record(double throughput) {
   TUTTI_CHECK(phase_ == Phase::Search, "the autotune search recorded a sample after settling");
   round_.emplace_back(queue_[position_], throughput);
   raw_[queue_[position_]].push_back(throughput);
@@ -62,7 +77,7 @@ void ThresholdSearch::record(double throughput) {
   if (position_ == queue_.size()) next_stage();
 }
 
-void ThresholdSearch::close_round() {
+void HalvingSearch::close_round() {
   std::vector<double> values;
   for (const auto& [bytes, throughput] : round_) values.push_back(throughput);
   const double median = median_of(std::move(values));
@@ -71,12 +86,14 @@ void ThresholdSearch::close_round() {
   round_.clear();
 }
 
-void ThresholdSearch::next_stage() {
+void HalvingSearch::next_stage() {
   // Only measured candidates stay (step 1 may have been cut short by the budget), best first;
-  // ties go to the smaller threshold.
-  std::erase_if(candidates_, [&](std::int64_t bytes) { return !scores_.contains(bytes); });
-  std::stable_sort(candidates_.begin(), candidates_.end(), [&](std::int64_t a, std::int64_t b) {
-    return median_of(scores_.at(a)) > median_of(scores_.at(b));
+  // ties go to the smaller value.
+  std::erase_if(candidates_, [&](std::int64_t value) { return !scores_.contains(value); });
+  std::sort(candidates_.begin(), candidates_.end(), [&](std::int64_t a, std::int64_t b) {
+    const double ma = median_of(scores_.at(a));
+    const double mb = median_of(scores_.at(b));
+    return ma != mb ? ma > mb : a < b;
   });
   const int left = max_samples_ - samples_;
   if (stage_ == 1 && candidates_.size() > kSecondKeep &&
@@ -102,7 +119,7 @@ void ThresholdSearch::next_stage() {
   position_ = 0;
 }
 
-std::int64_t ThresholdSearch::best() const {
+std::int64_t HalvingSearch::best() const {
   // Before the first round completes, the raw throughputs so far are all there is.
   const auto& scores = scores_.empty() ? raw_ : scores_;
   std::int64_t best = -1;
@@ -119,7 +136,7 @@ std::int64_t ThresholdSearch::best() const {
   return best < 0 ? start_ : best;
 }
 
-double ThresholdSearch::best_median() const {
+double HalvingSearch::best_median() const {
   auto it = raw_.find(best());
   return it == raw_.end() ? 0 : median_of(it->second);
 }

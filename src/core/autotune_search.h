@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The autotuner's search over fusion thresholds: which threshold each sample measures, and
-// which one it settles on. A pure state machine fed with measured throughputs, so that unit
-// tests drive it with closed-form functions; Autotuner (autotune.h) feeds it the job's.
+// The autotuner's search over one setting (the fusion threshold, then the cycle time): which
+// value each sample measures, and which one it settles on. A pure state machine fed with
+// measured throughputs, so that unit tests drive it with closed-form functions; Autotuner
+// (autotune.h) feeds it the job's.
 //
 // Note [Autotune search]
-// What is tuned: TUTTI_FUSION_THRESHOLD, which is also the piece size a large tensor is
+// What is tuned first: TUTTI_FUSION_THRESHOLD, which is also the piece size a large tensor is
 // reduced in (HostMover). Its effect on P1 is one valley over a log scale (an Intel VM: best
 // near 1 MiB, 2-4 MiB about 5 % slower, 8 MiB 1.4x, 64 MiB 4x; an AMD VM: flat from 1 to
 // 8 MiB, much worse at 64 MiB), and one sample (a few steps of the running job) is noisy on a
@@ -13,7 +14,9 @@
 // The search is successive halving over a fixed grid, measured in interleaved rounds:
 //  1. The grid: the powers of two from 64 KiB to 64 MiB (11 thresholds), plus the threshold
 //     the job started with if TUTTI_FUSION_THRESHOLD was set (a setting the user chose is
-//     never lost to the search). One round: every candidate measured once.
+//     never lost to the search). One round: every candidate measured once, in a spread order
+//     (64K, 2M, 64M, 1M, 32M, 512K, ...: neighbours in time are far apart on the grid), so a
+//     burst of load over a few samples cannot knock out a whole region of the valley.
 //  2. The 5 with the highest median throughput so far: 2 rounds.
 //  3. The best 3 of those: every remaining whole round of the budget.
 //  4. Settle on the highest median among the last 3, and stay there.
@@ -35,6 +38,8 @@
 // Budget: `max_samples` (TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES) bounds the samples measured;
 // 30 (the default) is 11 + 2 x 5 + 3 x 3. A smaller budget shortens the rounds of step 3,
 // then skips step 2, then cuts step 1 short (settling on the best measured).
+// The same search, given three cycle times and 9 samples, is the second stage: with 5 or
+// fewer candidates step 2 is skipped, so that is one round of all, then 2 more.
 #pragma once
 
 #include <cstdint>
@@ -45,25 +50,28 @@
 namespace tutti::core {
 
 // Not thread-safe; the coordinator's communication thread owns it.
-class ThresholdSearch {
+class HalvingSearch {
  public:
   struct Options {
-    std::int64_t start_bytes = 0;     // The threshold the job runs with before the search.
-    bool start_is_candidate = false;  // TUTTI_FUSION_THRESHOLD was set: measure it too.
+    // The values to choose from, ascending; empty: threshold_grid().
+    std::vector<std::int64_t> candidates{};
+    std::int64_t start = 0;           // The value the job runs with before the search.
+    bool start_is_candidate = false;  // The user set it: measure it too.
     int max_samples = 30;             // At least 1.
   };
   enum class Phase { Search, Settled };
 
-  // The grid of step 1 of Note [Autotune search].
+  // The fusion thresholds of step 1 of Note [Autotune search]: 64 KiB, 128 KiB, ... 64 MiB.
   static constexpr std::int64_t kMinBytes = std::int64_t{64} << 10;
   static constexpr std::int64_t kMaxBytes = std::int64_t{64} << 20;
+  static std::vector<std::int64_t> threshold_grid();
 
-  explicit ThresholdSearch(const Options& options);
+  explicit HalvingSearch(const Options& options);
 
   Phase phase() const { return phase_; }
   // Which step of Note [Autotune search] the next sample belongs to (1, 2, 3); 4 once settled.
   int stage() const { return stage_; }
-  // The threshold the next sample measures; once settled, the chosen one.
+  // The value the next sample measures; once settled, the chosen one.
   std::int64_t next() const;
   // The throughput (any unit, larger is better) of a sample taken at next(). Requires
   // phase() == Search.

@@ -126,9 +126,15 @@ Status BackgroundLoop::receive(bool* did_work) {
     if (std::optional<RequestList> again = sender_.take_resend(list.resend)) {
       TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(*again)));
     }
+    adopt_cycle_time(list);
     TUTTI_RETURN_IF_ERROR(executor_.execute(std::move(list)));
   }
   return Status();
+}
+
+void BackgroundLoop::adopt_cycle_time(const ResponseList& list) {
+  if (list.cycle_time_us >= 0)
+    sender_.set_cycle_time(std::chrono::microseconds(list.cycle_time_us));
 }
 
 Status BackgroundLoop::send_new(bool* did_work) {
@@ -144,14 +150,17 @@ Status BackgroundLoop::send_new(bool* did_work) {
 
 Status BackgroundLoop::broadcast_and_execute(ResponseList list) {
   if (tuner_ && !tuner_->settled()) {
-    if (std::optional<std::int64_t> threshold =
-            tuner_->observe(seen_ops(list, executor_.cache()), Clock::now()))
-      list.fusion_threshold_bytes = *threshold;
+    if (std::optional<TunedSettings> tuned =
+            tuner_->observe(seen_ops(list, executor_.cache()), Clock::now())) {
+      list.fusion_threshold_bytes = tuned->fusion_threshold_bytes;
+      list.cycle_time_us = tuned->cycle_time_us;
+    }
   }
   const std::string bytes = encode(list);
   for (int r = 0; r < parts_.plane.size(); ++r) {
     if (r != rank_) TUTTI_RETURN_IF_ERROR(parts_.plane.send(r, bytes));
   }
+  adopt_cycle_time(list);
   return executor_.execute(std::move(list));
 }
 

@@ -99,6 +99,8 @@ class BackgroundLoop {
   // Rank 0: sends `list` to every other rank, then executes it here. With autotune, the list
   // first carries the tuner's new threshold, if it has one (Note [Autotune] in autotune.h).
   Status broadcast_and_execute(ResponseList list);
+  // The cycle time autotune sent with `list`, if any (Note [Autotune] in autotune.h).
+  void adopt_cycle_time(const ResponseList& list);
   // This rank stops, for `why` (OK: stop() was called).
   Status stop_here(const Status& why);
   // See Note [Shutdown handshake].

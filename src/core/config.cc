@@ -79,6 +79,7 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   c.fusion_threshold_set = source.find("FUSION_THRESHOLD").has_value();
   TUTTI_ASSIGN_OR_RETURN(double cycle_ms, detail::double_knob("CYCLE_TIME", source));
   c.cycle_time = ms_to_us(cycle_ms);
+  c.cycle_time_set = source.find("CYCLE_TIME").has_value();
   TUTTI_ASSIGN_OR_RETURN(c.cache_capacity, detail::int_knob("CACHE_CAPACITY", source));
   c.timeline_path = detail::string_knob("TIMELINE", source);
   TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles, detail::bool_knob("TIMELINE_MARK_CYCLES", source));

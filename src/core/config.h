@@ -19,6 +19,7 @@ struct Config {
   // TUTTI_FUSION_THRESHOLD was set: with autotune, that threshold is one of the candidates.
   bool fusion_threshold_set = false;
   std::chrono::microseconds cycle_time = ms_to_us(detail::default_double("CYCLE_TIME"));
+  bool cycle_time_set = false;  // TUTTI_CYCLE_TIME was set: with autotune, a candidate.
   std::int64_t cache_capacity = detail::default_int("CACHE_CAPACITY");
   std::string timeline_path;
   bool timeline_mark_cycles = detail::default_bool("TIMELINE_MARK_CYCLES");

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Issue 12: TUTTI_AUTOTUNE=1 under mpiexec. One sample per step, so the fusion threshold (and
-// piece size) changes at almost every step while allreduces of many sizes run; every result
-// is checked against its closed form, and rank 0's log against its documented columns.
+// piece size), then the cycle time, change at almost every step while allreduces of many sizes
+// run; every result is checked against its closed form, and rank 0's log against its
+// documented columns.
 #include <unistd.h>
 
 #include <cstdint>
@@ -107,17 +108,18 @@ std::vector<std::vector<std::string>> read_csv(const std::string& path, std::str
   return rows;
 }
 
-TEST_CASE("Results stay exact while autotune switches the threshold at every step", "[autotune]") {
+TEST_CASE("Results stay exact while autotune switches the settings at every step", "[autotune]") {
   const std::string path = log_path("switching");
   {
-    // No warm-up, one step per sample, 14 samples: 11 grid points and one round of the best 3.
+    // No warm-up, one step per sample, 14 threshold samples (11 grid points and one round of
+    // the best 3), then 9 cycle-time samples (3 rounds of 0, 1 and 5 ms).
     AutotuneEnv env({{"TUTTI_AUTOTUNE", "1"},
                      {"TUTTI_AUTOTUNE_LOG", path},
                      {"TUTTI_AUTOTUNE_WARMUP_SAMPLES", "0"},
                      {"TUTTI_AUTOTUNE_STEPS_PER_SAMPLE", "1"},
                      {"TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "14"}});
     tutti::init();
-    const bool ok = run_steps(20);  // Settles after 14 steps; 6 more at the chosen threshold.
+    const bool ok = run_steps(30);  // Settles after 23 steps; 7 more at the chosen settings.
     tutti::shutdown();
     CHECK(all_ranks(ok));
   }
@@ -126,51 +128,62 @@ TEST_CASE("Results stay exact while autotune switches the threshold at every ste
   if (world_rank() == 0) {
     std::string header;
     const auto rows = read_csv(path, &header);
-    std::set<std::string> thresholds;
+    std::set<std::string> thresholds, cycle_times;
     for (const auto& row : rows) {
-      if (row.size() != 8) log_ok = false;
-      if (row.size() == 8 && row[2] != "settled") thresholds.insert(row[3]);
+      if (row.size() != 9) log_ok = false;
+      if (row.size() == 9 && row[2] != "settled") thresholds.insert(row[3]);
+      if (row.size() == 9 && row[2] == "cycle") cycle_times.insert(row[4]);
     }
-    log_ok =
-        log_ok &&
-        header ==
-            "sample,step,phase,fusion_threshold_bytes,seconds,bytes,bytes_per_second,is_best" &&
-        rows.size() == 15 && thresholds.size() == 11 && rows.back()[2] == "settled" &&
-        rows.back()[7] == "1" && rows.front()[2] == "grid" && rows.front()[3] == "65536";
+    log_ok = log_ok &&
+             header ==
+                 "sample,step,phase,fusion_threshold_bytes,cycle_time_ms,seconds,bytes,"
+                 "bytes_per_second,is_best" &&
+             rows.size() == 24 && thresholds.size() == 11 &&
+             cycle_times == std::set<std::string>{"0", "1", "5"} && rows.back()[2] == "settled" &&
+             rows.back()[8] == "1" && rows.front()[2] == "grid" && rows.front()[3] == "65536";
     why = header + " / " + std::to_string(rows.size()) + " rows, " +
-          std::to_string(thresholds.size()) + " thresholds";
+          std::to_string(thresholds.size()) + " thresholds, " + std::to_string(cycle_times.size()) +
+          " cycle times";
     std::filesystem::remove(path);
   }
   INFO(why);
   CHECK(all_ranks(log_ok));
 }
 
-TEST_CASE("A fusion threshold set with autotune is measured as a candidate", "[autotune]") {
+TEST_CASE("Settings set with autotune are measured as candidates", "[autotune]") {
   const std::string path = log_path("explicit");
   {
     AutotuneEnv env({{"TUTTI_AUTOTUNE", "1"},
                      {"TUTTI_FUSION_THRESHOLD", "3000000"},
+                     {"TUTTI_CYCLE_TIME", "2.5"},
                      {"TUTTI_AUTOTUNE_LOG", path},
                      {"TUTTI_AUTOTUNE_WARMUP_SAMPLES", "1"},
                      {"TUTTI_AUTOTUNE_STEPS_PER_SAMPLE", "1"},
                      {"TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "12"}});
     tutti::init();
-    const bool ok = run_steps(14);
+    const bool ok = run_steps(28);
     tutti::shutdown();
     CHECK(all_ranks(ok));
   }
   bool log_ok = true;
+  std::string why;
   if (world_rank() == 0) {
     std::string header;
     const auto rows = read_csv(path, &header);
-    int measured = 0;  // Grid rows at the user's threshold.
-    for (const auto& row : rows)
-      measured += row.size() == 8 && row[2] == "grid" && row[3] == "3000000";
-    // Warm-up at the user's threshold, then the 12 candidates once: 1 + 12 + settled.
-    log_ok = rows.size() == 14 && rows.front()[2] == "warmup" && rows.front()[3] == "3000000" &&
-             measured == 1 && rows.back()[2] == "settled";
+    int threshold_rows = 0, cycle_rows = 0;  // Search rows at the user's settings.
+    for (const auto& row : rows) {
+      threshold_rows += row.size() == 9 && row[2] == "grid" && row[3] == "3000000";
+      cycle_rows += row.size() == 9 && row[2] == "cycle" && row[4] == "2.5";
+    }
+    // Warm-up at the user's settings, the 12 thresholds once, then the 4 cycle times once and
+    // the best 3 twice more.
+    log_ok = rows.size() == 1 + 12 + 10 + 1 && rows.front()[2] == "warmup" &&
+             rows.front()[3] == "3000000" && rows.front()[4] == "2.5" && threshold_rows == 1 &&
+             cycle_rows >= 1 && rows.back()[2] == "settled";
+    why = std::to_string(rows.size()) + " rows";
     std::filesystem::remove(path);
   }
+  INFO(why);
   CHECK(all_ranks(log_ok));
 }
 

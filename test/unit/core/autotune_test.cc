@@ -25,8 +25,8 @@ using Time = std::chrono::steady_clock::time_point;
 
 // Runs the search to the end on `valley` under `noise`; the chosen threshold.
 std::int64_t search(const test::Valley& valley, test::Noise& noise, int budget) {
-  ThresholdSearch search({.max_samples = budget});
-  while (search.phase() == ThresholdSearch::Phase::Search) {
+  HalvingSearch search({.max_samples = budget});
+  while (search.phase() == HalvingSearch::Phase::Search) {
     search.record(noise.throughput(valley.step_time(static_cast<double>(search.next()))));
   }
   return search.next();
@@ -68,21 +68,24 @@ TEST_CASE("With noise the search settles within 5 % of the optimum within its bu
   // sample in 50 twice as slow, without and with load that changes over time (drift 1), and
   // 3 % with builds starting and stopping (drift 2: load 1x or 3x); 2 % on a quiet machine.
   // The Intel table's runner-up (2 MiB) is only 5.4 % slower than its best, closer than 5 %
-  // noise separates every time, so there some runs settle 5.4 % off, never worse.
+  // noise separates every time, so there some runs settle 5.4 % off; a 3x load jump during
+  // the first round can knock out the best region, and the search then settles further off.
   struct Case {
     double sigma, spike;
     int drift;
     int min_within[3];  // Smooth, Intel, AMD: of 100.
+    double max_worst;   // The worst chosen step time over the best.
   };
-  for (const Case& c : {Case{0.05, 0.02, 0, {100, 75, 100}}, Case{0.05, 0.02, 1, {100, 65, 100}},
-                        Case{0.03, 0, 2, {100, 90, 100}}, Case{0.02, 0, 0, {100, 100, 100}}}) {
+  for (const Case& c :
+       {Case{0.05, 0.02, 0, {100, 75, 99}, 1.08}, Case{0.05, 0.02, 1, {99, 70, 98}, 1.08},
+        Case{0.03, 0, 2, {98, 90, 98}, 1.25}, Case{0.02, 0, 0, {100, 100, 100}, 1.03}}) {
     std::size_t i = 0;
     for (const test::Valley& valley : test::valleys()) {
       const Outcome outcome = run_seeds(valley, c.sigma, c.spike, c.drift, 100);
       INFO(valley.name << " sigma " << c.sigma << " drift " << c.drift << ": " << outcome.within
                        << " of 100 within 5 %, worst " << outcome.worst);
       CHECK(outcome.within >= c.min_within[i++]);
-      CHECK(outcome.worst <= 1.06);
+      CHECK(outcome.worst <= c.max_worst);
     }
   }
 }
@@ -91,9 +94,9 @@ TEST_CASE("The search spends exactly its budget, or less when it runs out of can
           "[autotune]") {
   const test::Valley valley = test::valleys()[0];
   for (int budget : {1, 5, 11, 13, 20, 21, 24, 30, 31, 100}) {
-    ThresholdSearch search({.max_samples = budget});
+    HalvingSearch search({.max_samples = budget});
     std::vector<std::int64_t> measured;
-    while (search.phase() == ThresholdSearch::Phase::Search) {
+    while (search.phase() == HalvingSearch::Phase::Search) {
       measured.push_back(search.next());
       search.record(1 / valley.step_time(static_cast<double>(search.next())));
     }
@@ -105,15 +108,15 @@ TEST_CASE("The search spends exactly its budget, or less when it runs out of can
                                        : 21 + (budget - 21) / 3 * 3;
     CHECK(search.samples() == expected);
     CHECK(static_cast<int>(measured.size()) == expected);
-    if (budget == 1) CHECK(search.next() == ThresholdSearch::kMinBytes);
+    if (budget == 1) CHECK(search.next() == HalvingSearch::kMinBytes);
   }
 }
 
 TEST_CASE("A threshold the user set is measured and can win", "[autotune]") {
   const std::int64_t three_mib = 3 << 20;
-  ThresholdSearch search({.start_bytes = three_mib, .start_is_candidate = true});
+  HalvingSearch search({.start = three_mib, .start_is_candidate = true});
   bool measured = false;
-  while (search.phase() == ThresholdSearch::Phase::Search) {
+  while (search.phase() == HalvingSearch::Phase::Search) {
     measured = measured || search.next() == three_mib;
     const double x = std::log2(static_cast<double>(search.next()) / three_mib);
     search.record(1 / (1 + x * x));  // Best exactly at 3 MiB, off the grid.
@@ -147,85 +150,126 @@ std::vector<std::string> fields_of(const std::string& line) {
 
 TEST_CASE("Steps are recognised by repeated names however the lists split them", "[autotune]") {
   // Each step: ops 1..4 in two lists of 2, 1000 bytes each; a step takes 8 ms whatever the
-  // threshold, so every sample's throughput is 4000 B / 8 ms = 500000 B/s.
+  // settings, so every sample's throughput is 4000 B / 8 ms = 500000 B/s.
   const std::string log =
       (std::filesystem::temp_directory_path() / "tutti_autotune_unit_test.csv").string();
   Autotuner tuner({.warmup_samples = 1,
                    .steps_per_sample = 2,
-                   .search = {.start_bytes = 1 << 20, .max_samples = 14},
+                   .threshold = {.start = 1 << 20, .max_samples = 14},
+                   .cycle = {.start = 1000, .max_samples = 9},
                    .log_path = log});
   Time now{};
-  std::vector<std::int64_t> carried;  // The threshold each step ran at.
+  std::vector<TunedSettings> carried;  // The settings each step ran at.
   std::vector<int> switch_steps;
-  std::int64_t threshold = 1 << 20;
-  for (int step = 0; step < 40; ++step) {
+  TunedSettings now_at{.fusion_threshold_bytes = 1 << 20, .cycle_time_us = 1000};
+  for (int step = 0; step < 60; ++step) {
     if (auto change = tuner.observe(ops({1, 2}, 1000), now)) {
-      threshold = *change;
+      if (change->fusion_threshold_bytes >= 0)
+        now_at.fusion_threshold_bytes = change->fusion_threshold_bytes;
+      if (change->cycle_time_us >= 0) now_at.cycle_time_us = change->cycle_time_us;
       switch_steps.push_back(step);
     }
     now += milliseconds(4);
     CHECK_FALSE(tuner.observe(ops({3, 4}, 1000), now).has_value());  // Never mid-step.
     now += milliseconds(4);
-    carried.push_back(threshold);
+    carried.push_back(now_at);
   }
-  // Warm-up: steps 0-1 (one sample of 2 steps) at the start; then 14 samples of 2 steps (11
-  // grid points, one round of the best 3); the settle decision comes at step 2 + 28 = 30.
+  // Warm-up: steps 0-1 (one sample of 2 steps) at the start; then 14 threshold samples of 2
+  // steps (11 grid points, one round of the best 3), then 9 cycle-time samples (3 rounds of
+  // 0, 1 and 5 ms); the settle decision comes at step 2 + 2 * (14 + 9) = 48.
   CHECK(tuner.settled());
-  CHECK(tuner.steps() == 30);
+  CHECK(tuner.steps() == 48);
   REQUIRE(!switch_steps.empty());
   CHECK(switch_steps.front() == 2);
   for (int step : switch_steps) CHECK(step % 2 == 0);  // Samples start at whole steps.
-  CHECK(carried[0] == (1 << 20));
-  CHECK(carried[2] == ThresholdSearch::kMinBytes);  // The grid's first point.
+  CHECK(carried[0].fusion_threshold_bytes == (1 << 20));
+  CHECK(carried[2].fusion_threshold_bytes == HalvingSearch::kMinBytes);  // Grid first.
+  CHECK(carried[2].cycle_time_us == 1000);  // The start until the threshold settles.
+  CHECK(carried[30].cycle_time_us == 0);    // Then the cycle times, from 0.
+  CHECK(carried[30].fusion_threshold_bytes == HalvingSearch::kMinBytes);  // All tie: smallest.
+  CHECK(carried[50].cycle_time_us == 0);                                  // All tie: the smallest.
 
   const std::vector<std::string> lines = lines_of(log);
-  REQUIRE(lines.size() == 1 + 1 + 14 + 1);  // Header, warm-up, 14 samples, settled.
+  REQUIRE(lines.size() == 1 + 1 + 14 + 9 + 1);  // Header, warm-up, samples, settled.
   CHECK(lines[0] == kLogHeader);
   const std::vector<std::string> warmup = fields_of(lines[1]);
-  REQUIRE(warmup.size() == 8);
+  REQUIRE(warmup.size() == 9);
   CHECK(warmup[0] == "0");
   CHECK(warmup[1] == "2");
   CHECK(warmup[2] == "warmup");
   CHECK(warmup[3] == "1048576");
-  CHECK(std::stod(warmup[4]) == Approx(0.016));
-  CHECK(warmup[5] == "8000");
-  CHECK(warmup[6] == "500000");
-  CHECK(warmup[7] == "0");
+  CHECK(warmup[4] == "1");
+  CHECK(std::stod(warmup[5]) == Approx(0.016));
+  CHECK(warmup[6] == "8000");
+  CHECK(warmup[7] == "500000");
+  CHECK(warmup[8] == "0");
   const std::vector<std::string> first = fields_of(lines[2]);
   CHECK(first[2] == "grid");
   CHECK(first[3] == "65536");
-  CHECK(first[6] == "500000");
-  CHECK(first[7] == "1");  // The only one measured so far: the best.
+  CHECK(first[7] == "500000");
+  CHECK(first[8] == "1");  // The only one measured so far: the best.
+  const std::vector<std::string> cycle = fields_of(lines[16]);
+  CHECK(cycle[2] == "cycle");
+  CHECK(cycle[3] == "65536");
+  CHECK(cycle[4] == "0");
   const std::vector<std::string> settled = fields_of(lines.back());
-  REQUIRE(settled.size() == 8);
-  CHECK(settled[0] == "15");
+  REQUIRE(settled.size() == 9);
+  CHECK(settled[0] == "24");
+  CHECK(settled[1] == "48");
   CHECK(settled[2] == "settled");
-  CHECK(settled[3] == "65536");  // All tie: the smallest wins.
-  CHECK(settled[4].empty());
-  CHECK(settled[7] == "1");
+  CHECK(settled[3] == "65536");
+  CHECK(settled[4] == "0");
+  CHECK(settled[5].empty());
+  CHECK(settled[6].empty());
+  CHECK(settled[7] == "500000");
+  CHECK(settled[8] == "1");
   std::filesystem::remove(log);
 }
 
-TEST_CASE("The tuner settles on the threshold a closed-form job runs fastest at", "[autotune]") {
-  // A job of 10 ops of 1 MB whose step takes 1 + 0.08 * log2(t / 4 MiB)^2 ms at threshold t:
-  // best at 4 MiB, a grid point. Defaults: 3 warm-up samples, 10 steps each, 30 samples.
-  Autotuner tuner({.search = {.start_bytes = 1 << 20}});
+TEST_CASE("The tuner settles on the settings a closed-form job runs fastest at", "[autotune]") {
+  // A job of 10 ops of 1 MB whose step takes (1 + 0.08 * log2(t / 4 MiB)^2) ms at threshold
+  // t, plus 0.05 ms unless the cycle time is 5 ms: best at 4 MiB (a grid point) and 5 ms.
+  // Defaults: 3 warm-up samples of 10 steps, 30 threshold samples, 9 cycle-time samples.
+  Autotuner tuner({.threshold = {.start = 1 << 20}, .cycle = {.start = 1000, .max_samples = 9}});
   Time now{};
-  std::int64_t threshold = 1 << 20;
-  int step = 0;
-  for (; step < 1000 && !tuner.settled(); ++step) {
+  TunedSettings at{.fusion_threshold_bytes = 1 << 20, .cycle_time_us = 1000};
+  for (int step = 0; step < 1000 && !tuner.settled(); ++step) {
     for (std::uint64_t op = 0; op < 10; ++op) {
       if (auto change = tuner.observe(ops({op}, 1000000), now)) {
         CHECK(op == 0);  // Switches only where a step starts.
-        threshold = *change;
+        if (change->fusion_threshold_bytes >= 0)
+          at.fusion_threshold_bytes = change->fusion_threshold_bytes;
+        if (change->cycle_time_us >= 0) at.cycle_time_us = change->cycle_time_us;
       }
     }
-    const double x = std::log2(static_cast<double>(threshold) / (4 << 20));
-    now += std::chrono::microseconds(static_cast<std::int64_t>(1000 * (1 + 0.08 * x * x)));
+    const double x = std::log2(static_cast<double>(at.fusion_threshold_bytes) / (4 << 20));
+    const double ms = 1 + 0.08 * x * x + (at.cycle_time_us == 5000 ? 0 : 0.05);
+    now += std::chrono::microseconds(static_cast<std::int64_t>(1000 * ms));
   }
   CHECK(tuner.settled());
   CHECK(tuner.threshold() == (4 << 20));
-  CHECK(tuner.steps() == (3 + 30) * 10);  // Steps completed when the last sample ended.
+  CHECK(tuner.cycle_time_us() == 5000);
+  CHECK(at.fusion_threshold_bytes == (4 << 20));
+  CHECK(at.cycle_time_us == 5000);
+  CHECK(tuner.steps() == (3 + 30 + 9) * 10);  // Steps completed when the last sample ended.
+}
+
+TEST_CASE("Cycle times and thresholds the user set are candidates", "[autotune]") {
+  Config config;
+  config.autotune = true;
+  config.fusion_threshold_bytes = 3000000;
+  config.fusion_threshold_set = true;
+  config.cycle_time = std::chrono::microseconds(2500);
+  config.cycle_time_set = true;
+  const Autotuner::Options options = Autotuner::options_of(config);
+  CHECK(options.threshold.start == 3000000);
+  CHECK(options.threshold.start_is_candidate);
+  CHECK(options.cycle.start == 2500);
+  CHECK(options.cycle.start_is_candidate);
+  // 0, 1, 2.5 and 5 ms: one round of all, then 2 rounds of the best 3.
+  CHECK(options.cycle.max_samples == 4 + 2 * 3);
+  config.cycle_time = std::chrono::microseconds(1000);  // One of the candidates already.
+  CHECK(Autotuner::options_of(config).cycle.max_samples == 3 * 3);
 }
 
 TEST_CASE("seen_ops resolves cache hits, skips errors, and names unnamed ops alike", "[autotune]") {

@@ -137,6 +137,8 @@ ResponseList random_responses(Rng& rng) {
   // Autotune's threshold: mostly none (-1), else any valid value, 64-bit ones included.
   list.fusion_threshold_bytes =
       below(rng, 2) == 0 ? -1 : static_cast<std::int64_t>(rng() >> (1 + below(rng, 63)));
+  list.cycle_time_us =
+      below(rng, 2) == 0 ? -1 : static_cast<std::int64_t>(rng() >> (1 + below(rng, 63)));
   return list;
 }
 
@@ -220,6 +222,7 @@ TEST_CASE("Random valid RequestLists and ResponseLists round-trip", "[codec][fuz
     CHECK(s.value().resend == responses.resend);
     CHECK(s.value().shutdown_code == responses.shutdown_code);
     CHECK(s.value().fusion_threshold_bytes == responses.fusion_threshold_bytes);
+    CHECK(s.value().cycle_time_us == responses.cycle_time_us);
   }
 }
 
