@@ -41,9 +41,14 @@ void p1_step(const std::vector<tutti::TensorView>& tensors) {
   for (tutti::Handle& h : handles) h.wait();
 }
 
-// The "settled" row of the autotune log at `path` (rank 0), as {step, threshold}; {-1, -1}
-// while there is none. Columns: src/core/autotune.h, kLogHeader.
-std::pair<long long, long long> settled_row(const std::string& path) {
+// The "settled" row of the autotune log (columns: src/core/autotune.h, kLogHeader).
+struct Settled {
+  long long step = -1;  // -1: no settled row yet.
+  long long threshold_bytes = -1;
+  double cycle_time_ms = -1;
+};
+
+Settled settled_row(const std::string& path) {
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
     std::vector<std::string> fields;
@@ -53,50 +58,58 @@ std::pair<long long, long long> settled_row(const std::string& path) {
       start = comma + 1;
     }
     fields.push_back(line.substr(start));
-    if (fields.size() == 8 && fields[2] == "settled")
-      return {std::stoll(fields[1]), std::stoll(fields[3])};
+    if (fields.size() == 9 && fields[2] == "settled")
+      return {std::stoll(fields[1]), std::stoll(fields[3]), std::stod(fields[4])};
   }
-  return {-1, -1};
+  return {};
 }
 
-// P1 with TUTTI_FUSION_THRESHOLD=`bytes` in a session of its own: one warm-up step, then the
-// best of `repeats`.
-double p1_fixed(const std::vector<tutti::TensorView>& views, std::size_t bytes, int repeats,
+// The settings of one comparison session; cycle_time_ms < 0: the caller's.
+struct Fixed {
+  std::size_t threshold_bytes = 0;
+  double cycle_time_ms = -1;
+};
+
+// P1 with `fixed` in a session of its own: one warm-up step, then the best of `repeats`.
+double p1_fixed(const std::vector<tutti::TensorView>& views, const Fixed& fixed, int repeats,
                 const P1Timer& p1_tutti) {
-  setenv("TUTTI_FUSION_THRESHOLD", std::to_string(bytes).c_str(), 1);
+  const char* caller = std::getenv("TUTTI_CYCLE_TIME");
+  const std::string caller_cycle = caller != nullptr ? caller : "";
+  setenv("TUTTI_FUSION_THRESHOLD", std::to_string(fixed.threshold_bytes).c_str(), 1);
+  if (fixed.cycle_time_ms >= 0)
+    setenv("TUTTI_CYCLE_TIME", std::to_string(fixed.cycle_time_ms).c_str(), 1);
   tutti::init();
   const double ms = p1_tutti(views, repeats);
   tutti::shutdown();
   unsetenv("TUTTI_FUSION_THRESHOLD");
+  if (caller != nullptr)
+    setenv("TUTTI_CYCLE_TIME", caller_cycle.c_str(), 1);
+  else
+    unsetenv("TUTTI_CYCLE_TIME");
   return ms;
 }
 
-// P1 steps under TUTTI_AUTOTUNE=1 until rank 0's log has its settled row (at most
-// kMaxAutotuneSteps), then the comparison: `repeats` interleaved rounds over the sweep's
-// thresholds and the tuned one, each a fresh session with that fixed threshold (so load that
-// changes while it runs hits all alike). tuned_ms is the tuned threshold's best, best_fixed_ms
-// the best of the sweep's thresholds.
-}  // namespace
-
-int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, double best_raw,
-                    const P1Timer& p1) {
-  const bool root = world_rank() == 0;
+// Runs P1 steps under TUTTI_AUTOTUNE=1 until rank 0's log has its settled row (at most
+// kMaxAutotuneSteps); collective. Leaves the autotune variables unset.
+Settled tune(const std::vector<tutti::TensorView>& views, int* steps, double* seconds,
+             std::string* log) {
   setenv("TUTTI_AUTOTUNE", "1", 1);
   int pid = static_cast<int>(getpid());  // Rank 0's: one path on every rank.
   MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
   const std::string path = "/tmp/tutti_p1_autotune_" + std::to_string(pid) + ".csv";
   setenv("TUTTI_AUTOTUNE_LOG", path.c_str(), 0);  // The caller's, if set.
-  const std::string log = std::getenv("TUTTI_AUTOTUNE_LOG");
+  *log = std::getenv("TUTTI_AUTOTUNE_LOG");
   tutti::init();
   const Clock::time_point start = Clock::now();
-  long long found[2] = {-1, -1};  // The settled row's step and threshold.
-  int steps = 0;
-  for (; steps < kMaxAutotuneSteps && found[0] < 0; ++steps) {
+  Settled settled;
+  for (*steps = 0; *steps < kMaxAutotuneSteps && settled.step < 0; ++*steps) {
     p1_step(views);
-    if (root) std::tie(found[0], found[1]) = settled_row(log);
-    MPI_Bcast(found, 2, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    if (world_rank() == 0) settled = settled_row(*log);
+    MPI_Bcast(&settled.step, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
   }
-  const double tuning_s = std::chrono::duration<double>(Clock::now() - start).count();
+  MPI_Bcast(&settled.threshold_bytes, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&settled.cycle_time_ms, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  *seconds = std::chrono::duration<double>(Clock::now() - start).count();
   tutti::shutdown();
   // The comparison's sessions run without autotune, where init() refuses its settings.
   for (const char* prefix : {"TUTTI_", "HOROVOD_"}) {
@@ -104,38 +117,64 @@ int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, do
                              "AUTOTUNE_STEPS_PER_SAMPLE", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES"})
       unsetenv((std::string(prefix) + knob).c_str());
   }
+  return settled;
+}
+
+}  // namespace
+
+// The tuning, then `repeats` interleaved rounds over the sweep's thresholds (at the caller's
+// cycle time), the tuned threshold alone and the tuned settings, each a fresh session with
+// those fixed settings (so load that changes while it runs hits all alike). tuned_ms is the
+// tuned settings' best, best_fixed_ms the best of the sweep's thresholds.
+int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, double best_raw,
+                    const P1Timer& p1) {
+  const bool root = world_rank() == 0;
+  int steps = 0;
+  double seconds = 0;
+  std::string log;
+  const Settled tuned = tune(views, &steps, &seconds, &log);
   if (root) {
     std::printf("autotune: %s after %d P1 steps (%.1f s); log %s\n",
-                found[0] < 0 ? "did not settle" : "settled", steps, tuning_s, log.c_str());
+                tuned.step < 0 ? "did not settle" : "settled", steps, seconds, log.c_str());
   }
-  if (found[0] < 0) return 1;
-  const auto tuned = static_cast<std::size_t>(found[1]);
-  std::vector<std::size_t> thresholds;
-  for (std::size_t kib : kSweepKib) thresholds.push_back(kib << 10);
-  if (std::find(thresholds.begin(), thresholds.end(), tuned) == thresholds.end())
-    thresholds.push_back(tuned);
-  std::vector<double> best(thresholds.size(), 1e30);
+  if (tuned.step < 0) return 1;
+  std::vector<Fixed> runs;
+  for (std::size_t kib : kSweepKib) runs.push_back({.threshold_bytes = kib << 10});
+  const auto threshold = static_cast<std::size_t>(tuned.threshold_bytes);
+  std::size_t threshold_only = runs.size();  // The tuned threshold at the caller's cycle time.
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].threshold_bytes == threshold) threshold_only = i;
+  }
+  if (threshold_only == runs.size()) runs.push_back({.threshold_bytes = threshold});
+  runs.push_back({.threshold_bytes = threshold, .cycle_time_ms = tuned.cycle_time_ms});
+  std::vector<double> best(runs.size(), 1e30);
   for (int r = 0; r < repeats; ++r) {
-    for (std::size_t i = 0; i < thresholds.size(); ++i)
-      best[i] = std::min(best[i], p1_fixed(views, thresholds[i], 1, p1));
+    for (std::size_t i = 0; i < runs.size(); ++i)
+      best[i] = std::min(best[i], p1_fixed(views, runs[i], 1, p1));
   }
-  double best_fixed_ms = 1e30, tuned_ms = 1e30;
+  double best_fixed_ms = 1e30;
   std::size_t best_fixed_bytes = 0;
-  for (std::size_t i = 0; i < thresholds.size(); ++i) {
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const bool last = i + 1 == runs.size();
     if (root) {
-      std::printf("P1 at TUTTI_FUSION_THRESHOLD=%zu KB: %.2f ms%s\n", thresholds[i] >> 10, best[i],
-                  thresholds[i] == tuned ? " (tuned)" : "");
+      std::printf(
+          "P1 at TUTTI_FUSION_THRESHOLD=%zu KB%s: %.2f ms%s\n", runs[i].threshold_bytes >> 10,
+          last ? (" TUTTI_CYCLE_TIME=" + std::to_string(tuned.cycle_time_ms)).c_str() : "", best[i],
+          last                  ? " (tuned)"
+          : i == threshold_only ? " (tuned threshold)"
+                                : "");
     }
-    if (thresholds[i] == tuned) tuned_ms = best[i];
     if (i < std::size(kSweepKib) && best[i] < best_fixed_ms)
-      best_fixed_ms = best[i], best_fixed_bytes = thresholds[i];
+      best_fixed_ms = best[i], best_fixed_bytes = runs[i].threshold_bytes;
   }
+  const double tuned_ms = best.back();
   if (root) {
     std::printf(
         "P1-autotune tuned_ms=%.2f best_fixed_ms=%.2f ratio=%.3f threshold=%zu "
-        "best_fixed_threshold=%zu steps=%lld raw_ratio=%.3f\n",
-        tuned_ms, best_fixed_ms, tuned_ms / best_fixed_ms, tuned, best_fixed_bytes, found[0],
-        tuned_ms / best_raw);
+        "cycle_time_ms=%g threshold_only_ms=%.2f best_fixed_threshold=%zu steps=%lld "
+        "raw_ratio=%.3f\n",
+        tuned_ms, best_fixed_ms, tuned_ms / best_fixed_ms, threshold, tuned.cycle_time_ms,
+        best[threshold_only], best_fixed_bytes, tuned.step, tuned_ms / best_raw);
   }
   return 0;
 }
