@@ -154,15 +154,14 @@ int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, do
   }
   double best_fixed_ms = 1e30;
   std::size_t best_fixed_bytes = 0;
+  char cycle[64];
+  std::snprintf(cycle, sizeof cycle, " TUTTI_CYCLE_TIME=%g", tuned.cycle_time_ms);
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const bool last = i + 1 == runs.size();
+    const char* what = last ? " (tuned)" : i == threshold_only ? " (tuned threshold)" : "";
     if (root) {
-      std::printf(
-          "P1 at TUTTI_FUSION_THRESHOLD=%zu KB%s: %.2f ms%s\n", runs[i].threshold_bytes >> 10,
-          last ? (" TUTTI_CYCLE_TIME=" + std::to_string(tuned.cycle_time_ms)).c_str() : "", best[i],
-          last                  ? " (tuned)"
-          : i == threshold_only ? " (tuned threshold)"
-                                : "");
+      std::printf("P1 at TUTTI_FUSION_THRESHOLD=%zu KB%s: %.2f ms%s\n",
+                  runs[i].threshold_bytes >> 10, last ? cycle : "", best[i], what);
     }
     if (i < std::size(kSweepKib) && best[i] < best_fixed_ms)
       best_fixed_ms = best[i], best_fixed_bytes = runs[i].threshold_bytes;
