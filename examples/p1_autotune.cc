@@ -29,6 +29,10 @@ int world_rank() {
 // The sweep's thresholds (--sweep-fusion), in KiB.
 constexpr std::size_t kSweepKib[] = {256, 1024, 2048, 4096, 8192, 16384, 65536};
 constexpr int kMaxAutotuneSteps = 3000;
+// Timed P1 steps per comparison session (best of), after its warm-up step: a session's first
+// steps run while the other rank may still be starting, and load on a shared machine comes in
+// bursts, so one step per session was too noisy to compare settings 5 % apart.
+constexpr int kStepsPerSession = 3;
 
 // One P1 step, untimed: every gradient via allreduce_async, then all waited.
 void p1_step(const std::vector<tutti::TensorView>& tensors) {
@@ -124,7 +128,8 @@ Settled tune(const std::vector<tutti::TensorView>& views, int* steps, double* se
 
 // The tuning, then `repeats` interleaved rounds over the sweep's thresholds (at the caller's
 // cycle time), the tuned threshold alone and the tuned settings, each a fresh session with
-// those fixed settings (so load that changes while it runs hits all alike). tuned_ms is the
+// those fixed settings timing the best of kStepsPerSession steps (rounds, so that load which
+// changes while it runs hits all alike). tuned_ms is the
 // tuned settings' best, best_fixed_ms the best of the sweep's thresholds.
 int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, double best_raw,
                     const P1Timer& p1) {
@@ -150,7 +155,7 @@ int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, do
   std::vector<double> best(runs.size(), 1e30);
   for (int r = 0; r < repeats; ++r) {
     for (std::size_t i = 0; i < runs.size(); ++i)
-      best[i] = std::min(best[i], p1_fixed(views, runs[i], 1, p1));
+      best[i] = std::min(best[i], p1_fixed(views, runs[i], kStepsPerSession, p1));
   }
   double best_fixed_ms = 1e30;
   std::size_t best_fixed_bytes = 0;

@@ -50,6 +50,8 @@ TEST_CASE("Config::from_env parses every knob and rejects out-of-range values", 
     REQUIRE(config.ok());
     CHECK(config.value().fusion_threshold_bytes == 1048576);
     CHECK(config.value().cycle_time == std::chrono::microseconds(2500));
+    CHECK(config.value().cycle_time_set);  // Autotune then measures it as a candidate.
+    CHECK(config.value().fusion_threshold_set);
     CHECK(config.value().stall_shutdown_time.count() == 0);
   }
   ScopedEnv negative("TUTTI_FUSION_THRESHOLD", "-1");
