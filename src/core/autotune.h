@@ -23,9 +23,9 @@
 //    threshold: one round of each, then 2 rounds of the best 3 (9 samples by default). The
 //    threshold matters most (P1 on the Intel VM: 1.3x between 64 KiB and 512 KiB, 2x at 64 MiB);
 //    the cycle time less: the request sender batches only while ops keep arriving, so it changes
-//    how a burst of submissions is split, which on P1 was worth about 6 % (0 ms against the default
-//    1 ms). The two barely interact, so one pass each costs far fewer samples than searching their
-//    product.
+//    how a burst of submissions is split, which on P1 was worth about 6 % at the default 1 MiB
+//    threshold (0 ms against the default 1 ms) and within 2 % at the tuned 512 KiB. The two
+//    barely interact, so one pass each costs far fewer samples than searching their product.
 // 4. Switching. Timings are taken where rank 0 builds each list, before it is sent: on rank 0
 //    the previous lists have run by then (the loop executes a list before it builds the next),
 //    so that is when the previous step ended. A new setting travels in the list that starts a
