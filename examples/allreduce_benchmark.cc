@@ -30,11 +30,17 @@
 //                       against raw MPI (median microseconds)
 //   --p10, --p10-mb N   P10 only (--repeats rounds), single tensors of 4 KB, 64 KB, 1 MB and
 //                       16 MB up to N MB
+//   --autotune          --device cpu only, instead of P1-P4: P1 step after step under
+//                       TUTTI_AUTOTUNE=1 until the tuner settles (at most 3000 steps), then
+//                       --repeats interleaved rounds of P1 at the sweep's thresholds and the
+//                       tuned one; ends with "P1-autotune tuned_ms=... best_fixed_ms=...
+//                       ratio=... threshold=... steps=..."
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
 // when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
 // CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
 #include <sys/resource.h>
 #include <tutti/tutti.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -54,6 +60,7 @@
 #include <mpi.h>
 
 #include "examples/p10_hierarchical.h"
+#include "examples/p1_autotune.h"
 
 #if TUTTI_BENCHMARK_CUDA
 #include <cuda_runtime.h>
@@ -215,6 +222,7 @@ struct Options {
   bool sweep_sizes = false;  // --sweep-sizes
   bool p10 = false;
   std::int64_t p10_mb = 16;  // Largest single tensor of P10.
+  bool autotune = false;     // --autotune: see run_autotune().
 };
 
 // "mpi,shm" -> {"mpi", "shm"}; false for a value other than auto, mpi, shm.
@@ -256,18 +264,21 @@ bool parse_options(int argc, char** argv, Options* options) {
       options->p10 = true;
     } else if (arg == "--p10-mb" && i + 1 < argc) {
       options->p10_mb = std::max(0, std::atoi(argv[++i]));
+    } else if (arg == "--autotune") {
+      options->autotune = true;
     } else {
       ok = false;
     }
   }
-  if (ok &&
-      !((options->sweep || options->sweep_sizes || !options->transports.empty()) && options->cuda))
+  if (ok && !((options->sweep || options->sweep_sizes || !options->transports.empty() ||
+               options->autotune) &&
+              options->cuda))
     return true;
   if (world_rank() == 0) {
     std::fprintf(stderr,
                  "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
                  "[--kernel-repeats N] [--sweep-fusion] [--transport auto|mpi|shm[,...]] "
-                 "[--sweep-sizes] (the last three cpu only) [--p10 [--p10-mb N]]\n",
+                 "[--sweep-sizes] [--autotune] (the last four cpu only) [--p10 [--p10-mb N]]\n",
                  argv[0]);
   }
   return false;
@@ -352,6 +363,7 @@ int run_host(const Options& options) {
   }
 
   const double best_raw = best_raw_pieces(flat, repeats);
+  if (options.autotune) return tutti::examples::run_p1_autotune(views, repeats, best_raw, p1_tutti);
   if (options.sweep) {
     for (std::size_t kb : {256, 1024, 2048, 4096, 8192, 16384, 65536}) {
       setenv("TUTTI_FUSION_THRESHOLD", std::to_string(kb << 10).c_str(), 1);

@@ -45,6 +45,7 @@ BackgroundLoop::BackgroundLoop(Parts parts)
       sender_(parts.queue, executor_.cache(), parts.config.cycle_time) {
   if (rank_ == 0) {
     coordinator_.emplace(parts.config, parts.sets, &parts.timeline, parts.plane.size());
+    if (parts.config.autotune) tuner_.emplace(Autotuner::options_of(parts.config));
   }
 }
 
@@ -130,9 +131,15 @@ Status BackgroundLoop::receive(bool* did_work) {
     if (std::optional<RequestList> again = sender_.take_resend(list.resend)) {
       TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(*again)));
     }
+    adopt_cycle_time(list);
     TUTTI_RETURN_IF_ERROR(executor_.execute(std::move(list)));
   }
   return Status();
+}
+
+void BackgroundLoop::adopt_cycle_time(const ResponseList& list) {
+  if (list.cycle_time_us >= 0)
+    sender_.set_cycle_time(std::chrono::microseconds(list.cycle_time_us));
 }
 
 Status BackgroundLoop::send_new(bool* did_work) {
@@ -147,10 +154,18 @@ Status BackgroundLoop::send_new(bool* did_work) {
 }
 
 Status BackgroundLoop::broadcast_and_execute(ResponseList list) {
+  if (tuner_ && !tuner_->settled()) {
+    if (std::optional<TunedSettings> tuned =
+            tuner_->observe(seen_ops(list, executor_.cache()), Clock::now())) {
+      list.fusion_threshold_bytes = tuned->fusion_threshold_bytes;
+      list.cycle_time_us = tuned->cycle_time_us;
+    }
+  }
   const std::string bytes = encode(list);
   for (int r = 0; r < parts_.plane.size(); ++r) {
     if (r != rank_) TUTTI_RETURN_IF_ERROR(parts_.plane.send(r, bytes));
   }
+  adopt_cycle_time(list);
   return executor_.execute(std::move(list));
 }
 

@@ -52,6 +52,7 @@
 
 #include "ops/control_plane.h"
 #include "src/common/status.h"
+#include "src/core/autotune.h"
 #include "src/core/completer.h"
 #include "src/core/config.h"
 #include "src/core/coordinator_stage.h"
@@ -95,8 +96,11 @@ class BackgroundLoop {
   Status cycle(bool* did_work);
   Status receive(bool* did_work);
   Status send_new(bool* did_work);
-  // Rank 0: sends `list` to every other rank, then executes it here.
+  // Rank 0: sends `list` to every other rank, then executes it here. With autotune, the list
+  // first carries the tuner's new threshold, if it has one (Note [Autotune] in autotune.h).
   Status broadcast_and_execute(ResponseList list);
+  // The cycle time autotune sent with `list`, if any (Note [Autotune] in autotune.h).
+  void adopt_cycle_time(const ResponseList& list);
   // This rank stops, for `why` (OK: stop() was called).
   Status stop_here(const Status& why);
   // See Note [Shutdown handshake].
@@ -107,6 +111,7 @@ class BackgroundLoop {
   ResponseExecutor executor_;
   RequestSender sender_;                         // Reads executor_'s cache.
   std::optional<CoordinatorStage> coordinator_;  // Rank 0 only.
+  std::optional<Autotuner> tuner_;               // Rank 0 with TUTTI_AUTOTUNE=1 only.
 };
 
 }  // namespace tutti::core

@@ -14,21 +14,6 @@ Status refuse(const detail::KnobSource& source, std::string_view knob, std::stri
                                   setting ? setting->value : "", "' ", why));
 }
 
-// Knobs of features that are not built yet: refused when set, so that nothing is accepted
-// and then ignored.
-Status refuse_unbuilt(const detail::KnobSource& source) {
-  TUTTI_ASSIGN_OR_RETURN(bool autotune, detail::bool_knob("AUTOTUNE", source));
-  if (autotune)
-    return refuse(source, "AUTOTUNE", "is not supported yet: online tuning is not built");
-  for (std::string_view knob :
-       {"AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES", "AUTOTUNE_STEPS_PER_SAMPLE",
-        "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}) {
-    if (source.find(knob))
-      return refuse(source, knob, "needs TUTTI_AUTOTUNE=1, which is not supported yet");
-  }
-  return Status();
-}
-
 // HIERARCHICAL_*: "auto" (the default) or a boolean (ops/hierarchy.h).
 Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source, std::string_view knob) {
   const std::string text = detail::string_knob(knob, source);
@@ -40,6 +25,31 @@ Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source, std:
     if (text == off) return ops::HierarchyMode::Off;
   }
   return refuse(source, knob, "is not auto, 1 (on) or 0 (off)");
+}
+
+// TUTTI_AUTOTUNE and its settings. The settings without AUTOTUNE=1, and the Gaussian process's
+// noise (Tutti's tuner fits none: Note [Autotune search] in src/core/autotune_search.h), are
+// refused rather than ignored.
+Status parse_autotune(const detail::KnobSource& source, Config* c) {
+  TUTTI_ASSIGN_OR_RETURN(c->autotune, detail::bool_knob("AUTOTUNE", source));
+  if (source.find("AUTOTUNE_GAUSSIAN_PROCESS_NOISE")) {
+    return refuse(source, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+                  "is not used: Tutti's autotuner compares median throughputs of measured "
+                  "thresholds and fits no Gaussian process (README, Autotune); unset it");
+  }
+  for (std::string_view knob : {"AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
+                                "AUTOTUNE_STEPS_PER_SAMPLE", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}) {
+    if (!c->autotune && source.find(knob)) return refuse(source, knob, "needs TUTTI_AUTOTUNE=1");
+  }
+  c->autotune_log = detail::string_knob("AUTOTUNE_LOG", source);
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t warmup, detail::int_knob("AUTOTUNE_WARMUP_SAMPLES", source));
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t steps, detail::int_knob("AUTOTUNE_STEPS_PER_SAMPLE", source));
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t samples,
+                         detail::int_knob("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", source));
+  c->autotune_warmup_samples = static_cast<int>(warmup);  // The knobs' ranges fit an int.
+  c->autotune_steps_per_sample = static_cast<int>(steps);
+  c->autotune_max_samples = static_cast<int>(samples);
+  return Status();
 }
 
 // "0,8,16" -> {0, 8, 16}.
@@ -76,8 +86,10 @@ Result<ops::HostTransport> parse_host_transport(const detail::KnobSource& source
 Result<Config> Config::from_env(const detail::KnobSource& source) {
   Config c;
   TUTTI_ASSIGN_OR_RETURN(c.fusion_threshold_bytes, detail::int_knob("FUSION_THRESHOLD", source));
+  c.fusion_threshold_set = source.find("FUSION_THRESHOLD").has_value();
   TUTTI_ASSIGN_OR_RETURN(double cycle_ms, detail::double_knob("CYCLE_TIME", source));
   c.cycle_time = ms_to_us(cycle_ms);
+  c.cycle_time_set = source.find("CYCLE_TIME").has_value();
   TUTTI_ASSIGN_OR_RETURN(c.cache_capacity, detail::int_knob("CACHE_CAPACITY", source));
   TUTTI_ASSIGN_OR_RETURN(c.host_transport, parse_host_transport(source));
   c.timeline_path = detail::string_knob("TIMELINE", source);
@@ -97,7 +109,7 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   c.start_timeout = seconds_to_ms(start_s);
   TUTTI_ASSIGN_OR_RETURN(double grace_s, detail::double_knob("EXIT_GRACE_SECONDS", source));
   c.exit_grace = seconds_to_ms(grace_s);
-  TUTTI_RETURN_IF_ERROR(refuse_unbuilt(source));
+  TUTTI_RETURN_IF_ERROR(parse_autotune(source, &c));
 
   if (!detail::parse_log_level(detail::string_knob("LOG_LEVEL", source), &c.log_level)) {
     return refuse(source, "LOG_LEVEL", "is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");

@@ -18,7 +18,10 @@ namespace tutti::core {
 
 struct Config {
   std::int64_t fusion_threshold_bytes = detail::default_int("FUSION_THRESHOLD");
+  // TUTTI_FUSION_THRESHOLD was set: with autotune, that threshold is one of the candidates.
+  bool fusion_threshold_set = false;
   std::chrono::microseconds cycle_time = ms_to_us(detail::default_double("CYCLE_TIME"));
+  bool cycle_time_set = false;  // TUTTI_CYCLE_TIME was set: with autotune, a candidate.
   std::int64_t cache_capacity = detail::default_int("CACHE_CAPACITY");
   ops::HostTransport host_transport = ops::HostTransport::Auto;
   std::string timeline_path;
@@ -32,6 +35,14 @@ struct Config {
   // knob table's default is auto.
   ops::HierarchyOptions hierarchy{.allreduce = ops::HierarchyMode::Auto,
                                   .allgather = ops::HierarchyMode::Auto};
+  // TUTTI_AUTOTUNE and its settings (see Note [Autotune] in src/core/autotune.h).
+  bool autotune = detail::default_bool("AUTOTUNE");
+  std::string autotune_log;
+  int autotune_warmup_samples = static_cast<int>(detail::default_int("AUTOTUNE_WARMUP_SAMPLES"));
+  int autotune_steps_per_sample =
+      static_cast<int>(detail::default_int("AUTOTUNE_STEPS_PER_SAMPLE"));
+  int autotune_max_samples =
+      static_cast<int>(detail::default_int("AUTOTUNE_BAYES_OPT_MAX_SAMPLES"));
   int num_nccl_streams = static_cast<int>(detail::default_int("NUM_NCCL_STREAMS"));
   // THREAD_AFFINITY: the CPU of each local rank's communication thread; empty = not pinned.
   std::vector<int> thread_affinity;

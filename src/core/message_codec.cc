@@ -116,6 +116,8 @@ std::string encode(const ResponseList& list) {
   w.put_vector(list.hit);
   w.put_vector(list.evicted);
   w.put_vector(list.resend);
+  w.put<std::int64_t>(list.fusion_threshold_bytes);
+  w.put<std::int64_t>(list.cycle_time_us);
   w.put<std::uint64_t>(list.responses.size());
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
     if (i < list.hit.size() && list.hit[i]) continue;  // A hit carries no body.
@@ -140,7 +142,9 @@ Result<ResponseList> decode_response_list(std::string_view bytes) {
   if (!r.get(&magic) || magic != kResponseMagic || !r.get(&shutdown) || shutdown > 1 ||
       !r.get_enum(&list.shutdown_code, kErrorCodeCount) || !r.get_string(&list.shutdown_message) ||
       !r.get_vector(&list.cache_ids) || !r.get_vector(&list.hit) || !r.get_vector(&list.evicted) ||
-      !r.get_vector(&list.resend) || !r.get_count(&count, 0, kMaxCount)) {
+      !r.get_vector(&list.resend) || !r.get(&list.fusion_threshold_bytes) ||
+      list.fusion_threshold_bytes < -1 || !r.get(&list.cycle_time_us) || list.cycle_time_us < -1 ||
+      !r.get_count(&count, 0, kMaxCount)) {
     return corrupt("response");
   }
   list.shutdown = shutdown == 1;

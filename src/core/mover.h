@@ -57,6 +57,8 @@ class HostMover final : public Mover {
     return Tensor(dtype, std::move(shape));
   }
   std::size_t piece_bytes() const override { return piece_bytes_; }
+  // Autotune's new piece size (the fusion threshold), from the next collective on.
+  void set_piece_bytes(std::size_t piece_bytes) { piece_bytes_ = piece_bytes; }
 
  private:
   std::size_t piece_bytes_;

@@ -114,6 +114,11 @@ struct ResponseList {
   bool shutdown = false;              // The job is stopping; see `shutdown_code`.
   ErrorCode shutdown_code = ErrorCode::ShutDown;
   std::string shutdown_message;
+  // Autotune (Note [Autotune] in autotune.h): -1, or the fusion threshold (and piece size) in
+  // bytes that every rank uses from this list on, this list included; -1, or the cycle time in
+  // microseconds every rank's request sender uses from now on.
+  std::int64_t fusion_threshold_bytes = -1;
+  std::int64_t cycle_time_us = -1;
 };
 
 }  // namespace tutti::core

@@ -34,11 +34,13 @@ class RequestSender {
   // OK) or because of the error `why`.
   RequestList take_last(const Status& why);
   bool last_sent() const { return last_sent_; }
+  // Autotune's new cycle time, from the next batch on (Note [Autotune] in autotune.h).
+  void set_cycle_time(std::chrono::microseconds cycle_time) { cycle_time_ = cycle_time; }
 
  private:
   TensorQueue& queue_;
   const RankCache& cache_;
-  const std::chrono::microseconds cycle_time_;
+  std::chrono::microseconds cycle_time_;
   bool last_sent_ = false;
   std::vector<std::shared_ptr<Entry>> entries_;  // take_new()'s batch; empty between calls.
 };

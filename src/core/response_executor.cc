@@ -59,6 +59,11 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
 }
 
 Status ResponseExecutor::execute(ResponseList list) {
+  if (list.fusion_threshold_bytes >= 0) {
+    // Before planning: every rank plans this list with the new threshold (Note [Autotune]).
+    fusion_threshold_bytes_ = static_cast<std::size_t>(list.fusion_threshold_bytes);
+    host_mover_.set_piece_bytes(fusion_threshold_bytes_);
+  }
   std::vector<Work> works = prepare(list);
   std::vector<FusionItem> items;
   items.reserve(works.size());

@@ -35,9 +35,10 @@ class ResponseExecutor {
   };
   ResponseExecutor(Parts parts, std::size_t fusion_threshold_bytes);
 
-  // Runs every response of `list` in list order (Note [Negotiation], step 4). A Communication
-  // error fails the rest of the list and is returned: the session must stop. Errors the
-  // coordinator decided fail their ops only.
+  // Runs every response of `list` in list order (Note [Negotiation], step 4), after adopting
+  // the list's autotuned fusion threshold, if it carries one. A Communication error fails the
+  // rest of the list and is returned: the session must stop. Errors the coordinator decided
+  // fail their ops only.
   Status execute(ResponseList list);
 
   // The cache of negotiated responses this rank has, which the request sender reads.
@@ -61,7 +62,7 @@ class ResponseExecutor {
   Status remove_process_set(const Work& work);
 
   Parts parts_;
-  const std::size_t fusion_threshold_bytes_;
+  std::size_t fusion_threshold_bytes_;  // Autotune may change it (Note [Autotune]).
   RankCache cache_;
   Executor executor_;
   HostMover host_mover_;

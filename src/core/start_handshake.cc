@@ -83,16 +83,23 @@ Result<std::optional<ops::Message>> receive(ops::ControlPlane& plane,
   }
 }
 
-// What only rank 0 can check: its timeline file opens (it truncates it, as the timeline will).
-Status check_on_rank0(const Config& config) {
-  if (config.timeline_path.empty()) return Status();
-  std::FILE* file = std::fopen(config.timeline_path.c_str(), "w");
+// Whether rank 0 can write `path`, the value of TUTTI_<knob> (it truncates the file, as its
+// writer will).
+Status check_writable(std::string_view knob, const std::string& path) {
+  if (path.empty()) return Status();
+  std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
-    return invalid_argument(str_cat("TUTTI_TIMELINE='", config.timeline_path,
+    return invalid_argument(str_cat("TUTTI_", knob, "='", path,
                                     "' cannot be opened on rank 0: ", std::strerror(errno)));
   }
   std::fclose(file);
   return Status();
+}
+
+// What only rank 0 can check: the files it writes open.
+Status check_on_rank0(const Config& config) {
+  TUTTI_RETURN_IF_ERROR(check_writable("TIMELINE", config.timeline_path));
+  return check_writable("AUTOTUNE_LOG", config.autotune_log);
 }
 
 std::string value_text(const JobValues& values, std::string_view name) {

@@ -9,9 +9,9 @@
 //  1. Every rank sends rank 0 how its own start went (its environment parsed, its settings
 //     valid for it) and its text of every Job knob.
 //  2. Rank 0 waits for all of them (at most TUTTI_START_TIMEOUT), checks what only it can
-//     check (that the timeline file opens), and answers every rank with either the first
-//     failure, naming the rank, or its own Job knob values. It logs one warning naming the
-//     ranks whose values differ.
+//     check (that the timeline file and the autotune log open), and answers every rank with
+//     either the first failure, naming the rank, or its own Job knob values. It logs one
+//     warning naming the ranks whose values differ.
 //  3. Every rank fails init() alike on a failure; otherwise it uses rank 0's values for the
 //     Job knobs (a rank whose own differ logs which, and the value it uses) and its own for
 //     the others. A rank waits for the answer at most TUTTI_START_TIMEOUT as well.

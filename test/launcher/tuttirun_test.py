@@ -87,8 +87,6 @@ class FlagMappingTest(unittest.TestCase):
         (["--autotune-steps-per-sample", "12"], "TUTTI_AUTOTUNE_STEPS_PER_SAMPLE", "12"),
         (["--autotune-bayes-opt-max-samples", "30"], "TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
          "30"),
-        (["--autotune-gaussian-process-noise", "0.25"], "TUTTI_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
-         "0.25"),
         (["--timeline-filename", "/tmp/t.json"], "TUTTI_TIMELINE", "/tmp/t.json"),
         (["--timeline-mark-cycles"], "TUTTI_TIMELINE_MARK_CYCLES", "1"),
         (["--no-stall-check"], "TUTTI_STALL_CHECK_DISABLE", "1"),
@@ -178,6 +176,15 @@ class FlagMappingTest(unittest.TestCase):
                 self.assertEqual(result.returncode, 2, result.stderr)
                 self.assertIn(f"argument {flags[0]}: '{flags[1]}' must be {message}",
                               result.stderr)
+
+    def test_gaussian_process_noise_is_refused_with_the_reason(self):
+        # Issue 12: the autotuner fits no Gaussian process, so the flag would set a knob that
+        # init() refuses; the launcher says why before the job starts.
+        result = run_launcher(["-np", "2", "--dry-run", "--autotune",
+                               "--autotune-gaussian-process-noise", "0.8", "true"])
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("argument --autotune-gaussian-process-noise: is not used", result.stderr)
+        self.assertIn("fits no Gaussian process", result.stderr)
 
     def test_range_ends_are_accepted(self):
         for flags, variable, value in (

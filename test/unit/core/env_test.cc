@@ -50,6 +50,8 @@ TEST_CASE("Config::from_env parses every knob and rejects out-of-range values", 
     REQUIRE(config.ok());
     CHECK(config.value().fusion_threshold_bytes == 1048576);
     CHECK(config.value().cycle_time == std::chrono::microseconds(2500));
+    CHECK(config.value().cycle_time_set);  // Autotune then measures it as a candidate.
+    CHECK(config.value().fusion_threshold_set);
     CHECK(config.value().stall_shutdown_time.count() == 0);
   }
   ScopedEnv negative("TUTTI_FUSION_THRESHOLD", "-1");
@@ -84,6 +86,39 @@ TEST_CASE("Values that overflow or are not numbers are refused by name", "[env]"
     CHECK(config.status().code() == ErrorCode::InvalidArgument);
     CHECK(config.status().message().find(variable) != std::string_view::npos);
   }
+}
+
+TEST_CASE("TUTTI_AUTOTUNE and its settings are parsed, or refused rather than ignored",
+          "[env][autotune]") {
+  {
+    ScopedEnv on("TUTTI_AUTOTUNE", "1");
+    ScopedEnv log("TUTTI_AUTOTUNE_LOG", "/tmp/at.csv");
+    ScopedEnv steps("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "4");
+    ScopedEnv samples("TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "17");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE(config.ok());
+    CHECK(config.value().autotune);
+    CHECK(config.value().autotune_log == "/tmp/at.csv");
+    CHECK(config.value().autotune_steps_per_sample == 4);
+    CHECK(config.value().autotune_max_samples == 17);
+    CHECK(config.value().autotune_warmup_samples == 3);  // knobs.def's default.
+    CHECK_FALSE(config.value().fusion_threshold_set);
+    ScopedEnv threshold("TUTTI_FUSION_THRESHOLD", "3000000");
+    CHECK(core::Config::from_env().value().fusion_threshold_set);
+  }
+  {
+    ScopedEnv log("TUTTI_AUTOTUNE_LOG", "/tmp/at.csv");  // Without TUTTI_AUTOTUNE=1.
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message() == "TUTTI_AUTOTUNE_LOG='/tmp/at.csv' needs TUTTI_AUTOTUNE=1");
+  }
+  ScopedEnv on("TUTTI_AUTOTUNE", "1");
+  ScopedEnv noise("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.8");
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == ErrorCode::InvalidArgument);
+  CHECK(config.status().message().find("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE='0.8' is not "
+                                       "used") == 0);
 }
 
 TEST_CASE("Every knob is documented", "[env]") {

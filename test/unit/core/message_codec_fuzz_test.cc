@@ -134,6 +134,11 @@ ResponseList random_responses(Rng& rng) {
   }
   list.evicted = random_vector<std::int32_t>(rng, 3);
   list.resend = random_vector<std::int32_t>(rng, 3);
+  // Autotune's threshold: mostly none (-1), else any valid value, 64-bit ones included.
+  list.fusion_threshold_bytes =
+      below(rng, 2) == 0 ? -1 : static_cast<std::int64_t>(rng() >> (1 + below(rng, 63)));
+  list.cycle_time_us =
+      below(rng, 2) == 0 ? -1 : static_cast<std::int64_t>(rng() >> (1 + below(rng, 63)));
   return list;
 }
 
@@ -216,6 +221,8 @@ TEST_CASE("Random valid RequestLists and ResponseLists round-trip", "[codec][fuz
     CHECK(s.value().evicted == responses.evicted);
     CHECK(s.value().resend == responses.resend);
     CHECK(s.value().shutdown_code == responses.shutdown_code);
+    CHECK(s.value().fusion_threshold_bytes == responses.fusion_threshold_bytes);
+    CHECK(s.value().cycle_time_us == responses.cycle_time_us);
   }
 }
 

@@ -52,6 +52,8 @@ ResponseList sample_responses() {
   list.shutdown = true;
   list.shutdown_code = ErrorCode::Stalled;
   list.shutdown_message = "stalled";
+  list.fusion_threshold_bytes = std::int64_t{3} << 40;  // Beyond 32 bits.
+  list.cycle_time_us = 2500;
   return list;
 }
 
@@ -77,6 +79,30 @@ TEST_CASE("ResponseList round-trips, with hits carried as ids alone", "[codec]")
   CHECK(got.resend == list.resend);
   CHECK(got.shutdown_code == ErrorCode::Stalled);
   CHECK(got.shutdown_message == "stalled");
+  CHECK(got.fusion_threshold_bytes == std::int64_t{3} << 40);
+  CHECK(got.cycle_time_us == 2500);
+}
+
+TEST_CASE("Autotuned settings travel with their list; -1 means no change", "[codec]") {
+  for (std::int64_t value : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1} << 20}) {
+    ResponseList list;
+    list.fusion_threshold_bytes = value;
+    list.cycle_time_us = value;
+    Result<ResponseList> decoded = decode_response_list(encode(list));
+    REQUIRE(decoded.ok());
+    CHECK(decoded.value().fusion_threshold_bytes == value);
+    CHECK(decoded.value().cycle_time_us == value);
+  }
+  // Anything below -1 is corrupt: the threshold follows magic(4) shutdown(1) code(1), the
+  // message and four empty vectors (an 8-byte length each); the cycle time follows it.
+  constexpr std::size_t kAt = 4 + 1 + 1 + 8 + 4 * 8;
+  for (std::size_t at : {kAt, kAt + 8}) {
+    std::string bytes = encode(ResponseList{});
+    REQUIRE(bytes.size() > at + 8);
+    CHECK(bytes.substr(at, 8) == std::string(8, '\xff'));  // -1, little-endian.
+    bytes[at] = '\xfe';                                    // -2.
+    CHECK_FALSE(decode_response_list(bytes).ok());
+  }
 }
 
 TEST_CASE("Every truncation of a message is rejected, never read past", "[codec]") {
