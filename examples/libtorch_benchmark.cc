@@ -5,18 +5,22 @@
 //                   overlapping backward)
 //   nocomm          the plain optimizer, no communication
 //   after_backward  backward first, then one grouped allreduce of every gradient, then step
-// Prints the mean step times in ms, the scaling efficiency nocomm/tutti, and ends with
-//   P9 tutti_ms=<x> nocomm_ms=<y> after_backward_ms=<z>
+// The three are measured round after round (the order rotated each round), so that load which
+// changes during the run falls on all three alike; each figure is the median over the rounds of
+// a round's mean step time. Prints those, the scaling efficiency nocomm/tutti, and ends with
+//   P9 tutti_ms=<x> nocomm_ms=<y> after_backward_ms=<z> rounds=<r>
 // Target: tutti_ms <= after_backward_ms (the overlap hides at least the raw reduce cost).
 //
 // Usage: scripts/tuttirun -np 2 build/examples/libtorch_benchmark [--batch-size B]
-//            [--channels C] [--blocks N] [--warmup W] [--iters I]
+//            [--channels C] [--blocks N] [--warmup W] [--iters I] [--rounds R]
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,90 +84,143 @@ double time_ms(const std::function<void()>& step, int warmup, int iters) {
          iters;
 }
 
-}  // namespace
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
 
-int main(int argc, char** argv) {
+constexpr char kUsage[] =
+    "usage: libtorch_benchmark [--batch-size B] [--channels C] [--blocks N] [--warmup W]\n"
+    "                          [--iters I] [--rounds R]   (each a whole number, 1 to 100000;\n"
+    "                          --warmup may be 0)\n";
+
+struct Flags {
   std::int64_t batch_size = 16;
   std::int64_t channels = 32;
   int blocks = 4;
   int warmup = 3;
   int iters = 10;
+  int rounds = 5;
+};
+
+std::optional<Flags> parse_flags(int argc, char** argv) {
+  Flags f;
+  if (argc % 2 == 0) return std::nullopt;  // A flag without its value.
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    const int value = std::stoi(argv[i + 1]);
-    if (flag == "--batch-size") {
-      batch_size = value;
-    } else if (flag == "--channels") {
-      channels = value;
-    } else if (flag == "--blocks") {
-      blocks = value;
-    } else if (flag == "--warmup") {
-      warmup = value;
-    } else if (flag == "--iters") {
-      iters = value;
-    } else {
-      std::fprintf(stderr,
-                   "usage: libtorch_benchmark [--batch-size B] [--channels C] "
-                   "[--blocks N] [--warmup W] [--iters I]\n");
-      return 2;
+    char* end = nullptr;
+    const long value = std::strtol(argv[i + 1], &end, 10);
+    if (*argv[i + 1] == '\0' || *end != '\0' || value < 0 || value > 100'000) return std::nullopt;
+    const int v = static_cast<int>(value);
+    if (flag == "--warmup") {
+      f.warmup = v;
+      continue;
     }
+    if (v == 0) return std::nullopt;
+    if (flag == "--batch-size")
+      f.batch_size = v;
+    else if (flag == "--channels")
+      f.channels = v;
+    else if (flag == "--blocks")
+      f.blocks = v;
+    else if (flag == "--iters")
+      f.iters = v;
+    else if (flag == "--rounds")
+      f.rounds = v;
+    else
+      return std::nullopt;
   }
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::optional<Flags> flags = parse_flags(argc, argv);
+  if (!flags) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const Flags& f = *flags;
   tutti::init();
   torch::set_num_threads(1);  // One core per rank.
   torch::manual_seed(0);
-  ResNet model(channels, blocks);
+  ResNet model(f.channels, f.blocks);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   tutti::libtorch::broadcast_parameters(model->named_parameters(), 0);
-  const torch::Tensor x = torch::randn({batch_size, 3, 32, 32});
-  const torch::Tensor y = torch::randint(0, 10, {batch_size}, torch::kLong);
+  const torch::Tensor x = torch::randn({f.batch_size, 3, 32, 32});
+  const torch::Tensor y = torch::randint(0, 10, {f.batch_size}, torch::kLong);
   const auto backward = [&] {
     torch::nn::functional::cross_entropy(model->forward(x), y).backward();
   };
 
-  const double nocomm_ms = time_ms(
-      [&] {
-        sgd.zero_grad();
-        backward();
-        sgd.step();
-      },
-      warmup, iters);
-
-  std::vector<torch::Tensor> grads;
-  const double after_backward_ms = time_ms(
-      [&] {
-        sgd.zero_grad();
-        backward();
-        std::vector<tutti::TensorView> views;
-        for (const torch::Tensor& p : model->parameters())
-          views.push_back(tutti::libtorch::view(p.grad()));
-        tutti::grouped_allreduce(std::move(views), "libtorch_benchmark.after_backward");
-        sgd.step();
-      },
-      warmup, iters);
-
-  double tutti_ms = 0;
-  {
+  const auto nocomm = [&] {
+    return time_ms(
+        [&] {
+          sgd.zero_grad();
+          backward();
+          sgd.step();
+        },
+        f.warmup, f.iters);
+  };
+  const auto after_backward = [&] {
+    return time_ms(
+        [&] {
+          sgd.zero_grad();
+          backward();
+          std::vector<tutti::TensorView> views;
+          for (const torch::Tensor& p : model->parameters())
+            views.push_back(tutti::libtorch::view(p.grad()));
+          tutti::grouped_allreduce(std::move(views), "libtorch_benchmark.after_backward");
+          sgd.step();
+        },
+        f.warmup, f.iters);
+  };
+  // A DistributedOptimizer per round: its hooks stay registered on the gradient accumulators
+  // but do nothing once it is destroyed, so the other two modes run without communication.
+  const auto overlapped = [&] {
     tutti::libtorch::DistributedOptimizer optimizer(sgd, model->named_parameters());
-    tutti_ms = time_ms(
+    return time_ms(
         [&] {
           optimizer.zero_grad();
           backward();
           optimizer.step();
         },
-        warmup, iters);
+        f.warmup, f.iters);
+  };
+
+  const std::vector<std::function<double()>> modes = {overlapped, nocomm, after_backward};
+  std::vector<std::vector<double>> times(modes.size());
+  for (int round = 0; round < f.rounds; ++round) {
+    for (std::size_t k = 0; k < modes.size(); ++k) {
+      const std::size_t mode = (k + static_cast<std::size_t>(round)) % modes.size();
+      times[mode].push_back(modes[mode]());
+    }
   }
+  const double tutti_ms = median(times[0]);
+  const double nocomm_ms = median(times[1]);
+  const double after_backward_ms = median(times[2]);
 
   if (tutti::rank() == 0) {
     std::size_t count = 0;
     for (const torch::Tensor& p : model->parameters()) count += static_cast<std::size_t>(p.numel());
     std::printf(
         "libtorch_benchmark: %d ranks, ResNet-style %d blocks x %lld channels, %zu "
-        "parameters, batch %lld per rank, 32x32 inputs\n",
-        tutti::size(), blocks, static_cast<long long>(channels), count,
-        static_cast<long long>(batch_size));
+        "parameters, batch %lld per rank, 32x32 inputs, %d rounds of %d steps\n",
+        tutti::size(), f.blocks, static_cast<long long>(f.channels), count,
+        static_cast<long long>(f.batch_size), f.rounds, f.iters);
+    for (std::size_t mode = 0; mode < modes.size(); ++mode) {
+      const auto [lo, hi] = std::minmax_element(times[mode].begin(), times[mode].end());
+      std::printf("%-15s median %.2f ms, rounds %.2f-%.2f ms\n",
+                  mode == 0   ? "tutti"
+                  : mode == 1 ? "nocomm"
+                              : "after_backward",
+                  median(times[mode]), *lo, *hi);
+    }
     std::printf("scaling efficiency (nocomm / tutti): %.1f%%\n", 100.0 * nocomm_ms / tutti_ms);
-    std::printf("P9 tutti_ms=%.2f nocomm_ms=%.2f after_backward_ms=%.2f\n", tutti_ms, nocomm_ms,
-                after_backward_ms);
+    std::printf("P9 tutti_ms=%.2f nocomm_ms=%.2f after_backward_ms=%.2f rounds=%d\n", tutti_ms,
+                nocomm_ms, after_backward_ms, f.rounds);
   }
   tutti::shutdown();
   return 0;
