@@ -29,28 +29,9 @@ const std::vector<Shape> kLargeShapes = {{65536 + 13}, {300007}, {257, 1031}};
 
 TEST_CASE("allreduce of multi-chunk tensors matches plain MPI for every dtype and op", "[shm]") {
   Session session;
-  const int size = world_size();
-  bool all_ok = true;
-  std::string first_failure;
-  for (DataType dtype : kAllDtypes) {
-    for (ReduceOp op :
-         {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
-      if (dtype == DataType::Bool && op != ReduceOp::Min && op != ReduceOp::Max) continue;
-      for (const Shape& shape : kLargeShapes) {
-        HostTensor t(dtype, shape, world_rank(), op == ReduceOp::Product);
-        const std::vector<double> expected = oracle_allreduce(t, op, 1.0, 1.0, size);
-        tutti::allreduce(t.view(), "large", {.op = op});
-        const std::string failure = t.compare(expected);
-        if (!failure.empty() && all_ok) {
-          first_failure = std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " " +
-                          std::to_string(t.count()) + " elements: " + failure;
-        }
-        all_ok = all_ok && failure.empty();
-      }
-    }
-  }
-  INFO(first_failure);
-  CHECK(all_ranks(all_ok));
+  const std::string failure = sweep_against_oracle(kLargeShapes, "large");
+  INFO(failure);
+  CHECK(all_ranks(failure.empty()));
 }
 
 TEST_CASE("a fused batch straddling chunks keeps each tensor's scale factors", "[shm]") {

@@ -29,28 +29,9 @@ const std::vector<Shape> kShapes = {{}, {0}, {1}, {17, 3}, {1023}, {1025}, {3, 0
 
 TEST_CASE("allreduce matches plain MPI for every dtype, op and shape", "[allreduce]") {
   Session session;
-  const int size = world_size();
-  bool all_ok = true;
-  std::string first_failure;
-  for (DataType dtype : kAllDtypes) {
-    for (ReduceOp op :
-         {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
-      if (dtype == DataType::Bool && op != ReduceOp::Min && op != ReduceOp::Max) continue;
-      for (const Shape& shape : kShapes) {
-        HostTensor t(dtype, shape, world_rank(), op == ReduceOp::Product);
-        const std::vector<double> expected = oracle_allreduce(t, op, 1.0, 1.0, size);
-        tutti::allreduce(t.view(), "sweep", {.op = op});
-        const std::string failure = t.compare(expected);
-        if (!failure.empty() && all_ok) {
-          first_failure = std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " " +
-                          std::to_string(shape.size()) + "-d: " + failure;
-        }
-        all_ok = all_ok && failure.empty();
-      }
-    }
-  }
-  INFO(first_failure);
-  CHECK(all_ranks(all_ok));
+  const std::string failure = sweep_against_oracle(kShapes, "sweep");
+  INFO(failure);
+  CHECK(all_ranks(failure.empty()));
 }
 
 TEST_CASE("prescale and postscale apply before and after the reduction", "[allreduce]") {

@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 
+#include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
 namespace tutti::test {
@@ -128,6 +129,32 @@ inline std::vector<double> oracle_allreduce(const HostTensor& t, ReduceOp op, do
     if (!floating && t.dtype() != DataType::Bool && scaled) x = std::trunc(x);
   }
   return v;
+}
+
+// Allreduces one tensor of every dtype, op and shape in `shapes` under `name` and compares
+// each with oracle_allreduce. Empty if all match, else the first mismatch. Collective: every
+// rank runs every case whatever it found, so that a mismatch on one rank cannot leave the
+// others waiting in a collective it skipped.
+inline std::string sweep_against_oracle(const std::vector<Shape>& shapes, const std::string& name) {
+  std::string first_failure;
+  for (DataType dtype : kAllDtypes) {
+    for (ReduceOp op :
+         {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
+      if (dtype == DataType::Bool && op != ReduceOp::Min && op != ReduceOp::Max) continue;
+      for (const Shape& shape : shapes) {
+        HostTensor t(dtype, shape, world_rank(), op == ReduceOp::Product);
+        const std::vector<double> expected = oracle_allreduce(t, op, 1.0, 1.0, world_size());
+        tutti::allreduce(t.view(), name, {.op = op});
+        const std::string failure = t.compare(expected);
+        if (!failure.empty() && first_failure.empty()) {
+          first_failure = std::string(to_string(dtype)) + " " + std::string(to_string(op)) + ", " +
+                          std::to_string(shape.size()) + "-d, " + std::to_string(t.count()) +
+                          " elements: " + failure;
+        }
+      }
+    }
+  }
+  return first_failure;
 }
 
 }  // namespace tutti::test
