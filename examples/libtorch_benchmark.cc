@@ -12,7 +12,9 @@
 // Target: tutti_ms <= after_backward_ms (the overlap hides at least the raw reduce cost).
 //
 // Usage: scripts/tuttirun -np 2 build/examples/libtorch_benchmark [--batch-size B]
-//            [--channels C] [--blocks N] [--warmup W] [--iters I] [--rounds R]
+//            [--channels C] [--blocks N] [--warmup W] [--iters I] [--rounds R] [--num-groups G]
+//   --num-groups  DistributedOptions::num_groups of the tutti mode (default 0: each gradient
+//                 reduced alone; 1: all in one group, started when backward has made the last)
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -92,8 +94,9 @@ double median(std::vector<double> values) {
 
 constexpr char kUsage[] =
     "usage: libtorch_benchmark [--batch-size B] [--channels C] [--blocks N] [--warmup W]\n"
-    "                          [--iters I] [--rounds R]   (each a whole number, 1 to 100000;\n"
-    "                          --warmup may be 0)\n";
+    "                          [--iters I] [--rounds R] [--num-groups G]\n"
+    "                          (each a whole number, 1 to 100000; --warmup and --num-groups\n"
+    "                          may be 0)\n";
 
 struct Flags {
   std::int64_t batch_size = 16;
@@ -102,6 +105,7 @@ struct Flags {
   int warmup = 3;
   int iters = 10;
   int rounds = 5;
+  int num_groups = 0;
 };
 
 std::optional<Flags> parse_flags(int argc, char** argv) {
@@ -115,6 +119,10 @@ std::optional<Flags> parse_flags(int argc, char** argv) {
     const int v = static_cast<int>(value);
     if (flag == "--warmup") {
       f.warmup = v;
+      continue;
+    }
+    if (flag == "--num-groups") {
+      f.num_groups = v;
       continue;
     }
     if (v == 0) return std::nullopt;
@@ -180,7 +188,8 @@ int main(int argc, char** argv) {
   // A DistributedOptimizer per round: its hooks stay registered on the gradient accumulators
   // but do nothing once it is destroyed, so the other two modes run without communication.
   const auto overlapped = [&] {
-    tutti::libtorch::DistributedOptimizer optimizer(sgd, model->named_parameters());
+    tutti::libtorch::DistributedOptimizer optimizer(sgd, model->named_parameters(),
+                                                    {.num_groups = f.num_groups});
     return time_ms(
         [&] {
           optimizer.zero_grad();
@@ -207,9 +216,9 @@ int main(int argc, char** argv) {
     for (const torch::Tensor& p : model->parameters()) count += static_cast<std::size_t>(p.numel());
     std::printf(
         "libtorch_benchmark: %d ranks, ResNet-style %d blocks x %lld channels, %zu "
-        "parameters, batch %lld per rank, 32x32 inputs, %d rounds of %d steps\n",
+        "parameters, batch %lld per rank, 32x32 inputs, %d rounds of %d steps, num_groups %d\n",
         tutti::size(), f.blocks, static_cast<long long>(f.channels), count,
-        static_cast<long long>(f.batch_size), f.rounds, f.iters);
+        static_cast<long long>(f.batch_size), f.rounds, f.iters, f.num_groups);
     for (std::size_t mode = 0; mode < modes.size(); ++mode) {
       const auto [lo, hi] = std::minmax_element(times[mode].begin(), times[mode].end());
       std::printf("%-15s median %.2f ms, rounds %.2f-%.2f ms\n",
