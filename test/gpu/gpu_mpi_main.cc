@@ -1,17 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Catch2 main of the MPI gpu tests. The test owns MPI, as in the mpi suite; rank 0 prints the
-// report, the others write catch-rank-<r>.log. Every rank exits 77 (Meson's SKIP) when some
-// host has fewer CUDA devices than the binary needs (devices_needed), else rank r uses device
-// local_rank % count and every rank exits with the same code.
-#define CATCH_CONFIG_RUNNER  // NOLINT(readability-identifier-naming)
+// Main of the MPI gpu tests. The test owns MPI, as in the mpi suite, and every rank's failures
+// reach the log (Note [Every rank's failures] in test/support/mpi_catch.h). Every rank exits 77
+// (Meson's SKIP) when some host has fewer CUDA devices than the binary needs (devices_needed), else
+// rank r uses device local_rank % count and every rank exits with the same code.
 #include <cstdio>
-#include <string>
 
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 #include <mpi.h>
 
 #include "test/gpu/gpu_test_util.h"
+#include "test/support/mpi_catch.h"
 
 namespace tutti::test {
 
@@ -52,14 +50,7 @@ int main(int argc, char** argv) {
   }
   tutti::test::cuda_check(cudaSetDevice(local_rank % count), "cudaSetDevice");
 
-  Catch::Session session;
-  int failed = session.applyCommandLine(argc, argv);
-  if (failed == 0) {
-    if (rank != 0)
-      session.configData().outputFilename = "catch-rank-" + std::to_string(rank) + ".log";
-    failed = session.run();
-  }
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const int code = tutti::test::agree_on_failures(tutti::test::run_catch(argc, argv));
   MPI_Finalize();
-  return failed == 0 ? 0 : 1;
+  return code;
 }

@@ -1,27 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// Catch2 main of the mpi suite. The test owns MPI (so Tutti's shutdown() leaves it up, as
-// API.md promises); rank 0 prints the report, the others write catch-rank-<r>.log, and every
-// rank exits with the same code.
-#define CATCH_CONFIG_RUNNER  // NOLINT(readability-identifier-naming)
-#include <string>
-
-#include <catch2/catch.hpp>
+// Main of the mpi suite's Catch2 programs. The test owns MPI (so Tutti's shutdown() leaves it
+// up, as API.md promises); every rank runs every test case, a failure on any rank reaches the
+// log with its rank (Note [Every rank's failures] in test/support/mpi_catch.h), and every rank
+// exits with the same code.
 #include <mpi.h>
+
+#include "test/support/mpi_catch.h"
 
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) MPI_Abort(MPI_COMM_WORLD, 1);  // Oracles run beside Tutti.
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Catch::Session session;
-  int failed = session.applyCommandLine(argc, argv);
-  if (failed == 0) {
-    if (rank != 0)
-      session.configData().outputFilename = "catch-rank-" + std::to_string(rank) + ".log";
-    failed = session.run();
-  }
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const int code = tutti::test::agree_on_failures(tutti::test::run_catch(argc, argv));
   MPI_Finalize();
-  return failed == 0 ? 0 : 1;
+  return code;
 }

@@ -8,6 +8,7 @@
 // SECTIONs are not.
 #pragma once
 
+#include <cstdlib>
 #include <string>
 
 #include <mpi.h>
@@ -31,6 +32,20 @@ inline bool all_ranks(bool ok) {
   int value = ok ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
   return value != 0;
+}
+
+// Note [Time bounds in tests]
+// A reliability test bounds how long a failure takes to surface (a stall, an exit watchdog):
+// "within twice the limit", say. A rank under a sanitizer on a loaded 2-core machine runs
+// several times slower, so such a bound is multiplied by this factor: the environment's
+// TEST_TIME_SCALE (scripts/test sets it for the sanitizer builds), 1 when unset or malformed.
+// Where the order of events says the same as a bound, tests assert the order instead.
+inline double time_scale() {
+  const char* text = std::getenv("TEST_TIME_SCALE");
+  if (text == nullptr) return 1.0;
+  char* end = nullptr;
+  const double scale = std::strtod(text, &end);
+  return end != text && *end == '\0' && scale >= 1.0 ? scale : 1.0;
 }
 
 }  // namespace tutti::test

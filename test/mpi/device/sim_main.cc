@@ -1,17 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Catch2 main of the device tests in the mpi suite: as test/support/mpi_main.cc, with the
+// Main of the device tests in the mpi suite: as test/support/mpi_main.cc, with the
 // simulated device (two devices, streams that finish their work up to 200 µs late) installed
 // as Tutti's DeviceOps. A run fails if Tutti ever handed the device host memory, memory of
 // another device or freed memory (SimDeviceOps::violations).
-#define CATCH_CONFIG_RUNNER  // NOLINT(readability-identifier-naming)
 #include <cstdio>
-#include <string>
 
-#include <catch2/catch.hpp>
 #include <mpi.h>
 
 #include "ops/device_ops.h"
 #include "test/support/device_test_util.h"
+#include "test/support/mpi_catch.h"
 #include "test/support/sim_device.h"
 
 namespace tutti::test {
@@ -30,13 +28,7 @@ int main(int argc, char** argv) {
   {
     tutti::test::SimDeviceOps device(2);
     tutti::ops::set_device_ops(&device);
-    Catch::Session session;
-    failed = session.applyCommandLine(argc, argv);
-    if (failed == 0) {
-      if (rank != 0)
-        session.configData().outputFilename = "catch-rank-" + std::to_string(rank) + ".log";
-      failed = session.run();
-    }
+    failed = tutti::test::run_catch(argc, argv);
     if (device.violations() != 0) {
       std::fprintf(stderr, "rank %d: %d invalid device memory accesses (see above)\n", rank,
                    static_cast<int>(device.violations()));
@@ -44,7 +36,7 @@ int main(int argc, char** argv) {
     }
     tutti::ops::set_device_ops(nullptr);
   }
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const int code = tutti::test::agree_on_failures(failed);
   MPI_Finalize();
-  return failed == 0 ? 0 : 1;
+  return code;
 }
