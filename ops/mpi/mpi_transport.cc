@@ -21,7 +21,12 @@ namespace tutti::ops {
 namespace mpi {
 namespace {
 
+// Whether MPI_Finalize has returned: set after Tutti's own MPI_Finalize (finalize_at_exit), or
+// by an exit handler registered during the application's MPI_Finalize, which runs only once
+// the process exits, i.e. after MPI_Finalize returned.
 std::atomic<bool> g_finalize_returned{false};
+
+void mark_finalize_returned() { g_finalize_returned.store(true); }
 
 void finalize_at_exit() {
   int finalized = 0;
@@ -155,9 +160,9 @@ void start_finalize_watchdog() {
   if (started.exchange(true)) return;
   std::thread([grace_ms] {
     std::this_thread::sleep_for(std::chrono::milliseconds(grace_ms));
-    // MPI_Finalized() is already true while Open MPI's MPI_Finalize waits, so only Tutti's own
-    // finalize at exit can tell that it returned. An application that finalizes MPI itself after
-    // an error and then works on for longer than the grace is ended too (README).
+    // MPI_Finalized() is already true while Open MPI's MPI_Finalize waits, so only the process's
+    // exit can tell that it returned (g_finalize_returned). An application that finalizes MPI
+    // itself after an error and then works on for longer than the grace is ended too (README).
     if (g_finalize_returned.load()) return;
     std::fprintf(stderr,
                  "[tutti] MPI_Finalize has not returned %.3g s after the runtime stopped on an "
@@ -170,6 +175,11 @@ void start_finalize_watchdog() {
 
 // MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else, MPI still working.
 int run_finalize_hook(MPI_Comm, int, void*, void*) {
+  // Exit-time work after the application's own MPI_Finalize (LeakSanitizer's scan, static
+  // destructors) must not be mistaken for a finalize stuck on a peer: registered now, this
+  // handler runs before those registered earlier, as soon as the process starts to exit.
+  static std::atomic<bool> registered{false};
+  if (!registered.exchange(true)) std::atexit(mark_finalize_returned);
   start_finalize_watchdog();  // The hook may itself wait on a stuck peer (RPC's shutdown).
   if (g_finalize_hook) g_finalize_hook();
   start_finalize_watchdog();  // Or the runtime may have stopped on an error in the hook.
