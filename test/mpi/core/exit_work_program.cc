@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   std::vector<float> v(4, 1.0f);
   try {
     // Every rank submits a name no other rank does: Stalled everywhere, the runtime stops.
-    tutti::allreduce(tutti::TensorView(v.data(), {4}), "only.rank." + std::to_string(tutti::rank()));
+    tutti::allreduce(tutti::TensorView(v.data(), {4}),
+                     "only.rank." + std::to_string(tutti::rank()));
   } catch (const tutti::Error& e) {
     std::printf("rank %d: %s\n", tutti::rank(), e.what());
   }
