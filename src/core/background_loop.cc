@@ -176,7 +176,8 @@ Status BackgroundLoop::stop_here(const Status& why) {
   if (!is_coordinator()) return parts_.plane.send(0, encode(last));
   coordinator_->begin_shutdown(
       why.ok() ? Status(ErrorCode::ShutDown, "rank 0 shut down")
-               : Status(ErrorCode::ShutDown, str_cat("rank 0 stopped: ", why.message())));
+               : Status(ErrorCode::ShutDown, str_cat("rank 0 stopped: ", why.message())),
+      /*after_error=*/!why.ok());
   if (!why.ok()) {
     // This rank cannot execute any more: send the bye only.
     if (std::optional<ResponseList> bye = coordinator_->take_list(Clock::now())) {

@@ -44,7 +44,10 @@
 // reason; then it keeps receiving until it has the last message of every rank (at most
 // kShutdownAnswerTimeout). So no message of a session is left unreceived when its
 // communicators are freed: OpenMPI reuses a freed communicator's context, and a stray message
-// would reach the next session.
+// would reach the next session. The bye says whether its reason is an error (a stall, a fault,
+// a rank that stopped on one) or only shutdown() calls: only after an error may a peer be stuck,
+// so only then are the communicators left to MPI_Finalize instead of being freed collectively,
+// and MPI_Finalize bounded by TUTTI_EXIT_GRACE_SECONDS (Session::finish).
 #pragma once
 
 #include <atomic>
@@ -89,6 +92,8 @@ class BackgroundLoop {
   // Why the job stopped, as the coordinator's bye said (the status pending ops fail with);
   // nothing if no bye arrived.
   const std::optional<Status>& shutdown_reason() const { return executor_.shutdown(); }
+  // Whether that reason was an error rather than every rank's shutdown().
+  bool stopped_after_error() const { return executor_.shutdown_after_error(); }
 
  private:
   bool is_coordinator() const { return coordinator_.has_value(); }

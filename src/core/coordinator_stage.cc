@@ -17,26 +17,32 @@ std::vector<std::int32_t> CoordinatorStage::receive(int global_rank, RequestList
     // forever. The others get ShutDown naming it.
     begin_shutdown(
         Status(ErrorCode::ShutDown,
-               list.shutdown_message.empty()
-                   ? detail::str_cat("rank ", global_rank, " shut down")
-                   : detail::str_cat("rank ", global_rank, " stopped: ", list.shutdown_message)));
+               list.shutdown_after_error
+                   ? detail::str_cat("rank ", global_rank, " stopped: ", list.shutdown_message)
+                   : detail::str_cat("rank ", global_rank, " shut down")),
+        list.shutdown_after_error);
   }
   std::vector<std::int32_t> resend;
   coordinator_.receive(global_rank, std::move(list), now, &resend);
   return resend;
 }
 
-void CoordinatorStage::begin_shutdown(const Status& why) {
-  if (!shutdown_) shutdown_ = why;
+void CoordinatorStage::begin_shutdown(const Status& why, bool after_error) {
+  if (shutdown_) return;
+  shutdown_ = why;
+  shutdown_after_error_ = after_error;
 }
 
 std::optional<ResponseList> CoordinatorStage::take_list(Clock::time_point now) {
   if (bye_sent_) return std::nullopt;
-  if (std::optional<Status> stalled = stalls_.inspect(coordinator_, now)) begin_shutdown(*stalled);
+  if (std::optional<Status> stalled = stalls_.inspect(coordinator_, now)) {
+    begin_shutdown(*stalled, /*after_error=*/true);
+  }
   if (!shutdown_ && !coordinator_.has_ready()) return std::nullopt;
   ResponseList list = coordinator_.take_ready();
   if (shutdown_) {
     list.shutdown = true;
+    list.shutdown_after_error = shutdown_after_error_;
     list.shutdown_code = shutdown_->code();
     list.shutdown_message = std::string(shutdown_->message());
     bye_sent_ = true;

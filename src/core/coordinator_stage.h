@@ -27,9 +27,9 @@ class CoordinatorStage {
   // Files one rank's message (this rank's own as well). Returns the cache ids that rank must
   // resend in full. A rank's last message is counted, and starts the shutdown.
   std::vector<std::int32_t> receive(int global_rank, RequestList list, Clock::time_point now);
-  // Starts the shutdown with this reason (shutdown() on this rank, a stall, a fault). Only the
-  // first reason counts.
-  void begin_shutdown(const Status& why);
+  // Starts the shutdown with this reason (shutdown() on this rank, a stall, a fault);
+  // `after_error` unless it is a shutdown() call. Only the first reason counts.
+  void begin_shutdown(const Status& why, bool after_error);
   // The next list for every rank to execute, if there is one: the ready responses, and once
   // the shutdown has begun, the bye (the ready responses with `shutdown` set, so every rank
   // ends after the same ones). Nothing after the bye.
@@ -45,6 +45,7 @@ class CoordinatorStage {
   StallInspector stalls_;
   const int size_;
   std::optional<Status> shutdown_;  // Why the job stops, once it does.
+  bool shutdown_after_error_ = false;
   bool bye_sent_ = false;
   int last_messages_ = 0;  // Last messages received from other ranks.
 };

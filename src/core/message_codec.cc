@@ -78,6 +78,7 @@ std::string encode(const RequestList& list) {
   ByteWriter w;
   w.put(kRequestMagic);
   w.put<std::uint8_t>(list.shutdown ? 1 : 0);
+  w.put<std::uint8_t>(list.shutdown_after_error ? 1 : 0);
   w.put(static_cast<std::uint8_t>(list.shutdown_code));
   w.put_string(list.shutdown_message);
   w.put_vector(list.cache_hits);
@@ -91,13 +92,16 @@ Result<RequestList> decode_request_list(std::string_view bytes) {
   RequestList list;
   std::uint32_t magic = 0;
   std::uint8_t shutdown = 0;
+  std::uint8_t after_error = 0;
   std::size_t count = 0;
   if (!r.get(&magic) || magic != kRequestMagic || !r.get(&shutdown) || shutdown > 1 ||
+      !r.get(&after_error) || after_error > 1 ||
       !r.get_enum(&list.shutdown_code, kErrorCodeCount) || !r.get_string(&list.shutdown_message) ||
       !r.get_vector(&list.cache_hits) || !r.get_count(&count, 8, kMaxCount)) {
     return corrupt("request");
   }
   list.shutdown = shutdown == 1;
+  list.shutdown_after_error = after_error == 1;
   list.requests.resize(count);
   for (Request& request : list.requests) {
     if (!get_common(r, &request)) return corrupt("request");
@@ -110,6 +114,7 @@ std::string encode(const ResponseList& list) {
   ByteWriter w;
   w.put(kResponseMagic);
   w.put<std::uint8_t>(list.shutdown ? 1 : 0);
+  w.put<std::uint8_t>(list.shutdown_after_error ? 1 : 0);
   w.put(static_cast<std::uint8_t>(list.shutdown_code));
   w.put_string(list.shutdown_message);
   w.put_vector(list.cache_ids);
@@ -138,8 +143,10 @@ Result<ResponseList> decode_response_list(std::string_view bytes) {
   ResponseList list;
   std::uint32_t magic = 0;
   std::uint8_t shutdown = 0;
+  std::uint8_t after_error = 0;
   std::size_t count = 0;
   if (!r.get(&magic) || magic != kResponseMagic || !r.get(&shutdown) || shutdown > 1 ||
+      !r.get(&after_error) || after_error > 1 ||
       !r.get_enum(&list.shutdown_code, kErrorCodeCount) || !r.get_string(&list.shutdown_message) ||
       !r.get_vector(&list.cache_ids) || !r.get_vector(&list.hit) || !r.get_vector(&list.evicted) ||
       !r.get_vector(&list.resend) || !r.get(&list.fusion_threshold_bytes) ||
@@ -148,6 +155,7 @@ Result<ResponseList> decode_response_list(std::string_view bytes) {
     return corrupt("response");
   }
   list.shutdown = shutdown == 1;
+  list.shutdown_after_error = after_error == 1;
   if (list.cache_ids.size() != count || list.hit.size() != count) return corrupt("response");
   list.responses.resize(count);
   for (std::size_t i = 0; i < count; ++i) {

@@ -96,8 +96,10 @@ struct RequestList {
   std::vector<Request> requests;
   std::vector<std::int32_t> cache_hits;  // Response-cache ids standing for full requests.
   // This rank is stopping, and this is its last message (Note [Shutdown handshake] in
-  // background_loop.h): OK after shutdown(), else the error that stopped it.
+  // background_loop.h): after shutdown() (`shutdown_after_error` false, no message), or
+  // stopped by the error in `shutdown_code` and `shutdown_message`.
   bool shutdown = false;
+  bool shutdown_after_error = false;
   ErrorCode shutdown_code = ErrorCode::ShutDown;
   std::string shutdown_message;
 };
@@ -112,6 +114,9 @@ struct ResponseList {
   std::vector<std::int32_t> evicted;  // Cache ids to forget (before inserting new ones).
   std::vector<std::int32_t> resend;   // Cache hits the coordinator no longer knows: resend.
   bool shutdown = false;              // The job is stopping; see `shutdown_code`.
+  // Why: an error (a stall, a fault, a rank that stopped on one), or only shutdown() calls,
+  // after which every rank is known to reach its own shutdown (Note [Shutdown handshake]).
+  bool shutdown_after_error = false;
   ErrorCode shutdown_code = ErrorCode::ShutDown;
   std::string shutdown_message;
   // Autotune (Note [Autotune] in autotune.h): -1, or the fusion threshold (and piece size) in

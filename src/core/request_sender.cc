@@ -49,6 +49,7 @@ RequestList RequestSender::take_last(const Status& why) {
   last_sent_ = true;
   RequestList last;
   last.shutdown = true;
+  last.shutdown_after_error = !why.ok();
   if (!why.ok()) {
     last.shutdown_code = why.code();
     last.shutdown_message = std::string(why.message());

@@ -90,7 +90,10 @@ Status ResponseExecutor::execute(ResponseList list) {
   // evicts some of its own (the coordinator did so while building it), and `works` point into
   // the cache until their batches have run.
   for (std::int32_t id : list.evicted) cache_.erase(id);
-  if (list.shutdown) shutdown_ = Status(list.shutdown_code, list.shutdown_message);
+  if (list.shutdown) {
+    shutdown_ = Status(list.shutdown_code, list.shutdown_message);
+    shutdown_after_error_ = list.shutdown_after_error;
+  }
   return fault;
 }
 

@@ -45,6 +45,8 @@ class ResponseExecutor {
   const RankCache& cache() const { return cache_; }
   // Set once a list with `shutdown` (the bye) has run: why the job stops.
   const std::optional<Status>& shutdown() const { return shutdown_; }
+  // Whether the bye's reason was an error, not only shutdown() calls.
+  bool shutdown_after_error() const { return shutdown_after_error_; }
 
  private:
   // The responses of `list` that this rank takes part in, with its entries; completes the
@@ -67,6 +69,7 @@ class ResponseExecutor {
   Executor executor_;
   HostMover host_mover_;
   std::optional<Status> shutdown_;
+  bool shutdown_after_error_ = false;
 };
 
 }  // namespace tutti::core

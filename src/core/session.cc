@@ -140,8 +140,11 @@ void Session::finish(const Status& status) {
   const Status pending = !status.ok() ? status : bye && !bye->ok() ? *bye : refused;
   if (!status.ok()) TUTTI_LOG_ERROR(status.message());
   // Stopped by an error here or on a peer: a stuck peer must not keep this process in
-  // MPI_Finalize forever (issue: jobs that never ended after an error).
-  if (!status.ok() || (bye && !bye->ok())) {
+  // MPI_Finalize forever (issue: jobs that never ended after an error). A bye that only says
+  // ranks called shutdown() is no error: every rank reaches its own shutdown, and MPI_Finalize
+  // (issue 29: every shutdown used to count as an error, arming the exit watchdog and leaving
+  // communicators and windows to MPI_Finalize).
+  if (!status.ok() || (bye && loop_.stopped_after_error())) {
     stopped_on_error_.store(true);
     ops::bound_finalize_after_error(config_.exit_grace);
   }

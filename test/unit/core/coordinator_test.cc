@@ -186,6 +186,7 @@ TEST_CASE("Stalls name the missing ranks; past the limit every rank is told Stal
   REQUIRE(bye.has_value());
   CHECK(bye->shutdown);
   CHECK(bye->shutdown_code == ErrorCode::Stalled);
+  CHECK(bye->shutdown_after_error);
   CHECK(bye->shutdown_message.find("missing: rank 1: w") != std::string::npos);
   CHECK(stage.bye_sent());
   CHECK_FALSE(stage.take_list(t0 + seconds(7)).has_value());  // Nothing after the bye.
@@ -199,6 +200,7 @@ TEST_CASE("A rank that stops on an error takes the job down, after the ready res
   stage.receive(1, list_of({allreduce("x", {1})}), t0);
   RequestList last;
   last.shutdown = true;
+  last.shutdown_after_error = true;
   last.shutdown_code = ErrorCode::Communication;
   last.shutdown_message = "MPI_Allreduce failed";
   stage.receive(1, last, t0);
@@ -209,6 +211,23 @@ TEST_CASE("A rank that stops on an error takes the job down, after the ready res
   CHECK(bye->shutdown);
   CHECK(bye->shutdown_code == ErrorCode::ShutDown);
   CHECK(bye->shutdown_message == "rank 1 stopped: MPI_Allreduce failed");
+  CHECK(bye->shutdown_after_error);
+}
+
+TEST_CASE("A rank's shutdown() is no error: the bye says so (issue 29)",
+          "[coordinator][shutdown]") {
+  Job job(2);
+  CoordinatorStage stage(Config{}, job.sets, nullptr, 2);
+  RequestList last;
+  last.shutdown = true;  // What RequestSender::take_last sends after shutdown().
+  stage.receive(1, last, t0);
+  const std::optional<ResponseList> bye = stage.take_list(t0);
+  REQUIRE(bye.has_value());
+  CHECK(bye->shutdown);
+  CHECK(bye->shutdown_code == ErrorCode::ShutDown);
+  CHECK(bye->shutdown_message == "rank 1 shut down");
+  // Peers free their communicators collectively and leave MPI_Finalize unbounded.
+  CHECK_FALSE(bye->shutdown_after_error);
 }
 
 }  // namespace

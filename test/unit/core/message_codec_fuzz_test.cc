@@ -102,6 +102,7 @@ void fill_common(Rng& rng, M& m) {
 RequestList random_requests(Rng& rng) {
   RequestList list;
   list.shutdown = below(rng, 2) == 1;
+  list.shutdown_after_error = below(rng, 2) == 1;
   list.shutdown_code = static_cast<ErrorCode>(below(rng, static_cast<int>(ErrorCode::Timeout) + 1));
   list.shutdown_message = random_string(rng, 8);
   list.cache_hits = random_vector<std::int32_t>(rng, 4);
@@ -113,6 +114,7 @@ RequestList random_requests(Rng& rng) {
 ResponseList random_responses(Rng& rng) {
   ResponseList list;
   list.shutdown = below(rng, 2) == 1;
+  list.shutdown_after_error = below(rng, 2) == 1;
   list.shutdown_code = static_cast<ErrorCode>(below(rng, static_cast<int>(ErrorCode::Timeout) + 1));
   list.shutdown_message = random_string(rng, 8);
   const std::size_t count = below(rng, 4);
@@ -212,6 +214,7 @@ TEST_CASE("Random valid RequestLists and ResponseLists round-trip", "[codec][fuz
     CHECK(r.value().requests == requests.requests);
     CHECK(r.value().cache_hits == requests.cache_hits);
     CHECK(r.value().shutdown_message == requests.shutdown_message);
+    CHECK(r.value().shutdown_after_error == requests.shutdown_after_error);
     const ResponseList responses = random_responses(rng);
     Result<ResponseList> s = decode_response_list(encode(responses));
     REQUIRE(s.ok());
@@ -221,6 +224,7 @@ TEST_CASE("Random valid RequestLists and ResponseLists round-trip", "[codec][fuz
     CHECK(s.value().evicted == responses.evicted);
     CHECK(s.value().resend == responses.resend);
     CHECK(s.value().shutdown_code == responses.shutdown_code);
+    CHECK(s.value().shutdown_after_error == responses.shutdown_after_error);
     CHECK(s.value().fusion_threshold_bytes == responses.fusion_threshold_bytes);
     CHECK(s.value().cycle_time_us == responses.cycle_time_us);
   }

@@ -50,6 +50,7 @@ ResponseList sample_responses() {
   list.evicted = {1, 2};
   list.resend = {8};
   list.shutdown = true;
+  list.shutdown_after_error = true;
   list.shutdown_code = ErrorCode::Stalled;
   list.shutdown_message = "stalled";
   list.fusion_threshold_bytes = std::int64_t{3} << 40;  // Beyond 32 bits.
@@ -62,6 +63,7 @@ TEST_CASE("RequestList round-trips through bytes", "[codec]") {
   Result<RequestList> decoded = decode_request_list(encode(list));
   REQUIRE(decoded.ok());
   CHECK(decoded.value().shutdown);
+  CHECK(decoded.value().shutdown_after_error == list.shutdown_after_error);
   CHECK(decoded.value().cache_hits == list.cache_hits);
   CHECK(decoded.value().requests == list.requests);
 }
@@ -77,6 +79,8 @@ TEST_CASE("ResponseList round-trips, with hits carried as ids alone", "[codec]")
   CHECK(got.hit == list.hit);
   CHECK(got.evicted == list.evicted);
   CHECK(got.resend == list.resend);
+  CHECK(got.shutdown);
+  CHECK(got.shutdown_after_error);
   CHECK(got.shutdown_code == ErrorCode::Stalled);
   CHECK(got.shutdown_message == "stalled");
   CHECK(got.fusion_threshold_bytes == std::int64_t{3} << 40);
@@ -93,9 +97,9 @@ TEST_CASE("Autotuned settings travel with their list; -1 means no change", "[cod
     CHECK(decoded.value().fusion_threshold_bytes == value);
     CHECK(decoded.value().cycle_time_us == value);
   }
-  // Anything below -1 is corrupt: the threshold follows magic(4) shutdown(1) code(1), the
-  // message and four empty vectors (an 8-byte length each); the cycle time follows it.
-  constexpr std::size_t kAt = 4 + 1 + 1 + 8 + 4 * 8;
+  // Anything below -1 is corrupt: the threshold follows magic(4) shutdown(1) after_error(1)
+  // code(1), the message and four empty vectors (an 8-byte length each); the cycle time follows.
+  constexpr std::size_t kAt = 4 + 1 + 1 + 1 + 8 + 4 * 8;
   for (std::size_t at : {kAt, kAt + 8}) {
     std::string bytes = encode(ResponseList{});
     REQUIRE(bytes.size() > at + 8);
