@@ -179,8 +179,8 @@ Figures run_reduce(const std::vector<std::int64_t>& counts, std::int64_t total, 
       },
       &f.raw_mb);
   const double bytes = static_cast<double>(total) * 4;
-  f.tutti_bytes = bytes;        // The root's result.
-  f.old_bytes = bytes * size;   // Every rank's.
+  f.tutti_bytes = bytes;       // The root's result.
+  f.old_bytes = bytes * size;  // Every rank's.
   return f;
 }
 
@@ -209,8 +209,8 @@ Figures run_gather(const std::vector<std::int64_t>& counts, std::int64_t total, 
     std::int64_t at = 0;
     for (std::size_t i = 0; i < counts.size(); ++i) {
       const tutti::TensorView view(input.data() + at, {mine.rows[i]});
-      const std::string name = std::string(old ? "p11.old.gather." : "p11.gather.") +
-                               std::to_string(i);
+      const std::string name =
+          std::string(old ? "p11.old.gather." : "p11.gather.") + std::to_string(i);
       handles.push_back(old ? tutti::allgather_async(view, name)
                             : tutti::gather_async(view, kRoot, name));
       at += mine.rows[i];
@@ -263,11 +263,11 @@ Figures run_scatter(const std::vector<std::int64_t>& counts, std::int64_t total,
   auto submit = [&](bool old) {
     std::int64_t at = 0;
     for (std::size_t i = 0; i < counts.size(); ++i) {
-      const std::string name = std::string(old ? "p11.old.scatter." : "p11.scatter.") +
-                               std::to_string(i);
-      const tutti::TensorView view = me == kRoot
-                                         ? tutti::TensorView(grads.data() + at, {counts[i]})
-                                         : tutti::TensorView(nullptr, tutti::DataType::Float32, {0});
+      const std::string name =
+          std::string(old ? "p11.old.scatter." : "p11.scatter.") + std::to_string(i);
+      const tutti::TensorView view =
+          me == kRoot ? tutti::TensorView(grads.data() + at, {counts[i]})
+                      : tutti::TensorView(nullptr, tutti::DataType::Float32, {0});
       if (old) {  // Only the root sends: the others' splits are zeros.
         handles.push_back(tutti::alltoall_async(
             view, me == kRoot ? splits[i] : std::vector<std::int64_t>(splits[i].size(), 0), name));
@@ -283,7 +283,8 @@ Figures run_scatter(const std::vector<std::int64_t>& counts, std::int64_t total,
   f.old_ms = best_of(repeats, [&] { submit(true); });
   // Raw: the root's shards rank by rank, one scatterv per piece of each rank's shards.
   std::vector<std::int64_t> shard_totals(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) shard_totals[static_cast<std::size_t>(r)] = shards_of(counts, size, r).total;
+  for (int r = 0; r < size; ++r)
+    shard_totals[static_cast<std::size_t>(r)] = shards_of(counts, size, r).total;
   std::vector<float> output(static_cast<std::size_t>(mine.total));
   f.raw_ms = raw_pieces(
       *std::max_element(shard_totals.begin(), shard_totals.end()), repeats,
@@ -292,9 +293,11 @@ Figures run_scatter(const std::vector<std::int64_t>& counts, std::int64_t total,
         std::int64_t offset = 0;
         for (int r = 0; r < size; ++r) {
           const std::int64_t left = shard_totals[static_cast<std::size_t>(r)] - at;
-          send[static_cast<std::size_t>(r)] = static_cast<int>(std::clamp<std::int64_t>(left, 0, n));
+          send[static_cast<std::size_t>(r)] =
+              static_cast<int>(std::clamp<std::int64_t>(left, 0, n));
           // The root's grads as rank blocks: rank r's shards start after the lower ranks'.
-          displ[static_cast<std::size_t>(r)] = static_cast<int>(std::min<std::int64_t>(offset + at, total));
+          displ[static_cast<std::size_t>(r)] =
+              static_cast<int>(std::min<std::int64_t>(offset + at, total));
           offset += shard_totals[static_cast<std::size_t>(r)];
         }
         MPI_Scatterv(grads.data(), send.data(), displ.data(), MPI_FLOAT,

@@ -98,8 +98,8 @@ Status HostStagedBackend::reducescatter(const void* input, void* output,
 }
 
 // The rooted ops stage only what this rank sends and copy back only what it receives.
-Status HostStagedBackend::reduce(const void* input, void* output, std::size_t count,
-                                 DataType dtype, WireOp op, int root) {
+Status HostStagedBackend::reduce(const void* input, void* output, std::size_t count, DataType dtype,
+                                 WireOp op, int root) {
   const std::size_t bytes = count * element_size(dtype);
   TUTTI_RETURN_IF_ERROR(reserve(send_, bytes));
   const Status staged = download(send_, input, bytes);

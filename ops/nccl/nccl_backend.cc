@@ -340,8 +340,8 @@ Status NcclBackend::gatherv(const void* input, void* output, std::span<const std
   return Status();
 }
 
-Status NcclBackend::scatterv(const void* input, std::span<const std::size_t> counts,
-                             void* output, DataType dtype, int root) {
+Status NcclBackend::scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                             DataType dtype, int root) {
   TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
               "scatterv needs one count per rank");
   const std::size_t element = element_size(dtype);

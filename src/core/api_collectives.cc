@@ -479,8 +479,8 @@ void check_scatter(const std::string& name, const TensorView& input,
     splits.assign(static_cast<std::size_t>(size), rows / size);
   }
   if (splits.size() != static_cast<std::size_t>(size)) {
-    invalid(str_cat("SCATTER '", name, "': ", splits.size(), " splits for a set of ", size,
-                    " ranks"));
+    invalid(
+        str_cat("SCATTER '", name, "': ", splits.size(), " splits for a set of ", size, " ranks"));
   }
   std::int64_t sum = 0;
   for (std::int64_t split : splits) {

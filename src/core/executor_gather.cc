@@ -189,8 +189,7 @@ Status Executor::scatter(Work& work, ops::Backend& backend, Mover& mover, int ro
   TUTTI_ASSIGN_OR_RETURN(Tensor output,
                          mover.new_tensor(spec.dtype, with_rows(spec, response.splits[me])));
   const void* input = backend.rank() == root_set_rank ? work.entry->inputs[0].data() : nullptr;
-  TUTTI_RETURN_IF_ERROR(
-      backend.scatterv(input, counts, output.data(), spec.dtype, root_set_rank));
+  TUTTI_RETURN_IF_ERROR(backend.scatterv(input, counts, output.data(), spec.dtype, root_set_rank));
   work.entry->state->results.output = output;
   work.entry->state->results.outputs = {output};
   return Status();

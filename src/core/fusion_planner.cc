@@ -17,8 +17,8 @@ std::vector<std::vector<std::size_t>> plan_fusion(std::span<const FusionItem> it
   // The batch still accepting each (key, root).
   struct KeyHash {
     std::size_t operator()(const std::pair<std::uint64_t, int>& k) const {
-      return std::hash<std::uint64_t>()(k.first ^ (static_cast<std::uint64_t>(k.second + 1) *
-                                                   0x9e3779b97f4a7c15ULL));
+      return std::hash<std::uint64_t>()(
+          k.first ^ (static_cast<std::uint64_t>(k.second + 1) * 0x9e3779b97f4a7c15ULL));
     }
   };
   std::unordered_map<std::pair<std::uint64_t, int>, Open, KeyHash> open;

@@ -162,8 +162,9 @@ void scatter_response(const std::vector<int>& global_ranks,
                       Response& response) {
   const auto root = std::find(global_ranks.begin(), global_ranks.end(), response.root_rank);
   const Request* from_root =
-      root == global_ranks.end() ? nullptr
-                                 : requests[static_cast<std::size_t>(root - global_ranks.begin())].get();
+      root == global_ranks.end()
+          ? nullptr
+          : requests[static_cast<std::size_t>(root - global_ranks.begin())].get();
   if (from_root == nullptr || from_root->splits.size() != requests.size() ||
       from_root->tensors.size() != 1 || from_root->tensors.front().shape.empty()) {
     response.ok = false;

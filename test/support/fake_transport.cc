@@ -117,8 +117,8 @@ class FakeBackend final : public ops::Backend {
     exchange(nullptr, 0, [](const auto&, const auto&) {});
     return Status();
   }
-  Status reduce(const void* input, void* output, std::size_t count, DataType dtype,
-                ops::WireOp op, int root) override {
+  Status reduce(const void* input, void* output, std::size_t count, DataType dtype, ops::WireOp op,
+                int root) override {
     std::vector<std::byte> result(count * element_size(dtype));
     exchange(input, count,
              [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
@@ -139,11 +139,11 @@ class FakeBackend final : public ops::Backend {
     std::size_t first = 0;
     for (int r = 0; r < set_rank_; ++r) first += counts[static_cast<std::size_t>(r)];
     const std::size_t mine = counts[static_cast<std::size_t>(set_rank_)] * bytes;
-    exchange(input, 0,
-             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
-               const auto* from = static_cast<const std::byte*>(inputs[static_cast<std::size_t>(root)]);
-               if (mine) std::memcpy(output, from + first * bytes, mine);
-             });
+    exchange(
+        input, 0, [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+          const auto* from = static_cast<const std::byte*>(inputs[static_cast<std::size_t>(root)]);
+          if (mine) std::memcpy(output, from + first * bytes, mine);
+        });
     return Status();
   }
 

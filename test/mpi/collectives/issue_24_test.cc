@@ -17,9 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include <mpi.h>
-
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/mpi/collectives/collective_util.h"
 
@@ -82,8 +81,7 @@ int MPI_Bcast(void* data, int count, MPI_Datatype type, int root, MPI_Comm comm)
 }
 
 int MPI_Allgatherv(const void* send, int send_count, MPI_Datatype send_type, void* receive,
-                   const int* counts, const int* displacements, MPI_Datatype type,
-                   MPI_Comm comm) {
+                   const int* counts, const int* displacements, MPI_Datatype type, MPI_Comm comm) {
   const int me = rank_in(comm);
   note(bytes_of(sum_but(counts, -1, comm), type), bytes_of(sum_but(counts, me, comm), type), comm);
   return PMPI_Allgatherv(send, send_count, send_type, receive, counts, displacements, type, comm);
@@ -194,16 +192,16 @@ TEST_CASE("issue 24: rooted _async calls return before the other members call", 
     std::vector<std::pair<int, int>> cases = {{members.back(), members.back()}};
     if (n > 1) cases.emplace_back(members.back(), members.front());
     for (const auto& [root, first] : cases) {
-      const std::string tag = "set " + std::to_string(set.id()) + " root " +
-                              std::to_string(root) + " first " + std::to_string(first);
+      const std::string tag = "set " + std::to_string(set.id()) + " root " + std::to_string(root) +
+                              " first " + std::to_string(first);
       std::vector<float> input = scatter_rows(2 * n);
       const TensorView view = me == root ? TensorView(input.data(), {2 * n, 2})
                                          : TensorView(nullptr, DataType::Float32, {0});
       Handle h;
-      failures.check(returned_alone(
-                         set, first, [&] { return scatter_async(view, root, {}, "alone.s", set); },
-                         &h),
-                     tag + ": scatter_async waited for the others");
+      failures.check(
+          returned_alone(
+              set, first, [&] { return scatter_async(view, root, {}, "alone.s", set); }, &h),
+          tag + ": scatter_async waited for the others");
       const Tensor part = h.output();
       const std::vector<float> rows = scatter_rows(2 * n);
       const std::int64_t k = 2 * set.rank();
@@ -211,13 +209,13 @@ TEST_CASE("issue 24: rooted _async calls return before the other members call", 
                          part.span<float>()[3] == rows[2 * k + 3],
                      tag + ": scatter result");
       std::vector<double> values(3, me + 1.0);
-      failures.check(returned_alone(set, first,
-                                    [&] {
-                                      return reduce_async(TensorView(values.data(), {3}), root,
-                                                          "alone.r",
-                                                          {.op = ReduceOp::Sum, .process_set = set});
-                                    },
-                                    &h),
+      failures.check(returned_alone(
+                         set, first,
+                         [&] {
+                           return reduce_async(TensorView(values.data(), {3}), root, "alone.r",
+                                               {.op = ReduceOp::Sum, .process_set = set});
+                         },
+                         &h),
                      tag + ": reduce_async waited for the others");
       h.wait();
       double sum = 0;
@@ -272,10 +270,9 @@ TEST_CASE("issue 24: the root's own bad scatter arguments fail its call; nothing
     }
     if (!set.included()) continue;
     // The name was never taken: a good scatter under it works.
-    const Tensor part =
-        scatter(world_rank() == root ? TensorView(input.data(), {n, 2})
-                                     : TensorView(nullptr, DataType::Float32, {0}),
-                root, {}, "bad.splits", set);
+    const Tensor part = scatter(world_rank() == root ? TensorView(input.data(), {n, 2})
+                                                     : TensorView(nullptr, DataType::Float32, {0}),
+                                root, {}, "bad.splits", set);
     failures.check(part.shape() == Shape{1, 2} &&
                        part.span<float>()[0] == 10.0f * static_cast<float>(set.rank()),
                    "set " + std::to_string(set.id()) + ": the scatter after the bad ones");
@@ -303,8 +300,11 @@ TEST_CASE("issue 24: a disputed root is Mismatch and a joined root InvalidArgume
     const std::vector<std::pair<std::string, std::function<Handle()>>> ops = {
         {"scatter", [&] { return scatter_async(view, root, {}, "disputed.s", set); }},
         {"reduce",
-         [&] { return reduce_async(TensorView(v.data(), {2}), root, "disputed.r", {.process_set = set}); }},
-        {"gather", [&] { return gather_async(TensorView(v.data(), {2}), root, "disputed.g", set); }},
+         [&] {
+           return reduce_async(TensorView(v.data(), {2}), root, "disputed.r", {.process_set = set});
+         }},
+        {"gather",
+         [&] { return gather_async(TensorView(v.data(), {2}), root, "disputed.g", set); }},
     };
     for (const auto& [op, call] : ops) {
       Handle h;
@@ -325,18 +325,22 @@ TEST_CASE("issue 24: a disputed root is Mismatch and a joined root InvalidArgume
     const std::vector<std::pair<std::string, std::function<Handle()>>> joined_ops = {
         {"scatter",
          [&] {
-           return scatter_async(TensorView(nullptr, DataType::Float32, {0}), joined, {},
-                                "joined.s", set);
+           return scatter_async(TensorView(nullptr, DataType::Float32, {0}), joined, {}, "joined.s",
+                                set);
          }},
         {"reduce",
-         [&] { return reduce_async(TensorView(v.data(), {2}), joined, "joined.r", {.process_set = set}); }},
-        {"gather", [&] { return gather_async(TensorView(v.data(), {2}), joined, "joined.g", set); }},
+         [&] {
+           return reduce_async(TensorView(v.data(), {2}), joined, "joined.r", {.process_set = set});
+         }},
+        {"gather",
+         [&] { return gather_async(TensorView(v.data(), {2}), joined, "joined.g", set); }},
     };
     for (const auto& [op, call] : joined_ops) {
       Handle h;
       std::string message;
       const std::optional<ErrorCode> from_call = error_of([&] { h = call(); }, &message);
-      failures.check(!from_call.has_value(), at + ": joined root, " + op + " call threw " + message);
+      failures.check(!from_call.has_value(),
+                     at + ": joined root, " + op + " call threw " + message);
       if (from_call) continue;
       failures.check(error_of([&] { h.wait(); }, &message) == ErrorCode::InvalidArgument,
                      at + ": joined root, " + op + " wait: " + message);

@@ -133,8 +133,8 @@ TEST_CASE("reduce, gather and scatter in pieces, at every root", "[large][rooted
     // float32 tensor of s + 2 (both unchanged off the root).
     std::vector<std::int64_t> sum(kCount, r + 1);
     std::vector<float> other(kCount, r + 2.0f);
-    Handle a = reduce_async(TensorView(sum.data(), {kCount}), root, "large.reduce",
-                            {.op = ReduceOp::Sum});
+    Handle a =
+        reduce_async(TensorView(sum.data(), {kCount}), root, "large.reduce", {.op = ReduceOp::Sum});
     Handle b = reduce_async(TensorView(other.data(), {kCount}), root, "large.reduce.f",
                             {.op = ReduceOp::Sum});
     a.wait();
@@ -160,9 +160,9 @@ TEST_CASE("reduce, gather and scatter in pieces, at every root", "[large][rooted
       for (int i = 0; i < (s + 2) * 3 && is_root; ++i) all.push_back(1000 * s + i);
     }
     const std::int64_t rows = static_cast<std::int64_t>(n) * (n + 3) / 2;
-    const Tensor part =
-        scatter(is_root ? TensorView(all.data(), {rows, 3}) : TensorView(nullptr, DataType::Int32, {0}),
-                root, splits, "large.scatter");
+    const Tensor part = scatter(
+        is_root ? TensorView(all.data(), {rows, 3}) : TensorView(nullptr, DataType::Int32, {0}),
+        root, splits, "large.scatter");
     const std::span<const std::int32_t> mine = part.span<std::int32_t>();
     CHECK(all_ranks(std::vector<std::int32_t>(mine.begin(), mine.end()) == input));
   }

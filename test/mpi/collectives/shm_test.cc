@@ -170,8 +170,8 @@ TEST_CASE("reduce of multi-chunk and one-chunk tensors: every dtype and op, only
       if (dtype == DataType::Bool && op != ReduceOp::Min && op != ReduceOp::Max) continue;
       for (const Shape& shape : std::vector<Shape>{{1000}, {300007}}) {
         // Sum also with scale factors: the non-roots then prescale a copy, never their input.
-        for (double prescale : op == ReduceOp::Sum ? std::vector<double>{1.0, 0.5}
-                                                   : std::vector<double>{1.0}) {
+        for (double prescale :
+             op == ReduceOp::Sum ? std::vector<double>{1.0, 0.5} : std::vector<double>{1.0}) {
           HostTensor t(dtype, shape, world_rank(), op == ReduceOp::Product);
           const std::vector<double> mine = t.values();
           const double postscale = op == ReduceOp::Sum || op == ReduceOp::Average ? 2.0 : 1.0;
@@ -204,7 +204,8 @@ TEST_CASE("reduce: a fused batch straddling chunks at every root", "[shm][rooted
       const DataType dtype = i % 3 == 0 ? DataType::Float16 : DataType::Float32;
       tensors.emplace_back(dtype, Shape{(i * 7919) % 90001}, world_rank() + i, false);
       const std::vector<double> mine = tensors.back().values();
-      const std::vector<double> sum = oracle_allreduce(tensors.back(), ReduceOp::Sum, 1.0, 1.0, size);
+      const std::vector<double> sum =
+          oracle_allreduce(tensors.back(), ReduceOp::Sum, 1.0, 1.0, size);
       expected.push_back(world_rank() == root ? sum : mine);
     }
     for (int i = 0; i < 30; ++i) {
@@ -247,10 +248,9 @@ TEST_CASE("gather and scatter of uneven blocks larger than a slot, at every root
     }
     std::vector<std::int64_t> splits;
     for (int r = 0; r < size; ++r) splits.push_back(rows_of(r));
-    const Tensor part =
-        tutti::scatter(rank == root ? TensorView(all.data(), {rows, 3})
-                                    : TensorView(nullptr, DataType::Float32, {0}),
-                       root, splits, "scatter");
+    const Tensor part = tutti::scatter(rank == root ? TensorView(all.data(), {rows, 3})
+                                                    : TensorView(nullptr, DataType::Float32, {0}),
+                                       root, splits, "scatter");
     ok = ok && part.shape() == Shape{rows_of(rank), 3};
     for (std::size_t i = 0; i < mine.size() && ok; ++i) ok = part.span<float>()[i] == mine[i];
     INFO("root " << root);

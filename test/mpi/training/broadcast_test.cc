@@ -135,9 +135,8 @@ TEST_CASE(
   CHECK(all_ranks(adam.state_dict().scalars.at("step") == 0));  // The root never stepped.
 }
 
-TEST_CASE(
-    "issue 24: over a set whose ranks differ from the global ones, roots are global ranks",
-    "[broadcast][process_set]") {
+TEST_CASE("issue 24: over a set whose ranks differ from the global ones, roots are global ranks",
+          "[broadcast][process_set]") {
   if (world_size() < 3) return;
   Session session;
   const int rank = tutti::rank();
@@ -159,8 +158,10 @@ TEST_CASE(
       optim::broadcast_optimizer_state(sgd, root, set);
     }
     // Members end with the root's values; the others keep their own.
-    const std::vector<double> params = set.included() ? flatten_values(named) : std::vector<double>();
-    const std::vector<double> state = set.included() ? fingerprint(sgd.state_dict()) : std::vector<double>();
+    const std::vector<double> params =
+        set.included() ? flatten_values(named) : std::vector<double>();
+    const std::vector<double> state =
+        set.included() ? fingerprint(sgd.state_dict()) : std::vector<double>();
     int count = static_cast<int>(params_before.size());
     std::vector<double> oracle = params_before;
     MPI_Bcast(oracle.data(), count, MPI_DOUBLE, root, MPI_COMM_WORLD);
@@ -171,7 +172,7 @@ TEST_CASE(
     MPI_Bcast(state_oracle.data(), count, MPI_DOUBLE, root, MPI_COMM_WORLD);
     INFO("root " << root);
     CHECK(all_ranks(!set.included() || (params == oracle && state == state_oracle &&
-                                         sgd.options().lr == 0.1 * (root + 1))));
+                                        sgd.options().lr == 0.1 * (root + 1))));
   }
   remove_process_set(set);
 }

@@ -165,8 +165,8 @@ TEST_CASE("issue 24: convert_sync_batchnorm converts a bare BatchNorm1d/2d itsel
     set_affine(*plain);
     const nn::Variable y = converted->forward(nn::Variable(pattern(shape_of(mine), first, 0.5)));
     const nn::Variable y_all = plain->forward(nn::Variable(pattern(shape_of(total), 0, 0.5)));
-    CHECK(all_ranks(max_abs_diff(y.value().span<float>(), rows(y_all.value(), first, mine)) <
-                    1e-5));
+    CHECK(
+        all_ranks(max_abs_diff(y.value().span<float>(), rows(y_all.value(), first, mine)) < 1e-5));
     CHECK(all_ranks(max_abs_diff(converted->named_buffers()[0].second.value().span<float>(),
                                  plain->named_buffers()[0].second.value().span<float>()) < 1e-5));
   }

@@ -120,7 +120,8 @@ TEST_CASE("Sessions run reduce, gather and scatter: only the root receives", "[s
     bool good = true;
     // reduce (Sum): rank r holds r + 1 in each of 3 elements.
     std::vector<float> reduced(3, static_cast<float>(rank + 1));
-    auto reduce = rooted_entry(core::Collective::Reduce, "r", TensorView(reduced.data(), {3}), root);
+    auto reduce =
+        rooted_entry(core::Collective::Reduce, "r", TensorView(reduced.data(), {3}), root);
     // gather: rank r gives r rows of 2 values r.
     std::vector<float> rows(static_cast<std::size_t>(2 * rank), static_cast<float>(rank));
     auto gather =
@@ -130,11 +131,10 @@ TEST_CASE("Sessions run reduce, gather and scatter: only the root receives", "[s
     std::vector<std::int64_t> splits;
     for (int r = 0; r < size; ++r) splits.push_back(r + 1);
     for (int k = 0; k < size * (size + 1) / 2; ++k) input.push_back(static_cast<float>(k));
-    auto scatter = rooted_entry(
-        core::Collective::Scatter, "s",
-        rank == root ? TensorView(input.data(), {size * (size + 1) / 2, 1})
-                     : TensorView(nullptr, DataType::Float32, {0}),
-        root, rank == root ? splits : std::vector<std::int64_t>{});
+    auto scatter = rooted_entry(core::Collective::Scatter, "s",
+                                rank == root ? TensorView(input.data(), {size * (size + 1) / 2, 1})
+                                             : TensorView(nullptr, DataType::Float32, {0}),
+                                root, rank == root ? splits : std::vector<std::int64_t>{});
     for (const auto& entry : {reduce, gather, scatter}) good = good && session.submit(entry).ok();
     for (const auto& entry : {reduce, gather, scatter}) good = good && entry->state->wait().ok();
     const float sum = static_cast<float>(size * (size + 1) / 2);
