@@ -75,9 +75,9 @@ class Backend {
   virtual Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
                           DataType dtype, int root) = 0;
   // Whether allreduce_tensors() and reduce_tensors() take a reduction of `wire_bytes` in total:
-  // backends that
-  // reduce straight from the tensors (shared memory) spare core the pack into a fusion buffer
-  // and the unpack from it. Pure and rank-independent, like every choice of the wire.
+  // backends that reduce straight from the tensors (shared memory) spare core the pack into a
+  // fusion buffer and the unpack from it. Pure and rank-independent, like every choice of the
+  // wire.
   virtual bool reduces_tensors(std::size_t /*wire_bytes*/) const { return false; }
   // Reduces `tensors` as one fused allreduce in `wire` (any dtype allreduce takes) with `op`,
   // converting and scaling on the way in and out (see FusedTensor). Only where
