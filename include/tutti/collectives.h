@@ -161,9 +161,9 @@ TUTTI_API Tensor reducescatter(TensorView input, std::string name = {}, ReduceOp
 // Rooted collectives (torch.distributed's reduce, gather, scatter). Negotiated like the ops
 // above and asynchronous like them: every `_async` call returns at once, without waiting for
 // the other members. `root_rank` is a global rank in the set. A rank's own bad arguments
-// (a root outside the set, Adasum, Bool with Sum/Average/Product, a 0-d gather or scatter
-// input, the root's scatter splits of the wrong length, negative, adding up to more than dim
-// 0, or no splits with dim 0 not divisible by the set size) throw InvalidArgument from that
+// (a root outside the set, Adasum, Bool with Sum/Average/Product, a 0-d gather input, the
+// root's 0-d scatter input or its splits of the wrong length, negative, adding up to more than
+// dim 0, or no splits with dim 0 not divisible by the set size) throw InvalidArgument from that
 // rank's call, before anything is sent. Ranks that disagree on the root, shape, dtype or
 // device get Mismatch from wait() on every rank; a root that has joined fails the op with
 // InvalidArgument from wait() on every rank (see join()).
