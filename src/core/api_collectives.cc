@@ -163,6 +163,38 @@ Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> output
   return submission.submit();
 }
 
+// The splits of an alltoall, or of a scatter's root: a 1-d or larger input and `splits`
+// (filled in when empty: equal parts) of one non-negative row count per member, adding up to at
+// most dim 0.
+void check_splits(Collective op, const std::string& name, const TensorView& input,
+                  std::vector<std::int64_t>& splits, int size) {
+  if (input.dim() == 0) invalid(str_cat(to_string(op), " '", name, "' of a 0-d tensor"));
+  const std::int64_t rows = input.shape()[0];
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      invalid(str_cat(to_string(op), " '", name, "': dim 0 (", rows,
+                      ") is not divisible by the set size (", size, ") for equal splits"));
+    }
+    splits.assign(static_cast<std::size_t>(size), rows / size);
+  }
+  if (splits.size() != static_cast<std::size_t>(size)) {
+    invalid(str_cat(to_string(op), " '", name, "': ", splits.size(), " splits for a set of ", size,
+                    " ranks"));
+  }
+  std::int64_t sum = 0;
+  for (std::int64_t split : splits) {
+    if (split < 0) {
+      invalid(str_cat(to_string(op), " '", name, "': negative split ", split, " in ",
+                      detail::shape_string(splits)));
+    }
+    sum += split;
+  }
+  if (sum > rows) {
+    invalid(str_cat(to_string(op), " '", name, "': splits ", detail::shape_string(splits),
+                    " add up to ", sum, " rows, more than dim 0 (", rows, ")"));
+  }
+}
+
 Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string name,
                           const ReduceOptions& options, bool grouped) {
   Submission submission(Collective::Reducescatter, std::move(name), options.process_set.id());
@@ -294,32 +326,7 @@ Handle broadcast_async(TensorView tensor, int root_rank, std::string name, Proce
 Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits, std::string name,
                       ProcessSet set) {
   Submission submission(Collective::Alltoall, std::move(name), set.id());
-  const std::string& op_name = submission.name();
-  if (input.dim() == 0) invalid(str_cat("ALLTOALL '", op_name, "' of a 0-d tensor"));
-  const std::int64_t rows = input.shape()[0];
-  const int size = submission.set_size();
-  if (splits.empty()) {
-    if (rows % size != 0) {
-      invalid(str_cat("ALLTOALL '", op_name, "': dim 0 (", rows,
-                      ") is not divisible by the set size (", size, ") for equal splits"));
-    }
-    splits.assign(static_cast<std::size_t>(size), rows / size);
-  }
-  if (splits.size() != static_cast<std::size_t>(size)) {
-    invalid(str_cat("ALLTOALL '", op_name, "': ", splits.size(), " splits for a set of ", size,
-                    " ranks"));
-  }
-  std::int64_t sum = 0;
-  for (std::int64_t split : splits) {
-    if (split < 0)
-      invalid(str_cat("ALLTOALL '", op_name, "': negative split ", split, " in ",
-                      detail::shape_string(splits)));
-    sum += split;
-  }
-  if (sum > rows) {
-    invalid(str_cat("ALLTOALL '", op_name, "': splits ", detail::shape_string(splits),
-                    " add up to ", sum, " rows, more than dim 0 (", rows, ")"));
-  }
+  check_splits(Collective::Alltoall, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
   submission.add(input, input);
   return submission.submit();
@@ -465,37 +472,6 @@ void check_root(const Submission& submission, int root_rank, int process_set_id)
   }
 }
 
-// The root's own scatter arguments: a 1-d or larger input and `splits` (filled in when empty)
-// of one non-negative row count per member, adding up to at most dim 0.
-void check_scatter(const std::string& name, const TensorView& input,
-                   std::vector<std::int64_t>& splits, int size) {
-  if (input.dim() == 0) invalid(str_cat("SCATTER '", name, "' of a 0-d tensor"));
-  const std::int64_t rows = input.shape()[0];
-  if (splits.empty()) {
-    if (rows % size != 0) {
-      invalid(str_cat("SCATTER '", name, "': dim 0 (", rows, ") is not divisible by the set size (",
-                      size, ") for equal splits"));
-    }
-    splits.assign(static_cast<std::size_t>(size), rows / size);
-  }
-  if (splits.size() != static_cast<std::size_t>(size)) {
-    invalid(
-        str_cat("SCATTER '", name, "': ", splits.size(), " splits for a set of ", size, " ranks"));
-  }
-  std::int64_t sum = 0;
-  for (std::int64_t split : splits) {
-    if (split < 0) {
-      invalid(str_cat("SCATTER '", name, "': negative split ", split, " in ",
-                      detail::shape_string(splits)));
-    }
-    sum += split;
-  }
-  if (sum > rows) {
-    invalid(str_cat("SCATTER '", name, "': splits ", detail::shape_string(splits), " add up to ",
-                    sum, " rows, more than dim 0 (", rows, ")"));
-  }
-}
-
 }  // namespace
 
 Handle reduce_async(TensorView tensor, int root_rank, std::string name, ReduceOptions options) {
@@ -534,7 +510,7 @@ Handle scatter_async(TensorView input, int root_rank, std::vector<std::int64_t> 
     submission.add(TensorView(nullptr, input.dtype(), {0}, input.device()), TensorView());
     return submission.submit();
   }
-  check_scatter(submission.name(), input, splits, submission.set_size());
+  check_splits(Collective::Scatter, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
   submission.add(input, input);
   return submission.submit();
