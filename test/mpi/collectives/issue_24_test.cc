@@ -191,7 +191,10 @@ TEST_CASE("issue 24: rooted _async calls return before the other members call", 
     // The root calls first, then (with more than one member) a non-root does.
     std::vector<std::pair<int, int>> cases = {{members.back(), members.back()}};
     if (n > 1) cases.emplace_back(members.back(), members.front());
-    for (const auto& [root, first] : cases) {
+    for (const std::pair<int, int>& root_first : cases) {
+      // Named copies: lambdas may not capture structured bindings (clang before C++20's fix).
+      const int root = root_first.first;
+      const int first = root_first.second;
       const std::string tag = "set " + std::to_string(set.id()) + " root " + std::to_string(root) +
                               " first " + std::to_string(first);
       std::vector<float> input = scatter_rows(2 * n);
@@ -306,7 +309,9 @@ TEST_CASE("issue 24: a disputed root is Mismatch and a joined root InvalidArgume
         {"gather",
          [&] { return gather_async(TensorView(v.data(), {2}), root, "disputed.g", set); }},
     };
-    for (const auto& [op, call] : ops) {
+    for (const auto& op_call : ops) {
+      const std::string& op = op_call.first;
+      const std::function<Handle()>& call = op_call.second;
       Handle h;
       std::string message;
       const std::optional<ErrorCode> from_call = error_of([&] { h = call(); }, &message);
@@ -335,7 +340,9 @@ TEST_CASE("issue 24: a disputed root is Mismatch and a joined root InvalidArgume
         {"gather",
          [&] { return gather_async(TensorView(v.data(), {2}), joined, "joined.g", set); }},
     };
-    for (const auto& [op, call] : joined_ops) {
+    for (const auto& op_call : joined_ops) {
+      const std::string& op = op_call.first;
+      const std::function<Handle()>& call = op_call.second;
       Handle h;
       std::string message;
       const std::optional<ErrorCode> from_call = error_of([&] { h = call(); }, &message);
