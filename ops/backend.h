@@ -59,15 +59,37 @@ class Backend {
                                std::span<const std::size_t> recv_counts, DataType dtype,
                                WireOp op) = 0;
   virtual Status barrier() = 0;
-  // Whether allreduce_tensors() takes a reduction of `wire_bytes` in total: backends that
-  // reduce straight from the tensors (shared memory) spare core the pack into a fusion buffer
-  // and the unpack from it. Pure and rank-independent, like every choice of the wire.
+  // The rooted collectives: only the root receives (reduce, gatherv) or sends (scatterv);
+  // `root` is a set rank. No member receives more than its own result.
+  // reduce: every member's `input` (`count` elements) reduced with `op` into the root's
+  // `output`, which may equal its `input` (in place); elsewhere `output` is ignored (may be
+  // null) and `input` is only read. dtypes as allreduce.
+  virtual Status reduce(const void* input, void* output, std::size_t count, DataType dtype,
+                        WireOp op, int root) = 0;
+  // gatherv: every member's `input` (counts[rank] elements) concatenated in rank order into
+  // the root's `output`; elsewhere `output` is ignored.
+  virtual Status gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                         DataType dtype, int root) = 0;
+  // scatterv: the root's `input`, counts[i] consecutive elements to member i (in order), each
+  // into that member's `output`; elsewhere `input` is ignored.
+  virtual Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                          DataType dtype, int root) = 0;
+  // Whether allreduce_tensors() and reduce_tensors() take a reduction of `wire_bytes` in total:
+  // backends that reduce straight from the tensors (shared memory) spare core the pack into a
+  // fusion buffer and the unpack from it. Pure and rank-independent, like every choice of the
+  // wire.
   virtual bool reduces_tensors(std::size_t /*wire_bytes*/) const { return false; }
   // Reduces `tensors` as one fused allreduce in `wire` (any dtype allreduce takes) with `op`,
   // converting and scaling on the way in and out (see FusedTensor). Only where
   // reduces_tensors() said yes.
   virtual Status allreduce_tensors(std::span<const FusedTensor> /*tensors*/, DataType /*wire*/,
                                    WireOp /*op*/) {
+    return Status(ErrorCode::Internal, "this backend does not reduce tensors directly");
+  }
+  // As allreduce_tensors(), but only the root's outputs receive the result (the others'
+  // `output` fields are null); `root` is a set rank.
+  virtual Status reduce_tensors(std::span<const FusedTensor> /*tensors*/, DataType /*wire*/,
+                                WireOp /*op*/, int /*root*/) {
     return Status(ErrorCode::Internal, "this backend does not reduce tensors directly");
   }
   // Adasum (adaptive summation) of `data` in place: consecutive tensors of tensor_counts[i]

@@ -158,24 +158,34 @@ TUTTI_API AlltoallResult alltoall(TensorView input, std::vector<std::int64_t> sp
                                   std::string name = {}, ProcessSet = ProcessSet::global());
 TUTTI_API Tensor reducescatter(TensorView input, std::string name = {}, ReduceOptions = {});
 
-// Rooted collectives (torch.distributed's reduce, gather, scatter). `root_rank` is a global
-// rank in the set (InvalidArgument otherwise); ranks that disagree on the root, shape or dtype
-// get Mismatch on every rank.
-// reduce: allreduce's arithmetic, but only the root's tensor receives the result; the other
-// ranks' tensors are left unchanged. Adasum is InvalidArgument. Runs as an allreduce whose
-// non-root output is scratch memory (so it moves an allreduce's bytes), fusing like one.
+// Rooted collectives (torch.distributed's reduce, gather, scatter). Negotiated like the ops
+// above and asynchronous like them: every `_async` call returns at once, without waiting for
+// the other members. `root_rank` is a global rank in the set. A rank's own bad arguments
+// (a root outside the set, Adasum, Bool with Sum/Average/Product, a 0-d gather input, the
+// root's 0-d scatter input or its splits of the wrong length, negative, adding up to more than
+// dim 0, or no splits with dim 0 not divisible by the set size) throw InvalidArgument from that
+// rank's call, before anything is sent. Ranks that disagree on the root, shape, dtype or
+// device get Mismatch from wait() on every rank; a root that has joined fails the op with
+// InvalidArgument from wait() on every rank (see join()).
+// The algorithms are rooted: only the root receives the reduction or the gathered rows, and
+// only the root sends a scatter's parts (on shared memory within a host, or MPI_Reduce,
+// MPI_Gatherv, MPI_Scatterv; NCCL's reduce and send/receive for CUDA tensors). README
+// "Rooted collectives" has the figures.
+// reduce: allreduce's arithmetic (ops, scale factors, the integer rule, dtypes), but only the
+// root's `tensor` receives the result, in place; the others' tensors are only read, never
+// written. Adasum is InvalidArgument. Reduces with the same root fuse like allreduces.
 TUTTI_API Handle reduce_async(TensorView tensor, int root_rank, std::string name = {},
                               ReduceOptions = {});
-// gather: on the root output() is the concatenation along dim 0 in set-rank order; on the
-// other ranks an empty Tensor. Runs as an allgather (fusing like one).
+// gather: on the root output() is the concatenation along dim 0 in set-rank order (dim 0 may
+// differ per rank, the other dims must match); on the other ranks an empty Tensor. A joined
+// member contributes no rows. Gathers with the same root fuse like allgathers.
 TUTTI_API Handle gather_async(TensorView input, int root_rank, std::string name = {},
                               ProcessSet = ProcessSet::global());
 // scatter: the root's input split along dim 0, splits[i] rows to set-rank i (empty = equal
 // parts); every rank's output() holds its rows with the root's dtype and trailing dims. Other
-// ranks pass a view of the root's dtype whose data and shape are ignored, and their splits are
-// ignored. The root's shape and splits travel first in a blocking broadcast, so scatter_async
-// returns only once every member has called it; then the rows go as an alltoall. Fails with
-// InvalidArgument from wait() while any member has joined.
+// ranks pass a view of the root's dtype and device whose data and shape are ignored (an empty
+// view is fine), and their splits are ignored. Fails with InvalidArgument from wait() while
+// any member has joined (every member receives a part).
 TUTTI_API Handle scatter_async(TensorView input, int root_rank,
                                std::vector<std::int64_t> splits = {}, std::string name = {},
                                ProcessSet = ProcessSet::global());

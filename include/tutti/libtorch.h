@@ -29,13 +29,16 @@ TensorView view(const torch::Tensor& tensor);
 torch::Tensor to_torch(const Tensor& tensor);
 
 // Broadcasts every tensor of `parameters` (module->named_parameters() or named_buffers()) from
-// `root_rank` of the set, in place, one grouped broadcast per dtype in name order. Collective:
-// every member passes the same names. InvalidArgument for a tensor that view() rejects.
+// `root_rank` (a global rank, a member of the set), in place, one grouped broadcast per dtype
+// in name order. Collective: every member passes the same names. InvalidArgument for a tensor
+// that view() rejects, or a root outside the set.
 void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& parameters,
                           int root_rank, ProcessSet process_set = ProcessSet::global());
 
 // Makes every member's optimizer state and hyper-parameters (each parameter group's options:
 // learning rate, momentum, betas, ...) equal to the root's, before or after the first step.
+// `root_rank` is a global rank, a member of the set (InvalidArgument otherwise); a rank
+// outside the set returns at once.
 // The root serializes `optimizer` with LibTorch's own archive (torch::serialize), the bytes
 // travel with broadcast_object, the others load them. Works for any optimizer LibTorch can
 // save (SGD, Adam, AdamW, RMSprop, Adagrad, ...); every member must have the same parameter

@@ -17,8 +17,9 @@
 //    block in host order. When hosts hold consecutive set ranks that is set-rank order and the
 //    result lands straight in the output; otherwise it goes through scratch memory and each
 //    member's rows are copied to their place.
-// Everything else (broadcast, alltoallv, reducescatter, barrier, Adasum, and allreduce or
-// allgatherv below their threshold) runs on the backend over all members. Which path an op
+// Everything else (broadcast, alltoallv, reducescatter, the rooted reduce, gatherv and
+// scatterv, barrier, Adasum, and allreduce or allgatherv below their threshold) runs on the
+// backend over all members. Which path an op
 // takes depends only on its byte size and the thresholds, which every member holds alike
 // (set from the agreed knobs, or from measurements every member shares: calibration.h).
 #pragma once
@@ -78,6 +79,18 @@ class HierarchicalBackend final : public Backend {
     return flat_->reducescatter(input, output, recv_counts, dtype, op);
   }
   Status barrier() override { return flat_->barrier(); }
+  Status reduce(const void* input, void* output, std::size_t count, DataType dtype, WireOp op,
+                int root) override {
+    return flat_->reduce(input, output, count, dtype, op, root);
+  }
+  Status gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                 DataType dtype, int root) override {
+    return flat_->gatherv(input, output, counts, dtype, root);
+  }
+  Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                  DataType dtype, int root) override {
+    return flat_->scatterv(input, counts, output, dtype, root);
+  }
   Status adasum(void* data, std::span<const std::size_t> tensor_counts, DataType dtype) override {
     return flat_->adasum(data, tensor_counts, dtype);
   }

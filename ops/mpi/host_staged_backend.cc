@@ -97,6 +97,44 @@ Status HostStagedBackend::reducescatter(const void* input, void* output,
   return upload(output, receive_, mine);
 }
 
+// The rooted ops stage only what this rank sends and copy back only what it receives.
+Status HostStagedBackend::reduce(const void* input, void* output, std::size_t count, DataType dtype,
+                                 WireOp op, int root) {
+  const std::size_t bytes = count * element_size(dtype);
+  TUTTI_RETURN_IF_ERROR(reserve(send_, bytes));
+  const Status staged = download(send_, input, bytes);
+  TUTTI_RETURN_IF_ERROR(host_.reduce(send_.get(), send_.get(), count, dtype, op, root));
+  TUTTI_RETURN_IF_ERROR(staged);
+  return rank() == root ? upload(output, send_, bytes) : Status();
+}
+
+Status HostStagedBackend::gatherv(const void* input, void* output,
+                                  std::span<const std::size_t> counts, DataType dtype, int root) {
+  const std::size_t element = element_size(dtype);
+  const std::size_t mine = counts[static_cast<std::size_t>(rank())] * element;
+  const std::size_t all = rank() == root ? total(counts) * element : 0;
+  TUTTI_RETURN_IF_ERROR(reserve(receive_, all));
+  TUTTI_RETURN_IF_ERROR(reserve(send_, mine));
+  const Status staged = download(send_, input, mine);
+  TUTTI_RETURN_IF_ERROR(host_.gatherv(send_.get(), receive_.get(), counts, dtype, root));
+  TUTTI_RETURN_IF_ERROR(staged);
+  return upload(output, receive_, all);
+}
+
+Status HostStagedBackend::scatterv(const void* input, std::span<const std::size_t> counts,
+                                   void* output, DataType dtype, int root) {
+  const std::size_t element = element_size(dtype);
+  const std::size_t mine = counts[static_cast<std::size_t>(rank())] * element;
+  const std::size_t sent = rank() == root ? total(counts) * element : 0;
+  TUTTI_RETURN_IF_ERROR(reserve(receive_, mine));
+  TUTTI_RETURN_IF_ERROR(reserve(send_, sent));
+  // Every rank waits for its stream: the staging memory may still feed the last copy back.
+  const Status staged = download(send_, input, sent);
+  TUTTI_RETURN_IF_ERROR(host_.scatterv(send_.get(), counts, receive_.get(), dtype, root));
+  TUTTI_RETURN_IF_ERROR(staged);
+  return upload(output, receive_, mine);
+}
+
 Status HostStagedBackend::barrier() { return host_.barrier(); }
 
 Status HostStagedBackend::adasum(void* data, std::span<const std::size_t> tensor_counts,

@@ -36,6 +36,12 @@ class HostStagedBackend final : public Backend {
   Status reducescatter(const void* input, void* output, std::span<const std::size_t> recv_counts,
                        DataType dtype, WireOp op) override;
   Status barrier() override;
+  Status reduce(const void* input, void* output, std::size_t count, DataType dtype, WireOp op,
+                int root) override;
+  Status gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                 DataType dtype, int root) override;
+  Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                  DataType dtype, int root) override;
   Status adasum(void* data, std::span<const std::size_t> tensor_counts, DataType dtype) override;
 
  private:

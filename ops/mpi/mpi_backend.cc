@@ -17,6 +17,9 @@ namespace {
 std::byte* at(void* base, std::size_t elements, std::size_t element_bytes) {
   return static_cast<std::byte*>(base) + elements * element_bytes;
 }
+const std::byte* at(const void* base, std::size_t elements, std::size_t element_bytes) {
+  return static_cast<const std::byte*>(base) + elements * element_bytes;
+}
 
 // Counts and displacements for the v-collectives, which take int.
 struct IntLayout {
@@ -165,6 +168,84 @@ Status MpiBackend::reducescatter(const void* input, void* output,
   const IntLayout layout = int_layout(recv_counts);
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Reduce_scatter(input, output, layout.counts.data(),
                                                to_mpi_type(dtype), to_mpi_op(op), comm_.get()));
+  return Status();
+}
+
+Status MpiBackend::reduce(const void* input, void* output, std::size_t count, DataType dtype,
+                          WireOp op, int root) {
+  const std::size_t bytes = element_size(dtype);
+  const bool is_root = rank() == root;
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t piece = std::min(count - done, max_mpi_count());
+    const void* send = is_root && input == output ? MPI_IN_PLACE : at(input, done, bytes);
+    void* receive = is_root ? at(output, done, bytes) : nullptr;
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Reduce(send, receive, to_mpi_count(piece), to_mpi_type(dtype),
+                                         to_mpi_op(op), root, comm_.get()));
+    done += piece;
+  }
+  return Status();
+}
+
+Status MpiBackend::gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                           DataType dtype, int root) {
+  TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
+              "gatherv needs one count per rank");
+  const std::size_t me = static_cast<std::size_t>(rank());
+  const std::size_t bytes = element_size(dtype);
+  if (!fits_one_call(counts)) {
+    // Past int's range: every block travels to the root point to point, in pieces. Every
+    // rank holds the same counts, so every rank takes this path.
+    if (rank() != root) {
+      return exchange_in_pieces(input, counts[me], root, nullptr, 0, root, to_mpi_type(dtype),
+                                bytes, kPiecesTag, comm_.get());
+    }
+    const std::vector<std::size_t> at_offset = offsets(counts);
+    std::copy_n(static_cast<const std::byte*>(input), counts[me] * bytes,
+                at(output, at_offset[me], bytes));
+    for (int from = 0; from < size(); ++from) {
+      const std::size_t f = static_cast<std::size_t>(from);
+      if (from == root) continue;
+      TUTTI_RETURN_IF_ERROR(exchange_in_pieces(nullptr, 0, from, at(output, at_offset[f], bytes),
+                                               counts[f], from, to_mpi_type(dtype), bytes,
+                                               kPiecesTag, comm_.get()));
+    }
+    return Status();
+  }
+  const IntLayout layout = int_layout(counts);
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Gatherv(input, layout.counts[me], to_mpi_type(dtype), output,
+                                        layout.counts.data(), layout.displacements.data(),
+                                        to_mpi_type(dtype), root, comm_.get()));
+  return Status();
+}
+
+Status MpiBackend::scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                            DataType dtype, int root) {
+  TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
+              "scatterv needs one count per rank");
+  const std::size_t me = static_cast<std::size_t>(rank());
+  const std::size_t bytes = element_size(dtype);
+  if (!fits_one_call(counts)) {
+    // Past int's range: the root sends every block point to point, in pieces.
+    if (rank() != root) {
+      return exchange_in_pieces(nullptr, 0, root, output, counts[me], root, to_mpi_type(dtype),
+                                bytes, kPiecesTag, comm_.get());
+    }
+    const std::vector<std::size_t> at_offset = offsets(counts);
+    std::copy_n(at(input, at_offset[me], bytes), counts[me] * bytes,
+                static_cast<std::byte*>(output));
+    for (int to = 0; to < size(); ++to) {
+      const std::size_t t = static_cast<std::size_t>(to);
+      if (to == root) continue;
+      TUTTI_RETURN_IF_ERROR(exchange_in_pieces(at(input, at_offset[t], bytes), counts[t], to,
+                                               nullptr, 0, to, to_mpi_type(dtype), bytes,
+                                               kPiecesTag, comm_.get()));
+    }
+    return Status();
+  }
+  const IntLayout layout = int_layout(counts);
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Scatterv(input, layout.counts.data(), layout.displacements.data(),
+                                         to_mpi_type(dtype), output, layout.counts[me],
+                                         to_mpi_type(dtype), root, comm_.get()));
   return Status();
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU backend: every collective is the matching MPI call on the set's communicator,
 // split into pieces of at most max_mpi_count() elements where int counts cannot describe the
-// layout (allgatherv, alltoallv, reduce_scatter and Adasum then run per rank or pairwise).
+// layout (allgatherv, alltoallv, reduce_scatter, gatherv, scatterv and Adasum then run per
+// rank or pairwise).
 #pragma once
 
 #include "ops/backend.h"
@@ -26,6 +27,12 @@ class MpiBackend final : public Backend {
   Status reducescatter(const void* input, void* output, std::span<const std::size_t> recv_counts,
                        DataType dtype, WireOp op) override;
   Status barrier() override;
+  Status reduce(const void* input, void* output, std::size_t count, DataType dtype, WireOp op,
+                int root) override;
+  Status gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                 DataType dtype, int root) override;
+  Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                  DataType dtype, int root) override;
   Status adasum(void* data, std::span<const std::size_t> tensor_counts, DataType dtype) override;
 
  private:

@@ -282,6 +282,99 @@ Status NcclBackend::reducescatter(const void* input, void* output,
   return narrow(wide_output, output, dtype, mine);
 }
 
+Status NcclBackend::reduce(const void* input, void* output, std::size_t count, DataType dtype,
+                           WireOp op, int root) {
+  TUTTI_RETURN_IF_ERROR(check_reduction(dtype, op));
+  if (count == 0) return Status();
+  cuda::ScopedDevice scoped;
+  TUTTI_RETURN_IF_ERROR(scoped.enter(comm_.device()));
+  const bool is_root = rank() == root;
+  const std::optional<ncclDataType_t> type = to_nccl_type(dtype);
+  if (type.has_value()) {
+    // A non-root's receive buffer is ignored; it gets its input, a valid device pointer.
+    void* receive = is_root ? output : const_cast<void*>(input);
+    TUTTI_NCCL_RETURN_IF_ERROR(
+        ncclReduce(input, receive, count, *type, to_nccl_op(op), root, comm_.get(), native_));
+    return Status();
+  }
+  TUTTI_ASSIGN_OR_RETURN(std::byte * memory, scratch(count * sizeof(std::int32_t)));
+  auto* wide = reinterpret_cast<std::int32_t*>(memory);
+  TUTTI_RETURN_IF_ERROR(widen(input, dtype, wide, count));
+  TUTTI_NCCL_RETURN_IF_ERROR(
+      ncclReduce(wide, wide, count, ncclInt32, to_nccl_op(op), root, comm_.get(), native_));
+  return is_root ? narrow(wide, output, dtype, count) : Status();
+}
+
+Status NcclBackend::gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                            DataType dtype, int root) {
+  TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
+              "gatherv needs one count per rank");
+  const std::size_t element = element_size(dtype);
+  cuda::ScopedDevice scoped;
+  TUTTI_RETURN_IF_ERROR(scoped.enter(comm_.device()));
+  const std::size_t mine = counts[static_cast<std::size_t>(rank())] * element;
+  if (rank() != root) {
+    if (mine == 0) return Status();  // The root posts no receive for an empty block either.
+    TUTTI_NCCL_RETURN_IF_ERROR(ncclSend(input, mine, ncclUint8, root, comm_.get(), native_));
+    return Status();
+  }
+  std::size_t offset = 0;
+  std::size_t own = 0;
+  TUTTI_RETURN_IF_ERROR(in_group([&]() -> Status {
+    for (int peer = 0; peer < size(); ++peer) {
+      const std::size_t bytes = counts[static_cast<std::size_t>(peer)] * element;
+      if (peer == rank()) {
+        own = offset;
+      } else if (bytes > 0) {
+        TUTTI_NCCL_RETURN_IF_ERROR(
+            ncclRecv(at(output, offset), bytes, ncclUint8, peer, comm_.get(), native_));
+      }
+      offset += bytes;
+    }
+    return Status();
+  }));
+  if (mine > 0) {
+    TUTTI_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(at(output, own), input, mine, cudaMemcpyDeviceToDevice, native_));
+  }
+  return Status();
+}
+
+Status NcclBackend::scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                             DataType dtype, int root) {
+  TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
+              "scatterv needs one count per rank");
+  const std::size_t element = element_size(dtype);
+  cuda::ScopedDevice scoped;
+  TUTTI_RETURN_IF_ERROR(scoped.enter(comm_.device()));
+  const std::size_t mine = counts[static_cast<std::size_t>(rank())] * element;
+  if (rank() != root) {
+    if (mine == 0) return Status();  // The root posts no send for an empty block either.
+    TUTTI_NCCL_RETURN_IF_ERROR(ncclRecv(output, mine, ncclUint8, root, comm_.get(), native_));
+    return Status();
+  }
+  std::size_t offset = 0;
+  std::size_t own = 0;
+  TUTTI_RETURN_IF_ERROR(in_group([&]() -> Status {
+    for (int peer = 0; peer < size(); ++peer) {
+      const std::size_t bytes = counts[static_cast<std::size_t>(peer)] * element;
+      if (peer == rank()) {
+        own = offset;
+      } else if (bytes > 0) {
+        TUTTI_NCCL_RETURN_IF_ERROR(
+            ncclSend(at(input, offset), bytes, ncclUint8, peer, comm_.get(), native_));
+      }
+      offset += bytes;
+    }
+    return Status();
+  }));
+  if (mine > 0) {
+    TUTTI_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(output, at(input, own), mine, cudaMemcpyDeviceToDevice, native_));
+  }
+  return Status();
+}
+
 Status NcclBackend::barrier() {
   cuda::ScopedDevice scoped;
   TUTTI_RETURN_IF_ERROR(scoped.enter(comm_.device()));

@@ -20,7 +20,8 @@ namespace tutti::ops::nccl {
 // the call completes (DeviceOps::record_event). Buffers are device memory of the stream's
 // device and must stay valid until then.
 //
-// dtypes: every DataType. Data movement (allgatherv, broadcast, alltoallv) moves bytes.
+// dtypes: every DataType. Data movement (allgatherv, gatherv, scatterv, broadcast, alltoallv)
+// moves bytes.
 // Reductions use NCCL's own types, Float16 and BFloat16 included (NCCL accumulates those in
 // their own precision; core widens to Float32 when API.md's float32 reduction is wanted).
 // NCCL has no 16-bit integers: Int16/UInt16 are reduced in Int32 in a scratch buffer and
@@ -45,6 +46,13 @@ class NcclBackend final : public Backend {
                        DataType dtype, WireOp op) override;
   // A one-element allreduce: complete when its event is.
   Status barrier() override;
+  // ncclReduce; gatherv and scatterv are grouped ncclSend/ncclRecv with the root (bytes).
+  Status reduce(const void* input, void* output, std::size_t count, DataType dtype, WireOp op,
+                int root) override;
+  Status gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                 DataType dtype, int root) override;
+  Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                  DataType dtype, int root) override;
   Status adasum(void* data, std::span<const std::size_t> tensor_counts, DataType dtype) override;
   Status async_error() override { return comm_.async_error(); }
 

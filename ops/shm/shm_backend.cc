@@ -105,15 +105,37 @@ Status ShmBackend::allreduce(void* data, std::size_t count, DataType dtype, Wire
   return allreduce_tensors({&tensor, 1}, dtype, op);
 }
 
-// Per chunk: pack this rank's elements into its slot (converted, prescaled), reduce its share
-// of the chunk across every rank's slot into its own, then copy every rank's reduced share
-// out into the outputs (converted, scaled). A collective that fits one small chunk skips the
-// shares: every rank reduces the whole chunk from every slot into a scratch buffer of its own,
-// the same sources in the same order everywhere, so every rank gets the same bits with one
-// synchronization less. See Note [Shared-memory ring].
 Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataType wire,
                                      WireOp op) {
   TUTTI_RETURN_IF_ERROR(take_allreduce_fault());
+  return reduce_chunks(tensors, wire, op, -1);
+}
+
+Status ShmBackend::reduce(const void* input, void* output, std::size_t count, DataType dtype,
+                          WireOp op, int root) {
+  const FusedTensor tensor{.input = input,
+                           .input_type = dtype,
+                           .output = rank() == root ? output : nullptr,
+                           .output_type = dtype,
+                           .count = count};
+  return reduce_chunks({&tensor, 1}, dtype, op, root);
+}
+
+Status ShmBackend::reduce_tensors(std::span<const FusedTensor> tensors, DataType wire, WireOp op,
+                                  int root) {
+  return reduce_chunks(tensors, wire, op, root);
+}
+
+// Per chunk: pack this rank's elements into its slot (converted, prescaled), reduce its share
+// of the chunk across every rank's slot into its own, then copy every rank's reduced share
+// out into the outputs (converted, scaled): every rank (allreduce, root -1), or the root
+// alone (reduce), the others moving on as soon as their share is reduced. A collective that
+// fits one small chunk skips the shares: every rank that keeps the result (all, or the root)
+// reduces the whole chunk from every slot into a scratch buffer of its own, the same sources
+// in the same order everywhere, so every rank gets the same bits with one synchronization
+// less. See Note [Shared-memory ring].
+Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType wire, WireOp op,
+                                 int root) {
   const Stream stream(tensors);
   const std::size_t element = element_size(wire);
   const std::size_t chunk_elements = ring_->slot_bytes() / element;
@@ -121,6 +143,7 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
   const bool whole = stream.total() * element <= kWholeChunkBytes;
   const int n = size();
   const int me = rank();
+  const bool keeps = root < 0 || root == me;  // This rank receives the result.
   sources_.resize(static_cast<std::size_t>(n));
   for (std::size_t begin = 0; begin < stream.total(); begin += chunk_elements) {
     const std::size_t length = std::min(chunk_elements, stream.total() - begin);
@@ -139,8 +162,13 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
                       }
                     });
     ring_->publish(Counter::Staged, chunk);
-    ring_->wait_all(Counter::Staged, chunk);
     if (whole) {
+      if (!keeps) {
+        // Nothing to read: the root's Consumed frees this rank's slot for reuse.
+        ring_->publish(Counter::Consumed, chunk);
+        continue;
+      }
+      ring_->wait_all(Counter::Staged, chunk);
       scratch_.resize(length * element);
       for (int r = 0; r < n; ++r) sources_[static_cast<std::size_t>(r)] = ring_->slot(r, chunk);
       cpu::reduce(scratch_.data(), sources_, length, wire, op);
@@ -148,6 +176,7 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
       unpack(stream, begin, begin + length, scratch_.data(), wire);
       continue;
     }
+    ring_->wait_all(Counter::Staged, chunk);
     const std::size_t lo = share_start(length, me, n, align);
     const std::size_t hi = share_start(length, me + 1, n, align);
     for (int r = 0; r < n; ++r) {
@@ -155,7 +184,7 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
     }
     cpu::reduce(mine + lo * element, sources_, hi - lo, wire, op);
     ring_->publish(Counter::Reduced, chunk);
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < n && keeps; ++r) {
       if (r != me) ring_->wait(r, Counter::Reduced, chunk);
       const std::size_t r_lo = share_start(length, r, n, align);
       const std::size_t r_hi = share_start(length, r + 1, n, align);
@@ -198,6 +227,94 @@ Status ShmBackend::allgatherv(const void* input, void* output, std::span<const s
       const std::size_t bytes =
           in_round(counts[static_cast<std::size_t>(r)] * element, done, round);
       copy(output, offsets[static_cast<std::size_t>(r)] + done, ring_->slot(r, chunk), 0, bytes);
+    }
+    ring_->publish(Counter::Consumed, chunk);
+  }
+  return Status();
+}
+
+// As allgatherv, but only the root copies the pieces out: the others stage theirs and move on
+// (the root's Consumed frees their slots for reuse).
+Status ShmBackend::gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                           DataType dtype, int root) {
+  const std::size_t element = element_size(dtype);
+  const int n = size();
+  const int me = rank();
+  std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
+  std::size_t offset = 0;
+  std::size_t largest = 0;
+  for (int r = 0; r < n; ++r) {
+    offsets[static_cast<std::size_t>(r)] = offset;
+    offset += counts[static_cast<std::size_t>(r)] * element;
+    if (r != root) largest = std::max(largest, counts[static_cast<std::size_t>(r)] * element);
+  }
+  const std::size_t my_bytes = counts[static_cast<std::size_t>(me)] * element;
+  if (me == root && my_bytes > 0 && at(output, offsets[static_cast<std::size_t>(me)]) != input) {
+    std::memmove(at(output, offsets[static_cast<std::size_t>(me)]), input, my_bytes);
+  }
+  const std::size_t round = ring_->slot_bytes();
+  for (std::size_t done = 0; done < largest; done += round) {
+    const std::uint64_t chunk = ring_->take_chunk();
+    ring_->wait_slot_free(chunk);
+    if (me != root) {
+      copy(ring_->slot(me, chunk), 0, input, done, in_round(my_bytes, done, round));
+      ring_->publish(Counter::Staged, chunk);
+      ring_->publish(Counter::Consumed, chunk);
+      continue;
+    }
+    ring_->publish(Counter::Staged, chunk);
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      ring_->wait(r, Counter::Staged, chunk);
+      const std::size_t bytes =
+          in_round(counts[static_cast<std::size_t>(r)] * element, done, round);
+      copy(output, offsets[static_cast<std::size_t>(r)] + done, ring_->slot(r, chunk), 0, bytes);
+    }
+    ring_->publish(Counter::Consumed, chunk);
+  }
+  return Status();
+}
+
+// Each round the root fills its slot with one share per other member, the next piece of that
+// member's block, and each member copies its share out. The root's own block is a local copy.
+Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                            DataType dtype, int root) {
+  const std::size_t element = element_size(dtype);
+  const int n = size();
+  const int me = rank();
+  std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
+  std::size_t offset = 0;
+  std::size_t largest = 0;
+  for (int r = 0; r < n; ++r) {
+    offsets[static_cast<std::size_t>(r)] = offset;
+    offset += counts[static_cast<std::size_t>(r)] * element;
+    if (r != root) largest = std::max(largest, counts[static_cast<std::size_t>(r)] * element);
+  }
+  if (me == root) {
+    copy(output, 0, input, offsets[static_cast<std::size_t>(me)],
+         counts[static_cast<std::size_t>(me)] * element);
+  }
+  if (n == 1) return Status();
+  // Share j of the slot (whole cache lines) belongs to the j-th member other than the root.
+  const std::size_t share =
+      std::max<std::size_t>(1, ring_->slot_bytes() / static_cast<std::size_t>(n - 1) / kLine) *
+      kLine;
+  auto share_of = [root](int r) { return static_cast<std::size_t>(r < root ? r : r - 1); };
+  for (std::size_t done = 0; done < largest; done += share) {
+    const std::uint64_t chunk = ring_->take_chunk();
+    ring_->wait_slot_free(chunk);
+    if (me == root) {
+      for (int r = 0; r < n; ++r) {
+        if (r == root) continue;
+        const auto j = static_cast<std::size_t>(r);
+        copy(ring_->slot(me, chunk), share_of(r) * share, input, offsets[j] + done,
+             in_round(counts[j] * element, done, share));
+      }
+      ring_->publish(Counter::Staged, chunk);
+    } else {
+      ring_->wait(root, Counter::Staged, chunk);
+      copy(output, done, ring_->slot(root, chunk), share_of(me) * share,
+           in_round(counts[static_cast<std::size_t>(me)] * element, done, share));
     }
     ring_->publish(Counter::Consumed, chunk);
   }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Collectives among ranks that share a host, through shared memory (Note [Shared-memory ring]
-// in ops/shm/shm_ring.h): allreduce (packing, conversion and scaling fused into the chunked
-// reduction: allreduce_tensors), allgatherv, broadcast and reducescatter. The set's MPI
-// backend runs the rest (alltoallv, barrier, Adasum). See Note [Which host transport].
+// in ops/shm/shm_ring.h): allreduce and reduce (packing, conversion and scaling fused into the
+// chunked reduction: allreduce_tensors, reduce_tensors), allgatherv, gatherv, scatterv,
+// broadcast and reducescatter. The set's MPI backend runs the rest (alltoallv, barrier,
+// Adasum). See Note [Which host transport].
 #pragma once
 
 #include <cstddef>
@@ -51,12 +52,23 @@ class ShmBackend final : public Backend {
   Status reducescatter(const void* input, void* output, std::span<const std::size_t> recv_counts,
                        DataType dtype, WireOp op) override;
   Status barrier() override { return mpi_->barrier(); }
+  Status reduce(const void* input, void* output, std::size_t count, DataType dtype, WireOp op,
+                int root) override;
+  Status reduce_tensors(std::span<const FusedTensor> tensors, DataType wire, WireOp op,
+                        int root) override;
+  Status gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                 DataType dtype, int root) override;
+  Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                  DataType dtype, int root) override;
   Status adasum(void* data, std::span<const std::size_t> tensor_counts, DataType dtype) override {
     return mpi_->adasum(data, tensor_counts, dtype);
   }
   void abandon() override { ring_->abandon(); }
 
  private:
+  // allreduce_tensors (root -1: every rank receives) and reduce_tensors (the root alone).
+  Status reduce_chunks(std::span<const FusedTensor> tensors, DataType wire, WireOp op, int root);
+
   std::unique_ptr<Backend> mpi_;
   std::unique_ptr<ShmRing> ring_;     // Destroyed first: its window lives on mpi_'s communicator.
   std::vector<const void*> sources_;  // Reused by every reduction: no allocation per op.

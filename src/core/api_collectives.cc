@@ -1,12 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // API.md's collectives: argument checks on the caller's thread (InvalidArgument before
 // anything is queued), then an Entry on the session's queue and a Handle.
-#include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <exception>
-#include <numeric>
-#include <optional>
 #include <span>
 
 #include "ops/device_ops.h"
@@ -17,7 +13,6 @@
 #include "src/core/own_ops.h"
 #include "src/core/runtime.h"
 #include "tutti/collectives.h"
-#include "tutti/serialize.h"
 
 namespace tutti {
 namespace {
@@ -97,10 +92,6 @@ struct Submission {
 
   // As submit(), for callers that read the state's other results (join's rank).
   std::shared_ptr<detail::OpState> submit_state() {
-    detail::OpResults& results = entry->state->results;
-    results.scratch = std::move(scratch);
-    results.drop_output = drop_output;
-    results.output_row_dims = std::move(row_dims);
     entry->submitted = std::chrono::steady_clock::now();
     std::shared_ptr<detail::OpState> state = core::handle_state(entry);
     session->submit(std::move(entry)).throw_if_error();
@@ -109,12 +100,6 @@ struct Submission {
 
   const std::string& name() const { return entry->request.name; }
   int set_size() const { return set.size(); }
-
-  // Rooted ops on a rank other than the root: reduce's scratch output, kept alive with the op,
-  // and gather's "output() stays empty" (see Note [Completion]).
-  Tensor scratch;
-  bool drop_output = false;
-  std::optional<Shape> row_dims;  // scatter: see OpResults::output_row_dims.
 };
 
 void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options,
@@ -133,12 +118,9 @@ void check_reduce(const std::string& name, const TensorView& tensor, const Reduc
   }
 }
 
-// `root`: -1 for an allreduce; reduce()'s global root rank otherwise (negotiated, so that
-// ranks disagreeing on it get Mismatch). `scratch` is kept alive with the op. `outputs` empty:
-// in place. The views are moved into the op.
+// `outputs` empty: in place. The views are moved into the op.
 Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> outputs, std::string name,
-                      const ReduceOptions& options, bool grouped, int root = -1,
-                      Tensor scratch = {}) {
+                      const ReduceOptions& options, bool grouped) {
   Submission submission(Collective::Allreduce, std::move(name), options.process_set.id());
   if (grouped && inputs.empty()) invalid("grouped_allreduce_async needs at least one tensor");
   submission.reserve(inputs.size());
@@ -178,9 +160,39 @@ Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> output
   request.reduce_op = options.op;
   request.prescale = options.prescale_factor;
   request.postscale = options.postscale_factor;
-  request.root_rank = root;
-  submission.scratch = std::move(scratch);
   return submission.submit();
+}
+
+// The splits of an alltoall, or of a scatter's root: a 1-d or larger input and `splits`
+// (filled in when empty: equal parts) of one non-negative row count per member, adding up to at
+// most dim 0.
+void check_splits(Collective op, const std::string& name, const TensorView& input,
+                  std::vector<std::int64_t>& splits, int size) {
+  if (input.dim() == 0) invalid(str_cat(to_string(op), " '", name, "' of a 0-d tensor"));
+  const std::int64_t rows = input.shape()[0];
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      invalid(str_cat(to_string(op), " '", name, "': dim 0 (", rows,
+                      ") is not divisible by the set size (", size, ") for equal splits"));
+    }
+    splits.assign(static_cast<std::size_t>(size), rows / size);
+  }
+  if (splits.size() != static_cast<std::size_t>(size)) {
+    invalid(str_cat(to_string(op), " '", name, "': ", splits.size(), " splits for a set of ", size,
+                    " ranks"));
+  }
+  std::int64_t sum = 0;
+  for (std::int64_t split : splits) {
+    if (split < 0) {
+      invalid(str_cat(to_string(op), " '", name, "': negative split ", split, " in ",
+                      detail::shape_string(splits)));
+    }
+    sum += split;
+  }
+  if (sum > rows) {
+    invalid(str_cat(to_string(op), " '", name, "': splits ", detail::shape_string(splits),
+                    " add up to ", sum, " rows, more than dim 0 (", rows, ")"));
+  }
 }
 
 Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string name,
@@ -314,32 +326,7 @@ Handle broadcast_async(TensorView tensor, int root_rank, std::string name, Proce
 Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits, std::string name,
                       ProcessSet set) {
   Submission submission(Collective::Alltoall, std::move(name), set.id());
-  const std::string& op_name = submission.name();
-  if (input.dim() == 0) invalid(str_cat("ALLTOALL '", op_name, "' of a 0-d tensor"));
-  const std::int64_t rows = input.shape()[0];
-  const int size = submission.set_size();
-  if (splits.empty()) {
-    if (rows % size != 0) {
-      invalid(str_cat("ALLTOALL '", op_name, "': dim 0 (", rows,
-                      ") is not divisible by the set size (", size, ") for equal splits"));
-    }
-    splits.assign(static_cast<std::size_t>(size), rows / size);
-  }
-  if (splits.size() != static_cast<std::size_t>(size)) {
-    invalid(str_cat("ALLTOALL '", op_name, "': ", splits.size(), " splits for a set of ", size,
-                    " ranks"));
-  }
-  std::int64_t sum = 0;
-  for (std::int64_t split : splits) {
-    if (split < 0)
-      invalid(str_cat("ALLTOALL '", op_name, "': negative split ", split, " in ",
-                      detail::shape_string(splits)));
-    sum += split;
-  }
-  if (sum > rows) {
-    invalid(str_cat("ALLTOALL '", op_name, "': splits ", detail::shape_string(splits),
-                    " add up to ", sum, " rows, more than dim 0 (", rows, ")"));
-  }
+  check_splits(Collective::Alltoall, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
   submission.add(input, input);
   return submission.submit();
@@ -470,122 +457,62 @@ std::vector<std::string> allgather_own(std::string_view bytes, const std::string
 
 }  // namespace core
 
-// Rooted collectives (API.md "Rooted collectives"), built on the negotiated allreduce, allgather
-// and alltoall: they inherit validation, Mismatch, the cache, fusion, join rules, process sets,
-// the timeline and the device paths. The root is negotiated (Request::root_rank), so ranks that
-// disagree on it get Mismatch. The cost is that of the underlying op: reduce moves an
-// allreduce's bytes and gather an allgather's, not the (n-1)/n less a true rooted algorithm
-// would.
+// Rooted collectives (API.md "Rooted collectives" and its third revision's Clarifications):
+// ordinary negotiated ops that return at once. Each rank checks its own arguments here (the
+// root its shape and splits); the coordinator compares roots, dtypes and shapes (Mismatch on
+// every rank, from wait()) and refuses a joined root; the executor runs rooted algorithms, in
+// which only the root receives a reduction or gathered rows and only the root sends.
 namespace {
 
-void check_root(const char* op, const std::string& name, int root_rank, const ProcessSet& set) {
-  const std::vector<int>& ranks = set.ranks();
-  if (std::find(ranks.begin(), ranks.end(), root_rank) == ranks.end()) {
-    invalid(str_cat(op, " '", name, "': root rank ", root_rank, " is not in process set ", set.id(),
-                    " (ranks ", detail::join_list(ranks), ")"));
+void check_root(const Submission& submission, int root_rank, int process_set_id) {
+  if (submission.set.set_rank_of(root_rank) < 0) {
+    invalid(str_cat(to_string(submission.entry->request.op), " '", submission.name(),
+                    "': root rank ", root_rank, " is not in process set ", process_set_id,
+                    " (ranks ", detail::join_list(*submission.set.ranks), ")"));
   }
 }
-
-// Names of unnamed scatters, which need one before their metadata travels.
-std::atomic<std::int64_t> g_unnamed_scatters{0};
 
 }  // namespace
 
 Handle reduce_async(TensorView tensor, int root_rank, std::string name, ReduceOptions options) {
-  check_root("REDUCE", name, root_rank, options.process_set);
+  Submission submission(Collective::Reduce, std::move(name), options.process_set.id());
+  check_root(submission, root_rank, options.process_set.id());
   if (options.op == ReduceOp::Adasum) {
-    invalid(str_cat("REDUCE '", name, "': ADASUM has no rooted form; use allreduce"));
+    invalid(str_cat("REDUCE '", submission.name(), "': ADASUM has no rooted form; use allreduce"));
   }
-  const int global_rank = core::Runtime::get().session_for_op().value_or_throw()->topology().rank;
-  if (global_rank == root_rank) {
-    return allreduce_impl({&tensor, 1}, {}, std::move(name), options, false, root_rank);
-  }
-  // Elsewhere the result goes to scratch memory, so the caller's tensor stays unchanged.
-  Tensor scratch(tensor.dtype(), tensor.shape(), tensor.device());
-  TensorView out = scratch.view();
-  return allreduce_impl({&tensor, 1}, {&out, 1}, std::move(name), options, false, root_rank,
-                        std::move(scratch));
+  check_reduce(submission.name(), tensor, options, Collective::Reduce);
+  core::Request& request = submission.entry->request;
+  request.reduce_op = options.op;
+  request.prescale = options.prescale_factor;
+  request.postscale = options.postscale_factor;
+  request.root_rank = root_rank;
+  submission.add(tensor, tensor);  // In place on the root; only read elsewhere.
+  return submission.submit();
 }
 
 Handle gather_async(TensorView input, int root_rank, std::string name, ProcessSet set) {
-  check_root("GATHER", name, root_rank, set);
-  Submission submission(Collective::Allgather, std::move(name), set.id());
+  Submission submission(Collective::Gather, std::move(name), set.id());
+  check_root(submission, root_rank, set.id());
   if (input.dim() == 0) invalid(str_cat("GATHER '", submission.name(), "' of a 0-d tensor"));
   submission.entry->request.root_rank = root_rank;
-  submission.drop_output = submission.session->topology().rank != root_rank;
   submission.add(input, input);
   return submission.submit();
 }
 
 Handle scatter_async(TensorView input, int root_rank, std::vector<std::int64_t> splits,
                      std::string name, ProcessSet set) {
-  check_root("SCATTER", name, root_rank, set);
-  if (name.empty()) name = str_cat("scatter.noname.", g_unnamed_scatters.fetch_add(1));
-  const bool is_root =
-      core::Runtime::get().session_for_op().value_or_throw()->topology().rank == root_rank;
-  const int size = static_cast<int>(set.ranks().size());
-  // Only the root knows the shape and splits: they travel first (a blocking broadcast), as
-  // does an error in them, so that no rank waits for an alltoall the root will not submit.
-  std::string metadata;
-  if (is_root) {
-    std::string error;
-    if (input.dim() == 0) error = str_cat("SCATTER '", name, "' of a 0-d tensor");
-    const std::int64_t rows = input.dim() == 0 ? 0 : input.shape()[0];
-    if (error.empty() && splits.empty()) {
-      if (rows % size != 0) {
-        error = str_cat("SCATTER '", name, "': dim 0 (", rows,
-                        ") is not divisible by the set size (", size, ") for equal splits");
-      }
-      splits.assign(static_cast<std::size_t>(size), rows / size);
-    }
-    std::int64_t sum = 0;
-    bool negative = false;
-    for (std::int64_t split : splits) {
-      negative = negative || split < 0;
-      sum += split;
-    }
-    if (error.empty() &&
-        (splits.size() != static_cast<std::size_t>(size) || negative || sum > rows)) {
-      error = str_cat("SCATTER '", name, "': splits ", detail::shape_string(splits), " are not ",
-                      size, " non-negative row counts adding up to at most ", rows);
-    }
-    ByteWriter w;
-    w.put<std::uint8_t>(error.empty() ? 1 : 0);
-    if (!error.empty()) {
-      w.put_string(error);
-    } else {
-      w.put_vector(Shape(input.shape().begin() + 1, input.shape().end()));
-      w.put_vector(splits);
-    }
-    metadata = w.take();
+  Submission submission(Collective::Scatter, std::move(name), set.id());
+  check_root(submission, root_rank, set.id());
+  submission.entry->request.root_rank = root_rank;
+  if (submission.session->topology().rank != root_rank) {
+    // API.md: a non-root's data, shape and splits are ignored; its dtype and device are
+    // negotiated (an empty view of them stands for it, so its request does not vary).
+    submission.add(TensorView(nullptr, input.dtype(), {0}, input.device()), TensorView());
+    return submission.submit();
   }
-  metadata = core::broadcast_own(metadata, root_rank, "tutti.scatter." + name, set);
-  ByteReader r(metadata);
-  std::uint8_t ok = 0;
-  Shape row_dims;
-  std::vector<std::int64_t> root_splits;
-  std::string error;
-  if (!r.get(&ok)) invalid(str_cat("SCATTER '", name, "': no metadata from the root"));
-  if (ok == 0) {
-    r.get_string(&error);
-    invalid(error);
-  }
-  r.get_vector(&row_dims);
-  r.get_vector(&root_splits);
-  const std::int64_t row = num_elements(row_dims);
-  // The rows travel as a 1-d alltoall of elements: the root sends, the others send nothing;
-  // each rank's dtype goes into the negotiation, so a disagreement is Mismatch everywhere.
-  Submission submission(Collective::Alltoall, std::move(name), set.id());
-  std::vector<std::int64_t> element_splits(static_cast<std::size_t>(size), 0);
-  TensorView flat(nullptr, input.dtype(), {0}, input.device());
-  if (is_root) {
-    for (std::size_t i = 0; i < element_splits.size(); ++i)
-      element_splits[i] = root_splits[i] * row;
-    flat = TensorView(input.data(), input.dtype(), {input.num_elements()}, input.device());
-  }
-  submission.entry->request.splits = std::move(element_splits);
-  submission.add(flat, flat);
-  submission.row_dims = std::move(row_dims);
+  check_splits(Collective::Scatter, submission.name(), input, splits, submission.set_size());
+  submission.entry->request.splits = std::move(splits);
+  submission.add(input, input);
   return submission.submit();
 }
 

@@ -9,15 +9,6 @@ void Completer::complete(Entry& entry, const Status& status) const {
   if (timeline_ != nullptr && timeline_->enabled()) {
     timeline_->op_end(entry.request.name, status.ok() ? "OK" : status.message());
   }
-  detail::OpResults& results = entry.state->results;
-  if (results.drop_output) results.output = Tensor();
-  if (results.output_row_dims && status.ok()) {
-    Shape shape = *results.output_row_dims;
-    const std::int64_t row = num_elements(shape);
-    shape.insert(shape.begin(), row == 0 ? 0 : results.output.num_elements() / row);
-    results.output = results.output.slice(0, std::move(shape));
-  }
-  results.scratch = Tensor();
   entry.state->complete(status);
 }
 

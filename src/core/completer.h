@@ -8,9 +8,7 @@
 //  - its process set was removed while it was in flight (ShutDown);
 //  - the session ended before it ran (ShutDown, Stalled, or the fault that stopped it).
 // Completing writes the op's end into the timeline first, then releases the handle, so a
-// waiter that wakes finds the span closed. Results (outputs, splits) are written before;
-// completing then applies the rooted ops' last step (a non-root gather's output is dropped, a
-// non-root reduce's scratch output freed).
+// waiter that wakes finds the span closed. Results (outputs, splits) are written before.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fusion keys, allreduce (fused, in place, Adasum) and broadcast.
+// Fusion keys, allreduce (fused, in place, Adasum), reduce and broadcast.
 #include "src/core/executor.h"
 
 #include <algorithm>
@@ -99,15 +99,18 @@ std::uint64_t fusion_key(const Response& response) {
   switch (response.op) {
     case Collective::Allreduce:
     case Collective::Reducescatter:
+    case Collective::Reduce:  // The root is the planner's part of the key (FusionItem::root).
       dtype = static_cast<std::uint64_t>(
           wire_dtype(first, response.reduce_op, response.prescale, response.postscale));
       reduction = reduction_code(response.reduce_op);
       break;
-    case Collective::Allgather: dtype = static_cast<std::uint64_t>(first); break;
-    // One collective each: broadcast and alltoall carry per-op roots and splits, the rest
-    // move no tensor data.
+    case Collective::Allgather:
+    case Collective::Gather: dtype = static_cast<std::uint64_t>(first); break;
+    // One collective each: broadcast, alltoall and scatter carry per-op roots and splits, the
+    // rest move no tensor data.
     case Collective::Broadcast:
     case Collective::Alltoall:
+    case Collective::Scatter:
     case Collective::Barrier:
     case Collective::Join:
     case Collective::AddProcessSet:
@@ -120,7 +123,7 @@ std::uint64_t fusion_key(const Response& response) {
 
 std::size_t fusion_bytes(const Response& response) {
   std::size_t bytes = 0;
-  if (response.op == Collective::Allgather) {
+  if (response.op == Collective::Allgather || response.op == Collective::Gather) {
     // The gathered output: every rank's rows.
     const std::size_t size =
         response.rows.size() / std::max<std::size_t>(1, response.tensors.size());
@@ -253,6 +256,99 @@ Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mov
   TUTTI_RETURN_IF_ERROR(backend.adasum(buffer, counts, wire));
   return unpack(batch, wire, buffer, mover,
                 [](const Response& response) { return response.postscale; });
+}
+
+// As allreduce, but only the root receives: the others' tensors are sent and left unchanged,
+// so none of their data is ever written (a prescale goes through scratch memory).
+Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mover,
+                        int root_set_rank) {
+  const Response& first = *batch.front().response;
+  const bool is_root = backend.rank() == root_set_rank;
+  const DataType wire = batch_wire_dtype(batch);
+  const ops::WireOp op = wire_op(first.reduce_op);
+  const std::size_t total = total_count(batch);
+  if (backend.reduces_tensors(total * element_size(wire))) {
+    std::vector<ops::FusedTensor> tensors;
+    for (const Work& work : batch) {
+      const Response& response = *work.response;
+      for (std::size_t t = 0; t < response.tensors.size(); ++t) {
+        ops::FusedTensor tensor{.count = count_of(response.tensors[t])};
+        if (work.entry != nullptr) {  // A joined rank adds zeros; it is never the root.
+          const TensorView& input = work.entry->inputs[t];
+          tensor.input = input.data();
+          tensor.input_type = input.dtype();
+          tensor.prescale = response.prescale;
+          if (is_root) {
+            tensor.output = work.entry->outputs[t].data();
+            tensor.output_type = work.entry->outputs[t].dtype();
+            tensor.factor = output_factor(response, backend.size());
+          }
+        }
+        tensors.push_back(tensor);
+      }
+    }
+    mark(batch, "REDUCE");
+    return backend.reduce_tensors(tensors, wire, op, root_set_rank);
+  }
+  if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
+      batch.front().entry != nullptr) {
+    mark(batch, "REDUCE");
+    return reduce_in_place(batch.front(), backend, mover, root_set_rank);
+  }
+  mark(batch, "FUSION_PACK");
+  TUTTI_ASSIGN_OR_RETURN(std::byte * buffer, mover.scratch(total * element_size(wire)));
+  TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover).status());
+  mark(batch, "REDUCE");
+  TUTTI_RETURN_IF_ERROR(backend.reduce(buffer, buffer, total, wire, op, root_set_rank));
+  if (!is_root) return Status();
+  mark(batch, "FUSION_UNPACK");
+  const int size = backend.size();
+  return unpack(batch, wire, buffer, mover,
+                [size](const Response& response) { return output_factor(response, size); });
+}
+
+// A lone tensor that needs no conversion: the root reduces into it where it lies, scaling each
+// piece while it is in cache (as allreduce_in_place); the others send it as it is, or, to
+// prescale it, piece by piece through scratch memory. Every rank cuts the same pieces, so the
+// backend's calls match.
+Status Executor::reduce_in_place(Work& work, ops::Backend& backend, Mover& mover, int root) {
+  const Response& response = *work.response;
+  const TensorView& tensor = work.entry->inputs[0];
+  const DataType dtype = tensor.dtype();
+  const std::size_t count = static_cast<std::size_t>(tensor.num_elements());
+  const std::size_t element = element_size(dtype);
+  const std::size_t piece =
+      mover.piece_bytes() == 0 ? count : std::max<std::size_t>(1, mover.piece_bytes() / element);
+  const ops::WireOp op = wire_op(response.reduce_op);
+  auto* data = static_cast<std::byte*>(tensor.data());
+  if (backend.rank() == root) {
+    if (response.prescale != 1.0)
+      mover.copy(copy_of(data, dtype, data, dtype, count, response.prescale));
+    const double factor = output_factor(response, backend.size());
+    for (std::size_t done = 0; done < count; done += piece) {
+      const std::size_t n = std::min(piece, count - done);
+      std::byte* at = data + done * element;
+      TUTTI_RETURN_IF_ERROR(mover.flush());
+      TUTTI_RETURN_IF_ERROR(backend.reduce(at, at, n, dtype, op, root));
+      if (factor != 1.0) mover.copy(copy_of(at, dtype, at, dtype, n, factor));
+    }
+    return mover.flush();
+  }
+  std::byte* scaled = nullptr;
+  if (response.prescale != 1.0) {
+    TUTTI_ASSIGN_OR_RETURN(scaled, mover.scratch(std::min(piece, count) * element));
+  }
+  for (std::size_t done = 0; done < count; done += piece) {
+    const std::size_t n = std::min(piece, count - done);
+    const std::byte* at = data + done * element;
+    if (scaled != nullptr) {
+      mover.copy(copy_of(scaled, dtype, at, dtype, n, response.prescale));
+      at = scaled;
+    }
+    TUTTI_RETURN_IF_ERROR(mover.flush());
+    TUTTI_RETURN_IF_ERROR(backend.reduce(at, nullptr, n, dtype, op, root));
+  }
+  return mover.flush();
 }
 
 Status Executor::broadcast(Work& work, ops::Backend& backend, Mover& mover, int root_set_rank) {

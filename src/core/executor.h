@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Runs negotiated ops on this rank: fusion pack, the backend collective, unpack, outputs.
-// Communication thread only. executor.cc holds allreduce (with Adasum) and broadcast,
-// executor_gather.cc allgather and alltoall, executor_reduce.cc reducescatter.
+// Communication thread only. executor.cc holds allreduce (with Adasum), reduce and broadcast,
+// executor_gather.cc allgather, gather, alltoall and scatter, executor_reduce.cc
+// reducescatter.
 //
 // The same code runs CPU and CUDA tensors: data moves through a Mover (host memory, or a
 // device stream where copies become one batched kernel launch) and the collective through
@@ -70,8 +71,18 @@ class Executor {
   Status allreduce(std::span<Work> batch, ops::Backend& backend, Mover& mover);
   Status broadcast(Work& work, ops::Backend& backend, Mover& mover, int root_set_rank);
   // Allgathers of one fusion batch (same set, device and dtype of the first tensor).
-  Status allgather(std::span<Work> batch, ops::Backend& backend, Mover& mover);
+  Status allgather(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
+    return gather(batch, backend, mover, -1);
+  }
   Status alltoall(Work& work, ops::Backend& backend, Mover& mover);
+  // The rooted ops (`root_set_rank` receives, or sends a scatter's parts). Reduces of one
+  // fusion batch (as allreduce's, and the same root): only the root's tensors change.
+  Status reduce(std::span<Work> batch, ops::Backend& backend, Mover& mover, int root_set_rank);
+  // Gathers of one fusion batch (as allgather's, and the same root), or with root -1 an
+  // allgather: the root's outputs hold every rank's rows, the others' stay empty.
+  Status gather(std::span<Work> batch, ops::Backend& backend, Mover& mover, int root_set_rank);
+  // The root's rows, response->splits[i] to set rank i: every member's output.
+  Status scatter(Work& work, ops::Backend& backend, Mover& mover, int root_set_rank);
   // Reducescatters of one fusion batch (same set, device, wire dtype and op).
   Status reducescatter(std::span<Work> batch, ops::Backend& backend, Mover& mover);
 
@@ -85,7 +96,8 @@ class Executor {
   Status allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover);
   Status allreduce_tensors(std::span<Work> batch, DataType wire, ops::Backend& backend);
   Status adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover);
-  Status allgather_one(Work& work, ops::Backend& backend, Mover& mover);
+  Status reduce_in_place(Work& work, ops::Backend& backend, Mover& mover, int root);
+  Status gather_one(Work& work, ops::Backend& backend, Mover& mover, int root);
 
   Timeline* timeline_ = nullptr;
 };

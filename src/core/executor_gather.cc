@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Allgather (alone, or a fused batch in one MPI_Allgatherv) and alltoall.
+// Allgather and gather (alone, or a fused batch in one MPI_Allgatherv / MPI_Gatherv), alltoall
+// and scatter.
 #include <algorithm>
 
 #include "src/common/check.h"
@@ -21,10 +22,17 @@ struct GatherItem {
   std::size_t row_units = 0;  // Units (elements of the batch's unit dtype) per row.
 };
 
+// The collective of gather() (`root` -1: every rank receives).
+Status gather_call(ops::Backend& backend, const void* input, void* output,
+                   std::span<const std::size_t> counts, DataType dtype, int root) {
+  if (root < 0) return backend.allgatherv(input, output, counts, dtype);
+  return backend.gatherv(input, output, counts, dtype, root);
+}
+
 }  // namespace
 
 // A lone tensor is gathered straight into its output: no packing.
-Status Executor::allgather_one(Work& work, ops::Backend& backend, Mover& mover) {
+Status Executor::gather_one(Work& work, ops::Backend& backend, Mover& mover, int root) {
   const Response& response = *work.response;
   const auto size = static_cast<std::size_t>(backend.size());
   const TensorSpec& spec = response.tensors.front();
@@ -35,28 +43,36 @@ Status Executor::allgather_one(Work& work, ops::Backend& backend, Mover& mover) 
     rows += response.rows[r];
     counts[r] = static_cast<std::size_t>(response.rows[r]) * row;
   }
-  TUTTI_ASSIGN_OR_RETURN(Tensor output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
-  // A joined member sends nothing (its row count is 0) and keeps the output only as scratch.
+  // Only a rank that receives has an output: every rank in an allgather (a joined member
+  // keeps it only as scratch), the root alone in a gather.
+  const bool receives = root < 0 || backend.rank() == root;
+  Tensor output;
+  if (receives) {
+    TUTTI_ASSIGN_OR_RETURN(output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
+  }
+  // A joined member sends nothing (its row count is 0).
   const void* input = work.entry != nullptr ? work.entry->inputs[0].data() : nullptr;
-  TUTTI_RETURN_IF_ERROR(backend.allgatherv(input, output.data(), counts, spec.dtype));
-  if (work.entry != nullptr) {
+  TUTTI_RETURN_IF_ERROR(gather_call(backend, input, output.data(), counts, spec.dtype, root));
+  if (work.entry != nullptr && receives) {
     work.entry->state->results.output = output;
     work.entry->state->results.outputs = {output};
   }
   return Status();
 }
 
-// A fused batch (several ops, or a grouped op) moves in one allgatherv. Each rank packs its
-// own rows of every tensor, in batch order, into one block; the gathered buffer is then rank
-// after rank, each block tensor after tensor, and unpacking copies every rank's rows of each
-// tensor into that tensor's output. Tensors of one dtype travel in it; a batch mixing dtypes
-// (a grouped op may) travels as bytes.
-Status Executor::allgather(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
+// A fused batch (several ops, or a grouped op) moves in one allgatherv (gatherv). Each rank
+// packs its own rows of every tensor, in batch order, into one block; the gathered buffer is
+// then rank after rank, each block tensor after tensor, and unpacking copies every rank's rows
+// of each tensor into that tensor's output. Tensors of one dtype travel in it; a batch mixing
+// dtypes (a grouped op may) travels as bytes. In a gather only the root receives and unpacks.
+Status Executor::gather(std::span<Work> batch, ops::Backend& backend, Mover& mover,
+                        int root_set_rank) {
   if (batch.size() == 1 && batch.front().response->tensors.size() == 1) {
-    return allgather_one(batch.front(), backend, mover);
+    return gather_one(batch.front(), backend, mover, root_set_rank);
   }
   const auto size = static_cast<std::size_t>(backend.size());
   const auto me = static_cast<std::size_t>(backend.rank());
+  const bool receives = root_set_rank < 0 || backend.rank() == root_set_rank;
   const DataType first = batch.front().response->tensors.front().dtype;
   bool one_dtype = true;
   for (const Work& work : batch) {
@@ -87,7 +103,8 @@ Status Executor::allgather(std::span<Work> batch, ops::Backend& backend, Mover& 
     displacement[r] = gathered;
     gathered += counts[r];
   }
-  TUTTI_ASSIGN_OR_RETURN(std::byte * send, mover.scratch((counts[me] + gathered) * unit_bytes));
+  const std::size_t received = receives ? gathered : 0;
+  TUTTI_ASSIGN_OR_RETURN(std::byte * send, mover.scratch((counts[me] + received) * unit_bytes));
   std::byte* receive = send + counts[me] * unit_bytes;
   std::size_t offset = 0;
   for (const GatherItem& item : items) {
@@ -100,7 +117,8 @@ Status Executor::allgather(std::span<Work> batch, ops::Backend& backend, Mover& 
     offset += units;
   }
   TUTTI_RETURN_IF_ERROR(mover.flush());
-  TUTTI_RETURN_IF_ERROR(backend.allgatherv(send, receive, counts, unit));
+  TUTTI_RETURN_IF_ERROR(gather_call(backend, send, receive, counts, unit, root_set_rank));
+  if (!receives) return Status();
   std::vector<std::size_t> within(size, 0);  // Units of each rank's block already unpacked.
   for (const GatherItem& item : items) {
     const Response& response = *item.work->response;
@@ -153,6 +171,27 @@ Status Executor::alltoall(Work& work, ops::Backend& backend, Mover& mover) {
   work.entry->state->results.output = output;
   work.entry->state->results.outputs = {output};
   work.entry->state->results.received_splits = std::move(received);
+  return Status();
+}
+
+// Straight from the root's input into every member's output: response->splits are the root's
+// row counts, response->tensors the root's input (a non-root's own view carries no data).
+Status Executor::scatter(Work& work, ops::Backend& backend, Mover& mover, int root_set_rank) {
+  TUTTI_CHECK(work.entry != nullptr, "SCATTER '", work.response->name, "' ran on a joined rank");
+  const Response& response = *work.response;
+  const auto size = static_cast<std::size_t>(backend.size());
+  const auto me = static_cast<std::size_t>(backend.rank());
+  const TensorSpec& spec = response.tensors.front();
+  const std::size_t row = row_count(spec);
+  std::vector<std::size_t> counts(size);
+  for (std::size_t r = 0; r < size; ++r)
+    counts[r] = static_cast<std::size_t>(response.splits[r]) * row;
+  TUTTI_ASSIGN_OR_RETURN(Tensor output,
+                         mover.new_tensor(spec.dtype, with_rows(spec, response.splits[me])));
+  const void* input = backend.rank() == root_set_rank ? work.entry->inputs[0].data() : nullptr;
+  TUTTI_RETURN_IF_ERROR(backend.scatterv(input, counts, output.data(), spec.dtype, root_set_rank));
+  work.entry->state->results.output = output;
+  work.entry->state->results.outputs = {output};
   return Status();
 }
 

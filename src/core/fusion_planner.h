@@ -3,8 +3,9 @@
 //
 // Note [Fusion rules]
 // 1. Only ops with the same key fuse: same process set, collective, wire dtype, wire op and
-//    device. Ops of other keys in between do not break a batch (every rank sees the same list,
-//    so grouping across it is the same decision everywhere).
+//    device, and for rooted ops (reduce, gather) the same root. Ops of other keys in between do
+//    not break a batch (every rank sees the same list, so grouping across it is the same
+//    decision everywhere).
 // 2. A batch holds at most `threshold_bytes` of wire data; an op bigger than that travels
 //    alone (the executor then works on the tensor in place, in pieces). threshold 0 = never fuse.
 // 3. A grouped op is one item: its tensors are never split across batches.
@@ -19,8 +20,9 @@
 namespace tutti::core {
 
 struct FusionItem {
-  std::uint64_t key = 0;  // Equal keys may fuse (rule 1).
+  std::uint64_t key = 0;  // Equal keys (and roots) may fuse (rule 1).
   std::size_t bytes = 0;  // Wire bytes of the whole item.
+  int root = -1;          // Rooted ops: the root's global rank; -1 for the others.
 };
 
 // Indices into `items`, one vector per batch. Pure function.

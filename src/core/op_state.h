@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "src/common/mutex.h"
@@ -27,15 +26,6 @@ struct OpResults {
   int last_joined_rank = -1;                  // join(): the global rank that joined last
   int created_set_id = -1;                    // add_process_set(): the new set's id
   int source = -1;                            // irecv: the sender's global rank
-  // reduce() on a rank other than the root: the allreduce's output lands here, alive as long
-  // as the op, and is never shown (the caller's tensor stays unchanged).
-  Tensor scratch;
-  // gather() on a rank other than the root: output() is an empty Tensor once the op is done
-  // (the Completer drops the allgather's result).
-  bool drop_output = false;
-  // scatter(): the alltoall's 1-d output is reshaped to rows of these trailing dims (the
-  // root's) once the op is done; empty for every other op.
-  std::optional<Shape> output_row_dims;
 };
 
 // Results are written by the thread that runs the op (the communication thread, or for device

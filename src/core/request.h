@@ -26,8 +26,13 @@ enum class Collective : std::uint8_t {
   // the set's communicator at the same point of the response order.
   AddProcessSet,
   RemoveProcessSet,
+  // Rooted collectives (API.md "Rooted collectives"): only the root receives a reduction or
+  // the gathered rows, only the root sends a scatter's parts. Request::root_rank names it.
+  Reduce,
+  Gather,
+  Scatter,
 };
-inline constexpr int kCollectiveCount = 9;
+inline constexpr int kCollectiveCount = 12;
 
 // The name join() submits under in its set (one join per rank and set is in flight at a time).
 // Like "tutti.process_set.<n>" (see controller.h), it is reserved: a user op of that name
@@ -53,9 +58,12 @@ struct Request {
   ReduceOp reduce_op = ReduceOp::Sum;
   double prescale = 1.0;
   double postscale = 1.0;
-  int root_rank = -1;  // Broadcast: global rank.
+  int root_rank = -1;  // Broadcast, Reduce, Gather, Scatter: global rank.
   // Alltoall: rows this rank sends to each set rank (equal splits are filled in at the call).
+  // Scatter: on the root, the rows each set rank receives (likewise filled in); empty elsewhere.
   std::vector<std::int64_t> splits;
+  // One spec per tensor. Scatter: the root's input; a non-root's carries only the dtype (its
+  // shape is empty: API.md ignores the view a non-root passes).
   std::vector<TensorSpec> tensors;
   std::vector<int> set_ranks;  // AddProcessSet: the global ranks of the new set, as given.
   int target_set_id = -1;      // RemoveProcessSet: the set to remove.
@@ -72,11 +80,13 @@ struct Response {
   double prescale = 1.0;
   double postscale = 1.0;
   int root_rank = -1;
-  std::vector<TensorSpec> tensors;  // As agreed (allgather: this is rank 0's spec).
-  // Allgather: dim 0 of every set rank for each tensor, tensor-major (rows[t * set_size + r];
-  // 0 for a joined rank). Empty for other ops.
+  // As agreed (allgather, gather: the first submitter's spec; scatter: the root's input).
+  std::vector<TensorSpec> tensors;
+  // Allgather, Gather: dim 0 of every set rank for each tensor, tensor-major
+  // (rows[t * set_size + r]; 0 for a joined rank). Empty for other ops.
   std::vector<std::int64_t> rows;
   // Alltoall: the split matrix, sender-major (splits[sender * set_size + receiver]).
+  // Scatter: the root's splits, the rows each set rank receives.
   std::vector<std::int64_t> splits;
   std::vector<int> set_ranks;  // AddProcessSet: the new set's sorted global ranks.
   // Set ranks that had joined without submitting this op (their data is absent: zeros in an

@@ -69,8 +69,9 @@ Status ResponseExecutor::execute(ResponseList list) {
   items.reserve(works.size());
   for (const Work& work : works) {
     const std::uint64_t key = fusion_key(*work.response);
-    items.push_back(
-        FusionItem{.key = key, .bytes = key == 0 ? SIZE_MAX : fusion_bytes(*work.response)});
+    items.push_back(FusionItem{.key = key,
+                               .bytes = key == 0 ? SIZE_MAX : fusion_bytes(*work.response),
+                               .root = work.response->root_rank});
   }
   Status fault;
   for (const std::vector<std::size_t>& indices : plan_fusion(items, fusion_threshold_bytes_)) {
@@ -123,16 +124,22 @@ Status ResponseExecutor::run_collective(std::vector<Work>& batch, ops::Backend& 
                                         Mover& mover) {
   Work& first = batch.front();
   const Response& response = *first.response;
-  if (response.op != Collective::Allreduce) executor_.mark(batch, to_string(response.op));
+  // Reductions mark their own stages (pack, collective, unpack).
+  if (response.op != Collective::Allreduce && response.op != Collective::Reduce)
+    executor_.mark(batch, to_string(response.op));
+  // The root's set rank, for the ops that have one.
+  auto root = [&] {
+    return parts_.sets.find(response.process_set_id).value().set_rank_of(response.root_rank);
+  };
   switch (response.op) {
     case Collective::Allreduce: return executor_.allreduce(batch, backend, mover);
-    case Collective::Broadcast: {
-      const SetInfo set = parts_.sets.find(response.process_set_id).value();
-      return executor_.broadcast(first, backend, mover, set.set_rank_of(response.root_rank));
-    }
+    case Collective::Broadcast: return executor_.broadcast(first, backend, mover, root());
     case Collective::Allgather: return executor_.allgather(batch, backend, mover);
     case Collective::Alltoall: return executor_.alltoall(first, backend, mover);
     case Collective::Reducescatter: return executor_.reducescatter(batch, backend, mover);
+    case Collective::Reduce: return executor_.reduce(batch, backend, mover, root());
+    case Collective::Gather: return executor_.gather(batch, backend, mover, root());
+    case Collective::Scatter: return executor_.scatter(first, backend, mover, root());
     case Collective::Barrier: return backend.barrier();
     case Collective::Join:
     case Collective::AddProcessSet:

@@ -63,7 +63,8 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
     return differ("group sizes", str_cat(first.tensors.size(), " tensors"),
                   str_cat(other.tensors.size(), " tensors"), first.name);
   }
-  const bool reduces = first.op == Collective::Allreduce || first.op == Collective::Reducescatter;
+  const bool reduces = first.op == Collective::Allreduce || first.op == Collective::Reducescatter ||
+                       first.op == Collective::Reduce;
   if (reduces && other.reduce_op != first.reduce_op) {
     return differ("reduction ops", std::string(to_string(first.reduce_op)),
                   std::string(to_string(other.reduce_op)), first.name);
@@ -75,7 +76,7 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
     return differ("postscale factors", str_cat(first.postscale), str_cat(other.postscale),
                   first.name);
   }
-  // Broadcast, and the rooted ops built on allreduce and allgather (reduce, gather).
+  // Broadcast and the rooted ops (-1 on both sides for the others).
   if (other.root_rank != first.root_rank) {
     return differ("root ranks", str_cat(first.root_rank), str_cat(other.root_rank), first.name);
   }
@@ -95,8 +96,11 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
       return differ("data types", std::string(to_string(a.dtype)), std::string(to_string(b.dtype)),
                     label);
     }
-    // Allgather and alltoall may differ in dim 0; everything else must match exactly.
-    const bool rows_vary = first.op == Collective::Allgather || first.op == Collective::Alltoall;
+    // Only the root's shape counts in a scatter (negotiate_response takes it from its request).
+    if (first.op == Collective::Scatter) continue;
+    // Allgather, gather and alltoall may differ in dim 0; everything else must match exactly.
+    const bool rows_vary = first.op == Collective::Allgather || first.op == Collective::Gather ||
+                           first.op == Collective::Alltoall;
     if (rows_vary) {
       if (a.shape.size() != b.shape.size() ||
           dims_after_first(a.shape) != dims_after_first(b.shape)) {
@@ -127,25 +131,50 @@ std::optional<std::string> refuse_after_join(const Request& first,
   switch (first.op) {
     case Collective::Alltoall:
     case Collective::Reducescatter:
+    case Collective::Scatter:  // Every member receives a part: none may be missing.
     case Collective::AddProcessSet:
     case Collective::RemoveProcessSet:
       return str_cat(to_string(first.op), " '", first.name, "' cannot run while process set ",
                      first.process_set_id, " has joined ranks: ", detail::join_list(joined_ranks));
     case Collective::Broadcast:
-    case Collective::Allreduce:  // reduce() has a root; a plain allreduce has none (-1).
-    case Collective::Allgather:  // Likewise gather().
+    case Collective::Reduce:
+    case Collective::Gather:
       for (int set_rank : absent) {
         if (global_ranks[static_cast<std::size_t>(set_rank)] == first.root_rank) {
-          return str_cat(first.op == Collective::Broadcast ? "BROADCAST" : "rooted op", " '",
-                         first.name, "': root rank ", first.root_rank, " has joined process set ",
-                         first.process_set_id);
+          return str_cat(to_string(first.op), " '", first.name, "': root rank ", first.root_rank,
+                         " has joined process set ", first.process_set_id);
         }
       }
       return std::nullopt;
+    case Collective::Allreduce:
+    case Collective::Allgather:
     case Collective::Barrier:
     case Collective::Join: return std::nullopt;
   }
   return std::nullopt;
+}
+
+// A scatter's shape and splits are the root's (the members agreed on the root and the dtype;
+// a refusal after a join has ruled out a missing root). The root checked its splits at its call:
+// a wrong count here is a protocol error, reported like alltoall's.
+void scatter_response(const std::vector<int>& global_ranks,
+                      const std::vector<std::shared_ptr<const Request>>& requests,
+                      Response& response) {
+  const auto root = std::find(global_ranks.begin(), global_ranks.end(), response.root_rank);
+  const Request* from_root =
+      root == global_ranks.end()
+          ? nullptr
+          : requests[static_cast<std::size_t>(root - global_ranks.begin())].get();
+  if (from_root == nullptr || from_root->splits.size() != requests.size() ||
+      from_root->tensors.size() != 1 || from_root->tensors.front().shape.empty()) {
+    response.ok = false;
+    response.error_code = ErrorCode::InvalidArgument;
+    response.error_message = str_cat("SCATTER '", response.name, "': root rank ",
+                                     response.root_rank, " sent no valid shape and splits");
+    return;
+  }
+  response.tensors = from_root->tensors;
+  response.splits = from_root->splits;
 }
 
 }  // namespace
@@ -191,7 +220,7 @@ Response negotiate_response(const std::vector<int>& global_ranks,
     return response;
   }
   const std::size_t size = requests.size();
-  if (first.op == Collective::Allgather) {
+  if (first.op == Collective::Allgather || first.op == Collective::Gather) {
     for (std::size_t t = 0; t < first.tensors.size(); ++t) {
       for (const auto& request : requests) {
         response.rows.push_back(request ? request->tensors[t].shape.at(0) : 0);
@@ -208,6 +237,8 @@ Response negotiate_response(const std::vector<int>& global_ranks,
       }
       response.splits.insert(response.splits.end(), request->splits.begin(), request->splits.end());
     }
+  } else if (first.op == Collective::Scatter) {
+    scatter_response(global_ranks, requests, response);
   } else if (first.op == Collective::AddProcessSet) {
     response.set_ranks = first.set_ranks;
     std::sort(response.set_ranks.begin(), response.set_ranks.end());
@@ -230,6 +261,9 @@ std::string_view to_string(Collective op) {
     case Collective::Join: return "JOIN";
     case Collective::AddProcessSet: return "ADD_PROCESS_SET";
     case Collective::RemoveProcessSet: return "REMOVE_PROCESS_SET";
+    case Collective::Reduce: return "REDUCE";
+    case Collective::Gather: return "GATHER";
+    case Collective::Scatter: return "SCATTER";
   }
   return "UNKNOWN";
 }

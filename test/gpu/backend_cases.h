@@ -241,6 +241,68 @@ inline void check_reducescatter(ops::Backend& backend, const std::vector<DataTyp
   CHECK(all_ranks(outcome.ok));
 }
 
+// The rooted ops at every root: reduce (Sum and Max; only the root's output is written),
+// gatherv of uneven blocks (one rank none) and scatterv of them back.
+inline void check_rooted(ops::Backend& backend, const std::vector<DataType>& dtypes) {
+  Outcome outcome;
+  const int size = backend.size();
+  const int me = backend.rank();
+  std::vector<std::size_t> counts;
+  for (int r = 0; r < size; ++r) counts.push_back(r == 1 ? 0 : static_cast<std::size_t>(3 * r + 5));
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  for (DataType dtype : dtypes) {
+    const std::size_t bytes = element_size(dtype);
+    for (int root = 0; root < size; ++root) {
+      const std::string at = " root " + std::to_string(root);
+      for (ops::WireOp op : {ops::WireOp::Sum, ops::WireOp::Max}) {
+        if (dtype == DataType::Bool && op == ops::WireOp::Sum) continue;
+        const std::size_t count = 1027;
+        const std::vector<std::byte> mine = encode(rank_values(op, dtype, me, 0, count), dtype);
+        DeviceBuffer input(mine.size());
+        DeviceBuffer output(mine.size());
+        upload(input.get(), mine);
+        upload(output.get(), mine);  // Left as it is off the root.
+        Status status = backend.reduce(input.get(), output.get(), count, dtype, op, root);
+        if (status.ok()) status = finish(backend);
+        const std::vector<double> got = decode(download(output.get(), mine.size()), dtype);
+        const std::vector<double> sent = decode(download(input.get(), mine.size()), dtype);
+        bool equal = status.ok() && sent == decode(mine, dtype);
+        for (std::size_t i = 0; equal && i < count; ++i) {
+          equal = got[i] == (me == root ? reduce(op, dtype, size, i) : pattern(op, dtype, me, i));
+        }
+        outcome.check(equal,
+                      what("reduce", dtype, count) + at + ": " + std::string(status.message()));
+      }
+      std::vector<double> all;
+      for (int r = 0; r < size; ++r) {
+        const std::vector<double> part =
+            rank_values(ops::WireOp::Sum, dtype, r, 0, counts[static_cast<std::size_t>(r)]);
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      const std::size_t mine = counts[static_cast<std::size_t>(me)];
+      const std::vector<double> own = rank_values(ops::WireOp::Sum, dtype, me, 0, mine);
+      DeviceBuffer block(mine * bytes);
+      DeviceBuffer gathered(total * bytes);
+      upload(block.get(), encode(own, dtype));
+      Status status = backend.gatherv(block.get(), gathered.get(), counts, dtype, root);
+      if (status.ok()) status = finish(backend);
+      outcome.check(status.ok() && (me != root ||
+                                    decode(download(gathered.get(), total * bytes), dtype) == all),
+                    what("gatherv", dtype, total) + at + ": " + std::string(status.message()));
+      // scatterv: the root's `all` back to the ranks' blocks.
+      DeviceBuffer source(total * bytes);
+      DeviceBuffer part(mine * bytes);
+      if (me == root) upload(source.get(), encode(all, dtype));
+      status = backend.scatterv(source.get(), counts, part.get(), dtype, root);
+      if (status.ok()) status = finish(backend);
+      outcome.check(status.ok() && decode(download(part.get(), mine * bytes), dtype) == own,
+                    what("scatterv", dtype, mine) + at + ": " + std::string(status.message()));
+    }
+  }
+  INFO(outcome.first);
+  CHECK(all_ranks(outcome.ok));
+}
+
 // Core's device path for a fused allreduce: pack with prescale (widening float16 to float32),
 // reduce, unpack with postscale / size (narrowing back), then poll the event.
 inline void check_fused_average(ops::Backend& backend) {

@@ -81,6 +81,11 @@ TEST_CASE("host-staged reducescatter: even and uneven splits", "[staged][reduces
   check_reducescatter(*world.staged, numeric);
 }
 
+TEST_CASE("host-staged reduce, gatherv and scatterv at every root", "[staged][rooted]") {
+  StagedWorld world;
+  check_rooted(*world.staged, kReducible);
+}
+
 TEST_CASE("host-staged carries core's fused float16 Average and completes through its event",
           "[staged][fusion]") {
   StagedWorld world;

@@ -78,6 +78,11 @@ TEST_CASE("NCCL reducescatter: even and uneven splits, every numeric dtype",
   check_reducescatter(*world.nccl, numeric);
 }
 
+TEST_CASE("NCCL reduce, gatherv and scatterv at every root, every dtype", "[nccl][rooted]") {
+  NcclWorld world;
+  check_rooted(*world.nccl, kEveryDtype);
+}
+
 TEST_CASE("NCCL carries core's fused float16 Average and completes through its event",
           "[nccl][fusion]") {
   NcclWorld world;

@@ -557,6 +557,29 @@ class CheckBuildTest(unittest.TestCase):
             self.assertEqual(tuttirun.find_build_config({}, repo_dir=repo), path)
 
 
+    def test_demo_build_folder_is_found(self):
+        # Issue 24: after scripts/demo, `tuttirun -np 2 --check-build` found no build: the demo
+        # builds in build-demo/. The folder is read from the demo script itself.
+        with open(os.path.join(os.path.dirname(TUTTIRUN), "demo"), encoding="utf-8") as f:
+            folder = re.search(r"meson setup (\S+)", f.read()).group(1)
+        with tempfile.TemporaryDirectory() as repo:
+            os.mkdir(os.path.join(repo, folder))
+            path = os.path.join(repo, folder, "tutti_config.h")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("#define TUTTI_HAVE_CUDA 0\n")
+            self.assertEqual(tuttirun.find_build_config({}, repo_dir=repo), path)
+
+    def test_check_build_with_np(self):
+        # As a new user types it after scripts/demo: -np is accepted and ignored.
+        with tempfile.TemporaryDirectory() as build_dir:
+            with open(os.path.join(build_dir, "tutti_config.h"), "w", encoding="utf-8") as f:
+                f.write("#define TUTTI_HAVE_CUDA 0\n#define TUTTI_HAVE_NCCL 0\n")
+            result = run_launcher(["-np", "2", "--check-build"],
+                                  env=clean_environ(TUTTI_BUILD_DIR=build_dir))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("Available Tensor Operations:", result.stdout)
+
+
 @unittest.skipUnless(shutil.which("mpirun"), "needs OpenMPI's mpirun")
 class RealJobTest(unittest.TestCase):
     def test_exit_code_propagates(self):

@@ -86,16 +86,7 @@ class FakeBackend final : public ops::Backend {
   }
   Status allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                     DataType dtype) override {
-    const std::size_t bytes = element_size(dtype);
-    exchange(input, counts[static_cast<std::size_t>(set_rank_)],
-             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>& sizes) {
-               auto* out = static_cast<std::byte*>(output);
-               for (std::size_t r = 0; r < inputs.size(); ++r) {
-                 if (sizes[r]) std::memcpy(out, inputs[r], sizes[r] * bytes);
-                 out += sizes[r] * bytes;
-               }
-             });
-    return Status();
+    return allgatherv_into(input, output, counts, dtype);
   }
   Status broadcast(void* data, std::size_t count, DataType dtype, int root) override {
     std::vector<std::byte> copy(count * element_size(dtype));
@@ -126,8 +117,53 @@ class FakeBackend final : public ops::Backend {
     exchange(nullptr, 0, [](const auto&, const auto&) {});
     return Status();
   }
+  Status reduce(const void* input, void* output, std::size_t count, DataType dtype, ops::WireOp op,
+                int root) override {
+    std::vector<std::byte> result(count * element_size(dtype));
+    exchange(input, count,
+             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+               if (set_rank_ == root) reduce(result.data(), inputs, 0, count, dtype, op);
+             });
+    // After the exchange: the root's output may be its input, which the others read.
+    if (set_rank_ == root && count) std::memcpy(output, result.data(), result.size());
+    return Status();
+  }
+  Status gatherv(const void* input, void* output, std::span<const std::size_t> counts,
+                 DataType dtype, int root) override {
+    if (set_rank_ != root) return allgatherv_into(input, nullptr, counts, dtype);
+    return allgatherv_into(input, output, counts, dtype);
+  }
+  Status scatterv(const void* input, std::span<const std::size_t> counts, void* output,
+                  DataType dtype, int root) override {
+    const std::size_t bytes = element_size(dtype);
+    std::size_t first = 0;
+    for (int r = 0; r < set_rank_; ++r) first += counts[static_cast<std::size_t>(r)];
+    const std::size_t mine = counts[static_cast<std::size_t>(set_rank_)] * bytes;
+    exchange(
+        input, 0, [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>&) {
+          const auto* from = static_cast<const std::byte*>(inputs[static_cast<std::size_t>(root)]);
+          if (mine) std::memcpy(output, from + first * bytes, mine);
+        });
+    return Status();
+  }
 
  private:
+  // Every member's input concatenated into `output`, unless it is null (a gather's non-root).
+  Status allgatherv_into(const void* input, void* output, std::span<const std::size_t> counts,
+                         DataType dtype) {
+    const std::size_t bytes = element_size(dtype);
+    exchange(input, counts[static_cast<std::size_t>(set_rank_)],
+             [&](const std::vector<const void*>& inputs, const std::vector<std::size_t>& sizes) {
+               auto* out = static_cast<std::byte*>(output);
+               if (out == nullptr) return;
+               for (std::size_t r = 0; r < inputs.size(); ++r) {
+                 if (sizes[r]) std::memcpy(out, inputs[r], sizes[r] * bytes);
+                 out += sizes[r] * bytes;
+               }
+             });
+    return Status();
+  }
+
   // Reduces elements [first, first + count) of every member's input into `output`, in double.
   static void reduce(void* output, const std::vector<const void*>& inputs, std::size_t first,
                      std::size_t count, DataType dtype, ops::WireOp op) {

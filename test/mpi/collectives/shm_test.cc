@@ -2,7 +2,8 @@
 // The shared-memory host backend (ops/shm) at sizes that span many of its chunks: every
 // allreduce dtype and op, fused batches whose tensors straddle chunk boundaries with scale
 // factors and float16 conversion, out-of-place outputs, and allgather, broadcast and
-// reducescatter blocks larger than a slot with uneven sizes. meson runs it with
+// reducescatter blocks larger than a slot with uneven sizes, and the rooted reduce, gather and
+// scatter likewise (issue 24). meson runs it with
 // TUTTI_HOST_TRANSPORT=shm (and =mpi, which must agree). Expected values are plain MPI's
 // (oracle_allreduce) or closed forms of small integers, exact in every dtype.
 #include <cstdint>
@@ -154,6 +155,107 @@ TEST_CASE("reducescatter of blocks larger than a share, rows split unevenly", "[
     ok = got[i] == expected;
   }
   CHECK(all_ranks(ok));
+}
+
+// Issue 24's rooted algorithms: the root alone receives (reduce, gather) or sends (scatter).
+
+TEST_CASE("reduce of multi-chunk and one-chunk tensors: every dtype and op, only the root changes",
+          "[shm][rooted]") {
+  Session session;
+  const int root = world_size() - 1;
+  std::string first_failure;
+  for (DataType dtype : kAllDtypes) {
+    for (ReduceOp op :
+         {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
+      if (dtype == DataType::Bool && op != ReduceOp::Min && op != ReduceOp::Max) continue;
+      for (const Shape& shape : std::vector<Shape>{{1000}, {300007}}) {
+        // Sum also with scale factors: the non-roots then prescale a copy, never their input.
+        for (double prescale :
+             op == ReduceOp::Sum ? std::vector<double>{1.0, 0.5} : std::vector<double>{1.0}) {
+          HostTensor t(dtype, shape, world_rank(), op == ReduceOp::Product);
+          const std::vector<double> mine = t.values();
+          const double postscale = op == ReduceOp::Sum || op == ReduceOp::Average ? 2.0 : 1.0;
+          const std::vector<double> reduced =
+              oracle_allreduce(t, op, prescale, postscale, world_size());
+          tutti::reduce(t.view(), root, "reduce",
+                        {.op = op, .prescale_factor = prescale, .postscale_factor = postscale});
+          const std::string failure = t.compare(world_rank() == root ? reduced : mine);
+          if (!failure.empty() && first_failure.empty()) {
+            first_failure = std::string(to_string(dtype)) + " " + std::string(to_string(op)) +
+                            ", " + std::to_string(t.count()) + " elements: " + failure;
+          }
+        }
+      }
+    }
+  }
+  INFO(first_failure);
+  CHECK(all_ranks(first_failure.empty()));
+}
+
+TEST_CASE("reduce: a fused batch straddling chunks at every root", "[shm][rooted]") {
+  Session session;
+  const int size = world_size();
+  bool all_ok = true;
+  for (int root = 0; root < size; ++root) {
+    std::vector<HostTensor> tensors;
+    std::vector<std::vector<double>> expected;
+    std::vector<Handle> handles;
+    for (int i = 0; i < 30; ++i) {
+      const DataType dtype = i % 3 == 0 ? DataType::Float16 : DataType::Float32;
+      tensors.emplace_back(dtype, Shape{(i * 7919) % 90001}, world_rank() + i, false);
+      const std::vector<double> mine = tensors.back().values();
+      const std::vector<double> sum =
+          oracle_allreduce(tensors.back(), ReduceOp::Sum, 1.0, 1.0, size);
+      expected.push_back(world_rank() == root ? sum : mine);
+    }
+    for (int i = 0; i < 30; ++i) {
+      handles.push_back(tutti::reduce_async(tensors[static_cast<std::size_t>(i)].view(), root,
+                                            "batch." + std::to_string(i), {.op = ReduceOp::Sum}));
+    }
+    wait_all(handles);
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      all_ok = all_ok && tensors[i].compare(expected[i]).empty();
+  }
+  CHECK(all_ranks(all_ok));
+}
+
+TEST_CASE("gather and scatter of uneven blocks larger than a slot, at every root",
+          "[shm][rooted]") {
+  Session session;
+  const int size = world_size();
+  const int rank = world_rank();
+  const auto rows_of = [](int r) { return static_cast<std::int64_t>(r * 40000 + 23000 + r); };
+  std::int64_t rows = 0;
+  for (int r = 0; r < size; ++r) rows += rows_of(r);
+  for (int root = 0; root < size; ++root) {
+    std::vector<float> mine(static_cast<std::size_t>(rows_of(rank) * 3));
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = value(rank, i);
+    const Tensor gathered =
+        tutti::gather(TensorView(mine.data(), {rows_of(rank), 3}), root, "gather");
+    bool ok = rank == root ? gathered.shape() == Shape{rows, 3} : gathered.data() == nullptr;
+    const auto* got = static_cast<const float*>(gathered.data());
+    std::size_t at = 0;
+    for (int r = 0; r < size && ok && rank == root; ++r) {
+      for (std::size_t i = 0; i < static_cast<std::size_t>(rows_of(r) * 3) && ok; ++i, ++at)
+        ok = got[at] == value(r, i);
+    }
+    // scatter: the root's rows, rows_of(r) of them to rank r (the same layout back).
+    std::vector<float> all;
+    if (rank == root) {
+      for (int r = 0; r < size; ++r)
+        for (std::size_t i = 0; i < static_cast<std::size_t>(rows_of(r) * 3); ++i)
+          all.push_back(value(r, i));
+    }
+    std::vector<std::int64_t> splits;
+    for (int r = 0; r < size; ++r) splits.push_back(rows_of(r));
+    const Tensor part = tutti::scatter(rank == root ? TensorView(all.data(), {rows, 3})
+                                                    : TensorView(nullptr, DataType::Float32, {0}),
+                                       root, splits, "scatter");
+    ok = ok && part.shape() == Shape{rows_of(rank), 3};
+    for (std::size_t i = 0; i < mine.size() && ok; ++i) ok = part.span<float>()[i] == mine[i];
+    INFO("root " << root);
+    CHECK(all_ranks(ok));
+  }
 }
 
 }  // namespace

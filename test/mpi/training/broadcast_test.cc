@@ -135,6 +135,48 @@ TEST_CASE(
   CHECK(all_ranks(adam.state_dict().scalars.at("step") == 0));  // The root never stepped.
 }
 
+TEST_CASE("issue 24: over a set whose ranks differ from the global ones, roots are global ranks",
+          "[broadcast][process_set]") {
+  if (world_size() < 3) return;
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  // {1, size - 1}: global rank 1 is set rank 0, global rank size - 1 set rank 1.
+  const ProcessSet set = add_process_set({1, size - 1});
+  for (const int root : {1, size - 1}) {
+    auto model = make_model(200 + static_cast<std::uint64_t>(rank));
+    const nn::NamedParameters named = model->named_parameters();
+    optim::SGD sgd(variables(named), {.lr = 0.1 * (rank + 1), .momentum = 0.5});
+    if (rank == root) {  // Only the root has momentum buffers.
+      set_all_grads(named, 0.5f);
+      sgd.step();
+    }
+    const std::vector<double> params_before = flatten_values(named);
+    const std::vector<double> state_before = fingerprint(sgd.state_dict());
+    if (set.included()) {
+      optim::broadcast_parameters(named, root, set);
+      optim::broadcast_optimizer_state(sgd, root, set);
+    }
+    // Members end with the root's values; the others keep their own.
+    const std::vector<double> params =
+        set.included() ? flatten_values(named) : std::vector<double>();
+    const std::vector<double> state =
+        set.included() ? fingerprint(sgd.state_dict()) : std::vector<double>();
+    int count = static_cast<int>(params_before.size());
+    std::vector<double> oracle = params_before;
+    MPI_Bcast(oracle.data(), count, MPI_DOUBLE, root, MPI_COMM_WORLD);
+    count = static_cast<int>(state_before.size());
+    MPI_Bcast(&count, 1, MPI_INT, root, MPI_COMM_WORLD);
+    std::vector<double> state_oracle = state_before;
+    state_oracle.resize(static_cast<std::size_t>(count));
+    MPI_Bcast(state_oracle.data(), count, MPI_DOUBLE, root, MPI_COMM_WORLD);
+    INFO("root " << root);
+    CHECK(all_ranks(!set.included() || (params == oracle && state == state_oracle &&
+                                        sgd.options().lr == 0.1 * (root + 1))));
+  }
+  remove_process_set(set);
+}
+
 TEST_CASE("After broadcasting, ranks train in lockstep", "[broadcast]") {
   Session session;
   const int rank = tutti::rank();

@@ -4,6 +4,7 @@
 // plain nn on every rank). Equivalence with and without gradient_as_bucket_view and for several
 // bucket sizes, compression, no_sync, the constructor's and the buffers' broadcasts, bucket
 // views. See Note [Collective assertions] in test/support/mpi_test_util.h.
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -137,6 +138,46 @@ TEST_CASE("The constructor broadcasts the root's parameters and buffers", "[ddp]
   }
   CHECK(all_ranks(ok));
   CHECK(all_ranks(ddp.named_parameters().front().first == "module.0.weight"));
+}
+
+TEST_CASE("issue 24: DDP over a set whose ranks differ from the global ones, global root",
+          "[ddp][broadcast][process_set]") {
+  if (world_size() < 3) return;
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const ProcessSet set = add_process_set({1, size - 1});  // Set rank 1 is global size - 1.
+  const int root = size - 1;
+  bool ok = true;
+  if (set.included()) {
+    nn::manual_seed(100 + rank);  // Different weights on every rank.
+    auto model = std::make_shared<nn::Sequential>();
+    model->add(std::make_shared<nn::Linear>(4, 8)).add(std::make_shared<nn::BatchNorm1d>(8));
+    for (auto& [name, b] : model->named_buffers()) {
+      for (float& v : b.value().span<float>()) v = static_cast<float>(rank + 1);
+    }
+    DistributedDataParallel ddp(model, {.root_rank = root, .process_set = set});
+    nn::manual_seed(100 + root);  // The oracle: the root's own model.
+    nn::Linear expected(4, 8);
+    const auto w = find(ddp.named_parameters(), "module.0.weight").value().span<float>();
+    const auto we = expected.weight().value().span<float>();
+    for (std::size_t i = 0; i < w.size(); ++i) ok = ok && w[i] == we[i];
+    // The buffers' broadcast before a training forward comes from the root too.
+    for (auto& [name, b] : ddp.named_buffers()) {
+      for (float& v : b.value().span<float>()) v = rank == root ? 3.0f : -1.0f;
+    }
+    model->train();
+    nn::Variable loss = nn::sum(ddp.forward(nn::Variable(Tensor(DataType::Float32, {2, 4}))));
+    loss.backward();
+    // 0.9 running + 0.1 batch mean; the batch is zeros, so its mean is the root's bias.
+    const auto mean = find(ddp.named_buffers(), "module.1.running_mean").value().span<float>();
+    const auto bias = expected.bias().value().span<float>();
+    for (std::size_t i = 0; i < mean.size(); ++i)
+      ok = ok && std::abs(mean[i] - (0.9f * 3.0f + 0.1f * bias[i])) < 1e-5f;
+  }
+  CHECK(all_ranks(ok));
+  barrier();
+  remove_process_set(set);
 }
 
 TEST_CASE("Buffers are broadcast before every training forward (BatchNorm running statistics)",

@@ -349,6 +349,47 @@ TEST_CASE("LibTorch: broadcast_optimizer_state equalizes state and hyper-paramet
   }
 }
 
+TEST_CASE("issue 24: LibTorch over a set whose ranks differ from the global ones, global roots",
+          "[libtorch][process_set]") {
+  if (world_size() < 3) return;
+  Session session;
+  const int me = world_rank();
+  // {1, n - 1}: global rank 1 is set rank 0 and global rank n - 1 set rank 1, so a set rank
+  // taken for a global one names the wrong root, or none.
+  const ProcessSet set = add_process_set({1, world_size() - 1});
+  bool ok = true;
+  for (const int root : set.ranks()) {
+    torch::nn::Sequential model = make_mlp(torch::kFloat64);
+    torch::manual_seed(70 + me);
+    {
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& p : model->parameters()) p.add_(torch::randn_like(p));
+    }
+    auto opt = std::make_unique<torch::optim::Adam>(model->parameters(),
+                                                    torch::optim::AdamOptions(0.01 * (me + 1)));
+    opt->zero_grad();
+    loss_of(model, whole_batch({6}, torch::kFloat64, me)).backward();
+    opt->step();  // Rank-dependent moments.
+    if (!set.included()) continue;
+    libtorch::broadcast_parameters(model->named_parameters(), root, set);
+    libtorch::broadcast_optimizer_state(*opt, root, set);
+    ok = ok && opt->param_groups()[0].options().get_lr() == 0.01 * (root + 1);
+    // Equal parameters and state: one more identical step leaves identical parameters, equal
+    // to the root's (compared over the set).
+    opt->zero_grad();
+    loss_of(model, whole_batch({6}, torch::kFloat64, 99)).backward();
+    opt->step();
+    for (const torch::Tensor& p : model->parameters()) {
+      torch::Tensor from_root = p.detach().clone();
+      tutti::broadcast(libtorch::view(from_root), root, "issue_24.check", set);
+      ok = ok && torch::equal(from_root, p.detach());
+    }
+  }
+  CHECK(all_ranks(ok));
+  barrier();
+  remove_process_set(set);
+}
+
 TEST_CASE("LibTorch: view, to_torch and broadcast_parameters of parameters and buffers",
           "[libtorch]") {
   Session session;

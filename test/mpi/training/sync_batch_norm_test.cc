@@ -122,6 +122,56 @@ TEST_CASE("SyncBatchNorm equals BatchNorm over the concatenated batch, forward a
   CHECK(all_ranks(eval_ok));
 }
 
+TEST_CASE("issue 24: convert_sync_batchnorm converts a bare BatchNorm1d/2d itself",
+          "[sync_batch_norm]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  constexpr std::int64_t kChannels = 2;
+  // Rank r holds r + 2 rows of the global batch.
+  std::int64_t first = 0, total = 0;
+  for (int r = 0; r < size; ++r) {
+    if (r < rank) first += r + 2;
+    total += r + 2;
+  }
+  const std::int64_t mine = rank + 2;
+  for (const bool two_d : {false, true}) {
+    INFO((two_d ? "BatchNorm2d" : "BatchNorm1d"));
+    auto make = [&]() -> std::shared_ptr<nn::Module> {
+      if (two_d) return std::make_shared<nn::BatchNorm2d>(kChannels);
+      return std::make_shared<nn::BatchNorm1d>(kChannels);
+    };
+    const Shape row = two_d ? Shape{kChannels, 2, 2} : Shape{kChannels};
+    auto shape_of = [&](std::int64_t n) {
+      Shape shape{n};
+      shape.insert(shape.end(), row.begin(), row.end());
+      return shape;
+    };
+    std::shared_ptr<nn::Module> bn = make();
+    set_affine(*bn);
+    const nn::NamedParameters params = bn->named_parameters();
+    const nn::NamedParameters buffers = bn->named_buffers();
+    const std::shared_ptr<nn::Module> converted = nn::convert_sync_batchnorm(bn);
+    // The module itself, its values and names kept.
+    bool same = converted == bn && converted->named_parameters().size() == params.size() &&
+                converted->named_buffers().size() == buffers.size();
+    for (std::size_t i = 0; same && i < params.size(); ++i) {
+      same = converted->named_parameters()[i].first == params[i].first &&
+             &converted->named_parameters()[i].second.value() == &params[i].second.value();
+    }
+    CHECK(all_ranks(same));
+    // It normalizes over the whole set's batch: as BatchNorm over the concatenated batch.
+    std::shared_ptr<nn::Module> plain = make();
+    set_affine(*plain);
+    const nn::Variable y = converted->forward(nn::Variable(pattern(shape_of(mine), first, 0.5)));
+    const nn::Variable y_all = plain->forward(nn::Variable(pattern(shape_of(total), 0, 0.5)));
+    CHECK(
+        all_ranks(max_abs_diff(y.value().span<float>(), rows(y_all.value(), first, mine)) < 1e-5));
+    CHECK(all_ranks(max_abs_diff(converted->named_buffers()[0].second.value().span<float>(),
+                                 plain->named_buffers()[0].second.value().span<float>()) < 1e-5));
+  }
+}
+
 TEST_CASE("SyncBatchNorm counts every rank's values: too few overall is InvalidArgument",
           "[sync_batch_norm][errors]") {
   Session session;

@@ -25,6 +25,13 @@ TEST_CASE("An item at or over the threshold travels alone", "[fusion]") {
   CHECK(plan_fusion(items, 0) == Batches{{0}, {1}, {2}});
 }
 
+TEST_CASE("Rooted items of one key fuse only with the same root", "[fusion]") {
+  // Issue 24: reduces (and gathers) with different roots run different collectives.
+  const std::vector<FusionItem> items = {
+      {1, 10, 0}, {1, 10, 2}, {1, 10, 0}, {1, 10, 2}, {1, 10, -1}};
+  CHECK(plan_fusion(items, 100) == Batches{{0, 2}, {1, 3}, {4}});
+}
+
 TEST_CASE("Empty input gives no batches", "[fusion]") { CHECK(plan_fusion({}, 100).empty()); }
 
 }  // namespace

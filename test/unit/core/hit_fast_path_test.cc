@@ -253,14 +253,17 @@ TEST_CASE("Stalls name the missing ranks of counted hits", "[coordinator][hits][
   config.stall_check_time = seconds(2);
   config.stall_shutdown_time = seconds(5);
   CoordinatorStage stage(config, job.sets, nullptr, 4);
-  for (int r = 0; r < 4; ++r) stage.receive(r, full({allreduce("w", {1})}), t0);
-  const std::optional<ResponseList> first = stage.take_list(t0);
+  // After the stage's birth (its stall inspector counts from then), not the file's t0: a slow
+  // run (sanitizers, a loaded machine) may reach this test seconds after t0.
+  const Clock::time_point start = Clock::now();
+  for (int r = 0; r < 4; ++r) stage.receive(r, full({allreduce("w", {1})}), start);
+  const std::optional<ResponseList> first = stage.take_list(start);
   REQUIRE(first.has_value());
   const std::int32_t w = first->cache_ids.front();
-  stage.receive(0, hits({w}), t0);
-  stage.receive(2, hits({w}), t0);
-  CHECK_FALSE(stage.take_list(t0 + seconds(3)).has_value());  // Warned only.
-  const std::optional<ResponseList> bye = stage.take_list(t0 + seconds(6));
+  stage.receive(0, hits({w}), start);
+  stage.receive(2, hits({w}), start);
+  CHECK_FALSE(stage.take_list(start + seconds(3)).has_value());  // Warned only.
+  const std::optional<ResponseList> bye = stage.take_list(start + seconds(6));
   REQUIRE(bye.has_value());
   CHECK(bye->shutdown_code == ErrorCode::Stalled);
   CHECK(bye->shutdown_message.find("missing: rank 1: w; rank 3: w") != std::string::npos);

@@ -101,6 +101,61 @@ TEST_CASE("Sessions fail a shape mismatch on every rank, naming both shapes", "[
   }
 }
 
+// An entry of a rooted op over one tensor; `view` is also the output (reduce is in place).
+std::shared_ptr<core::Entry> rooted_entry(core::Collective op, const std::string& name,
+                                          TensorView view, int root,
+                                          std::vector<std::int64_t> splits = {}) {
+  auto entry = allreduce_entry(name, view);
+  entry->request.op = op;
+  entry->request.root_rank = root;
+  entry->request.splits = std::move(splits);
+  return entry;
+}
+
+TEST_CASE("Sessions run reduce, gather and scatter: only the root receives", "[session][rooted]") {
+  const int size = GENERATE(2, 3);
+  std::vector<int> ok(static_cast<std::size_t>(size), 0);
+  with_sessions(size, [&](core::Session& session, int rank) {
+    const int root = size - 1;
+    bool good = true;
+    // reduce (Sum): rank r holds r + 1 in each of 3 elements.
+    std::vector<float> reduced(3, static_cast<float>(rank + 1));
+    auto reduce =
+        rooted_entry(core::Collective::Reduce, "r", TensorView(reduced.data(), {3}), root);
+    // gather: rank r gives r rows of 2 values r.
+    std::vector<float> rows(static_cast<std::size_t>(2 * rank), static_cast<float>(rank));
+    auto gather =
+        rooted_entry(core::Collective::Gather, "g", TensorView(rows.data(), {rank, 2}), root);
+    // scatter: the root's rows k = 0, 1, ... (one float each); rank r receives r + 1 of them.
+    std::vector<float> input;
+    std::vector<std::int64_t> splits;
+    for (int r = 0; r < size; ++r) splits.push_back(r + 1);
+    for (int k = 0; k < size * (size + 1) / 2; ++k) input.push_back(static_cast<float>(k));
+    auto scatter = rooted_entry(core::Collective::Scatter, "s",
+                                rank == root ? TensorView(input.data(), {size * (size + 1) / 2, 1})
+                                             : TensorView(nullptr, DataType::Float32, {0}),
+                                root, rank == root ? splits : std::vector<std::int64_t>{});
+    for (const auto& entry : {reduce, gather, scatter}) good = good && session.submit(entry).ok();
+    for (const auto& entry : {reduce, gather, scatter}) good = good && entry->state->wait().ok();
+    const float sum = static_cast<float>(size * (size + 1) / 2);
+    good = good && reduced[2] == (rank == root ? sum : static_cast<float>(rank + 1));
+    const Tensor& all = gather->state->results.output;
+    if (rank == root) {
+      good = good && all.shape() == Shape{size * (size - 1) / 2, 2} &&
+             all.span<float>().back() == static_cast<float>(size - 1);
+    } else {
+      good = good && all.data() == nullptr;
+    }
+    const Tensor& part = scatter->state->results.output;
+    const int first = rank * (rank + 1) / 2;
+    good = good && part.shape() == Shape{rank + 1, 1} &&
+           part.span<float>()[0] == static_cast<float>(first) &&
+           part.span<float>()[static_cast<std::size_t>(rank)] == static_cast<float>(first + rank);
+    ok[static_cast<std::size_t>(rank)] = good;
+  });
+  for (int v : ok) CHECK(v == 1);
+}
+
 TEST_CASE("A name already in flight is refused by submit", "[session]") {
   std::vector<int> refused(2, 0);
   with_sessions(2, [&](core::Session& session, int rank) {
