@@ -150,7 +150,7 @@ Status CudaDeviceOps::batched_copy(std::span<const CopySpec> copies, DeviceStrea
                                          .destination = copy.destination,
                                          .count = copy.count,
                                          .factor = copy.factor,
-                                         .first_block = 0,
+                                         .first_unit = 0,
                                          .source_type = kernel_type(copy.source_type),
                                          .destination_type = kernel_type(copy.destination_type),
                                          .flags = 0});
@@ -173,7 +173,8 @@ Status CudaDeviceOps::batched_copy(std::span<const CopyDescriptor> copies, Devic
   }
   BatchedCopyArgs args{.descriptors = static_cast<const CopyDescriptor*>(slot->device.get()),
                        .descriptor_count = count,
-                       .block_count = plan_batched_copy(staged, count)};
+                       .unit_count = plan_batched_copy(staged, count),
+                       .block_count = target->resident_blocks};
   const cudaStream_t native = target->stream.get();
   TUTTI_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
       slot->device.get(), staged, count * sizeof(CopyDescriptor), cudaMemcpyHostToDevice, native));
@@ -321,6 +322,13 @@ Result<CudaDeviceOps::StreamState*> CudaDeviceOps::state(DeviceStream stream) {
   }
   auto created = std::make_unique<StreamState>();
   TUTTI_ASSIGN_OR_RETURN(created->stream, CudaStream::create(stream.device.index));
+  {
+    ScopedDevice scoped;  // The occupancy query reads the current device.
+    TUTTI_RETURN_IF_ERROR(scoped.enter(stream.device.index));
+    TUTTI_RETURN_IF_ERROR(cuda_status(static_cast<cudaError_t>(batched_copy_resident_blocks(
+                                          stream.device.index, &created->resident_blocks)),
+                                      "batched_copy_resident_blocks"));
+  }
   StreamState* raw = created.get();
   streams_.emplace(key, std::move(created));
   return raw;

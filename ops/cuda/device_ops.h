@@ -53,7 +53,7 @@ class CudaDeviceOps final : public DeviceOps {
 
   // The CUDA stream behind `stream`, created on first use. Any thread.
   Result<cudaStream_t> stream(DeviceStream stream);
-  // batched_copy with kernel descriptors (first_block is filled in here), for callers that
+  // batched_copy with kernel descriptors (first_unit is filled in here), for callers that
   // need kCopyFlagModular. Copies with count 0 are dropped.
   Status batched_copy(std::span<const CopyDescriptor> copies, DeviceStream stream);
 
@@ -69,6 +69,9 @@ class CudaDeviceOps final : public DeviceOps {
   };
   struct StreamState {
     CudaStream stream;
+    // Blocks of a batched copy launch: as many as the device keeps resident (Note [Batched
+    // copy launch] in kernels.h).
+    std::uint64_t resident_blocks = 1;
     std::vector<std::unique_ptr<DescriptorSlot>> slots;  // The stream's thread only.
   };
   class PooledEvent;  // A DeviceEvent over an event of idle_events_; in device_ops.cc.

@@ -58,8 +58,9 @@ std::string describe(const Case& c) {
          std::to_string(c.destination_offset) + " factor " + std::to_string(c.factor);
 }
 
-// Every ordered dtype pair four times, cycling through sizes (0, 1, odd, around the 16 KiB
-// chunk), element offsets that misalign either side, and factors.
+// Every ordered dtype pair four times, cycling through sizes (0, 1, odd, across several 4 KiB
+// units of Note [Batched copy launch]), element offsets that misalign either side, and
+// factors.
 std::vector<Case> make_cases(std::size_t* source_bytes, std::size_t* destination_bytes) {
   const std::size_t sizes[] = {0, 1, 3, 17, 255, 4097, 16385, 40001};
   const std::size_t offsets[] = {0, 1, 3, 7};
@@ -224,7 +225,7 @@ TEST_CASE("modular copies narrow integers keeping the low bits", "[kernel]") {
                                          .destination = out.get(),
                                          .count = wide.size(),
                                          .factor = 1.0,
-                                         .first_block = 0,
+                                         .first_unit = 0,
                                          .source_type = ops::cuda::KernelType::Int32,
                                          .destination_type = to,
                                          .flags = ops::cuda::kCopyFlagModular};
