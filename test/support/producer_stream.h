@@ -25,6 +25,7 @@ class ProducerStream {
   // kernel or a pageable cudaMemcpy, it lands after this call returns (after release() if
   // held). `bytes` may be reused at once.
   virtual void write(void* destination, const std::vector<std::byte>& bytes) = 0;
+  // Lets the held work run; nothing if not held.
   virtual void release() = 0;
 };
 

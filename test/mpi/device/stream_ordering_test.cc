@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
 #include <thread>
@@ -168,6 +169,17 @@ TEST_CASE("CUDA ops wait on the device for the current stream's writes (issue 23
     // would order the later ops by accident.
     Session session;
     producer->hold();
+    // Released on every way out, before the session ends: a held producer would keep the
+    // runtime's stream, and so shutdown(), waiting.
+    struct Release {
+      ProducerStream& producer;
+      ~Release() {
+        try {
+          producer.release();
+        } catch (const std::exception&) {  // A destructor cannot report; the test fails anyway.
+        }
+      }
+    } release_at_exit{*producer};
     std::vector<Pending> ops;
     {
       cuda::StreamGuard current(producer->handle());
