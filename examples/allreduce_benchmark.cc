@@ -10,16 +10,21 @@
 //   P10 flat vs hierarchical allreduce vs raw MPI_Allreduce (examples/p10_hierarchical.h)
 // --device cuda (CUDA builds; each rank uses cuda:(local_rank % devices)); the flags are echoed:
 //   D1  the same gradients as float32 CUDA tensors via allreduce_async (Average), then all
-//       waited, best of --repeats, with the ranks per GPU and so the transport Tutti picks (NCCL
-//       when every rank has a GPU of its own, else MPI through page-locked host staging).
-//       Against P1's raw reference in host memory and, when host-staged, the ideal staged
-//       pipeline: cudaMemcpy D2H + one MPI_Allreduce + H2D of the whole set as one buffer
-//   D2  rank 0's fusion kernel alone: pack/unpack of the set (plain, scaled, float16 <->
-//       float32) against one cudaMemcpyAsync D2D of the same bytes; target >= 0.8x
+//       waited, best of --repeats, with the GPU model, the ranks per GPU and so the transport
+//       Tutti picks (NCCL when every rank has a GPU of its own, one rank included, else MPI
+//       through page-locked host staging). Against P1's raw reference in host memory (no
+//       ratio at one rank, where MPI moves nothing); with NCCL, against the hand-written fused
+//       step on the GPU: pack kernel + one ncclAllReduce of the fused buffer + unpack, timed
+//       with CUDA events (nccl_reference.h; target <= 1.1x); when host-staged, against the
+//       ideal staged pipeline: cudaMemcpy D2H + one MPI_Allreduce + H2D of one buffer
+//   D2  rank 0's fusion kernel alone: pack/unpack of the set (plain, scaled, float16 and
+//       bfloat16 <-> float32) against one cudaMemcpyAsync D2D of the same bytes; target >= 0.9x
 //       (fusion_kernel_figures.h; cuda_fusion_benchmark prints the same without MPI)
 // Usage: mpirun -n 2 allreduce_benchmark [--device cpu|cuda] [--grads FILE] [--repeats N]
 //                                        [--kernel-repeats N] [--sweep-fusion]
 //                                        [--transport LIST] [--sweep-sizes] [--p10 [--p10-mb N]]
+//   --grads FILE        another gradient list, one element count per line (default: the
+//                       built-in ResNet-50 list, examples/grad_list.h)
 //   --repeats N         timed rounds after one warm-up; figures are the best (default 5)
 //   --kernel-repeats N  D2's runs per figure, averaged after 3 warm-up runs (default 50)
 //   --sweep-fusion      --device cpu only: also runs P1 at several TUTTI_FUSION_THRESHOLD
@@ -59,6 +64,7 @@
 
 #include <mpi.h>
 
+#include "examples/grad_list.h"
 #include "examples/p10_hierarchical.h"
 #include "examples/p1_autotune.h"
 
@@ -66,6 +72,9 @@
 #include <cuda_runtime.h>
 
 #include "examples/fusion_kernel_figures.h"
+#endif
+#if TUTTI_BENCHMARK_NCCL
+#include "examples/nccl_reference.h"
 #endif
 
 namespace {
@@ -80,20 +89,6 @@ int world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
-}
-
-std::vector<std::int64_t> read_grads(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    std::fprintf(stderr, "cannot open %s (use --grads FILE)\n", path.c_str());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  std::vector<std::int64_t> counts;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    counts.push_back(std::stoll(line));
-  }
-  return counts;
 }
 
 // The slowest rank's time decides: every figure is the max over ranks.
@@ -211,8 +206,8 @@ double p4() {
 }
 
 struct Options {
-  bool cuda = false;                              // --device cuda.
-  std::string grads_path = TUTTI_RESNET50_GRADS;  // examples/data, set by Meson.
+  bool cuda = false;       // --device cuda.
+  std::string grads_path;  // --grads; empty: the built-in list (examples/grad_list.h).
   int repeats = 5;
   int kernel_repeats = 50;
   bool sweep = false;
@@ -343,7 +338,7 @@ int run_host(const Options& options) {
   const int repeats = options.repeats;
   // P3 reuses 10,000 names per step; "cache warm" needs room for all of them (default 1024).
   setenv("TUTTI_CACHE_CAPACITY", "16384", 0);
-  const std::vector<std::int64_t> counts = read_grads(options.grads_path);
+  const std::vector<std::int64_t> counts = tutti::examples::grads_or_default(options.grads_path);
   std::vector<std::vector<float>> grads;
   std::size_t total = 0;
   for (std::int64_t n : counts) {
@@ -485,8 +480,8 @@ DeviceGrads device_grads(const std::vector<std::int64_t>& counts, int device) {
   const std::vector<float> ones(bytes / sizeof(float), 1.0f);
   check_cuda(cudaMemcpy(grads.memory.get(), ones.data(), bytes, cudaMemcpyHostToDevice),
              "cudaMemcpy H2D");
-  // Tutti's streams do not wait for others: data must be complete when it is submitted.
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // No synchronization: Tutti's ops wait on the GPU for the legacy default stream, where
+  // cudaMemcpy ran (tutti/cuda.h).
   auto* base = static_cast<std::byte*>(grads.memory.get());
   for (std::size_t i = 0; i < counts.size(); ++i) {
     grads.tensors.emplace_back(base + offsets[i], tutti::DataType::Float32, tutti::Shape{counts[i]},
@@ -561,7 +556,7 @@ int run_device(const Options& options) {
     if (root) std::printf("no CUDA device: skipping\n");
     return 77;
   }
-  const std::vector<std::int64_t> counts = read_grads(options.grads_path);
+  const std::vector<std::int64_t> counts = tutti::examples::grads_or_default(options.grads_path);
   std::size_t total = 0;
   for (std::int64_t n : counts) total += static_cast<std::size_t>(n);
   tutti::init();
@@ -569,9 +564,13 @@ int run_device(const Options& options) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
   const int sharing = ranks_per_gpu(device);
   const bool host_staged = sharing > 1 || !tutti::nccl_built();
+  cudaDeviceProp properties{};
+  check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
   if (root) {
+    std::printf("gpu: %s (rank 0's cuda:%d)\n", properties.name, device);
     std::printf("flags: --device cuda --grads %s --repeats %d --kernel-repeats %d\n",
-                options.grads_path.c_str(), options.repeats, options.kernel_repeats);
+                options.grads_path.empty() ? "(built-in)" : options.grads_path.c_str(),
+                options.repeats, options.kernel_repeats);
     std::printf(
         "ranks=%d tensors=%zu floats=%zu (%.1f MB) rank0=cuda:%d of %d ranks_per_gpu=%d "
         "nccl_built=%d transport=%s\n",
@@ -586,15 +585,36 @@ int run_device(const Options& options) {
     d1 = p1_tutti(grads.tensors, options.repeats);
   }
   const double staged = host_staged ? staged_ideal(total, options.repeats) : 0;
+  const int ranks = tutti::size();
   tutti::shutdown();
   if (root) {
-    std::printf("D1 tutti_ms=%.2f best_raw_host_ms=%.2f ratio=%.3f\n", d1, best_raw, d1 / best_raw);
+    // At one rank MPI moves nothing: a ratio to ~0 ms says nothing (the NCCL line below does).
+    if (ranks > 1) {
+      std::printf("D1 tutti_ms=%.2f best_raw_host_ms=%.2f ratio=%.3f\n", d1, best_raw,
+                  d1 / best_raw);
+    } else {
+      std::printf("D1 tutti_ms=%.2f best_raw_host_ms=%.2f ratio=n/a (one rank)\n", d1, best_raw);
+    }
     if (host_staged) {
       std::printf("D1 staged_ideal_ms=%.2f (D2H + one MPI_Allreduce + H2D) ratio=%.3f\n", staged,
                   d1 / staged);
     }
     std::fflush(stdout);
   }
+#if TUTTI_BENCHMARK_NCCL
+  if (!host_staged) {
+    // Every rank has a GPU of its own (one rank included): the hand-written fused NCCL step.
+    const tutti::examples::FusedNcclFigures fused =
+        tutti::examples::fused_nccl_reference(counts, device, options.repeats);
+    if (root) {
+      std::printf(
+          "D1 nccl_fused_ms=%.2f (pack %.2f + ncclAllReduce %.2f + unpack %.2f ms, CUDA events) "
+          "ratio=%.3f (target <= 1.1)\n",
+          fused.total_ms, fused.pack_ms, fused.allreduce_ms, fused.unpack_ms, d1 / fused.total_ms);
+      std::fflush(stdout);
+    }
+  }
+#endif
   d2(counts, device, options.kernel_repeats);
   return 0;
 }
@@ -613,7 +633,8 @@ int main(int argc, char** argv) {
     std::vector<std::int64_t> sizes;
     for (std::int64_t bytes : {4096LL, 65536LL, 1LL << 20, 16LL << 20})
       if (bytes <= options.p10_mb << 20) sizes.push_back(bytes);
-    code = tutti::examples::run_p10(read_grads(options.grads_path), sizes, options.repeats, 20);
+    code = tutti::examples::run_p10(tutti::examples::grads_or_default(options.grads_path), sizes,
+                                    options.repeats, 20);
   } else if (!options.cuda) {
     code = run_host(options);
   } else {

@@ -1,42 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device fusion speed without MPI: the figures of allreduce_benchmark --device cuda's D2 on one
 // chosen device (fusion_kernel_figures.h: Tutti's batched copy kernel packing and unpacking
-// ResNet-50's 161 gradients, plain, scaled and float16 <-> float32, against cudaMemcpyAsync
-// D2D of the same bytes; target >= 0.8x the one-call memcpy).
+// ResNet-50's 161 gradients, plain, scaled, float16 and bfloat16 <-> float32, against
+// cudaMemcpyAsync D2D of the same bytes; target >= 0.9x the one-call memcpy).
 // Usage: cuda_fusion_benchmark [--grads FILE] [--repeats N] [--device I]
+//   --grads FILE  another gradient list, one element count per line (default: the built-in
+//                 ResNet-50 list, examples/grad_list.h, so it runs from anywhere)
 // Exits 77 with "no CUDA device" when there is none, 1 if a CUDA call fails or the kernel's
 // round trip changes a tensor.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "examples/fusion_kernel_figures.h"
+#include "examples/grad_list.h"
 #include "ops/device_ops.h"
 
-namespace {
-
-std::vector<std::size_t> read_grads(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    std::fprintf(stderr, "cannot open %s (use --grads FILE)\n", path.c_str());
-    std::exit(2);
-  }
-  std::vector<std::size_t> counts;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    counts.push_back(std::stoull(line));
-  }
-  return counts;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  std::string grads_path = TUTTI_RESNET50_GRADS;  // examples/data, set by Meson.
+  std::string grads_path;  // Empty: the built-in ResNet-50 list (examples/grad_list.h).
   int repeats = 50;
   int device_index = 0;
   for (int i = 1; i < argc; ++i) {
@@ -56,7 +40,9 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: skipping\n");
     return 77;
   }
-  const std::vector<std::size_t> counts = read_grads(grads_path);
+  std::vector<std::size_t> counts;
+  for (std::int64_t n : tutti::examples::grads_or_default(grads_path))
+    counts.push_back(static_cast<std::size_t>(n));
   try {
     tutti::examples::print_fusion_kernel_figures(
         tutti::examples::measure_fusion_kernel(counts, device_index, repeats));

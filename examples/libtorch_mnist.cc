@@ -5,11 +5,14 @@
 // counted over the ranks' shards of the test set with an allreduce of torch tensors.
 //
 // Usage: scripts/tuttirun -np 2 build/examples/libtorch_mnist [--epochs N] [--batch-size B]
-//            [--lr LR] [--data-dir DIR] [--limit N]
+//            [--lr LR] [--data-dir DIR] [--limit N] [--device cpu|cuda]
 //   --data-dir  Fashion-MNIST idx files, plain or .gz; default /usr/share/datasets/fashion-mnist
 //               (Debian package dataset-fashion-mnist). .gz files are unpacked once into a
 //               temporary directory, since torch::data's reader wants the plain files.
 //   --limit     train on the first N training images only (smoke tests)
+//   --device    cuda: the model and batches on cuda:(local_rank % GPUs), gradients reduced as
+//               CUDA tensors (NCCL with a GPU per rank, else MPI through host staging); needs
+//               a LibTorch with CUDA and a Tutti built with CUDA. Default cpu.
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -105,7 +108,9 @@ int main(int argc, char** argv) {
   double lr = 1e-3;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::int64_t limit = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  std::string device_name = "cpu";
+  bool bad_flags = argc % 2 == 0;  // Every flag takes a value.
+  for (int i = 1; !bad_flags && i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const std::string value = argv[i + 1];
     if (flag == "--epochs") {
@@ -118,16 +123,35 @@ int main(int argc, char** argv) {
       data_dir = value;
     } else if (flag == "--limit") {
       limit = std::stoll(value);
+    } else if (flag == "--device" && (value == "cpu" || value == "cuda")) {
+      device_name = value;
     } else {
-      std::fprintf(stderr,
-                   "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] "
-                   "[--data-dir DIR] [--limit N]\n");
-      return 2;
+      bad_flags = true;
     }
+  }
+  if (bad_flags) {
+    std::fprintf(stderr,
+                 "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] "
+                 "[--data-dir DIR] [--limit N] [--device cpu|cuda]\n");
+    return 2;
+  }
+  if (device_name == "cuda" && !(torch::cuda::is_available() && tutti::cuda_built())) {
+    std::fprintf(stderr, "libtorch_mnist: --device cuda needs %s\n",
+                 tutti::cuda_built() ? "a LibTorch with CUDA and a visible GPU"
+                                     : "a Tutti built with CUDA (meson setup -Dcuda=enabled)");
+    return 2;
   }
 
   tutti::init();              // Tutti (1/4)
   torch::set_num_threads(1);  // One core per rank.
+  // One GPU per rank where there are enough, else ranks share them (Tutti then reduces
+  // through host staging: NCCL refuses two ranks on one GPU).
+  const torch::Device device =
+      device_name == "cuda"
+          ? torch::Device(torch::kCUDA,
+                          static_cast<c10::DeviceIndex>(
+                              tutti::local_rank() % static_cast<int>(torch::cuda::device_count())))
+          : torch::Device(torch::kCPU);
   const std::string dir = plain_idx_dir(data_dir);
   if (dir.empty()) {
     std::fprintf(stderr,
@@ -153,6 +177,7 @@ int main(int argc, char** argv) {
 
   torch::manual_seed(static_cast<std::uint64_t>(tutti::rank()) + 1);  // Broadcast fixes it.
   Net model;
+  model->to(device);  // Before the optimizer and the broadcast: they see the device tensors.
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(lr));
   tutti::libtorch::broadcast_parameters(model->named_parameters(), 0);               // Tutti (2/4)
   tutti::libtorch::broadcast_optimizer_state(adam, 0);                               // Tutti (3/4)
@@ -166,8 +191,10 @@ int main(int argc, char** argv) {
     int batches = 0;
     for (auto& batch : *loader) {
       optimizer.zero_grad();
-      torch::Tensor loss =
-          torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      // Submitted on LibTorch's current stream, which the adapter hands to Tutti: no
+      // synchronization anywhere in the loop.
+      torch::Tensor loss = torch::nn::functional::cross_entropy(
+          model->forward(batch.data.to(device)), batch.target.to(device));
       loss.backward();
       optimizer.step();
       loss_sum += loss.item<double>();
@@ -193,16 +220,17 @@ int main(int argc, char** argv) {
     model->eval();
     const torch::Tensor x = torch::data::transforms::Normalize<>(
         0.2860, 0.3530)(test_set.images().slice(0, begin, end));
-    const torch::Tensor predicted = model->forward(x).argmax(1);
-    counts[0] = predicted.eq(test_set.targets().slice(0, begin, end)).sum().item<double>();
+    const torch::Tensor predicted = model->forward(x.to(device)).argmax(1);
+    counts[0] =
+        predicted.eq(test_set.targets().slice(0, begin, end).to(device)).sum().item<double>();
     counts[1] = static_cast<double>(end - begin);
   }
   tutti::allreduce(tutti::libtorch::view(counts), "libtorch_mnist.accuracy",
                    {.op = tutti::ReduceOp::Sum});
   const double accuracy = counts[0].item<double>() / counts[1].item<double>();
   if (tutti::rank() == 0) {
-    std::printf("test accuracy %.4f (%d ranks, %d epochs, %.1f s training)\n", accuracy,
-                tutti::size(), epochs, seconds);
+    std::printf("test accuracy %.4f (%d ranks, %d epochs, %.1f s training, %s)\n", accuracy,
+                tutti::size(), epochs, seconds, device.str().c_str());
   }
   tutti::shutdown();
   return 0;

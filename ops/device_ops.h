@@ -108,6 +108,33 @@ class DeviceOps {
   // Blocks until everything enqueued on `stream` so far is done.
   virtual Status synchronize(DeviceStream stream) { return no_device(stream.device); }
 
+  // ---- Ordering after the application's streams (Note [Stream ordering] in ops/cuda/stream.h).
+  // A stream of the application is a cudaStream_t as void*; nullptr is the legacy default
+  // stream of the device concerned.
+
+  // OK if `stream` may be made a thread's current stream (tutti/cuda.h): nullptr always, other
+  // values where device streams exist. Without CUDA, InvalidArgument naming the build. Any
+  // thread; does not look at the stream itself.
+  virtual Status check_stream(void* stream) {
+    if (stream == nullptr) return Status();
+    return Status(ErrorCode::InvalidArgument,
+                  "a CUDA stream was given, but this Tutti was built without CUDA (meson setup "
+                  "-Dcuda=enabled)");
+  }
+  // An event after the work enqueued so far on the application's `stream` of `device`: what an
+  // op submitted now must wait for. Called on the submitting thread; never blocks (an event
+  // record, from a pool). InvalidArgument if the stream cannot be recorded on (not a stream of
+  // `device`).
+  virtual Result<std::unique_ptr<DeviceEvent>> record_ready(void* /*stream*/, Device device) {
+    return no_device(device);
+  }
+  // Makes `stream` wait, on the device, for `event` (from record_ready or record_event) before
+  // the work enqueued on it after this call; returns at once. Stream work (one thread per
+  // stream, as above). `event` may be destroyed, or recorded again, once this returns.
+  virtual Status wait_event(DeviceEvent& /*event*/, DeviceStream stream) {
+    return no_device(stream.device);
+  }
+
  protected:
   static Status no_device(Device device) {
     return Status(ErrorCode::InvalidArgument,

@@ -19,9 +19,10 @@
 //
 // Devices: every op takes CPU tensors or, in a build with CUDA, tensors on Device::cuda(i),
 // not both in one op. With CUDA tensors:
-//  - Device data must be complete when the op is submitted: synchronize the stream that
-//    produced it first (Tutti works on its own non-blocking streams, TUTTI_NUM_NCCL_STREAMS,
-//    which do not wait for yours).
+//  - The op waits, on the GPU and without blocking the call, for the work enqueued before the
+//    call on this thread's current stream (tutti/cuda.h; by default the legacy default
+//    stream, which covers cudaMemcpy and blocking streams): a tensor written there may be
+//    submitted at once. Work on other streams must be ordered before it by the caller.
 //  - Outputs (in place, and those of allgather, alltoall and reducescatter, which are on the
 //    same device) are ready for any stream once wait() returns or poll() is true.
 //  - All of a rank's CUDA tensors are on one device during a session (usually

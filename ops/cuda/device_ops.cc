@@ -43,17 +43,33 @@ std::shared_ptr<void> own_device_memory(void* memory, int device) {
   });
 }
 
-class CudaDeviceEvent final : public DeviceEvent {
+}  // namespace
+
+class CudaDeviceOps::PooledEvent final : public DeviceEvent {
  public:
-  explicit CudaDeviceEvent(CudaEvent event) : event_(std::move(event)) {}
-  Result<bool> poll() override { return event_.query(); }
-  Status wait() override { return event_.synchronize(); }
+  PooledEvent(CudaDeviceOps& owner, int device, cudaEvent_t event)
+      : owner_(owner), device_(device), event_(event) {}
+  ~PooledEvent() override { owner_.give_back(device_, event_); }
+  PooledEvent(const PooledEvent&) = delete;
+  PooledEvent& operator=(const PooledEvent&) = delete;
+
+  Result<bool> poll() override {
+    const cudaError_t code = cudaEventQuery(event_);
+    if (code == cudaErrorNotReady) return false;
+    TUTTI_RETURN_IF_ERROR(cuda_status(code, "cudaEventQuery"));
+    return true;
+  }
+  Status wait() override {
+    TUTTI_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    return Status();
+  }
+  cudaEvent_t native() const { return event_; }
 
  private:
-  CudaEvent event_;
+  CudaDeviceOps& owner_;
+  int device_;
+  cudaEvent_t event_;
 };
-
-}  // namespace
 
 std::shared_ptr<void> CudaDeviceOps::allocate_zeroed(std::size_t bytes, Device device) {
   check_device(device).throw_if_error();
@@ -134,7 +150,7 @@ Status CudaDeviceOps::batched_copy(std::span<const CopySpec> copies, DeviceStrea
                                          .destination = copy.destination,
                                          .count = copy.count,
                                          .factor = copy.factor,
-                                         .first_block = 0,
+                                         .first_unit = 0,
                                          .source_type = kernel_type(copy.source_type),
                                          .destination_type = kernel_type(copy.destination_type),
                                          .flags = 0});
@@ -157,7 +173,8 @@ Status CudaDeviceOps::batched_copy(std::span<const CopyDescriptor> copies, Devic
   }
   BatchedCopyArgs args{.descriptors = static_cast<const CopyDescriptor*>(slot->device.get()),
                        .descriptor_count = count,
-                       .block_count = plan_batched_copy(staged, count)};
+                       .unit_count = plan_batched_copy(staged, count),
+                       .block_count = target->resident_blocks};
   const cudaStream_t native = target->stream.get();
   TUTTI_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
       slot->device.get(), staged, count * sizeof(CopyDescriptor), cudaMemcpyHostToDevice, native));
@@ -222,9 +239,65 @@ Status CudaDeviceOps::copy_async(void* destination, const void* source, std::siz
 
 Result<std::unique_ptr<DeviceEvent>> CudaDeviceOps::record_event(DeviceStream stream) {
   TUTTI_ASSIGN_OR_RETURN(cudaStream_t native, this->stream(stream));
-  TUTTI_ASSIGN_OR_RETURN(CudaEvent event, CudaEvent::create(stream.device.index));
-  TUTTI_RETURN_IF_ERROR(event.record(native));
-  return std::unique_ptr<DeviceEvent>(std::make_unique<CudaDeviceEvent>(std::move(event)));
+  return record_pooled(native, stream.device.index);
+}
+
+Result<std::unique_ptr<DeviceEvent>> CudaDeviceOps::record_ready(void* stream, Device device) {
+  if (device.kind != Device::Kind::CUDA || device.index < 0) {
+    return invalid_argument("record_ready: not a CUDA device");
+  }
+  // nullptr means the legacy default stream, also in code built with per-thread default
+  // streams (tutti/cuda.h); cudaStreamLegacy names it explicitly.
+  const cudaStream_t native =
+      stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(stream);
+  Result<std::unique_ptr<DeviceEvent>> recorded = record_pooled(native, device.index);
+  if (recorded.ok()) return recorded;
+  return invalid_argument(detail::str_cat("could not record an event on the current CUDA stream ",
+                                          stream, " (tutti/cuda.h) for cuda:", device.index,
+                                          " tensors; is it a live stream of that device? ",
+                                          recorded.status().message()));
+}
+
+Status CudaDeviceOps::wait_event(DeviceEvent& event, DeviceStream stream) {
+  auto* pooled = dynamic_cast<PooledEvent*>(&event);
+  if (pooled == nullptr) return invalid_argument("wait_event: not an event of the CUDA DeviceOps");
+  TUTTI_ASSIGN_OR_RETURN(cudaStream_t native, this->stream(stream));
+  ScopedDevice scoped;
+  TUTTI_RETURN_IF_ERROR(scoped.enter(stream.device.index));
+  // Enqueued on the device: the host goes on at once. An event of another device is allowed
+  // (CUDA orders across devices).
+  TUTTI_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(native, pooled->native(), 0));
+  return Status();
+}
+
+Result<std::unique_ptr<DeviceEvent>> CudaDeviceOps::record_pooled(cudaStream_t native, int device) {
+  cudaEvent_t event = nullptr;
+  {
+    detail::MutexLock lock(pool_mutex_);
+    std::vector<cudaEvent_t>& idle = idle_events_[device];
+    if (!idle.empty()) {
+      event = idle.back();
+      idle.pop_back();
+    }
+  }
+  ScopedDevice scoped;
+  TUTTI_RETURN_IF_ERROR(scoped.enter(device));
+  if (event == nullptr) {
+    // Blocking sync: DeviceEvent::wait() yields the thread instead of spinning.
+    TUTTI_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
+  }
+  // Owned from here: a failed record gives the event back to the pool.
+  auto pooled = std::make_unique<PooledEvent>(*this, device, event);
+  TUTTI_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, native));
+  return std::unique_ptr<DeviceEvent>(std::move(pooled));
+}
+
+void CudaDeviceOps::give_back(int device, cudaEvent_t event) {
+  // Safe to record again at once: work that waits for it (cudaStreamWaitEvent) or queries it
+  // holds on to the record it saw, and a PooledEvent is destroyed only after its last use.
+  detail::MutexLock lock(pool_mutex_);
+  idle_events_[device].push_back(event);
 }
 
 Status CudaDeviceOps::synchronize(DeviceStream stream) {
@@ -249,6 +322,13 @@ Result<CudaDeviceOps::StreamState*> CudaDeviceOps::state(DeviceStream stream) {
   }
   auto created = std::make_unique<StreamState>();
   TUTTI_ASSIGN_OR_RETURN(created->stream, CudaStream::create(stream.device.index));
+  {
+    ScopedDevice scoped;  // The occupancy query reads the current device.
+    TUTTI_RETURN_IF_ERROR(scoped.enter(stream.device.index));
+    TUTTI_RETURN_IF_ERROR(cuda_status(static_cast<cudaError_t>(batched_copy_resident_blocks(
+                                          stream.device.index, &created->resident_blocks)),
+                                      "batched_copy_resident_blocks"));
+  }
   StreamState* raw = created.get();
   streams_.emplace(key, std::move(created));
   return raw;

@@ -20,7 +20,8 @@
 namespace tutti::ops::cuda {
 
 // Any thread, except that the stream work of one DeviceStream (batched_copy, fill_zero,
-// copy_async, record_event) comes from one thread at a time (core's communication thread).
+// copy_async, record_event, wait_event) comes from one thread at a time (core's communication
+// thread); record_ready comes from any application thread.
 // Synchronous copies run on a per-device stream of their own, so an application thread never
 // waits for collectives in flight. Streams live as long as the process.
 class CudaDeviceOps final : public DeviceOps {
@@ -46,10 +47,13 @@ class CudaDeviceOps final : public DeviceOps {
                     DeviceStream stream) override;
   Result<std::unique_ptr<DeviceEvent>> record_event(DeviceStream stream) override;
   Status synchronize(DeviceStream stream) override;
+  Status check_stream(void* /*stream*/) override { return Status(); }
+  Result<std::unique_ptr<DeviceEvent>> record_ready(void* stream, Device device) override;
+  Status wait_event(DeviceEvent& event, DeviceStream stream) override;
 
   // The CUDA stream behind `stream`, created on first use. Any thread.
   Result<cudaStream_t> stream(DeviceStream stream);
-  // batched_copy with kernel descriptors (first_block is filled in here), for callers that
+  // batched_copy with kernel descriptors (first_unit is filled in here), for callers that
   // need kCopyFlagModular. Copies with count 0 are dropped.
   Status batched_copy(std::span<const CopyDescriptor> copies, DeviceStream stream);
 
@@ -65,18 +69,31 @@ class CudaDeviceOps final : public DeviceOps {
   };
   struct StreamState {
     CudaStream stream;
+    // Blocks of a batched copy launch: as many as the device keeps resident (Note [Batched
+    // copy launch] in kernels.h).
+    std::uint64_t resident_blocks = 1;
     std::vector<std::unique_ptr<DescriptorSlot>> slots;  // The stream's thread only.
   };
+  class PooledEvent;  // A DeviceEvent over an event of idle_events_; in device_ops.cc.
   // The stream index used for synchronous copies on application threads.
   static constexpr int kSynchronousStream = -1;
 
   Result<StreamState*> state(DeviceStream stream);
+  // An idle event of `device` from the pool (created when the pool is empty), recorded on
+  // `native`; it goes back to the pool when the returned DeviceEvent is destroyed. Any thread.
+  Result<std::unique_ptr<DeviceEvent>> record_pooled(cudaStream_t native, int device)
+      TUTTI_EXCLUDES(pool_mutex_);
+  void give_back(int device, cudaEvent_t event) TUTTI_EXCLUDES(pool_mutex_);
   Result<DescriptorSlot*> free_slot(StreamState& state, std::size_t count);
   Status copy_synchronously(void* destination, const void* source, std::size_t bytes,
                             Device device);
 
   detail::Mutex mutex_;
   std::map<std::pair<int, int>, std::unique_ptr<StreamState>> streams_ TUTTI_GUARDED_BY(mutex_);
+  // Idle events by device: an op records one at its call and one when its batch is done, and
+  // cudaEventCreate costs more than the record itself. Never destroyed (see cuda_device_ops()).
+  detail::Mutex pool_mutex_;
+  std::map<int, std::vector<cudaEvent_t>> idle_events_ TUTTI_GUARDED_BY(pool_mutex_);
 };
 
 // The process's CudaDeviceOps: created on first use and never destroyed, so that streams and

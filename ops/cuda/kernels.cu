@@ -161,9 +161,31 @@ __device__ __forceinline__ D convert(S value, double factor) {
   }
 }
 
-// Raw vector registers of 1..16 bytes.
+// Raw vector registers: 1..16 bytes as one access, 32 and 64 bytes as two and four 16-byte
+// accesses (the wider side of a conversion whose narrower side moves 16 bytes).
 template <int kBytes>
 struct Raw;
+struct alignas(16) Vector32 {
+  uint4 part[2];
+};
+struct alignas(16) Vector64 {
+  uint4 part[4];
+};
+struct alignas(16) Vector128 {
+  uint4 part[8];
+};
+template <>
+struct Raw<128> {
+  using Type = Vector128;
+};
+template <>
+struct Raw<64> {
+  using Type = Vector64;
+};
+template <>
+struct Raw<32> {
+  using Type = Vector32;
+};
 template <>
 struct Raw<16> {
   using Type = uint4;
@@ -196,7 +218,7 @@ __device__ __forceinline__ bool aligned(const void* pointer, unsigned long long 
 }
 
 // Copies bytes [begin, end) of one tensor in kWidth-byte words; both sides are kWidth-aligned
-// at `begin` (begin is a multiple of 16: chunks are 16 KiB).
+// at `begin` (a unit boundary, a multiple of 16 bytes into the tensor).
 template <int kWidth>
 __device__ void copy_words(const unsigned char* source, unsigned char* destination,
                            unsigned long long begin, unsigned long long end) {
@@ -234,34 +256,39 @@ __device__ void copy_bytes(const void* source, void* destination, unsigned long 
   copy_words<1>(in, out, begin, end);
 }
 
-// Converts elements [begin, end) of one tensor. Vectors of kVector elements (16 bytes of the
-// wider side) when both sides are aligned to them, single elements otherwise and for the tail.
+// Converts elements [begin, end) of one tensor. A vector is 16 bytes of the narrower type
+// (kVector elements) and the matching bytes of the wider one, when both sides are 16-byte
+// aligned; each thread keeps 64 bytes of the wider side in flight (fewer vectors the wider
+// the ratio). Single elements otherwise and for the tail.
 template <class S, class D, bool kModular>
 __device__ void convert_range(const CopyDescriptor& copy, unsigned long long begin,
                               unsigned long long end) {
+  constexpr int kNarrower =
+      sizeof(S) < sizeof(D) ? static_cast<int>(sizeof(S)) : static_cast<int>(sizeof(D));
   constexpr int kWider =
       sizeof(S) > sizeof(D) ? static_cast<int>(sizeof(S)) : static_cast<int>(sizeof(D));
-  constexpr int kVector = static_cast<int>(kCopyVectorBytes) / kWider;
+  constexpr int kVector = static_cast<int>(kCopyVectorBytes) / kNarrower;
+  constexpr int kRatio = kWider / kNarrower;
+  constexpr int kDepth = kCopyVectorsPerThread / kRatio > 0 ? kCopyVectorsPerThread / kRatio : 1;
   const S* source = static_cast<const S*>(copy.source) + begin;
   D* destination = static_cast<D*>(copy.destination) + begin;
   const double factor = copy.factor;
   const unsigned long long count = end - begin;
   const unsigned long long stride = blockDim.x;
   unsigned long long done = 0;
-  if (aligned(source, sizeof(S) * kVector) && aligned(destination, sizeof(D) * kVector)) {
+  if (aligned(source, kCopyVectorBytes) && aligned(destination, kCopyVectorBytes)) {
     using In = Pack<S, kVector>;
     using Out = Pack<D, kVector>;
     const auto* in = reinterpret_cast<const decltype(In::raw)*>(source);
     auto* out = reinterpret_cast<decltype(Out::raw)*>(destination);
     const unsigned long long vectors = count / kVector;
     unsigned long long i = threadIdx.x;
-    for (; i + (kCopyVectorsPerThread - 1) * stride < vectors;
-         i += kCopyVectorsPerThread * stride) {
-      In buffer[kCopyVectorsPerThread];
+    for (; i + (kDepth - 1) * stride < vectors; i += kDepth * stride) {
+      In buffer[kDepth];
 #pragma unroll
-      for (int k = 0; k < kCopyVectorsPerThread; ++k) buffer[k].raw = in[i + k * stride];
+      for (int k = 0; k < kDepth; ++k) buffer[k].raw = in[i + k * stride];
 #pragma unroll
-      for (int k = 0; k < kCopyVectorsPerThread; ++k) {
+      for (int k = 0; k < kDepth; ++k) {
         Out result;
 #pragma unroll
         for (int e = 0; e < kVector; ++e) {
@@ -334,44 +361,50 @@ __device__ void convert_dispatch(const CopyDescriptor& copy, unsigned long long 
   }
 }
 
-// Block b works on the last descriptor whose first_block <= b (descriptors without elements
-// own no block, so the search never lands on one that has work for another block), on the
-// chunk b - first_block of it.
+// One block's share of the batch (Note [Batched copy launch] in kernels.h): the pieces of the
+// copies its units overlap, one after another.
 __global__ void __launch_bounds__(kCopyThreadsPerBlock)
-    batched_copy_scale(const CopyDescriptor* __restrict__ copies, unsigned long long count) {
-  const unsigned long long block = blockIdx.x;
-  unsigned long long low = 0;
-  unsigned long long high = count;  // Invariant: copies[low].first_block <= block.
-  while (high - low > 1) {
-    const unsigned long long middle = low + (high - low) / 2;
-    if (copies[middle].first_block <= block) {
-      low = middle;
-    } else {
-      high = middle;
-    }
-  }
-  const CopyDescriptor copy = copies[low];
-  const unsigned long long chunk = copy_chunk_elements(copy);
-  const unsigned long long begin = (block - copy.first_block) * chunk;
-  const unsigned long long end = begin + chunk < copy.count ? begin + chunk : copy.count;
-  if (copy.source_type == copy.destination_type &&
-      ((copy.flags & kCopyFlagModular) != 0 || copy.factor == 1.0)) {
-    const unsigned long long size = kernel_type_size(copy.source_type);
-    copy_bytes(copy.source, copy.destination, begin * size, end * size);
-  } else {
-    convert_dispatch(copy, begin, end);
-  }
+    batched_copy_scale(const CopyDescriptor* __restrict__ copies, unsigned long long count,
+                       unsigned long long units) {
+  for_each_block_range(copies, count, units, blockIdx.x, gridDim.x,
+                       [copies](std::uint64_t index, std::uint64_t begin, std::uint64_t end) {
+                         const CopyDescriptor copy = copies[index];
+                         if (copy.source_type == copy.destination_type &&
+                             ((copy.flags & kCopyFlagModular) != 0 || copy.factor == 1.0)) {
+                           const unsigned long long size = kernel_type_size(copy.source_type);
+                           copy_bytes(copy.source, copy.destination, begin * size, end * size);
+                         } else {
+                           convert_dispatch(copy, begin, end);
+                         }
+                       });
 }
 
 }  // namespace
 
 int launch_batched_copy_scale(const BatchedCopyArgs* args, void* stream) {
-  if (args->block_count == 0) return cudaSuccess;
-  if (args->block_count > 0x7fffffffull) return cudaErrorInvalidValue;
-  batched_copy_scale<<<static_cast<unsigned int>(args->block_count), kCopyThreadsPerBlock, 0,
+  if (args->unit_count == 0) return cudaSuccess;
+  if (args->block_count == 0 || args->block_count > 0x7fffffffull) return cudaErrorInvalidValue;
+  const unsigned long long blocks =
+      args->block_count < args->unit_count ? args->block_count : args->unit_count;
+  batched_copy_scale<<<static_cast<unsigned int>(blocks), kCopyThreadsPerBlock, 0,
                        static_cast<cudaStream_t>(stream)>>>(
-      args->descriptors, static_cast<unsigned long long>(args->descriptor_count));
+      args->descriptors, static_cast<unsigned long long>(args->descriptor_count),
+      static_cast<unsigned long long>(args->unit_count));
   return cudaGetLastError();
+}
+
+int batched_copy_resident_blocks(int device, std::uint64_t* blocks) {
+  int processors = 0;
+  cudaError_t code = cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device);
+  if (code != cudaSuccess) return code;
+  int per_processor = 0;
+  // Occupancy is a property of the current device: the caller has made `device` current.
+  code = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_processor, batched_copy_scale,
+                                                       kCopyThreadsPerBlock, 0);
+  if (code != cudaSuccess) return code;
+  *blocks = static_cast<std::uint64_t>(processors) *
+            static_cast<std::uint64_t>(per_processor > 0 ? per_processor : 1);
+  return cudaSuccess;
 }
 
 }  // namespace tutti::ops::cuda

@@ -2,18 +2,34 @@
 // RAII CUDA streams and events, and the current-device guard every CUDA call runs under.
 //
 // Note [Stream ordering]
-// API.md's TensorView carries no stream, so a CUDA tensor must be complete when it is
-// submitted: the caller synchronizes its own stream (or the device) first, as the public
-// headers say. Tutti never uses the legacy default stream, which would serialize with the
-// application's kernels: it works on its own non-blocking streams, TUTTI_NUM_NCCL_STREAMS of
-// them per device (ops::DeviceStream::index), created on first use and kept for the process.
-// On one stream everything is ordered: the fusion pack kernel, the collective (NCCL, or the
-// host-staged MPI copies), the unpack kernel; so no event is needed between them, and a device
-// fusion buffer used on one stream only may be reused by the next batch on that stream without
-// waiting. Work on two streams is unordered: core keeps a fusion buffer per stream. An op is
-// done when an event recorded after its unpack has completed: the communication thread polls
-// it (cudaEventQuery, never blocking) and completes the handles then, so Handle::wait() returns
-// once the outputs can be read from any stream of the device.
+// Tutti works on its own non-blocking streams, TUTTI_NUM_NCCL_STREAMS of them per device
+// (ops::DeviceStream::index), created on first use and kept for the process; it never uses
+// the legacy default stream, which would serialize with the application's kernels. Ordering
+// with the application (tutti/cuda.h states the rule for users):
+//   1. At the call, on the submitting thread, Session::submit records an event, from a pool,
+//      on that thread's current stream (tutti::cuda::current_stream(); nullptr is the legacy
+//      default stream, which also covers cudaMemcpy and blocking streams): DeviceOps::
+//      record_ready. A stream that cannot be recorded on fails the call with InvalidArgument.
+//      The calling thread never waits for the device.
+//   2. The communication thread, before a device batch's first work on its lane's stream,
+//      enqueues cudaStreamWaitEvent for each op's event (DevicePath::wait_for_producers) and
+//      gives the event back to the pool. Everything after it on that stream, for every
+//      collective, fused or in place, NCCL or the host-staged MPI copies, rooted ops built on
+//      them, reads the inputs (and writes the outputs) only after the producer's work.
+//   3. On one stream everything is ordered: the wait, the fusion pack kernel, the collective,
+//      the unpack kernel; so no event is needed between them, and a device fusion buffer used
+//      on one stream only may be reused by the next batch on that stream without waiting.
+//      Work on two streams is unordered: core keeps a fusion buffer per stream.
+//   4. An op is done when an event recorded after its unpack has completed: a thread of core's
+//      polls it (cudaEventQuery, never blocking) and completes the handles then, so
+//      Handle::wait() returns once the outputs can be read, and the inputs written, from any
+//      stream of the device.
+// Cost per op: one cudaEventRecord on the submitting thread (events are pooled per device:
+// cudaEventCreate would cost more than the record) and one cudaStreamWaitEvent on the
+// communication thread; not yet measured on a GPU against P2 (issue 23).
+// Point-to-point ops take CPU tensors only. The simulated device (test/support/sim_device.h)
+// models producer streams whose writes land late, and test/mpi/device/stream_ordering_test.cc
+// fails if step 1 or 2 is skipped.
 #pragma once
 
 #include <cuda_runtime.h>

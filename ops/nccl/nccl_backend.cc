@@ -108,7 +108,7 @@ Status NcclBackend::widen(const void* source, DataType dtype, std::int32_t* wide
                                   .destination = wide,
                                   .count = count,
                                   .factor = 1.0,
-                                  .first_block = 0,
+                                  .first_unit = 0,
                                   .source_type = static_cast<cuda::KernelType>(dtype),
                                   .destination_type = cuda::KernelType::Int32,
                                   .flags = cuda::kCopyFlagModular};
@@ -122,7 +122,7 @@ Status NcclBackend::narrow(const std::int32_t* wide, void* destination, DataType
                                   .destination = destination,
                                   .count = count,
                                   .factor = 1.0,
-                                  .first_block = 0,
+                                  .first_unit = 0,
                                   .source_type = cuda::KernelType::Int32,
                                   .destination_type = static_cast<cuda::KernelType>(dtype),
                                   .flags = cuda::kCopyFlagModular};

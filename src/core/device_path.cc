@@ -43,6 +43,15 @@ Result<DevicePath::Lane> DevicePath::next_lane(int set_id, std::span<const Work>
   return Lane{.backend = lane.backend, .mover = mover.get()};
 }
 
+Status DevicePath::wait_for_producers(const Lane& lane, std::span<Work> batch) {
+  for (Work& work : batch) {
+    if (work.entry == nullptr || work.entry->ready == nullptr) continue;
+    TUTTI_RETURN_IF_ERROR(ops::device_ops().wait_event(*work.entry->ready, lane.mover->stream()));
+    work.entry->ready.reset();  // The wait is enqueued: the event may be reused.
+  }
+  return Status();
+}
+
 Status DevicePath::complete_later(const Lane& lane, std::span<Work> batch) {
   TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::DeviceEvent> event,
                          ops::device_ops().record_event(lane.mover->stream()));

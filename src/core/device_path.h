@@ -40,6 +40,10 @@ class DevicePath {
   // The lane of the next device batch of `set_id` (Note [Device lanes]); creates its backend
   // if this is its first batch there (collective over the set).
   Result<Lane> next_lane(int set_id, std::span<const Work> batch);
+  // Before any device work of `batch` on `lane`: the lane's stream waits, on the device, for
+  // what each op's submitting thread had enqueued on its current stream (Note [Stream
+  // ordering] in ops/cuda/stream.h). Returns at once.
+  Status wait_for_producers(const Lane& lane, std::span<Work> batch);
   // After `batch` was enqueued on `lane` without error: its ops complete (OK) once the device
   // has done the work (Note [Device completion]).
   Status complete_later(const Lane& lane, std::span<Work> batch);

@@ -114,6 +114,7 @@ Status ResponseExecutor::run_batch(std::vector<Work>& batch, bool* deferred) {
   if (response.device == Device::Kind::CPU) return run_collective(batch, host, host_mover_);
   TUTTI_ASSIGN_OR_RETURN(DevicePath::Lane lane,
                          parts_.device.next_lane(response.process_set_id, batch));
+  TUTTI_RETURN_IF_ERROR(parts_.device.wait_for_producers(lane, batch));
   TUTTI_RETURN_IF_ERROR(run_collective(batch, *lane.backend, *lane.mover));
   TUTTI_RETURN_IF_ERROR(parts_.device.complete_later(lane, batch));
   *deferred = true;

@@ -10,6 +10,7 @@
 #include "src/common/logging.h"
 #include "src/common/strings.h"
 #include "src/core/start_handshake.h"
+#include "tutti/cuda.h"
 
 namespace tutti::core {
 
@@ -103,6 +104,14 @@ void Session::run() {
 
 Status Session::submit(std::shared_ptr<Entry> entry) {
   if (loop_done_.load()) return Status(ErrorCode::ShutDown, "Tutti has shut down");
+  if (entry->request.device == Device::Kind::CUDA && !entry->inputs.empty()) {
+    // Before the entry is visible to the communication thread, which waits for it on the GPU
+    // (Note [Stream ordering] in ops/cuda/stream.h). A stream that cannot be recorded on fails
+    // the call here, with nothing queued.
+    TUTTI_ASSIGN_OR_RETURN(
+        entry->ready,
+        ops::device_ops().record_ready(cuda::current_stream(), entry->inputs.front().device()));
+  }
   // A push racing with the loop's end is either refused or failed by finish(): close() takes
   // the queue's lock too.
   return queue_.push(std::move(entry));

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ops/device_ops.h"
 #include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/core/inline_vector.h"
@@ -38,6 +39,10 @@ struct Entry {
   std::shared_ptr<detail::OpState> state;
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
+  // CUDA ops: the submitting thread's current stream at the call, which Tutti's stream waits
+  // for before the op's device work (Note [Stream ordering] in ops/cuda/stream.h). Null once
+  // that wait is enqueued, and for CPU ops.
+  std::unique_ptr<ops::DeviceEvent> ready;
 };
 
 // An Entry with its OpState in one allocation (the API's ops make one per call).

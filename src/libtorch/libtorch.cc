@@ -5,6 +5,9 @@
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <unistd.h>
+#if TUTTI_LIBTORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <cmath>
 #include <exception>
@@ -18,6 +21,7 @@
 
 #include "src/common/mutex.h"
 #include "src/common/throw.h"
+#include "tutti/cuda.h"
 #include "tutti/runtime.h"
 
 namespace tutti::libtorch {
@@ -55,6 +59,18 @@ std::optional<c10::ScalarType> torch_type(DataType type) {
     case DataType::UInt16: break;  // LibTorch 1.13 has no uint16.
   }
   return std::nullopt;
+}
+
+// LibTorch's current stream of `tensor`'s device for a CUDA tensor (API.md: the adapter
+// submits every CUDA tensor with it, so that Tutti waits on the GPU for the kernels that wrote
+// it), else nullptr. In a backward hook it is the stream of the op that made the gradient.
+void* torch_stream(const torch::Tensor& tensor) {
+#if TUTTI_LIBTORCH_CUDA
+  if (tensor.is_cuda()) return c10::cuda::getCurrentCUDAStream(tensor.get_device()).stream();
+#endif
+  // A LibTorch without CUDA has no CUDA tensors.
+  static_cast<void>(tensor);
+  return nullptr;
 }
 
 // Writes one whole line to stderr with a single write(2), so ranks' lines do not interleave.
@@ -146,6 +162,7 @@ void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& 
   // One grouped broadcast per dtype keeps every member's list in the same (name) order.
   std::map<DataType, std::vector<TensorView>> by_type;
   std::map<DataType, std::vector<std::string>> names;
+  std::map<DataType, std::vector<torch::Tensor>> tensors;
   for (const auto& item : parameters) {
     TensorView v;
     try {
@@ -155,11 +172,13 @@ void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& 
     }
     by_type[v.dtype()].push_back(v);
     names[v.dtype()].push_back(item.key());
+    tensors[v.dtype()].push_back(item.value());
   }
   torch::NoGradGuard no_grad;
   for (auto& [dtype, views] : by_type) {
     std::vector<Handle> handles;
     for (std::size_t i = 0; i < views.size(); ++i) {
+      const cuda::StreamGuard current(torch_stream(tensors[dtype][i]));
       handles.push_back(broadcast_async(
           views[i], root_rank, "libtorch.broadcast_parameters." + names[dtype][i], process_set));
     }
@@ -281,6 +300,8 @@ struct DistributedOptimizer::State {
                             : grad.to(wire_type(grad)).contiguous();
       views.push_back(view(unit.buffers[m]));
     }
+    // A unit's gradients are on one device; the hook runs under the stream that made them.
+    const cuda::StreamGuard current(torch_stream(unit.buffers.front()));
     if (unit.grouped) {
       unit.handle = grouped_allreduce_async(std::move(views), unit.name, reduce_options());
     } else {

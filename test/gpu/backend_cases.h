@@ -99,7 +99,7 @@ inline void check_allreduce(ops::Backend& backend, const std::vector<DataType>& 
         const std::vector<std::byte> mine =
             encode(rank_values(op, dtype, backend.rank(), 0, count), dtype);
         DeviceBuffer data(mine.size());
-        upload(data.get(), mine);
+        upload(data.get(), mine, my_stream());
         Status status = backend.allreduce(data.get(), count, dtype, op);
         if (status.ok()) status = finish(backend);
         const std::vector<double> got = decode(download(data.get(), mine.size()), dtype);
@@ -138,7 +138,8 @@ inline void check_allgatherv(ops::Backend& backend, const std::vector<DataType>&
       DeviceBuffer input(mine * element_size(dtype));
       DeviceBuffer output(expected.size() * element_size(dtype));
       upload(input.get(),
-             encode(rank_values(ops::WireOp::Sum, dtype, backend.rank(), 0, mine), dtype));
+             encode(rank_values(ops::WireOp::Sum, dtype, backend.rank(), 0, mine), dtype),
+             my_stream());
       Status status = backend.allgatherv(input.get(), output.get(), counts, dtype);
       if (status.ok()) status = finish(backend);
       const std::vector<double> got =
@@ -160,7 +161,7 @@ inline void check_broadcast(ops::Backend& backend, const std::vector<DataType>& 
       const std::vector<std::byte> mine =
           encode(rank_values(ops::WireOp::Sum, dtype, backend.rank(), 0, count), dtype);
       DeviceBuffer data(mine.size());
-      upload(data.get(), mine);
+      upload(data.get(), mine, my_stream());
       Status status = backend.broadcast(data.get(), count, dtype, root);
       if (status.ok()) status = finish(backend);
       outcome.check(status.ok() && decode(download(data.get(), mine.size()), dtype) == expected,
@@ -194,7 +195,7 @@ inline void check_alltoallv(ops::Backend& backend, const std::vector<DataType>& 
     }
     DeviceBuffer in(input.size() * element_size(dtype));
     DeviceBuffer out(expected.size() * element_size(dtype));
-    upload(in.get(), encode(input, dtype));
+    upload(in.get(), encode(input, dtype), my_stream());
     Status status = backend.alltoallv(in.get(), send_counts, out.get(), recv_counts, dtype);
     if (status.ok()) status = finish(backend);
     const std::vector<double> got =
@@ -223,7 +224,8 @@ inline void check_reducescatter(ops::Backend& backend, const std::vector<DataTyp
       DeviceBuffer input(total * element_size(dtype));
       DeviceBuffer output(counts[me] * element_size(dtype));
       upload(input.get(),
-             encode(rank_values(ops::WireOp::Sum, dtype, backend.rank(), 0, total), dtype));
+             encode(rank_values(ops::WireOp::Sum, dtype, backend.rank(), 0, total), dtype),
+             my_stream());
       Status status =
           backend.reducescatter(input.get(), output.get(), counts, dtype, ops::WireOp::Sum);
       if (status.ok()) status = finish(backend);
@@ -319,7 +321,8 @@ inline void check_fused_average(ops::Backend& backend) {
   for (std::size_t t = 0; t < counts.size(); ++t) {
     upload(tensors[t]->get(),
            encode(rank_values(ops::WireOp::Sum, DataType::Float16, backend.rank(), t, counts[t]),
-                  DataType::Float16));
+                  DataType::Float16),
+           my_stream());
   }
   Result<std::shared_ptr<void>> fused = device.allocate(total * sizeof(float), my_stream().device);
   REQUIRE(fused.ok());

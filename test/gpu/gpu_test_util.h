@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -44,10 +45,23 @@ class DeviceBuffer {
   void* memory_ = nullptr;
 };
 
-inline void upload(void* device, const std::vector<std::byte>& host) {
+// Makes Tutti's `stream` wait, on the device, for the work enqueued so far on the legacy
+// default stream: what core does for every op (Note [Stream ordering] in ops/cuda/stream.h).
+inline void order_after_legacy_stream(ops::DeviceStream stream) {
+  ops::DeviceOps& device = ops::device_ops();
+  Result<std::unique_ptr<ops::DeviceEvent>> ready = device.record_ready(nullptr, stream.device);
+  if (!ready.ok()) throw std::runtime_error(std::string(ready.status().message()));
+  const Status waited = device.wait_event(*ready.value(), stream);
+  if (!waited.ok()) throw std::runtime_error(std::string(waited.message()));
+}
+
+// Copies `host` to `device` memory with cudaMemcpy, which from pageable memory may return
+// before the data lands, and orders Tutti's `reader` stream after it.
+inline void upload(void* device, const std::vector<std::byte>& host, ops::DeviceStream reader) {
   if (!host.empty()) {
     cuda_check(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
   }
+  order_after_legacy_stream(reader);
 }
 
 inline std::vector<std::byte> download(const void* device, std::size_t bytes) {

@@ -54,7 +54,7 @@ TEST_CASE("the registry stages through the host when ranks share a GPU", "[stage
   int shared = local_size > devices ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   const bool nccl = ops::built_with_nccl() && shared == 0;
-  CHECK(all_ranks(chosen.value()->name() == (nccl ? "NCCL" : "MPI (host-staged CUDA)")));
+  CHECK(all_ranks(chosen.value()->name() == (nccl ? "NCCL" : "MPI (host-staged device buffers)")));
   if (shared != 0) {
     const Result<std::unique_ptr<ops::Backend>> refused =
         ops::create_device_backend(host, my_stream(), ops::DeviceBackendKind::Nccl);

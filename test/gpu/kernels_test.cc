@@ -4,9 +4,11 @@
 // CUDA DeviceOps: allocation, copies, events, errors for devices that do not exist.
 #include "ops/cuda/kernels.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -56,8 +58,9 @@ std::string describe(const Case& c) {
          std::to_string(c.destination_offset) + " factor " + std::to_string(c.factor);
 }
 
-// Every ordered dtype pair four times, cycling through sizes (0, 1, odd, around the 16 KiB
-// chunk), element offsets that misalign either side, and factors.
+// Every ordered dtype pair four times, cycling through sizes (0, 1, odd, across several 4 KiB
+// units of Note [Batched copy launch]), element offsets that misalign either side, and
+// factors.
 std::vector<Case> make_cases(std::size_t* source_bytes, std::size_t* destination_bytes) {
   const std::size_t sizes[] = {0, 1, 3, 17, 255, 4097, 16385, 40001};
   const std::size_t offsets[] = {0, 1, 3, 7};
@@ -108,8 +111,8 @@ TEST_CASE("batched copy equals convert_scale for every dtype pair, size, offset 
   }
   DeviceBuffer source_device(source_bytes);
   DeviceBuffer destination_device(destination_bytes);
-  upload(source_device.get(), source);
-  upload(destination_device.get(), std::vector<std::byte>(destination_bytes, kGuard));
+  upload(source_device.get(), source, stream0());
+  upload(destination_device.get(), std::vector<std::byte>(destination_bytes, kGuard), stream0());
 
   std::vector<CopySpec> copies;
   for (const Case& c : cases) {
@@ -142,7 +145,7 @@ TEST_CASE("batched copy scales in place for every dtype", "[kernel]") {
     for (std::size_t i = 0; i < count; ++i) values[i] = source_value(i);
     std::vector<std::byte> expected = encode(values, dtype);
     DeviceBuffer data(expected.size());
-    upload(data.get(), expected);
+    upload(data.get(), expected, stream0());
     ops::cpu::convert_scale(expected.data(), dtype, expected.data(), dtype, count, 0.5);
     const CopySpec copy{.destination = data.get(),
                         .destination_type = dtype,
@@ -175,7 +178,7 @@ TEST_CASE("half conversions scale in float32 and keep infinities and NaN", "[ker
       DeviceBuffer in(input.size());
       DeviceBuffer mid(narrow.size());
       DeviceBuffer out(wide.size());
-      upload(in.get(), input);
+      upload(in.get(), input, stream0());
       const CopySpec there{.destination = mid.get(),
                            .destination_type = half,
                            .source = in.get(),
@@ -216,13 +219,13 @@ TEST_CASE("modular copies narrow integers keeping the low bits", "[kernel]") {
   DeviceBuffer out(wide.size() * sizeof(std::int16_t));
   std::vector<std::byte> bytes(wide.size() * sizeof(std::int32_t));
   std::memcpy(bytes.data(), wide.data(), bytes.size());
-  upload(in.get(), bytes);
+  upload(in.get(), bytes, stream0());
   for (ops::cuda::KernelType to : {ops::cuda::KernelType::Int16, ops::cuda::KernelType::UInt16}) {
     const ops::cuda::CopyDescriptor copy{.source = in.get(),
                                          .destination = out.get(),
                                          .count = wide.size(),
                                          .factor = 1.0,
-                                         .first_block = 0,
+                                         .first_unit = 0,
                                          .source_type = ops::cuda::KernelType::Int32,
                                          .destination_type = to,
                                          .flags = ops::cuda::kCopyFlagModular};
@@ -259,7 +262,7 @@ TEST_CASE("ResNet-50-like gradients pack and unpack through a fused buffer in on
     std::vector<std::byte> bytes(values.size() * sizeof(float));
     std::memcpy(bytes.data(), values.data(), bytes.size());
     tensors.push_back(std::make_unique<DeviceBuffer>(bytes.size()));
-    upload(tensors.back()->get(), bytes);
+    upload(tensors.back()->get(), bytes, stream0());
     host.push_back(std::move(values));
   }
   Result<std::shared_ptr<void>> fused = device.allocate(total * sizeof(float), Device::cuda(0));
@@ -318,6 +321,49 @@ TEST_CASE("CUDA DeviceOps allocates zeroed memory and copies both ways", "[devic
   REQUIRE(device.copy_async(pinned.value().get(), other.get(), bytes, stream0()).ok());
   REQUIRE(device.synchronize(stream0()).ok());
   CHECK(std::memcmp(pinned.value().get(), std::vector<std::byte>(bytes).data(), bytes) == 0);
+}
+
+// Holds back the work behind it on its stream for 100 ms: a slow producer.
+void CUDART_CB sleep_100ms(void* /*unused*/) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+TEST_CASE("record_ready and wait_event order Tutti's stream after a slow producer stream",
+          "[device_ops][ordering]") {
+  ops::DeviceOps& device = ops::device_ops();
+  const std::size_t count = 4096;
+  std::vector<float> values(count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = static_cast<float>(i % 251 + 1);
+  cudaStream_t own = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  void* staging = nullptr;
+  cuda_check(cudaMallocHost(&staging, count * sizeof(float)), "cudaMallocHost");
+  std::memcpy(staging, values.data(), count * sizeof(float));
+  for (cudaStream_t producer : {cudaStream_t{nullptr}, own}) {
+    const cudaStream_t native = producer == nullptr ? cudaStreamLegacy : producer;
+    const std::shared_ptr<void> source = device.allocate_zeroed(count * 4, Device::cuda(0));
+    const std::shared_ptr<void> destination = device.allocate_zeroed(count * 4, Device::cuda(0));
+    // The producer writes `source` 100 ms from now; Tutti's stream copies it at once unless
+    // it waits for the producer.
+    cuda_check(cudaLaunchHostFunc(native, &sleep_100ms, nullptr), "cudaLaunchHostFunc");
+    cuda_check(cudaMemcpyAsync(source.get(), staging, count * 4, cudaMemcpyHostToDevice, native),
+               "cudaMemcpyAsync");
+    Result<std::unique_ptr<ops::DeviceEvent>> ready =
+        device.record_ready(producer, Device::cuda(0));
+    REQUIRE(ready.ok());
+    REQUIRE(device.wait_event(*ready.value(), stream0()).ok());
+    ready.value().reset();  // Back to the pool: the wait holds the record it saw.
+    const CopySpec copy{.destination = destination.get(), .source = source.get(), .count = count};
+    REQUIRE(device.batched_copy(std::span<const CopySpec>(&copy, 1), stream0()).ok());
+    REQUIRE(device.synchronize(stream0()).ok());
+    std::vector<float> got(count);
+    REQUIRE(device.copy_to_host(got.data(), destination.get(), count * 4, Device::cuda(0)).ok());
+    INFO((producer == nullptr ? "legacy default stream" : "a non-blocking stream"));
+    CHECK(got == values);
+  }
+  cuda_check(cudaStreamSynchronize(own), "cudaStreamSynchronize");
+  cuda_check(cudaStreamDestroy(own), "cudaStreamDestroy");
+  cuda_check(cudaFreeHost(staging), "cudaFreeHost");
 }
 
 TEST_CASE("Tensors on CUDA devices are zero-filled and refuse devices that do not exist",

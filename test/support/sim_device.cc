@@ -51,112 +51,6 @@ void free_memory(void* memory) { ::operator delete(memory, std::align_val_t(kAli
 
 }  // namespace
 
-// One DeviceStream: a worker thread running tasks in FIFO order, each after a random delay.
-// Tasks are counted from 1 in enqueue order; "position p has run" means tasks 1..p have.
-class SimDeviceOps::Stream {
- public:
-  // An event at a position of one stream. Holds the stream, so it works after the device's
-  // destruction (which ran every task).
-  class Event final : public ops::DeviceEvent {
-   public:
-    Event(std::shared_ptr<Stream> stream, std::uint64_t position)
-        : stream_(std::move(stream)), position_(position) {}
-    Result<bool> poll() override { return stream_->has_run(position_); }
-    Status wait() override {
-      stream_->wait(position_);
-      return Status();
-    }
-
-   private:
-    std::shared_ptr<Stream> stream_;
-    std::uint64_t position_;
-  };
-
-  Stream(ops::DeviceStream key, std::chrono::microseconds max_delay)
-      : max_delay_(max_delay),
-        // Seeded by the stream, so a failing test replays the same delays (threads allowing).
-        random_(static_cast<unsigned>(key.device.index * 1009 + key.index)),
-        worker_([this, name = str_cat("sim-cuda", key.device.index, ".", key.index)](
-                    const std::stop_token& stop) { run(stop, name); }) {}
-  ~Stream() { stop(); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-
-  // Queues `task`; returns its position.
-  std::uint64_t enqueue(std::function<void()> task) {
-    std::uint64_t position = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      tasks_.push_back(std::move(task));
-      position = ++enqueued_;
-    }
-    work_.notify_one();
-    return position;
-  }
-  std::uint64_t enqueued() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return enqueued_;
-  }
-  bool has_run(std::uint64_t position) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return completed_ >= position;
-  }
-  // Blocks (no spinning) until has_run(position).
-  void wait(std::uint64_t position) const {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return completed_ >= position; });
-  }
-  void set_paused(bool paused) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      is_paused_ = paused;
-    }
-    work_.notify_one();
-  }
-  // Runs every queued task, paused or not, and joins the worker. Idempotent.
-  void stop() {
-    if (!worker_.joinable()) return;
-    worker_.request_stop();
-    worker_.join();
-  }
-
- private:
-  void run(const std::stop_token& stop, const std::string& name) {
-    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());  // Linux's limit.
-    std::uniform_int_distribution<std::int64_t> delay(0, max_delay_.count());
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        // Once stopped, the predicate no longer holds the worker: queued work runs unpaused.
-        work_.wait(lock, stop, [this] { return !tasks_.empty() && !is_paused_; });
-        if (tasks_.empty()) return;  // Stopped, and nothing left.
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      if (max_delay_.count() > 0)
-        std::this_thread::sleep_for(std::chrono::microseconds(delay(random_)));
-      task();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++completed_;
-      }
-      done_.notify_all();
-    }
-  }
-
-  mutable std::mutex mutex_;
-  std::condition_variable_any work_;         // The worker waits: a task, resume() or stop().
-  mutable std::condition_variable done_;     // wait() waits: a task ran.
-  std::deque<std::function<void()>> tasks_;  // Guarded by mutex_.
-  std::uint64_t enqueued_ = 0;               // Guarded by mutex_.
-  std::uint64_t completed_ = 0;              // Guarded by mutex_.
-  bool is_paused_ = false;                   // Guarded by mutex_.
-  const std::chrono::microseconds max_delay_;
-  std::mt19937 random_;  // The worker's.
-  std::jthread worker_;  // Last: starts once the members above exist.
-};
-
 SimDeviceOps::SimDeviceOps(int device_count, std::chrono::microseconds max_delay)
     : device_count_(device_count), max_delay_(max_delay) {
   TUTTI_CHECK(device_count >= 0 && max_delay.count() >= 0, "SimDeviceOps(", device_count, ", ",
@@ -166,7 +60,13 @@ SimDeviceOps::SimDeviceOps(int device_count, std::chrono::microseconds max_delay
 SimDeviceOps::~SimDeviceOps() {
   {
     std::lock_guard<std::mutex> lock(streams_mutex_);
-    for (auto& [key, worker] : streams_) worker->stop();
+    // The application's streams first: Tutti's may wait for them (wait_event), never the
+    // other way round.
+    for (const bool application : {true, false}) {
+      for (auto& [key, worker] : streams_) {
+        if ((key.second < 0) == application) worker->stop();
+      }
+    }
   }
   std::lock_guard<std::mutex> lock(memory_mutex_);
   const auto live = std::count_if(allocations_.begin(), allocations_.end(),
@@ -442,9 +342,16 @@ Result<std::shared_ptr<SimDeviceOps::Stream>> SimDeviceOps::stream(std::string_v
                              " is negative"));
   }
   TUTTI_RETURN_IF_ERROR(check_device(call, key.device));
+  return find_or_create({key.device.index, key.index});
+}
+
+std::shared_ptr<SimDeviceOps::Stream> SimDeviceOps::find_or_create(std::pair<int, int> key) {
   std::lock_guard<std::mutex> lock(streams_mutex_);
-  std::shared_ptr<Stream>& found = streams_[{key.device.index, key.index}];
-  if (found == nullptr) found = std::make_shared<Stream>(key, max_delay_);
+  std::shared_ptr<Stream>& found = streams_[key];
+  if (found == nullptr) {
+    found = std::make_shared<Stream>(ops::DeviceStream{Device::cuda(key.first), key.second},
+                                     max_delay_);
+  }
   return found;
 }
 
@@ -528,6 +435,87 @@ Status SimDeviceOps::synchronize(ops::DeviceStream key) {
   TUTTI_ASSIGN_OR_RETURN(std::shared_ptr<Stream> target, stream("synchronize", key));
   target->wait(target->enqueued());
   return Status();
+}
+
+// ---- The application's streams.
+
+Result<std::shared_ptr<SimDeviceOps::Stream>> SimDeviceOps::app(std::string_view call, void* handle,
+                                                                int device) {
+  TUTTI_RETURN_IF_ERROR(check_device(call, Device::cuda(device)));
+  if (handle == nullptr) return find_or_create({device, -1});
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    for (const auto& [key, worker] : streams_) {
+      if (key.second <= -2 && worker.get() == handle) {
+        if (key.first == device) return worker;
+        return violation(str_cat(call, ": stream ", handle, " belongs to cuda:", key.first,
+                                 ", not cuda:", device));
+      }
+    }
+  }
+  return violation(str_cat(call, ": ", handle, " is not a stream made by app_stream()"));
+}
+
+void* SimDeviceOps::app_stream(int device, int index) {
+  TUTTI_CHECK(device >= 0 && device < device_count_ && index >= 0, "app_stream(", device, ", ",
+              index, "): no such device, or a negative index");
+  return find_or_create({device, -2 - index}).get();
+}
+
+Status SimDeviceOps::check_stream(void* handle) {
+  if (handle == nullptr) return Status();
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    for (const auto& [key, worker] : streams_) {
+      if (key.second <= -2 && worker.get() == handle) return Status();
+    }
+  }
+  return violation(str_cat("check_stream: ", handle, " is not a stream made by app_stream()"));
+}
+
+Status SimDeviceOps::write_async(void* handle, int device, void* destination, const void* source,
+                                 std::size_t bytes) {
+  constexpr std::string_view kCall = "write_async";
+  TUTTI_ASSIGN_OR_RETURN(std::shared_ptr<Stream> target, app(kCall, handle, device));
+  if (bytes == 0) return Status();
+  TUTTI_RETURN_IF_ERROR(
+      check_range(kCall, "destination", destination, bytes, Expect::Device, device).status());
+  TUTTI_RETURN_IF_ERROR(check_range(kCall, "source", source, bytes, Expect::Host, 0).status());
+  const auto* first = static_cast<const std::byte*>(source);
+  target->enqueue([destination, staged = std::vector<std::byte>(first, first + bytes)] {
+    std::memcpy(destination, staged.data(), staged.size());
+  });
+  return Status();
+}
+
+Result<std::unique_ptr<ops::DeviceEvent>> SimDeviceOps::record_ready(void* handle, Device device) {
+  TUTTI_ASSIGN_OR_RETURN(std::shared_ptr<Stream> target, app("record_ready", handle, device.index));
+  const std::uint64_t position = target->enqueue([] {});
+  return std::unique_ptr<ops::DeviceEvent>(std::make_unique<Stream::Event>(target, position));
+}
+
+Status SimDeviceOps::wait_event(ops::DeviceEvent& event, ops::DeviceStream key) {
+  constexpr std::string_view kCall = "wait_event";
+  auto* ours = dynamic_cast<Stream::Event*>(&event);
+  if (ours == nullptr) return violation(str_cat(kCall, ": not an event of the simulated device"));
+  TUTTI_ASSIGN_OR_RETURN(std::shared_ptr<Stream> target, stream(kCall, key));
+  // The worker blocks until the event's stream has run up to it, as the GPU holds the
+  // stream's later work back; the host returns at once.
+  target->enqueue(
+      [awaited = ours->stream(), position = ours->position()] { awaited->wait(position); });
+  return Status();
+}
+
+void SimDeviceOps::pause_app(void* handle, int device) {
+  Result<std::shared_ptr<Stream>> target = app("pause_app", handle, device);
+  TUTTI_CHECK(target.ok(), "pause_app: ", target.status().message());
+  target.value()->set_paused(true);
+}
+
+void SimDeviceOps::resume_app(void* handle, int device) {
+  Result<std::shared_ptr<Stream>> target = app("resume_app", handle, device);
+  TUTTI_CHECK(target.ok(), "resume_app: ", target.status().message());
+  target.value()->set_paused(false);
 }
 
 void SimDeviceOps::pause(ops::DeviceStream key) {

@@ -18,6 +18,7 @@
 
 #include "ops/device_ops.h"
 #include "src/common/status.h"
+#include "test/support/sim_stream.h"
 #include "tutti/tensor.h"
 
 namespace tutti::test {
@@ -43,12 +44,20 @@ namespace tutti::test {
 //      event or synchronize() sees stale data. As in CUDA, copy_async into pageable host
 //      memory (or host to host) returns only when done, a pageable source is staged (read)
 //      at the call, and the synchronous copies do not order with stream work.
+//   4. The application's streams. app_stream() makes stand-ins for the application's
+//      cudaStream_t, and nullptr stands for each device's legacy default stream; write_async()
+//      enqueues a producer's write there (a kernel, a pageable cudaMemcpy), which lands late:
+//      after the random delay, or once resume_app() releases a paused stream. Tutti's streams
+//      do not wait for them (CUDA's non-blocking streams) unless ordered: record_ready() marks
+//      a point of an application's stream, and wait_event() makes a stream's worker wait there
+//      until that point has run. A runtime that skips the ordering reads stale inputs.
 // What it cannot catch: the host dereferencing a device pointer (it is host memory), races
 // between streams, or between stream work and synchronous copies, unless they corrupt data
 // the test checks; CUDA error codes (nothing here fails like a device).
 //
 // Any thread may call any method; one stream's enqueueing calls (batched_copy, fill_zero,
-// copy_async, record_event) come from one thread at a time, as the DeviceOps contract says.
+// copy_async, record_event, wait_event) come from one thread at a time, as the DeviceOps
+// contract says.
 class SimDeviceOps final : public ops::DeviceOps {
  public:
   // Devices cuda:0 .. cuda:device_count-1; every stream task waits up to `max_delay` first.
@@ -78,6 +87,27 @@ class SimDeviceOps final : public ops::DeviceOps {
                     ops::DeviceStream stream) override;
   Result<std::unique_ptr<ops::DeviceEvent>> record_event(ops::DeviceStream stream) override;
   Status synchronize(ops::DeviceStream stream) override;
+  // A violation unless `stream` is nullptr or made by app_stream().
+  Status check_stream(void* stream) override;
+  // A violation unless `stream` is nullptr or an app_stream() of `device`.
+  Result<std::unique_ptr<ops::DeviceEvent>> record_ready(void* stream, Device device) override;
+  // A violation unless `event` is one of this device's.
+  Status wait_event(ops::DeviceEvent& event, ops::DeviceStream stream) override;
+
+  // ---- The application's streams (Note [Simulated device], item 4). Any thread.
+  // A stream of the application on cuda:`device` (a stand-in for a cudaStream_t), for
+  // tutti::cuda::set_current_stream and write_async; `index` tells several apart. Created on
+  // first use; lives as long as this object. The device must be valid.
+  void* app_stream(int device, int index = 0);
+  // Enqueues on the application's `stream` of cuda:`device` (nullptr: that device's legacy
+  // default stream) a write of `bytes` from host memory `source` (read now) into `destination`,
+  // device memory of that device. It lands when the stream runs it, after the call returns.
+  // Checked as copy_to_device.
+  Status write_async(void* stream, int device, void* destination, const void* source,
+                     std::size_t bytes);
+  // As pause() and resume(), for an application's stream (nullptr: the legacy default).
+  void pause_app(void* stream, int device);
+  void resume_app(void* stream, int device);
 
   // ---- For tests. Any thread.
   // Checks failed so far (Note [Simulated device], item 2), including DeviceStreams naming a
@@ -95,7 +125,7 @@ class SimDeviceOps final : public ops::DeviceOps {
   void resume(ops::DeviceStream stream);
 
  private:
-  class Stream;  // One worker thread; in sim_device.cc.
+  using Stream = SimStream;
 
   struct Allocation {
     void* memory = nullptr;
@@ -124,6 +154,11 @@ class SimDeviceOps final : public ops::DeviceOps {
   Status violation(const std::string& message);
   // The stream's worker, created on first use; a violation for a stream of no device.
   Result<std::shared_ptr<Stream>> stream(std::string_view call, ops::DeviceStream key);
+  // The worker of an application's stream of `device` (nullptr: the legacy default stream),
+  // else a violation. Their keys in streams_ have negative indices: -1 for the legacy default
+  // stream, -2 - index for app_stream(device, index); a handle is the worker's address.
+  Result<std::shared_ptr<Stream>> app(std::string_view call, void* handle, int device);
+  std::shared_ptr<Stream> find_or_create(std::pair<int, int> key);
 
   const int device_count_;
   const std::chrono::microseconds max_delay_;
@@ -137,7 +172,9 @@ class SimDeviceOps final : public ops::DeviceOps {
   std::size_t quarantine_bytes_ = 0;       // Guarded by memory_mutex_.
 
   std::mutex streams_mutex_;
-  // By (device, index), created on first use. Guarded by streams_mutex_.
+  // By (device, index), created on first use; the application's streams first (negative
+  // indices), so the destructor drains them before Tutti's streams, which may wait for them.
+  // Guarded by streams_mutex_.
   std::map<std::pair<int, int>, std::shared_ptr<Stream>> streams_;
 };
 
