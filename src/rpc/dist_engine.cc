@@ -45,7 +45,7 @@ std::vector<std::shared_ptr<FutureState>> run_local(
   for (auto& [sender, entries] : run.outbox) {
     ByteWriter meta;
     meta.put<std::int64_t>(context.id());
-    meta.put<std::uint32_t>(static_cast<std::uint32_t>(entries.size()));
+    meta.put<std::uint64_t>(entries.size());
     Message args;
     for (Outbound& e : entries) {
       meta.put<std::int64_t>(e.message_id);
@@ -63,15 +63,15 @@ std::vector<std::shared_ptr<FutureState>> run_local(
 std::shared_ptr<FutureState> handle_backward(Agent& agent, Incoming& request) {
   ByteReader meta(request.meta);
   std::int64_t context_id = -1;
-  std::uint32_t count = 0;
+  std::size_t count = 0;
   meta.get(&context_id);
-  meta.get(&count);
+  meta.get_count(&count, sizeof(std::int64_t) + sizeof(std::uint32_t));  // Bounded by the bytes.
   std::vector<std::pair<std::int64_t, std::uint32_t>> slots(count);
   for (auto& [message_id, slot] : slots) {
     meta.get(&message_id);
     meta.get(&slot);
   }
-  if (!meta.finished() || request.args.tensors.size() != count) {
+  if (!meta.done() || request.args.tensors.size() != count) {
     return FutureState::ready(Status(ErrorCode::Internal, "corrupt distributed backward request"));
   }
   std::shared_ptr<DistContext> context = agent.contexts().find(context_id);
@@ -179,7 +179,7 @@ void register_dist_autograd_handlers(Agent& agent) {
     ByteReader meta(request.meta);
     std::int64_t context_id = -1;
     meta.get(&context_id);
-    if (meta.finished()) release_context(agent, context_id, request.source);
+    if (meta.done()) release_context(agent, context_id, request.source);
     return FutureState::ready(Message{});
   });
 }
