@@ -223,8 +223,7 @@ Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
   const tutti::detail::MutexLock lock(host.step_mutex);
   for (const nn::Variable& p : hosted->optimizer->parameters()) {
     if (!p.requires_grad()) continue;
-    Tensor gradient =
-        context ? context->gradient(nn::detail::VariableAccess::impl(p).get()) : Tensor();
+    Tensor gradient = context ? context->gradient(nn::detail::node_of(p).get()) : Tensor();
     std::span<float> grad = p.grad().span<float>();
     if (gradient.data() == nullptr) {
       std::fill(grad.begin(), grad.end(), 0.0f);

@@ -1,16 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "src/rpc/dist_engine.h"
+// Distributed autograd: see Note [Distributed autograd] in src/dist_autograd/dist_engine.h.
+#include "src/dist_autograd/dist_engine.h"
 
 #include <map>
 #include <utility>
 
 #include "src/common/strings.h"
-#include "src/nn/autograd.h"
+#include "src/nn/autograd_seam.h"
 #include "src/rpc/agent.h"
 
-namespace tutti::rpc::detail {
+namespace tutti::dist_autograd::detail {
 namespace {
 
+using rpc::Message;
+using rpc::detail::ByteReader;
+using rpc::detail::ByteWriter;
+using rpc::detail::FutureState;
+using rpc::detail::Incoming;
+using rpc::detail::Place;
 using ::tutti::detail::str_cat;
 
 // A gradient for slot `slot` of another worker's send `message_id`.
@@ -102,7 +109,7 @@ std::int64_t record_send(DistContext& context, const std::vector<nn::Variable>& 
   bool any = false;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined() || !tensors[i].requires_grad()) continue;
-    inputs[i] = nn::detail::VariableAccess::impl(tensors[i]);
+    inputs[i] = nn::detail::node_of(tensors[i]);
     any = true;
   }
   if (!any) return -1;
@@ -147,7 +154,7 @@ Status run_backward(Agent& agent, std::int64_t context_id, const std::vector<nn:
     }
     Tensor ones(DataType::Float32, root.value().shape());
     ones.span<float>()[0] = 1.0f;
-    seeds.push_back({nn::detail::VariableAccess::impl(root), std::move(ones)});
+    seeds.push_back({nn::detail::node_of(root), std::move(ones)});
   }
   std::shared_ptr<FutureState> all;
   try {
@@ -184,4 +191,4 @@ void register_dist_autograd_handlers(Agent& agent) {
   });
 }
 
-}  // namespace tutti::rpc::detail
+}  // namespace tutti::dist_autograd::detail
