@@ -11,7 +11,7 @@
 #include <string>
 
 #include "tutti/collectives.h"
-#include "tutti/optim/distributed_optimizer.h"
+#include "tutti/optim/distributed_options.h"
 #include "tutti/process_set.h"
 #include "tutti/tensor.h"
 
@@ -54,8 +54,8 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank
 // mid-backward. With Compression::None and a contiguous float gradient, grad() itself is
 // reduced in place (no copy); FP16/BF16 go through a 2-byte temporary. A parameter without a
 // gradient gets a zero-filled grad(). A tensor listed under two names is reduced once, under
-// its first name. Inside skip_synchronize() without an explicit synchronize(), gradients the
-// hooks reduced in place hold the reduced values (a compressed or copied one keeps its own).
+// its first name. Inside skip_synchronize() without an explicit synchronize(), the reductions
+// the hooks started are waited for and applied, as in optim::DistributedOptimizer.
 //
 //   tutti::libtorch::DistributedOptimizer opt(sgd, model->named_parameters());
 //   opt.zero_grad(); loss.backward(); opt.step();
@@ -88,35 +88,17 @@ class DistributedOptimizer {
 
   torch::optim::Optimizer& inner_;
   std::shared_ptr<State> state_;  // Shared (weakly) with the hooks.
-  int skip_depth_ = 0;
-  bool synchronized_explicitly_ = false;  // Since the last step().
-  bool warned_ = false;
+  int skip_depth_ = 0;            // Live SkipSynchronize guards.
 };
 
 // RAII guard: while alive, step() does not synchronize. Guards nest. Movable, not copyable.
-class DistributedOptimizer::SkipSynchronize {
+class DistributedOptimizer::SkipSynchronize : public optim::SkipSynchronizeGuard {
  public:
-  SkipSynchronize(SkipSynchronize&& other) noexcept : optimizer_(other.optimizer_) {
-    other.optimizer_ = nullptr;
-  }
-  SkipSynchronize(const SkipSynchronize&) = delete;
-  SkipSynchronize& operator=(const SkipSynchronize&) = delete;
-  SkipSynchronize& operator=(SkipSynchronize&&) = delete;
-  ~SkipSynchronize() {
-    if (optimizer_ != nullptr) --optimizer_->skip_depth_;
-  }
-
- private:
-  friend class DistributedOptimizer;
-  explicit SkipSynchronize(DistributedOptimizer* optimizer) : optimizer_(optimizer) {
-    ++optimizer_->skip_depth_;
-  }
-
-  DistributedOptimizer* optimizer_;
+  using SkipSynchronizeGuard::SkipSynchronizeGuard;
 };
 
 inline DistributedOptimizer::SkipSynchronize DistributedOptimizer::skip_synchronize() {
-  return SkipSynchronize(this);
+  return SkipSynchronize(skip_depth_);
 }
 
 }  // namespace tutti::libtorch

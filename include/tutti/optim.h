@@ -7,5 +7,6 @@
 #include "tutti/optim/adam.h"                   // IWYU pragma: export
 #include "tutti/optim/broadcast.h"              // IWYU pragma: export
 #include "tutti/optim/distributed_optimizer.h"  // IWYU pragma: export
+#include "tutti/optim/distributed_options.h"    // IWYU pragma: export
 #include "tutti/optim/optimizer.h"              // IWYU pragma: export
 #include "tutti/optim/sgd.h"                    // IWYU pragma: export

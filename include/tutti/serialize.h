@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // ByteWriter and ByteReader: a small binary format for the bytes of broadcast_object(),
-// allgather_object() and the like. Tutti's own messages and the optimizer state broadcast use
-// it too. Header-only.
+// allgather_object() and the like. Tutti's own messages, the optimizer state broadcast and the
+// RPC agent's frames use it too. Header-only.
 //
 // Format: values in the machine's native byte order and size (every rank of a job runs the
 // same build on the same architecture); a string or vector is its element count as a uint64
@@ -31,6 +31,10 @@ class ByteWriter {
     bytes_.resize(at + sizeof(T));
     std::memcpy(bytes_.data() + at, &value, sizeof(T));
   }
+  // `size` raw bytes, without a count (the reader must know how many to take).
+  void put_bytes(const void* data, std::size_t size) {
+    if (size > 0) bytes_.append(static_cast<const char*>(data), size);
+  }
   void put_string(std::string_view s) {
     put<std::uint64_t>(s.size());
     bytes_.append(s);
@@ -44,6 +48,8 @@ class ByteWriter {
     if (!values.empty()) std::memcpy(bytes_.data() + at, values.data(), values.size() * sizeof(T));
   }
 
+  // Room for `size` bytes in all, so that a writer of known size allocates once.
+  void reserve(std::size_t size) { bytes_.reserve(size); }
   const std::string& bytes() const { return bytes_; }
   std::string take() { return std::move(bytes_); }
 
@@ -85,6 +91,13 @@ class ByteReader {
     *count = static_cast<std::size_t>(n);
     return true;
   }
+  // `size` raw bytes written by put_bytes().
+  bool get_bytes(void* data, std::size_t size) {
+    if (failed_ || remaining() < size) return fail();
+    if (size > 0) std::memcpy(data, bytes_.data() + at_, size);
+    at_ += size;
+    return true;
+  }
   bool get_string(std::string* s) {
     std::size_t n = 0;
     if (!get_count(&n, 1)) return false;
@@ -107,13 +120,14 @@ class ByteReader {
   // Everything was read, without error.
   bool done() const { return !failed_ && at_ == bytes_.size(); }
   std::size_t remaining() const { return bytes_.size() - at_; }
-
- private:
+  // Marks the input corrupt, for a caller whose own check of a value failed: every later read
+  // fails. Returns false, so that `return reader.fail();` reads naturally.
   bool fail() {
     failed_ = true;
     return false;
   }
 
+ private:
   std::string_view bytes_;
   std::size_t at_ = 0;
   bool failed_ = false;

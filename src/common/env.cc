@@ -72,7 +72,7 @@ Status out_of_range(const Knob& k, const KnobSource& source) {
 
 std::span<const Knob> knobs() { return kKnobs; }
 
-const Knob& knob(std::string_view name) {
+const Knob& knob_named(std::string_view name) {
   for (const Knob& k : kKnobs) {
     if (k.name == name) return k;
   }
@@ -133,49 +133,35 @@ Result<bool> bool_from(const std::optional<EnvSetting>& setting, bool fallback) 
 
 }  // namespace
 
-Result<std::int64_t> int_setting(std::string_view knob, std::int64_t default_value) {
-  return int_from(find_setting(knob), default_value);
-}
+namespace {
 
-Result<double> double_setting(std::string_view knob, double default_value) {
-  return double_from(find_setting(knob), default_value);
-}
-
-Result<bool> bool_setting(std::string_view knob, bool default_value) {
-  return bool_from(find_setting(knob), default_value);
-}
-
-std::string string_setting(std::string_view knob, std::string_view default_value) {
-  const std::optional<EnvSetting> setting = find_setting(knob);
-  return setting ? setting->value : std::string(default_value);
-}
-
-std::int64_t default_int(std::string_view name) {
-  const Knob& k = knob(name);
-  const std::optional<std::int64_t> value = parse_int(std::string(k.default_value));
-  TUTTI_CHECK(value.has_value() && k.type == KnobType::Int, "knob ", name, " has no int default");
+template <class T>
+T parsed_default(const Knob& k, const std::optional<T>& value) {
+  TUTTI_CHECK(value.has_value(), "knob ", k.name, "'s default '", k.default_value,
+              "' does not parse as its type");
   return *value;
 }
 
-double default_double(std::string_view name) {
-  const Knob& k = knob(name);
-  const std::optional<double> value = parse_double(std::string(k.default_value));
-  TUTTI_CHECK(value.has_value() && k.type == KnobType::Double, "knob ", name,
-              " has no number default");
-  return *value;
+}  // namespace
+
+std::int64_t knob_default(KnobId<KnobType::Int> id) {
+  const Knob& k = knob_named(id.name);
+  return parsed_default(k, parse_int(std::string(k.default_value)));
 }
 
-bool default_bool(std::string_view name) {
-  const Knob& k = knob(name);
-  const std::optional<bool> value = parse_bool(k.default_value);
-  TUTTI_CHECK(value.has_value() && k.type == KnobType::Bool, "knob ", name,
-              " has no boolean default");
-  return *value;
+double knob_default(KnobId<KnobType::Double> id) {
+  const Knob& k = knob_named(id.name);
+  return parsed_default(k, parse_double(std::string(k.default_value)));
 }
 
-Result<std::int64_t> int_knob(std::string_view name, const KnobSource& source) {
-  const Knob& k = knob(name);
-  TUTTI_ASSIGN_OR_RETURN(std::int64_t value, int_from(source.find(name), default_int(name)));
+bool knob_default(KnobId<KnobType::Bool> id) {
+  const Knob& k = knob_named(id.name);
+  return parsed_default(k, parse_bool(k.default_value));
+}
+
+Result<std::int64_t> knob_value(KnobId<KnobType::Int> id, const KnobSource& source) {
+  const Knob& k = knob_named(id.name);
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t value, int_from(source.find(id.name), knob_default(id)));
   // Compared as doubles: the table's bounds are exact in double (at most 2^53).
   if (static_cast<double>(value) < k.min || static_cast<double>(value) > k.max) {
     return out_of_range(k, source);
@@ -183,21 +169,21 @@ Result<std::int64_t> int_knob(std::string_view name, const KnobSource& source) {
   return value;
 }
 
-Result<double> double_knob(std::string_view name, const KnobSource& source) {
-  const Knob& k = knob(name);
-  TUTTI_ASSIGN_OR_RETURN(double value, double_from(source.find(name), default_double(name)));
+Result<double> knob_value(KnobId<KnobType::Double> id, const KnobSource& source) {
+  const Knob& k = knob_named(id.name);
+  TUTTI_ASSIGN_OR_RETURN(double value, double_from(source.find(id.name), knob_default(id)));
   // !(x >= min) also refuses NaN.
   if (!(value >= k.min) || !(value <= k.max)) return out_of_range(k, source);
   return value;
 }
 
-Result<bool> bool_knob(std::string_view name, const KnobSource& source) {
-  return bool_from(source.find(name), default_bool(name));
+Result<bool> knob_value(KnobId<KnobType::Bool> id, const KnobSource& source) {
+  return bool_from(source.find(id.name), knob_default(id));
 }
 
-std::string string_knob(std::string_view name, const KnobSource& source) {
-  const std::optional<EnvSetting> setting = source.find(name);
-  return setting ? setting->value : std::string(knob(name).default_value);
+std::string knob_value(KnobId<KnobType::String> id, const KnobSource& source) {
+  const std::optional<EnvSetting> setting = source.find(id.name);
+  return setting ? setting->value : std::string(knob_named(id.name).default_value);
 }
 
 void warn_unknown_settings() {

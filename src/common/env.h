@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The configuration table: every TUTTI_<NAME> knob (fallback HOROVOD_<NAME>) with its type,
-// default, range, scope and meaning, declared once in knobs.def, and typed readers that name
-// the variable when a value does not parse or is out of range.
+// default, range, scope and meaning, declared once in knobs.def, and one typed reader per knob
+// (Note [Typed knobs]) that names the variable when a value does not parse or is out of range.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +33,7 @@ struct Knob {
 // Every knob, in knobs.def's order.
 std::span<const Knob> knobs();
 // The knob called `name`; a TUTTI_CHECK failure (a bug) if there is none.
-const Knob& knob(std::string_view name);
+const Knob& knob_named(std::string_view name);
 
 struct EnvSetting {
   std::string variable;  // The variable that supplied the value, e.g. "HOROVOD_CYCLE_TIME".
@@ -43,13 +43,6 @@ struct EnvSetting {
 // TUTTI_<knob> if set, else HOROVOD_<knob>, else nothing. If both are set and differ, TUTTI_
 // wins and a warning is logged.
 std::optional<EnvSetting> find_setting(std::string_view knob);
-
-// Readers of one variable: `default_value` when unset, InvalidArgument naming the variable
-// when malformed, e.g. "TUTTI_CYCLE_TIME='12x' is not a number". No range check.
-Result<std::int64_t> int_setting(std::string_view knob, std::int64_t default_value);
-Result<double> double_setting(std::string_view knob, double default_value);
-Result<bool> bool_setting(std::string_view knob, bool default_value);
-std::string string_setting(std::string_view knob, std::string_view default_value);
 
 // Where the knobs' values come from: the environment (find_setting), except for knobs given
 // a value of their own with set(): rank 0's values of the Job knobs (Note [Agreed settings]
@@ -66,17 +59,35 @@ class KnobSource {
   std::map<std::string, std::optional<EnvSetting>, std::less<>> values_;
 };
 
-// Readers of a knob of the table: its value in `source`, or the table's default when unset,
-// checked against the knob's type and range ("TUTTI_CYCLE_TIME='inf' is out of range: must be
-// a number in [0, 10000]"). Any thread; they read the environment each time.
-Result<std::int64_t> int_knob(std::string_view name, const KnobSource& source = {});
-Result<double> double_knob(std::string_view name, const KnobSource& source = {});
-Result<bool> bool_knob(std::string_view name, const KnobSource& source = {});
-std::string string_knob(std::string_view name, const KnobSource& source = {});
-// The value `name` has when nothing sets it (the table's default, parsed).
-std::int64_t default_int(std::string_view name);
-double default_double(std::string_view name);
-bool default_bool(std::string_view name);
+// Note [Typed knobs]
+// Each knob of knobs.def is a constant of namespace `knob`, spelled as its variable and typed by
+// the knob's type (NCCL's NCCL_PARAM idea): knob_value(knob::CYCLE_TIME) is a Result<double>,
+// and a misspelt knob, or a knob read as the wrong type, does not compile.
+template <KnobType kType>
+struct KnobId {
+  std::string_view name;  // Without prefix: "FUSION_THRESHOLD".
+};
+
+namespace knob {
+// NOLINTBEGIN(readability-identifier-naming): each constant is spelled as its variable.
+#define TUTTI_KNOB(name, type, default_value, min, max, scope, doc) \
+  inline constexpr KnobId<KnobType::type> name{#name};
+#include "src/common/knobs.def"
+#undef TUTTI_KNOB
+// NOLINTEND(readability-identifier-naming)
+}  // namespace knob
+
+// A knob's value in `source`, or the table's default when unset, checked against the knob's
+// type and range ("TUTTI_CYCLE_TIME='inf' is out of range: must be a number in [0, 10000]").
+// Any thread; they read the environment each time.
+Result<std::int64_t> knob_value(KnobId<KnobType::Int> id, const KnobSource& source = {});
+Result<double> knob_value(KnobId<KnobType::Double> id, const KnobSource& source = {});
+Result<bool> knob_value(KnobId<KnobType::Bool> id, const KnobSource& source = {});
+std::string knob_value(KnobId<KnobType::String> id, const KnobSource& source = {});
+// The value a knob has when nothing sets it (the table's default, parsed).
+std::int64_t knob_default(KnobId<KnobType::Int> id);
+double knob_default(KnobId<KnobType::Double> id);
+bool knob_default(KnobId<KnobType::Bool> id);
 
 // Logs one warning per TUTTI_* variable in the environment that is not a knob.
 void warn_unknown_settings();

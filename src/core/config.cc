@@ -15,8 +15,9 @@ Status refuse(const detail::KnobSource& source, std::string_view knob, std::stri
 }
 
 // HIERARCHICAL_*: "auto" (the default) or a boolean (ops/hierarchy.h).
-Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source, std::string_view knob) {
-  const std::string text = detail::string_knob(knob, source);
+Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source,
+                                          detail::KnobId<detail::KnobType::String> knob) {
+  const std::string text = detail::knob_value(knob, source);
   if (text == "auto" || text == "AUTO" || text == "Auto") return ops::HierarchyMode::Auto;
   for (std::string_view on : {"1", "true", "TRUE", "True", "yes", "YES", "on", "ON"}) {
     if (text == on) return ops::HierarchyMode::On;
@@ -24,28 +25,32 @@ Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source, std:
   for (std::string_view off : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF", ""}) {
     if (text == off) return ops::HierarchyMode::Off;
   }
-  return refuse(source, knob, "is not auto, 1 (on) or 0 (off)");
+  return refuse(source, knob.name, "is not auto, 1 (on) or 0 (off)");
 }
 
 // TUTTI_AUTOTUNE and its settings. The settings without AUTOTUNE=1, and the Gaussian process's
 // noise (Tutti's tuner fits none: Note [Autotune search] in src/core/autotune_search.h), are
 // refused rather than ignored.
 Status parse_autotune(const detail::KnobSource& source, Config* c) {
-  TUTTI_ASSIGN_OR_RETURN(c->autotune, detail::bool_knob("AUTOTUNE", source));
-  if (source.find("AUTOTUNE_GAUSSIAN_PROCESS_NOISE")) {
-    return refuse(source, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+  TUTTI_ASSIGN_OR_RETURN(c->autotune, detail::knob_value(detail::knob::AUTOTUNE, source));
+  if (source.find(detail::knob::AUTOTUNE_GAUSSIAN_PROCESS_NOISE.name)) {
+    return refuse(source, detail::knob::AUTOTUNE_GAUSSIAN_PROCESS_NOISE.name,
                   "is not used: Tutti's autotuner compares median throughputs of measured "
                   "thresholds and fits no Gaussian process (README, Autotune); unset it");
   }
-  for (std::string_view knob : {"AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
-                                "AUTOTUNE_STEPS_PER_SAMPLE", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}) {
+  for (std::string_view knob :
+       {detail::knob::AUTOTUNE_LOG.name, detail::knob::AUTOTUNE_WARMUP_SAMPLES.name,
+        detail::knob::AUTOTUNE_STEPS_PER_SAMPLE.name,
+        detail::knob::AUTOTUNE_BAYES_OPT_MAX_SAMPLES.name}) {
     if (!c->autotune && source.find(knob)) return refuse(source, knob, "needs TUTTI_AUTOTUNE=1");
   }
-  c->autotune_log = detail::string_knob("AUTOTUNE_LOG", source);
-  TUTTI_ASSIGN_OR_RETURN(std::int64_t warmup, detail::int_knob("AUTOTUNE_WARMUP_SAMPLES", source));
-  TUTTI_ASSIGN_OR_RETURN(std::int64_t steps, detail::int_knob("AUTOTUNE_STEPS_PER_SAMPLE", source));
+  c->autotune_log = detail::knob_value(detail::knob::AUTOTUNE_LOG, source);
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t warmup,
+                         detail::knob_value(detail::knob::AUTOTUNE_WARMUP_SAMPLES, source));
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t steps,
+                         detail::knob_value(detail::knob::AUTOTUNE_STEPS_PER_SAMPLE, source));
   TUTTI_ASSIGN_OR_RETURN(std::int64_t samples,
-                         detail::int_knob("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", source));
+                         detail::knob_value(detail::knob::AUTOTUNE_BAYES_OPT_MAX_SAMPLES, source));
   c->autotune_warmup_samples = static_cast<int>(warmup);  // The knobs' ranges fit an int.
   c->autotune_steps_per_sample = static_cast<int>(steps);
   c->autotune_max_samples = static_cast<int>(samples);
@@ -54,7 +59,7 @@ Status parse_autotune(const detail::KnobSource& source, Config* c) {
 
 // "0,8,16" -> {0, 8, 16}.
 Result<std::vector<int>> parse_cpus(const detail::KnobSource& source) {
-  const std::string text = detail::string_knob("THREAD_AFFINITY", source);
+  const std::string text = detail::knob_value(detail::knob::THREAD_AFFINITY, source);
   std::vector<int> cpus;
   if (text.empty()) return cpus;
   std::string_view rest = text;
@@ -64,7 +69,7 @@ Result<std::vector<int>> parse_cpus(const detail::KnobSource& source) {
     int cpu = -1;
     const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), cpu);
     if (item.empty() || error != std::errc() || end != item.data() + item.size() || cpu < 0) {
-      return refuse(source, "THREAD_AFFINITY",
+      return refuse(source, detail::knob::THREAD_AFFINITY.name,
                     "is not a comma-separated list of CPU numbers (one per local rank)");
     }
     cpus.push_back(cpu);
@@ -74,47 +79,57 @@ Result<std::vector<int>> parse_cpus(const detail::KnobSource& source) {
 }
 
 Result<ops::HostTransport> parse_host_transport(const detail::KnobSource& source) {
-  const std::string text = detail::string_knob("HOST_TRANSPORT", source);
+  const std::string text = detail::knob_value(detail::knob::HOST_TRANSPORT, source);
   if (text == "auto") return ops::HostTransport::Auto;
   if (text == "shm") return ops::HostTransport::Shm;
   if (text == "mpi") return ops::HostTransport::Mpi;
-  return refuse(source, "HOST_TRANSPORT", "is not one of auto, shm, mpi");
+  return refuse(source, detail::knob::HOST_TRANSPORT.name, "is not one of auto, shm, mpi");
 }
 
 }  // namespace
 
 Result<Config> Config::from_env(const detail::KnobSource& source) {
   Config c;
-  TUTTI_ASSIGN_OR_RETURN(c.fusion_threshold_bytes, detail::int_knob("FUSION_THRESHOLD", source));
-  c.fusion_threshold_set = source.find("FUSION_THRESHOLD").has_value();
-  TUTTI_ASSIGN_OR_RETURN(double cycle_ms, detail::double_knob("CYCLE_TIME", source));
+  TUTTI_ASSIGN_OR_RETURN(c.fusion_threshold_bytes,
+                         detail::knob_value(detail::knob::FUSION_THRESHOLD, source));
+  c.fusion_threshold_set = source.find(detail::knob::FUSION_THRESHOLD.name).has_value();
+  TUTTI_ASSIGN_OR_RETURN(double cycle_ms, detail::knob_value(detail::knob::CYCLE_TIME, source));
   c.cycle_time = ms_to_us(cycle_ms);
-  c.cycle_time_set = source.find("CYCLE_TIME").has_value();
-  TUTTI_ASSIGN_OR_RETURN(c.cache_capacity, detail::int_knob("CACHE_CAPACITY", source));
+  c.cycle_time_set = source.find(detail::knob::CYCLE_TIME.name).has_value();
+  TUTTI_ASSIGN_OR_RETURN(c.cache_capacity,
+                         detail::knob_value(detail::knob::CACHE_CAPACITY, source));
   TUTTI_ASSIGN_OR_RETURN(c.host_transport, parse_host_transport(source));
-  c.timeline_path = detail::string_knob("TIMELINE", source);
-  TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles, detail::bool_knob("TIMELINE_MARK_CYCLES", source));
-  TUTTI_ASSIGN_OR_RETURN(c.stall_check_disabled, detail::bool_knob("STALL_CHECK_DISABLE", source));
-  TUTTI_ASSIGN_OR_RETURN(double check_s, detail::double_knob("STALL_CHECK_TIME_SECONDS", source));
+  c.timeline_path = detail::knob_value(detail::knob::TIMELINE, source);
+  TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles,
+                         detail::knob_value(detail::knob::TIMELINE_MARK_CYCLES, source));
+  TUTTI_ASSIGN_OR_RETURN(c.stall_check_disabled,
+                         detail::knob_value(detail::knob::STALL_CHECK_DISABLE, source));
+  TUTTI_ASSIGN_OR_RETURN(double check_s,
+                         detail::knob_value(detail::knob::STALL_CHECK_TIME_SECONDS, source));
   c.stall_check_time = seconds_to_ms(check_s);
   TUTTI_ASSIGN_OR_RETURN(double shutdown_s,
-                         detail::double_knob("STALL_SHUTDOWN_TIME_SECONDS", source));
+                         detail::knob_value(detail::knob::STALL_SHUTDOWN_TIME_SECONDS, source));
   c.stall_shutdown_time = seconds_to_ms(shutdown_s);
-  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allreduce, hierarchy_mode(source, "HIERARCHICAL_ALLREDUCE"));
-  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allgather, hierarchy_mode(source, "HIERARCHICAL_ALLGATHER"));
-  TUTTI_ASSIGN_OR_RETURN(std::int64_t streams, detail::int_knob("NUM_NCCL_STREAMS", source));
+  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allreduce,
+                         hierarchy_mode(source, detail::knob::HIERARCHICAL_ALLREDUCE));
+  TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allgather,
+                         hierarchy_mode(source, detail::knob::HIERARCHICAL_ALLGATHER));
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t streams,
+                         detail::knob_value(detail::knob::NUM_NCCL_STREAMS, source));
   c.num_nccl_streams = static_cast<int>(streams);
   TUTTI_ASSIGN_OR_RETURN(c.thread_affinity, parse_cpus(source));
-  TUTTI_ASSIGN_OR_RETURN(double start_s, detail::double_knob("START_TIMEOUT", source));
+  TUTTI_ASSIGN_OR_RETURN(double start_s, detail::knob_value(detail::knob::START_TIMEOUT, source));
   c.start_timeout = seconds_to_ms(start_s);
-  TUTTI_ASSIGN_OR_RETURN(double grace_s, detail::double_knob("EXIT_GRACE_SECONDS", source));
+  TUTTI_ASSIGN_OR_RETURN(double grace_s,
+                         detail::knob_value(detail::knob::EXIT_GRACE_SECONDS, source));
   c.exit_grace = seconds_to_ms(grace_s);
   TUTTI_RETURN_IF_ERROR(parse_autotune(source, &c));
 
-  if (!detail::parse_log_level(detail::string_knob("LOG_LEVEL", source), &c.log_level)) {
-    return refuse(source, "LOG_LEVEL", "is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
+  if (!detail::parse_log_level(detail::knob_value(detail::knob::LOG_LEVEL, source), &c.log_level)) {
+    return refuse(source, detail::knob::LOG_LEVEL.name,
+                  "is not one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL");
   }
-  TUTTI_ASSIGN_OR_RETURN(c.log_hide_time, detail::bool_knob("LOG_HIDE_TIME", source));
+  TUTTI_ASSIGN_OR_RETURN(c.log_hide_time, detail::knob_value(detail::knob::LOG_HIDE_TIME, source));
   return c;
 }
 

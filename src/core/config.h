@@ -17,40 +17,42 @@
 namespace tutti::core {
 
 struct Config {
-  std::int64_t fusion_threshold_bytes = detail::default_int("FUSION_THRESHOLD");
+  std::int64_t fusion_threshold_bytes = detail::knob_default(detail::knob::FUSION_THRESHOLD);
   // TUTTI_FUSION_THRESHOLD was set: with autotune, that threshold is one of the candidates.
   bool fusion_threshold_set = false;
-  std::chrono::microseconds cycle_time = ms_to_us(detail::default_double("CYCLE_TIME"));
+  std::chrono::microseconds cycle_time = ms_to_us(detail::knob_default(detail::knob::CYCLE_TIME));
   bool cycle_time_set = false;  // TUTTI_CYCLE_TIME was set: with autotune, a candidate.
-  std::int64_t cache_capacity = detail::default_int("CACHE_CAPACITY");
+  std::int64_t cache_capacity = detail::knob_default(detail::knob::CACHE_CAPACITY);
   ops::HostTransport host_transport = ops::HostTransport::Auto;
   std::string timeline_path;
-  bool timeline_mark_cycles = detail::default_bool("TIMELINE_MARK_CYCLES");
-  bool stall_check_disabled = detail::default_bool("STALL_CHECK_DISABLE");
+  bool timeline_mark_cycles = detail::knob_default(detail::knob::TIMELINE_MARK_CYCLES);
+  bool stall_check_disabled = detail::knob_default(detail::knob::STALL_CHECK_DISABLE);
   std::chrono::milliseconds stall_check_time =
-      seconds_to_ms(detail::default_double("STALL_CHECK_TIME_SECONDS"));
+      seconds_to_ms(detail::knob_default(detail::knob::STALL_CHECK_TIME_SECONDS));
   std::chrono::milliseconds stall_shutdown_time =  // 0 = never.
-      seconds_to_ms(detail::default_double("STALL_SHUTDOWN_TIME_SECONDS"));
+      seconds_to_ms(detail::knob_default(detail::knob::STALL_SHUTDOWN_TIME_SECONDS));
   // HIERARCHICAL_ALLREDUCE / HIERARCHICAL_ALLGATHER, for sets spanning several hosts: the
   // knob table's default is auto.
   ops::HierarchyOptions hierarchy{.allreduce = ops::HierarchyMode::Auto,
                                   .allgather = ops::HierarchyMode::Auto};
   // TUTTI_AUTOTUNE and its settings (see Note [Autotune] in src/core/autotune.h).
-  bool autotune = detail::default_bool("AUTOTUNE");
+  bool autotune = detail::knob_default(detail::knob::AUTOTUNE);
   std::string autotune_log;
-  int autotune_warmup_samples = static_cast<int>(detail::default_int("AUTOTUNE_WARMUP_SAMPLES"));
+  int autotune_warmup_samples =
+      static_cast<int>(detail::knob_default(detail::knob::AUTOTUNE_WARMUP_SAMPLES));
   int autotune_steps_per_sample =
-      static_cast<int>(detail::default_int("AUTOTUNE_STEPS_PER_SAMPLE"));
+      static_cast<int>(detail::knob_default(detail::knob::AUTOTUNE_STEPS_PER_SAMPLE));
   int autotune_max_samples =
-      static_cast<int>(detail::default_int("AUTOTUNE_BAYES_OPT_MAX_SAMPLES"));
-  int num_nccl_streams = static_cast<int>(detail::default_int("NUM_NCCL_STREAMS"));
+      static_cast<int>(detail::knob_default(detail::knob::AUTOTUNE_BAYES_OPT_MAX_SAMPLES));
+  int num_nccl_streams = static_cast<int>(detail::knob_default(detail::knob::NUM_NCCL_STREAMS));
   // THREAD_AFFINITY: the CPU of each local rank's communication thread; empty = not pinned.
   std::vector<int> thread_affinity;
-  std::chrono::milliseconds start_timeout = seconds_to_ms(detail::default_double("START_TIMEOUT"));
+  std::chrono::milliseconds start_timeout =
+      seconds_to_ms(detail::knob_default(detail::knob::START_TIMEOUT));
   std::chrono::milliseconds exit_grace =
-      seconds_to_ms(detail::default_double("EXIT_GRACE_SECONDS"));
+      seconds_to_ms(detail::knob_default(detail::knob::EXIT_GRACE_SECONDS));
   detail::LogLevel log_level = detail::LogLevel::Warning;
-  bool log_hide_time = detail::default_bool("LOG_HIDE_TIME");
+  bool log_hide_time = detail::knob_default(detail::knob::LOG_HIDE_TIME);
 
   // Reads every knob from `source` (the environment by default). InvalidArgument naming the
   // variable for a malformed or out-of-range value, or a knob that is not implemented yet.

@@ -104,8 +104,9 @@ Status check_on_rank0(const Config& config) {
 
 std::string value_text(const JobValues& values, std::string_view name) {
   auto it = values.find(name);
-  return it == values.end() ? str_cat("unset (default ", detail::knob(name).default_value, ")")
-                            : str_cat("'", it->second, "'");
+  return it == values.end()
+             ? str_cat("unset (default ", detail::knob_named(name).default_value, ")")
+             : str_cat("'", it->second, "'");
 }
 
 // Rank 0: gathers the hellos, decides, answers everyone.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/common/mutex.h"
+#include "src/nn/autograd_seam.h"
 #include "tutti/nn/variable.h"
 #include "tutti/tensor.h"
 
@@ -30,7 +31,7 @@ struct VariableImpl {
   Tensor value;
   Tensor grad;  // Leaves that require grad only.
   bool requires_grad = false;
-  std::uint64_t sequence = 0;  // Creation order of results; see Note [Hook timing].
+  std::uint64_t sequence = 0;  // Creation order of results: Note [Hook timing] (backward_walk.cc).
   std::vector<std::shared_ptr<VariableImpl>> inputs;
   BackwardFunction backward;
   std::vector<std::function<void(Variable&)>> hooks;  // Leaves only.
@@ -62,36 +63,29 @@ Variable make_result(Tensor value, const std::vector<Variable>& inputs, Backward
 // Throws InvalidArgument for an empty Variable or the result of an operation.
 void enable_grad(const Variable& v);
 
-// ---- Entry points for distributed autograd (src/rpc; implemented in backward_roots.cc) ----
-
-// The next creation number of a result (see Note [Hook timing]); make_result() takes its numbers
-// from the same counter.
+// The next creation number of a result (see Note [Hook timing] in src/nn/backward_walk.cc);
+// make_result() takes its numbers from the same counter.
 std::uint64_t next_result_sequence();
 
-// A result without inputs whose backward pass ends in `on_gradient`, called with the node's
-// complete gradient (every use has contributed) on the thread running the backward pass. It
-// requires grad and is not a leaf; distributed autograd makes the tensors an RPC received into
-// such nodes (the "recv" end of a send/recv pair).
-Variable make_source(Tensor value, std::function<void(const Tensor& gradient)> on_gradient);
-
-// One root of run_backward_into(): a node and the gradient of its value (same shape).
-struct RootGradient {
-  std::shared_ptr<VariableImpl> node;
-  Tensor gradient;
+// How a backward walk hands over what reaches the leaves.
+struct LeafDelivery {
+  // Each contribution to a leaf, as it arrives (a leaf used several times gets several).
+  std::function<void(const std::shared_ptr<VariableImpl>& leaf, Tensor contribution)> contribute;
+  // The leaf's last contribution has arrived: its gradient is final. May be empty.
+  std::function<void(const std::shared_ptr<VariableImpl>& leaf)> complete;
 };
-// Receives the gradient contributions reaching a leaf in run_backward_into(), possibly several
-// per leaf (the sink sums them). `gradient` may be shared with the graph: never write into it.
-using LeafSink =
-    std::function<void(const std::shared_ptr<VariableImpl>& leaf, const Tensor& gradient)>;
 
-// A backward pass from several roots at once, each seeded with its own gradient, that hands
-// leaf gradients to `sink` instead of adding them to grad(), and fires no hooks. Roots may
-// share subgraphs or lie on each other's graphs: each node runs once, after all its
-// contributions (the ordering of Note [Hook timing]). Roots that do not require grad are
-// skipped. Any thread; the graph is only read, so passes over one graph may run concurrently
-// (backward functions are pure). Throws InvalidArgument for a null root or a gradient whose
-// shape differs from its root's value; what a backward function throws propagates.
-void run_backward_into(const std::vector<RootGradient>& roots, const LeafSink& sink);
+// Adds `contribution` to `pending[node]`. The first one is kept as is; later ones are summed into
+// a new tensor, because backward functions may hand out tensors they share (an addition passes
+// its output gradient to both inputs), which must not be written.
+void add_contribution(std::unordered_map<VariableImpl*, Tensor>& pending, VariableImpl* node,
+                      Tensor contribution);
+
+// The one backward walk (Note [Hook timing] in src/nn/backward_walk.cc): from `roots`, each
+// seeded with its gradient (checked by the caller), over the nodes that require grad, each node
+// run once after all its contributions, the newest ready node first. Backward(), leaf_gradients()
+// and run_backward_into() differ only in `leaves`.
+void walk_backward(const std::vector<RootGradient>& roots, const LeafDelivery& leaves);
 
 // ---- Engine extensions for the data-parallel modules (src/nn/parallel) ----
 

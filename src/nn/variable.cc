@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// nn::Variable and the backward pass: a topological walk of the recorded graph that fires each
-// leaf's hooks the moment its gradient is complete.
+// nn::Variable and the backward pass over the walk of src/nn/backward_walk.cc, which fires each
+// leaf's hooks the moment its gradient is complete (Note [Hook timing] there).
 #include "tutti/nn/variable.h"
 
 #include <atomic>
@@ -8,7 +8,6 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <queue>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -20,26 +19,6 @@
 
 namespace tutti::nn {
 
-// Note [Hook timing]
-// The distributed optimizer starts the allreduce of a parameter's gradient from that parameter's
-// hook, so a hook must fire as soon as the gradient is final, not when backward() returns:
-// the last layer's gradients then travel while the earlier layers are still being
-// differentiated. "Final" means every use of the leaf in the graph has contributed, which matters
-// when a weight is shared (used twice, its first contribution is not the whole gradient).
-//
-// backward() therefore works in two steps:
-//  1. Count uses. A walk from the root over the nodes that require grad counts, for every node,
-//     the edges into it (a node used twice by one op, as in x * x, counts twice).
-//  2. Propagate in topological order (Kahn's algorithm). A result is ready once all the nodes
-//     that use it have sent their contribution; processing it calls its backward function and
-//     decrements the count of each input. A leaf's contribution goes straight into grad(); when
-//     its count reaches zero nothing can add to it any more, so its hooks fire right there,
-//     before any other node is processed.
-// Among ready results, the most recently created goes first (Variable results carry a creation
-// sequence number), i.e. the reverse of the forward order, as PyTorch's engine does; so the
-// parameters of the last layers finish first and the first layers' last, giving communication
-// the most computation to overlap with.
-
 // Note [Thread safety of nn]
 // DataParallel runs one module's forward on several threads at once, and users may run backward
 // passes on several threads over graphs that share parameters. What makes that safe:
@@ -47,7 +26,7 @@ namespace tutti::nn {
 //    The two layers with side effects lock: BatchNorm's running-statistics update
 //    (src/nn/batch_norm.cc) and the generator behind initialization and Dropout
 //    (src/nn/random.cc).
-//  - Each backward() / leaf_gradients() walk keeps its use counts and pending gradients to
+//  - Each walk (src/nn/backward_walk.cc) keeps its use counts and pending gradients to
 //    itself; the only shared state it writes is a leaf's grad(), added to under the leaf's
 //    grad_mutex. Hooks run on the thread whose walk completed the leaf, so a leaf shared by
 //    concurrent passes may run its hooks concurrently: hooks must then be thread-safe.
@@ -59,7 +38,7 @@ namespace tutti::nn {
 namespace detail {
 namespace {
 
-// Results are numbered in creation order; see Note [Hook timing].
+// Results are numbered in creation order; see Note [Hook timing] in src/nn/backward_walk.cc.
 std::atomic<std::uint64_t> next_sequence{1};
 
 // Adds `contribution` into `total` in place. Both have the leaf's shape.
@@ -72,21 +51,6 @@ void accumulate(Tensor& total, const Tensor& contribution) {
   as_array(total) += as_array(contribution);
 }
 
-// Adds `contribution` to the pending gradient of the result `node`. The first one is kept as is;
-// later ones are summed into a new tensor, because backward functions may hand out tensors they
-// share (an addition passes its output gradient to both inputs), which must not be written.
-void add_pending(std::unordered_map<VariableImpl*, Tensor>& pending_grads, VariableImpl* node,
-                 Tensor contribution) {
-  auto it = pending_grads.find(node);
-  if (it == pending_grads.end()) {
-    pending_grads.emplace(node, std::move(contribution));
-    return;
-  }
-  Tensor sum = zeros(it->second.shape());
-  as_array(sum) = as_array(it->second) + as_array(contribution);
-  it->second = std::move(sum);
-}
-
 void fire_hooks(const std::shared_ptr<VariableImpl>& leaf) {
   if (leaf->hooks.empty()) return;
   Variable handle = VariableAccess::wrap(leaf);
@@ -95,83 +59,23 @@ void fire_hooks(const std::shared_ptr<VariableImpl>& leaf) {
   for (const auto& hook : hooks) hook(handle);
 }
 
-// An operation's backward function broke the contract of autograd.h: a bug in src/nn, not in the
-// caller's code.
-[[noreturn]] void backward_bug(const std::string& what) {
-  throw Error(ErrorCode::Internal, "nn: an operation's backward returned a " + what);
-}
-
-// Step 1 of Note [Hook timing]: the number of edges into each node reachable from `root`.
-std::unordered_map<VariableImpl*, int> count_uses(VariableImpl* root) {
-  std::unordered_map<VariableImpl*, int> uses{{root, 0}};
-  std::vector<VariableImpl*> to_visit{root};
-  while (!to_visit.empty()) {
-    VariableImpl* node = to_visit.back();
-    to_visit.pop_back();
-    for (const std::shared_ptr<VariableImpl>& input : node->inputs) {
-      if (!input->requires_grad) continue;
-      if (uses[input.get()]++ == 0) to_visit.push_back(input.get());  // First visit.
-    }
-  }
-  return uses;
-}
-
-// Where a walk puts a leaf's contribution: into grad(), under the leaf's lock (backward()), or
-// into `capture` (leaf_gradients()). See Note [Thread safety of nn].
-void deliver(const std::shared_ptr<VariableImpl>& leaf, Tensor contribution,
-             LeafGradients* capture) {
+// Where a walk puts the leaves' contributions: into grad(), under the leaf's lock, firing the
+// hooks once complete (backward()), or into `capture` (leaf_gradients()). See Note [Thread
+// safety of nn].
+LeafDelivery delivery(LeafGradients* capture) {
   if (capture != nullptr) {
-    add_pending(*capture, leaf.get(), std::move(contribution));
-    return;
+    return {.contribute =
+                [capture](const std::shared_ptr<VariableImpl>& leaf, Tensor contribution) {
+                  add_contribution(*capture, leaf.get(), std::move(contribution));
+                },
+            .complete = {}};
   }
-  const tutti::detail::MutexLock lock(leaf->grad_mutex);
-  accumulate(leaf->grad, contribution);
-}
-
-// Step 2 of Note [Hook timing], from `root` with gradient `seed` (root's shape). Without
-// `capture`, leaves accumulate into grad() and fire their hooks; with it, they only fill it.
-void run_backward(const std::shared_ptr<VariableImpl>& root, Tensor seed, LeafGradients* capture) {
-  if (root->is_leaf()) {
-    deliver(root, std::move(seed), capture);
-    if (capture == nullptr) fire_hooks(root);
-    return;
-  }
-  std::unordered_map<VariableImpl*, int> uses = count_uses(root.get());
-  std::unordered_map<VariableImpl*, Tensor> pending_grads;
-  pending_grads.emplace(root.get(), std::move(seed));
-  std::priority_queue<std::pair<std::uint64_t, VariableImpl*>> ready;  // Newest first.
-  ready.emplace(root->sequence, root.get());
-  while (!ready.empty()) {
-    VariableImpl* node = ready.top().second;
-    ready.pop();
-    auto pending = pending_grads.find(node);
-    const Tensor grad_output = std::move(pending->second);
-    pending_grads.erase(pending);
-
-    Gradients grad_inputs = node->backward(grad_output);
-    if (grad_inputs.size() != node->inputs.size()) {
-      backward_bug("wrong number of gradients");
-    }
-    for (std::size_t i = 0; i < node->inputs.size(); ++i) {
-      const std::shared_ptr<VariableImpl>& input = node->inputs[i];
-      if (!input->requires_grad) continue;
-      if (grad_inputs[i].shape() != input->value.shape()) {
-        backward_bug("gradient of shape " + shape_string(grad_inputs[i].shape()) +
-                     " for an input of shape " + shape_string(input->value.shape()));
-      }
-      if (input->is_leaf()) {
-        deliver(input, std::move(grad_inputs[i]), capture);
-      } else {
-        add_pending(pending_grads, input.get(), std::move(grad_inputs[i]));
-      }
-      if (--uses[input.get()] > 0) continue;
-      if (input->is_leaf()) {
-        if (capture == nullptr) fire_hooks(input);  // Final; see Note [Hook timing].
-      } else {
-        ready.emplace(input->sequence, input.get());
-      }
-    }
-  }
+  return {.contribute =
+              [](const std::shared_ptr<VariableImpl>& leaf, Tensor contribution) {
+                const tutti::detail::MutexLock lock(leaf->grad_mutex);
+                accumulate(leaf->grad, contribution);
+              },
+          .complete = fire_hooks};
 }
 
 // Note [Backward callbacks]
@@ -208,7 +112,7 @@ void run_backward_pass(const std::shared_ptr<VariableImpl>& root) {
   const CallbackScope scope(&callbacks);
   Tensor seed = zeros(root->value.shape());
   as_array(seed).setOnes();
-  run_backward(root, std::move(seed), nullptr);
+  walk_backward({{.node = root, .gradient = std::move(seed)}}, delivery(nullptr));
   std::exception_ptr first_error;
   for (std::size_t i = 0; i < callbacks.size(); ++i) {  // Index: callbacks may append.
     const std::function<void()> callback = std::move(callbacks[i]);
@@ -262,7 +166,8 @@ LeafGradients leaf_gradients(const Variable& root, const Tensor& grad_root) {
                            shape_string(node->value.shape()));
   }
   LeafGradients gradients;
-  if (node->requires_grad) run_backward(node, grad_root, &gradients);
+  if (node->requires_grad)
+    walk_backward({{.node = node, .gradient = grad_root}}, delivery(&gradients));
   return gradients;
 }
 

@@ -7,11 +7,13 @@
 
 #include "src/common/logging.h"
 #include "src/common/strings.h"
-#include "src/rpc/dist_engine.h"
+#include "src/dist_autograd/dist_engine.h"
 #include "src/rpc/optimizer_host.h"
 #include "src/rpc/serialize.h"
 
 namespace tutti::rpc::detail {
+
+using dist_autograd::detail::record_send;
 namespace {
 
 using ::tutti::detail::str_cat;
@@ -430,7 +432,7 @@ std::shared_ptr<Agent> Agent::start(ops::ControlPlane& plane, AgentOptions optio
   std::shared_ptr<Agent> agent(
       new Agent(plane, std::move(options), std::move(functions), std::move(keep_alive)));
   register_rref_handlers(*agent);
-  register_dist_autograd_handlers(*agent);
+  dist_autograd::detail::register_dist_autograd_handlers(*agent);
   register_optimizer_handlers(*agent);
   agent->pool_ = std::make_unique<ThreadPool>(agent->options_.options.num_worker_threads);
   agent->thread_ = std::thread([raw = agent.get()] { raw->run(); });

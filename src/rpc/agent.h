@@ -54,7 +54,7 @@
 #include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/common/thread_annotations.h"
-#include "src/rpc/dist_context.h"
+#include "src/dist_autograd/dist_context.h"
 #include "src/rpc/future.h"
 #include "src/rpc/rref_context.h"
 #include "src/rpc/thread_pool.h"
@@ -62,6 +62,13 @@
 #include "tutti/rpc.h"
 
 namespace tutti::rpc::detail {
+
+// Distributed autograd's contexts, which the agent keeps and every call records into.
+using dist_autograd::detail::ContextContainer;
+using dist_autograd::detail::ContextScope;
+using dist_autograd::detail::current_context_id;
+using dist_autograd::detail::DistContext;
+using dist_autograd::detail::make_global_id;
 
 inline constexpr std::chrono::microseconds kSpinWindow{2000};
 inline constexpr std::chrono::microseconds kMinSleep{50};
@@ -121,7 +128,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // Any thread. Calls `function` on worker `to`; see Note [RPC threading]. The future completes
   // with the response, Timeout after `timeout`, or ShutDown. Inside distributed autograd context
   // `context_id` (-1: none) the call is recorded (Note [Distributed autograd] in
-  // src/rpc/dist_engine.h). `args` must hold no empty Variable or RRef.
+  // src/dist_autograd/dist_engine.h). `args` must hold no empty Variable or RRef.
   std::shared_ptr<FutureState> call(int to, std::string function, Message args,
                                     Clock::duration timeout, std::int64_t context_id,
                                     std::string meta = {});

@@ -171,7 +171,7 @@ void init_rpc(const std::string& name, RpcOptions options) {
     detail::ByteReader reader(all[r]);
     std::uint8_t ok = 0;
     std::string text;
-    if (!reader.get(&ok) || !reader.get_string(&text) || !reader.finished())
+    if (!reader.get(&ok) || !reader.get_string(&text) || !reader.done())
       text = "corrupt init_rpc() message";
     if (ok != 1) problems += str_cat(problems.empty() ? "" : "; ", "rank ", r, ": ", text);
     names.push_back(std::move(text));

@@ -141,7 +141,7 @@ std::string create_meta(const std::string& optimizer,
                         const std::map<std::string, double>& options) {
   ByteWriter w;
   w.put_string(optimizer);
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(options.size()));
+  w.put<std::uint64_t>(options.size());
   for (const auto& [key, value] : options) {
     w.put_string(key);
     w.put(value);
@@ -171,7 +171,7 @@ Message create(Agent& agent, OptimizerHost& host, Incoming& request) {
     meta.get(&value);
     options[key] = value;
   }
-  if (!meta.finished()) throw Error(ErrorCode::Internal, "corrupt optimizer creation request");
+  if (!meta.done()) throw Error(ErrorCode::Internal, "corrupt optimizer creation request");
   const std::string where = str_cat("DistributedOptimizer on worker '", agent.name(), "': ");
   Result<OptimizerFactory> factory = find_optimizer_factory(name);
   if (!factory.ok())
@@ -212,7 +212,7 @@ Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
   std::int64_t context_id = -1;
   meta.get(&id);
   meta.get(&context_id);
-  if (!meta.finished()) throw Error(ErrorCode::Internal, "corrupt optimizer step request");
+  if (!meta.done()) throw Error(ErrorCode::Internal, "corrupt optimizer step request");
   std::shared_ptr<Hosted> hosted = host.find(id);
   if (hosted == nullptr) {
     throw Error(ErrorCode::InvalidArgument,
@@ -223,8 +223,7 @@ Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
   const tutti::detail::MutexLock lock(host.step_mutex);
   for (const nn::Variable& p : hosted->optimizer->parameters()) {
     if (!p.requires_grad()) continue;
-    Tensor gradient =
-        context ? context->gradient(nn::detail::VariableAccess::impl(p).get()) : Tensor();
+    Tensor gradient = context ? context->gradient(nn::detail::node_of(p).get()) : Tensor();
     std::span<float> grad = p.grad().span<float>();
     if (gradient.data() == nullptr) {
       std::fill(grad.begin(), grad.end(), 0.0f);
@@ -267,7 +266,7 @@ void register_optimizer_handlers(Agent& agent) {
     ByteReader meta(request.meta);
     std::uint64_t id = 0;
     meta.get(&id);
-    if (meta.finished()) host->remove(id);
+    if (meta.done()) host->remove(id);
     return FutureState::ready(Message{});
   });
 }
@@ -311,7 +310,7 @@ DistributedOptimizer::DistributedOptimizer(const std::string& optimizer,
     detail::ByteReader reader(result.ok() ? std::string_view(result.value().bytes)
                                           : std::string_view());
     std::uint64_t id = 0;
-    if (result.ok() && reader.get(&id) && reader.finished()) {
+    if (result.ok() && reader.get(&id) && reader.done()) {
       remotes_.push_back(Remote{.owner = owners[i], .id = id});
     } else if (failure.ok()) {
       failure = result.ok() ? Status(ErrorCode::Internal, "corrupt optimizer creation response")

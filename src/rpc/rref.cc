@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "src/common/strings.h"
+#include "src/dist_autograd/dist_context.h"
 #include "src/rpc/agent.h"
-#include "src/rpc/dist_context.h"
 #include "src/rpc/rpc_runtime.h"
 #include "tutti/rpc.h"
 

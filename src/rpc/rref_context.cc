@@ -17,7 +17,7 @@ bool read_ids(const std::string& meta, std::uint64_t* a, std::uint64_t* b) {
   ByteReader r(meta);
   r.get(a);
   r.get(b);
-  return r.finished();
+  return r.done();
 }
 
 Status corrupt(const Incoming& request) {
@@ -254,7 +254,7 @@ void register_rref_handlers(Agent& agent) {
     meta.get(&rref_id);
     meta.get(&fork_id);
     meta.get_string(&function);
-    if (!meta.finished()) return FutureState::ready(corrupt(request));
+    if (!meta.done()) return FutureState::ready(corrupt(request));
     const bool to_self = request.source == agent.rank();
     // To itself the caller registered the (phantom) fork already: see Note [RRef protocol].
     std::shared_ptr<OwnerValue> value =

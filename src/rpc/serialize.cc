@@ -4,10 +4,12 @@
 #include <utility>
 
 #include "src/common/strings.h"
+#include "src/dist_autograd/dist_engine.h"
 #include "src/rpc/agent.h"
-#include "src/rpc/dist_engine.h"
 
 namespace tutti::rpc::detail {
+
+using dist_autograd::detail::make_recv;
 
 Status check_message(const Message& message, const Agent& agent) {
   for (std::size_t i = 0; i < message.tensors.size(); ++i) {

@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// Byte layout (native endianness: every rank of a job runs on the same architecture):
-//   u8 fragment flag (0) | u32 magic "TRPC" | u8 kind | u32 epoch | u64 id | kind's fields
+// Byte layout (native endianness: every rank of a job runs on the same architecture), written
+// with tutti::ByteWriter (tutti/serialize.h):
+//   u8 fragment flag (0) | u32 magic "TRPC" | u8 format version | u8 kind | u32 epoch | u64 id |
+//   kind's fields
 //   request:  string function | string meta | i64 context | i64 autograd message | payload
 //   response: u8 status (0 OK, else 1 + ErrorCode) | string message | string meta |
 //             i64 context | i64 autograd message | payload
 //   control:  u8 control kind | u64 round | u64 sent | u64 received
-//   payload:  u32 n | n x (u8 requires_grad | u8 dtype | u8 ndim | ndim x i64 | data)
-//             u32 m | m x (i32 owner | u64 rref | u64 fork | i32 parent) | string bytes
+//   payload:  u64 n | n x (u8 requires_grad | u8 dtype | u8 ndim | ndim x i64 | data)
+//             u64 m | m x (i32 owner | u64 rref | u64 fork | i32 parent) | string bytes
 //   string:   u64 length | bytes
+// Format 2 (this one) counts in u64, as tutti/serialize.h does; format 1 (no version byte)
+// counted payload items in u32. A frame of another format is refused as corrupt.
 #include "src/rpc/wire.h"
 
 #include <cstring>
@@ -24,10 +28,11 @@ using ::tutti::detail::shape_string;
 using ::tutti::detail::str_cat;
 
 constexpr std::uint32_t kMagic = 0x43505254;  // "TRPC"
+constexpr std::uint8_t kFormat = 2;
 constexpr int kMaxDims = 32;
 
 void put_payload(ByteWriter& w, const WirePayload& payload) {
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(payload.tensors.size()));
+  w.put<std::uint64_t>(payload.tensors.size());
   for (const WireTensor& t : payload.tensors) {
     w.put<std::uint8_t>(t.requires_grad ? 1 : 0);
     w.put<std::uint8_t>(static_cast<std::uint8_t>(t.value.dtype()));
@@ -35,7 +40,7 @@ void put_payload(ByteWriter& w, const WirePayload& payload) {
     for (std::int64_t d : t.value.shape()) w.put<std::int64_t>(d);
     w.put_bytes(t.value.data(), t.value.byte_size());
   }
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(payload.rrefs.size()));
+  w.put<std::uint64_t>(payload.rrefs.size());
   for (const WireRRef& r : payload.rrefs) {
     w.put<std::int32_t>(r.owner);
     w.put<std::uint64_t>(r.rref_id);
@@ -106,6 +111,7 @@ std::string encode(const Frame& frame) {
             frame.status.message().size());
   w.put<std::uint8_t>(0);  // Fragment flag: see fragment().
   w.put<std::uint32_t>(kMagic);
+  w.put<std::uint8_t>(kFormat);
   w.put<std::uint8_t>(static_cast<std::uint8_t>(frame.kind));
   w.put<std::uint32_t>(frame.epoch);
   w.put<std::uint64_t>(frame.id);
@@ -141,21 +147,23 @@ Result<Frame> decode(std::string_view bytes) {
   ByteReader r(bytes);
   Frame frame;
   std::string what;
-  std::uint8_t flag = 0, kind = 0;
+  std::uint8_t flag = 0, format = 0, kind = 0;
   std::uint32_t magic = 0;
-  if (r.get(&flag) && r.get(&magic) && r.get(&kind) && r.get(&frame.epoch) && r.get(&frame.id)) {
-    if (flag != 0 || magic != kMagic || kind < 1 || kind > 3) {
-      what = str_cat("bad header (flag ", int(flag), ", magic ", magic, ", kind ", int(kind), ")");
+  if (r.get(&flag) && r.get(&magic) && r.get(&format) && r.get(&kind) && r.get(&frame.epoch) &&
+      r.get(&frame.id)) {
+    if (flag != 0 || magic != kMagic || format != kFormat || kind < 1 || kind > 3) {
+      what = str_cat("bad header (flag ", int(flag), ", magic ", magic, ", format ", int(format),
+                     ", kind ", int(kind), ")");
       r.fail();
     }
   }
   frame.kind = static_cast<FrameKind>(kind);
-  if (!r.failed() && frame.kind == FrameKind::Request) {
+  if (r.ok() && frame.kind == FrameKind::Request) {
     if (r.get_string(&frame.function) && r.get_string(&frame.meta) && r.get(&frame.context_id) &&
         r.get(&frame.autograd_message_id)) {
       get_payload(r, &frame.payload, &what);
     }
-  } else if (!r.failed() && frame.kind == FrameKind::Response) {
+  } else if (r.ok() && frame.kind == FrameKind::Response) {
     std::uint8_t code = 0;
     std::string message;
     if (r.get(&code) && r.get_string(&message) && r.get_string(&frame.meta) &&
@@ -166,9 +174,9 @@ Result<Frame> decode(std::string_view bytes) {
       } else if (code != 0) {
         frame.status = Status(static_cast<ErrorCode>(code - 1), message);
       }
-      if (!r.failed()) get_payload(r, &frame.payload, &what);
+      if (r.ok()) get_payload(r, &frame.payload, &what);
     }
-  } else if (!r.failed()) {
+  } else if (r.ok()) {
     std::uint8_t control = 0;
     if (r.get(&control) && r.get(&frame.round) && r.get(&frame.sent) && r.get(&frame.received)) {
       if (control < 1 || control > 5) {
@@ -178,11 +186,11 @@ Result<Frame> decode(std::string_view bytes) {
       frame.control = static_cast<ControlKind>(control);
     }
   }
-  if (!r.failed() && r.remaining() != 0) {
+  if (r.ok() && r.remaining() != 0) {
     what = str_cat(r.remaining(), " bytes after the end of the frame");
     r.fail();
   }
-  if (r.failed()) {
+  if (!r.ok()) {
     return Status(ErrorCode::Internal, str_cat("corrupt RPC frame of ", bytes.size(),
                                                " bytes: ", what.empty() ? "truncated" : what));
   }

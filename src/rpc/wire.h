@@ -15,82 +15,14 @@
 #include <vector>
 
 #include "src/common/status.h"
+#include "tutti/serialize.h"
 #include "tutti/tensor.h"
 
 namespace tutti::rpc::detail {
 
-// Appends fixed-size values and length-prefixed strings. One thread at a time.
-class ByteWriter {
- public:
-  template <class T>
-  void put(T value) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const std::size_t at = out_.size();
-    out_.resize(at + sizeof(T));
-    std::memcpy(out_.data() + at, &value, sizeof(T));
-  }
-  void put_bytes(const void* data, std::size_t size) {
-    if (size) out_.append(static_cast<const char*>(data), size);
-  }
-  void put_string(std::string_view s) {
-    put<std::uint64_t>(s.size());
-    put_bytes(s.data(), s.size());
-  }
-  void reserve(std::size_t size) { out_.reserve(size); }
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-// Reads what ByteWriter wrote, in order, never past the end: a short or corrupt read fails
-// that read and every later one. One thread at a time.
-class ByteReader {
- public:
-  explicit ByteReader(std::string_view in) : in_(in) {}
-
-  template <class T>
-  bool get(T* value) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    if (failed_ || remaining() < sizeof(T)) return fail();
-    std::memcpy(value, in_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return true;
-  }
-  bool get_bytes(void* data, std::size_t size) {
-    if (failed_ || remaining() < size) return fail();
-    if (size) std::memcpy(data, in_.data() + at_, size);
-    at_ += size;
-    return true;
-  }
-  bool get_string(std::string* s) {
-    std::uint64_t size = 0;
-    if (!get(&size) || size > remaining()) return fail();
-    s->assign(in_.data() + at_, static_cast<std::size_t>(size));
-    at_ += static_cast<std::size_t>(size);
-    return true;
-  }
-  // A count of items of at least `min_item_bytes` each: more than the rest can hold is corrupt.
-  bool get_count(std::size_t* count, std::size_t min_item_bytes) {
-    std::uint32_t n = 0;
-    if (!get(&n) || static_cast<std::uint64_t>(n) * min_item_bytes > remaining()) return fail();
-    *count = n;
-    return true;
-  }
-  std::size_t remaining() const { return in_.size() - at_; }
-  // True when everything was read and nothing failed.
-  bool finished() const { return !failed_ && at_ == in_.size(); }
-  bool failed() const { return failed_; }
-  bool fail() {
-    failed_ = true;
-    return false;
-  }
-
- private:
-  std::string_view in_;
-  std::size_t at_ = 0;
-  bool failed_ = false;
-};
+// Frames are written and read with tutti::ByteWriter / ByteReader (tutti/serialize.h).
+using ::tutti::ByteReader;
+using ::tutti::ByteWriter;
 
 // A tensor as it travels: float32 values and whether the sender's Variable required grad.
 struct WireTensor {

@@ -11,45 +11,11 @@
 #include "tutti/collectives.h"
 #include "tutti/export.h"
 #include "tutti/nn/module.h"
+#include "tutti/optim/distributed_options.h"
 #include "tutti/optim/optimizer.h"
 #include "tutti/process_set.h"
 
 namespace tutti::optim {
-
-// How gradients travel: tutti::Compression (tutti/collectives.h), under its Horovod-style name.
-// FP16/BF16 convert each gradient into a 2-byte temporary, reduce it and convert the result
-// back into grad().
-using Compression = tutti::Compression;
-
-struct DistributedOptions {
-  // Average (the default: the mean of the ranks' gradients, what a single process on the whole
-  // batch computes when the loss is a mean), Sum, or Adasum (adaptive summation; floating
-  // types only, a power-of-two set size on CPU). Others are InvalidArgument.
-  ReduceOp op = ReduceOp::Average;
-  Compression compression = Compression::None;
-  // k >= 1: gradients of k backward passes are accumulated locally (summed into grad(), not
-  // divided by k) and reduced once, from the k-th pass's hook. A (k+1)-th backward() before
-  // step() throws InvalidArgument from that backward(). Memory stays the same; communication
-  // happens every k passes.
-  int backward_passes_per_step = 1;
-  // f > 0, Average only (InvalidArgument with another op when f != 1). Horovod's split of the
-  // averaging: each gradient is multiplied by 1/f before the sum and the sum by f/size after,
-  // to keep fp16 sums in range. The result is the same average up to rounding.
-  double gradient_predivide_factor = 1.0;
-  // N > 0 splits the parameters, in parameters() order, into N contiguous groups of nearly
-  // equal count (the first ones one larger), each reduced as one grouped_allreduce_async once
-  // all its gradients are ready: fewer, larger messages, later start. Clamped to the number of
-  // parameters. 0 = no grouping. Cannot be combined with `groups` (InvalidArgument).
-  int num_groups = 0;
-  // Explicit groups by parameter name, each reduced as one grouped allreduce once all its
-  // gradients are ready; parameters in no list are reduced alone. Must be identical on every
-  // rank. An unknown name (not a parameter of the optimizer), a name repeated within or
-  // across lists, or an empty list is InvalidArgument.
-  std::vector<std::vector<std::string>> groups = {};  // "= {}": no -Wextra warning when omitted.
-  // The ranks that train together. Ranks outside it may build the optimizer; on them it does
-  // not communicate and step() only runs the inner optimizer.
-  ProcessSet process_set = ProcessSet::global();
-};
 
 // Wraps `inner` (by reference: it must outlive this object) so that step() updates the
 // parameters from gradients reduced across options.process_set. parameters() are inner's;
@@ -60,8 +26,8 @@ struct DistributedOptions {
 //                     allreduce_async of it under the name
 //                     "DistributedOptimizer.allreduce.<parameter name>" (groups:
 //                     "DistributedOptimizer.grouped_allreduce.<group index>"), identical on
-//                     every rank. The gradient is first copied (or compressed) into a private
-//                     buffer, so the background thread never touches grad().
+//                     every rank. Uncompressed gradients are reduced where they lie;
+//                     FP16/BF16 ones through a 2-byte copy.
 //   opt.step()        synchronize(): starts the reductions still missing, waits for all, and
 //                     copies each result into its grad(); then inner.step().
 //   opt.zero_grad()   inner.zero_grad().
@@ -131,35 +97,17 @@ class TUTTI_API DistributedOptimizer : public Optimizer {
 
   Optimizer& inner_;
   std::shared_ptr<State> state_;  // Shared (weakly) with the hooks; see the destructor.
-  int skip_depth_ = 0;
-  bool synchronized_explicitly_ = false;  // Since the last step().
-  bool warned_ = false;
+  int skip_depth_ = 0;            // Live SkipSynchronize guards.
 };
 
 // RAII guard: see DistributedOptimizer::skip_synchronize(). Movable, not copyable.
-class DistributedOptimizer::SkipSynchronize {
+class DistributedOptimizer::SkipSynchronize : public SkipSynchronizeGuard {
  public:
-  SkipSynchronize(SkipSynchronize&& other) noexcept : optimizer_(other.optimizer_) {
-    other.optimizer_ = nullptr;
-  }
-  SkipSynchronize(const SkipSynchronize&) = delete;
-  SkipSynchronize& operator=(const SkipSynchronize&) = delete;
-  SkipSynchronize& operator=(SkipSynchronize&&) = delete;
-  ~SkipSynchronize() {
-    if (optimizer_ != nullptr) --optimizer_->skip_depth_;
-  }
-
- private:
-  friend class DistributedOptimizer;
-  explicit SkipSynchronize(DistributedOptimizer* optimizer) : optimizer_(optimizer) {
-    ++optimizer_->skip_depth_;
-  }
-
-  DistributedOptimizer* optimizer_;
+  using SkipSynchronizeGuard::SkipSynchronizeGuard;
 };
 
 inline DistributedOptimizer::SkipSynchronize DistributedOptimizer::skip_synchronize() {
-  return SkipSynchronize(this);
+  return SkipSynchronize(skip_depth_);
 }
 
 }  // namespace tutti::optim

@@ -21,21 +21,22 @@ struct ScopedEnv {
 TEST_CASE("TUTTI_ wins over HOROVOD_, which is the fallback", "[env]") {
   {
     ScopedEnv horovod("HOROVOD_CACHE_CAPACITY", "5");
-    CHECK(int_setting("CACHE_CAPACITY", 1).value() == 5);
+    CHECK(knob_value(knob::CACHE_CAPACITY).value() == 5);
     ScopedEnv tutti("TUTTI_CACHE_CAPACITY", "6");
-    CHECK(int_setting("CACHE_CAPACITY", 1).value() == 6);
+    CHECK(knob_value(knob::CACHE_CAPACITY).value() == 6);
   }
-  CHECK(int_setting("CACHE_CAPACITY", 1).value() == 1);
+  CHECK(knob_value(knob::CACHE_CAPACITY).value() == knob_default(knob::CACHE_CAPACITY));
+  CHECK(knob_default(knob::CACHE_CAPACITY) == 1024);  // knobs.def's default.
 }
 
 TEST_CASE("Malformed values name the variable", "[env]") {
   ScopedEnv bad("TUTTI_CYCLE_TIME", "12x");
-  Result<double> cycle = double_setting("CYCLE_TIME", 1);
+  Result<double> cycle = knob_value(knob::CYCLE_TIME);
   REQUIRE_FALSE(cycle.ok());
   CHECK(cycle.status().code() == ErrorCode::InvalidArgument);
   CHECK(cycle.status().message() == "TUTTI_CYCLE_TIME='12x' is not a number");
   ScopedEnv flag("HOROVOD_TIMELINE_MARK_CYCLES", "maybe");
-  CHECK(bool_setting("TIMELINE_MARK_CYCLES", false)
+  CHECK(knob_value(knob::TIMELINE_MARK_CYCLES)
             .status()
             .message()
             .find("HOROVOD_TIMELINE_MARK_CYCLES") == 0);

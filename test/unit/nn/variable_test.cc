@@ -116,7 +116,7 @@ TEST_CASE("Hooks need a leaf that requires grad", "[nn][variable]") {
   CHECK_THROWS_MATCHES(w.register_grad_hook(nullptr), Error, invalid_argument());
 }
 
-// See Note [Hook timing] in src/nn/variable.cc.
+// See Note [Hook timing] in src/nn/backward_walk.cc.
 TEST_CASE("The last layer's hooks fire before backward reaches the first layer",
           "[nn][variable][hooks]") {
   manual_seed(3);

@@ -120,9 +120,14 @@ TEST_CASE("Corrupt headers, counts and shapes are errors", "[rpc][wire]") {
     bad[1] ^= 0x55;
     CHECK_FALSE(decode(bad).ok());
   }
+  SECTION("another format version") {  // Format 1 counted in u32 and had no version byte.
+    std::string bad = good;
+    bad[5] = 1;
+    CHECK_FALSE(decode(bad).ok());
+  }
   SECTION("unknown kind") {
     std::string bad = good;
-    bad[5] = 9;
+    bad[6] = 9;
     CHECK_FALSE(decode(bad).ok());
   }
   SECTION("random single-byte corruption never crashes") {
@@ -138,8 +143,9 @@ TEST_CASE("Corrupt headers, counts and shapes are errors", "[rpc][wire]") {
     f.kind = FrameKind::Request;
     f.payload.tensors = {{.requires_grad = false, .value = counting({1})}};
     std::string bytes = encode(f);
-    // The tensor header sits right before its one dim and 4 data bytes, then counts and bytes.
-    const std::size_t dim_at = bytes.size() - (4 + 4 + 8 + 8);
+    // The tensor's one dim sits before its 4 data bytes, the u64 RRef count and the u64 length
+    // of the (empty) bytes.
+    const std::size_t dim_at = bytes.size() - (4 + 8 + 8 + 8);
     const std::int64_t huge = std::int64_t{1} << 62;
     std::memcpy(bytes.data() + dim_at, &huge, sizeof huge);
     Result<Frame> r = decode(bytes);

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "src/rpc/dist_context.h"
+#include "src/dist_autograd/dist_context.h"
 
 #include <atomic>
 #include <span>
 
 #include "src/common/strings.h"
 
-namespace tutti::rpc::detail {
+namespace tutti::dist_autograd::detail {
 namespace {
 
 thread_local std::int64_t t_context_id = -1;
@@ -64,7 +64,7 @@ std::vector<std::pair<nn::Variable, Tensor>> DistContext::gradients() const {
   std::vector<std::pair<nn::Variable, Tensor>> out;
   out.reserve(gradients_.size());
   for (const auto& [key, entry] : gradients_) {
-    out.emplace_back(nn::detail::VariableAccess::wrap(entry.first), entry.second.clone());
+    out.emplace_back(nn::detail::variable_of(entry.first), entry.second.clone());
   }
   return out;
 }
@@ -132,4 +132,4 @@ std::int64_t exchange_current_context_id(std::int64_t id) {
   return previous;
 }
 
-}  // namespace tutti::rpc::detail
+}  // namespace tutti::dist_autograd::detail

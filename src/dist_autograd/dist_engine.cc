@@ -1,16 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "src/rpc/dist_engine.h"
+// Distributed autograd: see Note [Distributed autograd] in src/dist_autograd/dist_engine.h.
+#include "src/dist_autograd/dist_engine.h"
 
 #include <map>
 #include <utility>
 
 #include "src/common/strings.h"
-#include "src/nn/autograd.h"
+#include "src/nn/autograd_seam.h"
 #include "src/rpc/agent.h"
 
-namespace tutti::rpc::detail {
+namespace tutti::dist_autograd::detail {
 namespace {
 
+using rpc::Message;
+using rpc::detail::ByteReader;
+using rpc::detail::ByteWriter;
+using rpc::detail::FutureState;
+using rpc::detail::Incoming;
+using rpc::detail::Place;
 using ::tutti::detail::str_cat;
 
 // A gradient for slot `slot` of another worker's send `message_id`.
@@ -45,7 +52,7 @@ std::vector<std::shared_ptr<FutureState>> run_local(
   for (auto& [sender, entries] : run.outbox) {
     ByteWriter meta;
     meta.put<std::int64_t>(context.id());
-    meta.put<std::uint32_t>(static_cast<std::uint32_t>(entries.size()));
+    meta.put<std::uint64_t>(entries.size());
     Message args;
     for (Outbound& e : entries) {
       meta.put<std::int64_t>(e.message_id);
@@ -63,15 +70,15 @@ std::vector<std::shared_ptr<FutureState>> run_local(
 std::shared_ptr<FutureState> handle_backward(Agent& agent, Incoming& request) {
   ByteReader meta(request.meta);
   std::int64_t context_id = -1;
-  std::uint32_t count = 0;
+  std::size_t count = 0;
   meta.get(&context_id);
-  meta.get(&count);
+  meta.get_count(&count, sizeof(std::int64_t) + sizeof(std::uint32_t));  // Bounded by the bytes.
   std::vector<std::pair<std::int64_t, std::uint32_t>> slots(count);
   for (auto& [message_id, slot] : slots) {
     meta.get(&message_id);
     meta.get(&slot);
   }
-  if (!meta.finished() || request.args.tensors.size() != count) {
+  if (!meta.done() || request.args.tensors.size() != count) {
     return FutureState::ready(Status(ErrorCode::Internal, "corrupt distributed backward request"));
   }
   std::shared_ptr<DistContext> context = agent.contexts().find(context_id);
@@ -102,7 +109,7 @@ std::int64_t record_send(DistContext& context, const std::vector<nn::Variable>& 
   bool any = false;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined() || !tensors[i].requires_grad()) continue;
-    inputs[i] = nn::detail::VariableAccess::impl(tensors[i]);
+    inputs[i] = nn::detail::node_of(tensors[i]);
     any = true;
   }
   if (!any) return -1;
@@ -147,7 +154,7 @@ Status run_backward(Agent& agent, std::int64_t context_id, const std::vector<nn:
     }
     Tensor ones(DataType::Float32, root.value().shape());
     ones.span<float>()[0] = 1.0f;
-    seeds.push_back({nn::detail::VariableAccess::impl(root), std::move(ones)});
+    seeds.push_back({nn::detail::node_of(root), std::move(ones)});
   }
   std::shared_ptr<FutureState> all;
   try {
@@ -179,9 +186,9 @@ void register_dist_autograd_handlers(Agent& agent) {
     ByteReader meta(request.meta);
     std::int64_t context_id = -1;
     meta.get(&context_id);
-    if (meta.finished()) release_context(agent, context_id, request.source);
+    if (meta.done()) release_context(agent, context_id, request.source);
     return FutureState::ready(Message{});
   });
 }
 
-}  // namespace tutti::rpc::detail
+}  // namespace tutti::dist_autograd::detail

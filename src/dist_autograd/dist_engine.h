@@ -30,13 +30,17 @@
 #include <vector>
 
 #include "src/common/status.h"
-#include "src/rpc/dist_context.h"
+#include "src/dist_autograd/dist_context.h"
 #include "tutti/nn/variable.h"
 #include "tutti/tensor.h"
 
 namespace tutti::rpc::detail {
-
 class Agent;
+}  // namespace tutti::rpc::detail
+
+namespace tutti::dist_autograd::detail {
+
+using rpc::detail::Agent;
 
 // Records the send of `tensors` under `context`; returns its autograd message id, or -1 when no
 // tensor requires grad (nothing recorded).
@@ -53,4 +57,4 @@ void release_context(Agent& agent, std::int64_t context_id, int except = -1);
 // "tutti.dist.backward" and "tutti.dist.release".
 void register_dist_autograd_handlers(Agent& agent);
 
-}  // namespace tutti::rpc::detail
+}  // namespace tutti::dist_autograd::detail

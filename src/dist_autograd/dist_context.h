@@ -13,11 +13,11 @@
 #include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/common/thread_annotations.h"
-#include "src/nn/autograd.h"
+#include "src/nn/autograd_seam.h"
 #include "tutti/nn/variable.h"
 #include "tutti/tensor.h"
 
-namespace tutti::rpc::detail {
+namespace tutti::dist_autograd::detail {
 
 // A job-wide unique id: `rank` in bits 48..62, a process-wide counter below.
 std::int64_t make_global_id(int rank);
@@ -93,4 +93,4 @@ class ContextScope {
 // For Context, which outlives no scope: sets the thread's current id, returning the old one.
 std::int64_t exchange_current_context_id(std::int64_t id);
 
-}  // namespace tutti::rpc::detail
+}  // namespace tutti::dist_autograd::detail

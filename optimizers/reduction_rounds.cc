@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+// The reduction engine of the distributed optimizers: see Note [Reduction rounds] in
+// optimizers/reduction_rounds.h.
+#include "optimizers/reduction_rounds.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/common/throw.h"
+#include "tutti/runtime.h"
+
+namespace tutti::optim::internal {
+namespace {
+
+// Writes one whole line to stderr with a single write(2), so ranks' lines do not interleave.
+void warn_line(const std::string& message) {
+  std::string line = "[tutti";
+  if (is_initialized()) line += " rank " + std::to_string(rank());
+  line += "] WARNING: " + message + "\n";
+  // Best effort: a warning that cannot be written is not worth failing a training step.
+  static_cast<void>(::write(STDERR_FILENO, line.data(), line.size()));
+}
+
+}  // namespace
+
+void check_options(const DistributedOptions& o, const char* who) {
+  if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum && o.op != ReduceOp::Adasum) {
+    detail::throw_invalid_argument(who, ": op must be Average, Sum or Adasum, got ",
+                                   to_string(o.op));
+  }
+  if (o.compression != Compression::None && o.compression != Compression::FP16 &&
+      o.compression != Compression::BF16) {
+    detail::throw_invalid_argument(who, ": unknown compression ", static_cast<int>(o.compression));
+  }
+  if (o.backward_passes_per_step < 1) {
+    detail::throw_invalid_argument(who, ": backward_passes_per_step must be at least 1, got ",
+                                   o.backward_passes_per_step);
+  }
+  if (!(o.gradient_predivide_factor > 0) || !std::isfinite(o.gradient_predivide_factor)) {
+    detail::throw_invalid_argument(who,
+                                   ": gradient_predivide_factor must be a positive number, got ",
+                                   o.gradient_predivide_factor);
+  }
+  if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average) {
+    detail::throw_invalid_argument(who, ": gradient_predivide_factor ", o.gradient_predivide_factor,
+                                   " needs op Average");
+  }
+  if (o.num_groups < 0) {
+    detail::throw_invalid_argument(who, ": num_groups must be >= 0, got ", o.num_groups);
+  }
+  if (o.num_groups > 0 && !o.groups.empty()) {
+    detail::throw_invalid_argument(who, ": give num_groups or groups, not both");
+  }
+}
+
+ReduceOptions reduce_options(const DistributedOptions& options) {
+  ReduceOptions result{.op = options.op, .process_set = options.process_set};
+  if (options.op == ReduceOp::Average && options.gradient_predivide_factor != 1.0) {
+    // Horovod's split: sum of x/f, then times f/size (Average divides by the size).
+    result.prescale_factor = 1.0 / options.gradient_predivide_factor;
+    result.postscale_factor = options.gradient_predivide_factor;
+  }
+  return result;
+}
+
+ReductionRounds::ReductionRounds(DistributedOptions options, std::vector<std::string> names,
+                                 GradientBuffers& buffers, const char* who)
+    : options_((check_options(options, who), std::move(options))),
+      reduce_options_(reduce_options(options_)),
+      names_(std::move(names)),
+      buffers_(buffers) {
+  // Nothing else sees this object yet, but the analysis wants guarded members written locked.
+  const detail::MutexLock lock(mutex_);
+  passes_.assign(names_.size(), 0);
+  unit_of_.assign(names_.size(), 0);
+  build_units(who);
+}
+
+void ReductionRounds::add_unit(std::string name, std::vector<std::size_t> members, bool grouped) {
+  for (std::size_t m : members) unit_of_[m] = units_.size();
+  UnitState state;
+  state.unit = {.index = units_.size(),
+                .name = std::move(name),
+                .members = std::move(members),
+                .grouped = grouped};
+  units_.push_back(std::move(state));
+}
+
+// The units of DistributedOptions::num_groups or ::groups, then every other parameter alone.
+void ReductionRounds::build_units(const char* who) {
+  std::vector<std::size_t> trainable;
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    if (!names_[i].empty()) trainable.push_back(i);
+  }
+  const std::string group_prefix = "DistributedOptimizer.grouped_allreduce.";
+  std::vector<bool> grouped(names_.size(), false);
+  if (options_.num_groups > 0 && !trainable.empty()) {
+    // Contiguous, nearly equal groups, the first `extra` one larger (numpy's array_split).
+    const std::size_t count =
+        std::min<std::size_t>(static_cast<std::size_t>(options_.num_groups), trainable.size());
+    const std::size_t base = trainable.size() / count;
+    const std::size_t extra = trainable.size() % count;
+    std::size_t next = 0;
+    for (std::size_t g = 0; g < count; ++g) {
+      const std::size_t size = base + (g < extra ? 1 : 0);
+      std::vector<std::size_t> members(
+          trainable.begin() + static_cast<std::ptrdiff_t>(next),
+          trainable.begin() + static_cast<std::ptrdiff_t>(next + size));
+      next += size;
+      for (std::size_t m : members) grouped[m] = true;
+      add_unit(group_prefix + std::to_string(g), std::move(members), true);
+    }
+  } else if (!options_.groups.empty()) {
+    std::map<std::string, std::size_t> by_name;
+    for (std::size_t i : trainable) by_name.emplace(names_[i], i);
+    for (std::size_t g = 0; g < options_.groups.size(); ++g) {
+      const std::vector<std::string>& group = options_.groups[g];
+      if (group.empty()) detail::throw_invalid_argument(who, ": group ", g, " is empty");
+      std::vector<std::size_t> members;
+      for (const std::string& name : group) {
+        const auto it = by_name.find(name);
+        if (it == by_name.end()) {
+          detail::throw_invalid_argument(who, ": group ", g, " names '", name,
+                                         "', which is not a parameter of the optimizer");
+        }
+        if (grouped[it->second]) {
+          detail::throw_invalid_argument(who, ": parameter '", name,
+                                         "' appears more than once in groups");
+        }
+        grouped[it->second] = true;
+        members.push_back(it->second);
+      }
+      add_unit(group_prefix + std::to_string(g), std::move(members), true);
+    }
+  }
+  for (std::size_t i : trainable) {
+    if (!grouped[i]) add_unit("DistributedOptimizer.allreduce." + names_[i], {i}, false);
+  }
+}
+
+bool ReductionRounds::is_member() {
+  if (!included_) included_ = options_.process_set.included();
+  return *included_;
+}
+
+void ReductionRounds::start(UnitState& state) {
+  state.handle = buffers_.start(state.unit, reduce_options_);
+  state.phase = Phase::InFlight;
+}
+
+void ReductionRounds::on_gradient(std::size_t index) {
+  const detail::MutexLock lock(mutex_);
+  if (!alive_ || !is_member()) return;
+  UnitState& state = units_[unit_of_[index]];
+  const int k = options_.backward_passes_per_step;
+  if (passes_[index] >= k) {
+    detail::throw_invalid_argument("DistributedOptimizer: backward() ran ", passes_[index] + 1,
+                                   " times before step() (gradient of '", names_[index],
+                                   "'), but backward_passes_per_step is ", k,
+                                   "; call step() after every ", k,
+                                   " backward passes or raise backward_passes_per_step");
+  }
+  if (state.phase != Phase::Idle) {
+    detail::throw_invalid_argument(
+        "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
+        names_[index], "'); the gradients of this step are already reduced");
+  }
+  if (++passes_[index] < k) return;
+  if (++state.ready == state.unit.members.size()) start(state);
+}
+
+void ReductionRounds::synchronize() {
+  const detail::MutexLock lock(mutex_);
+  synchronized_explicitly_ = true;
+  synchronize_locked();
+}
+
+void ReductionRounds::synchronize_locked() {
+  if (units_.empty() || !is_member()) return;  // No parameter: nothing to ask the runtime.
+  std::exception_ptr first_error;
+  for (UnitState& state : units_) {
+    if (state.phase != Phase::Idle) continue;
+    try {
+      start(state);
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  const std::exception_ptr wait_error = wait_all(/*write_results=*/true);
+  if (!first_error) first_error = wait_error;
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+// Waits for every unit in flight and, with `write_results`, has the wrapper write their results
+// into the gradients if all succeeded. Returns the first error, after waiting for all (their
+// buffers must not be reused while in flight).
+std::exception_ptr ReductionRounds::wait_all(bool write_results) {
+  std::vector<Handle> handles;
+  std::vector<UnitState*> in_flight;
+  for (UnitState& state : units_) {
+    if (state.phase != Phase::InFlight) continue;
+    handles.push_back(state.handle);
+    in_flight.push_back(&state);
+  }
+  std::exception_ptr error;
+  try {
+    tutti::wait_all(handles);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (UnitState* state : in_flight) {
+    buffers_.finish(state->unit, write_results && !error);
+    state->phase = Phase::Done;
+  }
+  return error;
+}
+
+void ReductionRounds::new_round() {
+  std::fill(passes_.begin(), passes_.end(), 0);
+  for (UnitState& state : units_) {
+    state.ready = 0;
+    state.phase = Phase::Idle;
+  }
+}
+
+void ReductionRounds::step(bool skipping, const std::function<void()>& inner_step) {
+  {
+    const detail::MutexLock lock(mutex_);
+    if (!skipping) {
+      if (synchronized_explicitly_ && !warned_) {
+        warned_ = true;
+        warn_line(
+            "DistributedOptimizer: step() called without skip_synchronize() after an explicit "
+            "synchronize(); the gradients are not reduced twice, but wrap step() in "
+            "`auto guard = optimizer.skip_synchronize();` (warned once per optimizer)");
+      }
+      synchronize_locked();
+    } else if (const std::exception_ptr error = wait_all(/*write_results=*/true)) {
+      std::rethrow_exception(error);
+    }
+  }
+  inner_step();
+  const detail::MutexLock lock(mutex_);
+  new_round();
+  synchronized_explicitly_ = false;
+}
+
+void ReductionRounds::check_none_in_flight(const char* what) const {
+  const detail::MutexLock lock(mutex_);
+  for (const UnitState& state : units_) {
+    if (state.phase == Phase::InFlight) {
+      detail::throw_invalid_argument(
+          what,
+          " while gradient allreduces are in flight (after backward(), before step() or "
+          "synchronize()); their results would overwrite the zeros");
+    }
+  }
+}
+
+int ReductionRounds::units_started() const {
+  const detail::MutexLock lock(mutex_);
+  return static_cast<int>(std::count_if(units_.begin(), units_.end(),
+                                        [](const UnitState& s) { return s.phase != Phase::Idle; }));
+}
+
+std::size_t ReductionRounds::unit_count() const {
+  const detail::MutexLock lock(mutex_);
+  return units_.size();
+}
+
+void ReductionRounds::stop() {
+  const detail::MutexLock lock(mutex_);
+  alive_ = false;
+  // The runtime may still read and write the buffers: wait, and drop errors (destructors never
+  // fail; step()/synchronize() are where errors are reported).
+  static_cast<void>(wait_all(/*write_results=*/false));
+}
+
+}  // namespace tutti::optim::internal

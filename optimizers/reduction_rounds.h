@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// The reduction engine of the distributed optimizers: units of parameters reduced together, the
+// rounds from one step() to the next, synchronize(), skip_synchronize() and their errors. It
+// knows parameters by index and name only; how a unit's gradients travel is the wrapper's
+// (GradientBuffers). optim::DistributedOptimizer (Eigen tensors) and
+// libtorch::DistributedOptimizer (torch::Tensor) keep only their hook wiring and buffers, as
+// PyTorch's one Reducer serves DDP on every backend. A client of the public API.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/common/mutex.h"
+#include "src/common/thread_annotations.h"
+#include "tutti/collectives.h"
+#include "tutti/optim/distributed_options.h"
+
+namespace tutti::optim::internal {
+
+// Note [Reduction rounds]
+// A round runs from one step() to the next. Within it every reduction unit (a parameter, or a
+// group of parameters reduced together) goes Idle -> InFlight -> Done exactly once:
+//  1. Each hook firing counts a backward pass of its parameter. The k-th pass
+//     (k = backward_passes_per_step) makes the parameter ready; when every member of its unit
+//     is ready, the unit's reduction is started from the hook: communication overlaps the rest
+//     of backward(). What travels is the wrapper's business (GradientBuffers::start).
+//  2. synchronize() starts every unit still Idle (parameters whose hook fired fewer than k
+//     times, or never, e.g. unused on this rank), so each rank submits every name once per
+//     round and no rank waits forever; then it waits for all units and has the wrapper write
+//     each result back into the gradients. A second synchronize() finds every unit Done and
+//     does nothing, which is why step() after an explicit synchronize() does not reduce twice.
+//  3. step() runs the inner optimizer and resets every unit to Idle and the counters to zero.
+//     Inside skip_synchronize() it starts nothing: it waits for the units the hooks started
+//     and applies their results (their buffers and names must be free for the next round), so
+//     the inner step sees the reduced gradients of an explicit synchronize(), else what the
+//     hooks reduced and this rank's own gradients elsewhere, as Horovod's in-place reductions
+//     of p.grad would.
+// A hook firing for a parameter that already made k passes, or whose unit already left Idle,
+// is a (k+1)-th backward before step() and throws InvalidArgument from backward(). The
+// decision to start a unit depends only on this rank's hooks, but the set of names each rank
+// submits per round is the same (all units), which is what name-matched negotiation needs.
+// A failed reduction (a mismatch, a stall, shutdown: errors found before data moves) leaves
+// every gradient as it was: with one failure, no result of that wait is written, so a step
+// never mixes averaged and local gradients.
+
+// One reduction: a single parameter or a group, under an op name identical on every rank.
+struct ReductionUnit {
+  std::size_t index = 0;             // Position among the units: 0, 1, ...
+  std::string name;                  // "DistributedOptimizer.allreduce.<parameter name>", ...
+  std::vector<std::size_t> members;  // Parameter indices.
+  bool grouped = false;              // A grouped op even for one member.
+};
+
+// How a wrapper's gradients travel. Called with the engine's lock held, from the thread that
+// runs backward() (hooks) or the optimizer's caller; never concurrently.
+class GradientBuffers {
+ public:
+  virtual ~GradientBuffers() = default;
+  // Starts the unit's reduction (allreduce_async or grouped_allreduce_async of its members'
+  // gradients, or of copies, with `options`) and returns its handle. A throw leaves every
+  // gradient in place (the unit stays Idle).
+  virtual Handle start(const ReductionUnit& unit, const ReduceOptions& options) = 0;
+  // The unit's reduction is over: with `write_results` its results go into the gradients;
+  // without (a failure, or an optimizer being destroyed) the gradients get their own storage
+  // back, whatever it holds.
+  virtual void finish(const ReductionUnit& unit, bool write_results) = 0;
+};
+
+// Throws InvalidArgument (naming `who`, e.g. "DistributedOptimizer") for bad options.
+void check_options(const DistributedOptions& options, const char* who);
+
+// The ReduceOptions of every unit: the op, the set and gradient_predivide_factor's split.
+ReduceOptions reduce_options(const DistributedOptions& options);
+
+// See Note [Reduction rounds]. Thread-safe: hooks run on the backward() thread, the rest on
+// the optimizer's caller.
+class ReductionRounds {
+ public:
+  // `names[i]` names parameter i; an empty name marks a parameter without a gradient (never
+  // reduced, its hook must not be wired). Builds the units from options.num_groups /
+  // options.groups (then every parameter alone). Throws InvalidArgument (naming `who`) for bad
+  // options or groups. Does not communicate. `buffers` must outlive this object.
+  ReductionRounds(DistributedOptions options, std::vector<std::string> names,
+                  GradientBuffers& buffers, const char* who);
+  ReductionRounds(const ReductionRounds&) = delete;
+  ReductionRounds& operator=(const ReductionRounds&) = delete;
+
+  // The hook of parameter `index` (one with a name). Step 1 of the Note; may throw
+  // InvalidArgument (an extra backward pass) or whatever starting a reduction throws.
+  void on_gradient(std::size_t index) TUTTI_EXCLUDES(mutex_);
+  // Step 2, called by the user: collective over the set, blocking; rethrows the first error.
+  void synchronize() TUTTI_EXCLUDES(mutex_);
+  // Step 3: synchronize() unless `skipping` (then wait and apply what the hooks started), then
+  // `inner_step`, then a new round. Logs the "step() called without skip_synchronize()"
+  // warning once per optimizer (Horovod's) when an explicit synchronize() came first.
+  void step(bool skipping, const std::function<void()>& inner_step) TUTTI_EXCLUDES(mutex_);
+  // InvalidArgument (naming `what`) while a unit is in flight, whose result would overwrite
+  // what the caller is about to do (zero_grad()).
+  void check_none_in_flight(const char* what) const TUTTI_EXCLUDES(mutex_);
+  // The units started this round so far (by hooks or synchronize()).
+  int units_started() const TUTTI_EXCLUDES(mutex_);
+  // How many units there are (fixed by the constructor).
+  std::size_t unit_count() const TUTTI_EXCLUDES(mutex_);
+  // For the destructor: waits for the units in flight (errors dropped, results not written);
+  // the hooks do nothing afterwards.
+  void stop() TUTTI_EXCLUDES(mutex_);
+
+ private:
+  enum class Phase { Idle, InFlight, Done };
+  struct UnitState {
+    ReductionUnit unit;
+    std::size_t ready = 0;  // Members that made their k-th pass this round.
+    Phase phase = Phase::Idle;
+    Handle handle;
+  };
+
+  void add_unit(std::string name, std::vector<std::size_t> members, bool grouped)
+      TUTTI_REQUIRES(mutex_);
+  void build_units(const char* who) TUTTI_REQUIRES(mutex_);
+  bool is_member() TUTTI_REQUIRES(mutex_);
+  void start(UnitState& unit) TUTTI_REQUIRES(mutex_);
+  void synchronize_locked() TUTTI_REQUIRES(mutex_);
+  std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex_);
+  void new_round() TUTTI_REQUIRES(mutex_);
+
+  // Fixed by the constructor.
+  const DistributedOptions options_;
+  const ReduceOptions reduce_options_;
+  const std::vector<std::string> names_;  // Per parameter; empty for those without a gradient.
+  GradientBuffers& buffers_;
+
+  mutable detail::Mutex mutex_;
+  bool alive_ TUTTI_GUARDED_BY(mutex_) = true;        // False once stopped: hooks then do nothing.
+  std::vector<int> passes_ TUTTI_GUARDED_BY(mutex_);  // Hook firings this round.
+  std::vector<std::size_t> unit_of_ TUTTI_GUARDED_BY(mutex_);  // Per named parameter.
+  std::vector<UnitState> units_ TUTTI_GUARDED_BY(mutex_);
+  std::optional<bool> included_ TUTTI_GUARDED_BY(mutex_);          // Asked at the first reduction.
+  bool synchronized_explicitly_ TUTTI_GUARDED_BY(mutex_) = false;  // Since the last step().
+  bool warned_ TUTTI_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace tutti::optim::internal
