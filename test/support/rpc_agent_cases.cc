@@ -2,7 +2,6 @@
 // The shared cases of calls (Note [Shared RPC cases] in rpc_cases.h): to every worker, every
 // error, nested chains, many concurrent calls, big messages and both shutdowns.
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "test/support/error_of.h"
@@ -13,10 +12,6 @@ namespace tutti::test {
 namespace {
 
 using rpc::Message;
-
-Message bytes_only(std::string bytes) {
-  return Message{.tensors = {}, .rrefs = {}, .bytes = std::move(bytes)};
-}
 
 Problems every_worker_reached_body(RpcWorld& world) {
   Problems p;

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "src/rpc/rpc_runtime.h"
@@ -32,6 +33,11 @@ inline Tensor filled(const Shape& shape, float first, float step = 1.0f) {
     v += step;
   }
   return t;
+}
+
+// A message of bytes alone.
+inline rpc::Message bytes_only(std::string bytes) {
+  return rpc::Message{.tensors = {}, .rrefs = {}, .bytes = std::move(bytes)};
 }
 
 inline std::vector<float> values_of(const Tensor& t) {

@@ -4,7 +4,6 @@
 // test/support/rpc_agent_cases.cc); and init_rpc()'s checks.
 #include <cstddef>
 #include <string>
-#include <utility>
 
 #include <catch2/catch.hpp>
 
@@ -15,10 +14,6 @@ namespace tutti::test {
 namespace {
 
 using rpc::Message;
-
-Message bytes_only(std::string bytes) {
-  return Message{.tensors = {}, .rrefs = {}, .bytes = std::move(bytes)};
-}
 
 TEST_CASE("rpc_sync, rpc_async and remote reach every worker, this one included", "[rpc]") {
   check_on_ranks(every_worker_reached());
