@@ -12,11 +12,13 @@
 // other ranks wait in, in the MPI tier): it returns its worker's verdict, a Problems list, which
 // each harness asserts after the body (after the join; all_ranks() in the MPI tier, Note
 // [Collective assertions] in test/support/mpi_test_util.h). So that no worker waits forever for
-// another, every worker calls barrier() equally often, also after a problem. Expected values come
-// from closed forms or the same computation with plain nn and optim (test/support/
-// rpc_functions.h), never from the RPC code under test. Cases that need thread-level control (an
-// agent's internals, failures injected on one worker) or that only make sense in one tier stay
-// in that tier's files.
+// another, every worker calls barrier() equally often, also after a problem. An exception out of
+// a body fails its worker's verdict; the unit tier's barrier then gives way, while the MPI
+// tier's other ranks may wait in a barrier until the test's timeout, so bodies record what they
+// expect to fail (error_of()) rather than let it escape. Expected values come from closed forms
+// or the same computation with plain nn and optim (rpc_functions.h), never from the RPC code
+// under test. Cases that need thread-level control (an agent's internals, failures injected on
+// one worker) or that only make sense in one tier stay in that tier's files.
 #pragma once
 
 #include <cstddef>
