@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The RPC functions the rpc tests call (unit tests over the fake transport and MPI tests alike),
-// and the plain-nn helpers their oracles use. Every worker registers the same set (SPMD).
+// The RPC functions (and the "plain_sgd" optimizer) the rpc tests call (unit tests over the fake
+// transport and MPI tests alike), and the plain-nn helpers their oracles use. Every worker
+// registers the same set (SPMD).
 #pragma once
 
 #include <algorithm>
@@ -9,14 +10,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "src/rpc/rpc_runtime.h"
 #include "tutti/distributed_autograd.h"
 #include "tutti/nn.h"
+#include "tutti/optim.h"
 #include "tutti/rpc.h"
 
 namespace tutti::test {
@@ -29,6 +33,11 @@ inline Tensor filled(const Shape& shape, float first, float step = 1.0f) {
     v += step;
   }
   return t;
+}
+
+// A message of bytes alone.
+inline rpc::Message bytes_only(std::string bytes) {
+  return rpc::Message{.tensors = {}, .rrefs = {}, .bytes = std::move(bytes)};
 }
 
 inline std::vector<float> values_of(const Tensor& t) {
@@ -142,6 +151,11 @@ inline void register_test_functions() {
     }
     return out;
   });
+  // An optimizer of the test's own beside the built-in ones: SGD with options {"lr"}.
+  rpc::register_optimizer(
+      "plain_sgd", [](std::vector<nn::Variable> p, const std::map<std::string, double>& o) {
+        return std::make_unique<optim::SGD>(std::move(p), optim::SGDOptions{.lr = o.at("lr")});
+      });
 }
 
 }  // namespace tutti::test

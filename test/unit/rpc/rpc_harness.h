@@ -2,33 +2,31 @@
 // RPC groups over the fake transport: N threads play N workers ("w0", "w1", ...), each with an
 // agent of its own, so the public rpc/dist_autograd functions run without MPI. Bodies must not
 // use Catch2's assertions (not thread-safe): they fill per-rank slots, the test asserts after.
+// check_on_threads() runs the cases both tiers share (Note [Shared RPC cases] in
+// test/support/rpc_cases.h) this way.
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "src/rpc/agent.h"
 #include "src/rpc/rpc_runtime.h"
 #include "test/support/fake_transport.h"
+#include "test/support/rpc_cases.h"
 #include "test/support/rpc_functions.h"
 
 namespace tutti::test {
 
-struct GroupOptions {
-  rpc::RpcOptions rpc;
-  bool graceful = true;  // How every worker shuts down after its body.
-  std::size_t max_piece_bytes = rpc::detail::kDefaultMaxPieceBytes;
-};
-
-inline std::string worker(int rank) { return "w" + std::to_string(rank); }
-
 // A started group; workers shut down in run().
 class Group {
  public:
-  explicit Group(int size, GroupOptions options = {}) : world_(size), options_(options) {
+  explicit Group(int size, RpcSetup setup = {}) : world_(size), setup_(setup) {
     register_test_functions();
     std::vector<std::string> names;
     for (int r = 0; r < size; ++r) {
@@ -40,9 +38,9 @@ class Group {
           *planes_[static_cast<std::size_t>(r)],
           rpc::detail::AgentOptions{.rank = r,
                                     .names = names,
-                                    .options = options.rpc,
+                                    .options = setup.rpc,
                                     .epoch = 1,
-                                    .max_piece_bytes = options.max_piece_bytes},
+                                    .max_piece_bytes = setup.max_piece_bytes},
           rpc::detail::registered_functions(), nullptr));
     }
   }
@@ -50,13 +48,15 @@ class Group {
     for (auto& agent : agents_) agent->shutdown(false);  // Idempotent; only after a failed run.
   }
 
+  int size() const { return world_.size(); }
+
   // Runs body(rank) on every worker's thread, then its shutdown, and joins.
   template <class F>
   void run(F&& body) {
     run_ranks(world_.size(), [&](int rank) {
       rpc::detail::AgentScope scope(agents_[static_cast<std::size_t>(rank)].get());
       body(rank);
-      agents_[static_cast<std::size_t>(rank)]->shutdown(options_.graceful);
+      agents_[static_cast<std::size_t>(rank)]->shutdown(setup_.graceful);
     });
   }
 
@@ -64,12 +64,13 @@ class Group {
 
  private:
   FakeWorld world_;
-  GroupOptions options_;
+  RpcSetup setup_;
   std::vector<std::unique_ptr<ops::ControlPlane>> planes_;
   std::vector<std::shared_ptr<rpc::detail::Agent>> agents_;
 };
 
-// A barrier for the ranks of one test.
+// A barrier for the ranks of one test. Once broken (a rank gave up), waits return at once, so
+// that the other ranks run to their end rather than wait forever.
 class Barrier {
  public:
   explicit Barrier(int size) : size_(size) {}
@@ -79,14 +80,55 @@ class Barrier {
       arrived_ = 0;
       generation_.fetch_add(1);
     } else {
-      while (generation_.load() == generation) std::this_thread::yield();
+      while (generation_.load() == generation && !broken_.load()) std::this_thread::yield();
     }
   }
+  void break_it() { broken_ = true; }
 
  private:
   const int size_;
   std::atomic<int> arrived_{0};
   std::atomic<int> generation_{0};
+  std::atomic<bool> broken_{false};
 };
+
+// One thread's view of its group, for the shared cases.
+class ThreadWorld final : public RpcWorld {
+ public:
+  ThreadWorld(Group& group, Barrier& barrier, int rank)
+      : group_(group), barrier_(barrier), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_.size(); }
+  void barrier() override { barrier_.wait(); }
+  void leave(bool graceful) override { group_.agent(rank_).shutdown(graceful); }
+  int owned_rref_count() const override { return group_.agent(rank_).rrefs().owned_count(); }
+
+ private:
+  Group& group_;
+  Barrier& barrier_;
+  const int rank_;
+};
+
+// Runs shared case `c` on `size` threads as workers (Note [Shared RPC cases]), then asserts
+// every worker's verdict.
+inline void check_on_threads(int size, const RpcCase& c) {
+  std::vector<Problems> verdicts(static_cast<std::size_t>(size));
+  Group group(size, c.setup);
+  Barrier barrier(size);
+  group.run([&](int rank) {
+    ThreadWorld world(group, barrier, rank);
+    Problems& verdict = verdicts[static_cast<std::size_t>(rank)];
+    try {
+      verdict = c.body(world);
+    } catch (const std::exception& e) {
+      verdict.list.push_back(std::string("threw: ") + e.what());
+      barrier.break_it();
+    }
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    INFO("worker " << rank << " of " << size);
+    CHECK(verdicts[static_cast<std::size_t>(rank)].text() == "");
+  }
+}
 
 }  // namespace tutti::test
