@@ -4,9 +4,15 @@
 
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 namespace tutti::nn::detail {
 namespace {
+
+// A column whose norm after removing the previous columns' directions is below this fraction of
+// its norm before is taken as dependent on them: float32 rounding leaves ~1e-7 relative, and a
+// sum over thousands of rows some 100 times that.
+constexpr double kDependentColumn = 1e-4;
 
 std::uint64_t splitmix64(std::uint64_t& x) {
   std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
@@ -33,17 +39,29 @@ void orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double eps
   const auto at = [&](std::int64_t row, std::int64_t col) -> float& {
     return data[row * cols + col];
   };
-  for (std::int64_t i = 0; i < cols; ++i) {
+  const auto norm_of = [&](std::int64_t col) {
     double squares = 0;
-    for (std::int64_t k = 0; k < rows; ++k) squares += static_cast<double>(at(k, i)) * at(k, i);
-    const double norm = std::sqrt(squares) + epsilon;
-    // PyTorch divides by zero here (NaN); a zero column (a vanished gradient) stays zero instead.
-    const double scale = norm > 0 ? 1.0 / norm : 0.0;
+    for (std::int64_t k = 0; k < rows; ++k) squares += static_cast<double>(at(k, col)) * at(k, col);
+    return std::sqrt(squares);
+  };
+  std::vector<double> original(static_cast<std::size_t>(cols));
+  for (std::int64_t i = 0; i < cols; ++i) original[static_cast<std::size_t>(i)] = norm_of(i);
+  for (std::int64_t i = 0; i < cols; ++i) {
+    const double residual = norm_of(i);
+    // A column (numerically) in the span of the previous ones carries no direction of its own:
+    // normalizing its rounding noise (what PyTorch does, or NaN for an exact zero) would give
+    // a column that is not orthogonal to the others. It is zeroed instead, so the factors
+    // still project exactly onto the span (a rank-deficient gradient at full rank stays exact).
+    const bool dependent = residual <= kDependentColumn * original[static_cast<std::size_t>(i)];
+    const double scale = dependent ? 0.0 : 1.0 / (residual + epsilon);
     for (std::int64_t k = 0; k < rows; ++k) at(k, i) = static_cast<float>(at(k, i) * scale);
+    if (dependent) continue;
     for (std::int64_t j = i + 1; j < cols; ++j) {
       double dot = 0;
       for (std::int64_t k = 0; k < rows; ++k) dot += static_cast<double>(at(k, i)) * at(k, j);
-      for (std::int64_t k = 0; k < rows; ++k) at(k, j) = static_cast<float>(at(k, j) - dot * at(k, i));
+      for (std::int64_t k = 0; k < rows; ++k) {
+        at(k, j) = static_cast<float>(at(k, j) - dot * at(k, i));
+      }
     }
   }
 }

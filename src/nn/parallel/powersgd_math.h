@@ -16,9 +16,10 @@ bool should_compress(std::int64_t rows, std::int64_t cols, std::int64_t rank,
 
 // Orthonormalizes the columns of the row-major `rows` x `cols` matrix at `data`, in place, by
 // Gram-Schmidt (PyTorch's _orthogonalize_gram_schmidt): each column in turn is divided by its
-// norm (plus `epsilon`), then its projection is removed from the columns after it. With
-// epsilon 0 a zero column stays zero instead of becoming NaN. Norms and dot products are
-// accumulated in double.
+// norm (plus `epsilon`), then its projection is removed from the columns after it. Unlike
+// PyTorch, a column left with less than 1e-4 of its norm (dependent on the previous ones, or
+// zero) becomes zero instead of normalized rounding noise (or NaN): the nonzero columns stay
+// orthonormal and span what the input spanned. Norms and dot products are accumulated in double.
 void orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double epsilon);
 
 // Fills `out` with standard normal values drawn from a generator seeded by (seed, stream, draw):
