@@ -197,6 +197,75 @@ TEST_CASE("PowerSGD sends (m+n)·r elements per compressed m x n gradient, the r
   CHECK(all_ranks(std::all_of(weights.begin(), weights.end(), [](double w) { return std::isfinite(w); })));
 }
 
+// loss = Σ W ⊙ G_rank: every backward gives W the same gradient, G_rank ([8, 6], seeded by rank).
+class ConstantGradient : public nn::Module {
+ public:
+  explicit ConstantGradient(int rank) : g_(gradient_of(rank), false) {
+    w_ = register_parameter("w", nn::Variable(Tensor(DataType::Float32, {8, 6}), true));
+  }
+  static Tensor gradient_of(int rank) {
+    Tensor g(DataType::Float32, {8, 6});
+    std::uint64_t x = 12345 + static_cast<std::uint64_t>(rank);
+    for (float& v : g.span<float>()) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      v = static_cast<float>(static_cast<double>(x >> 11) * 0x1.0p-53 - 0.5);
+    }
+    return g;
+  }
+  nn::Variable forward(const nn::Variable&) override { return nn::sum(w_ * g_); }
+
+ private:
+  nn::Variable w_;
+  nn::Variable g_;
+};
+
+TEST_CASE("PowerSGD's error feedback: the mean of rank-1 updates converges to the average",
+          "[hooks][powersgd]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool batched = GENERATE(false, true);
+  auto state = std::make_shared<hooks::PowerSGDState>();
+  state->start_powerSGD_iter = 2;
+  DistributedDataParallel ddp(std::make_shared<ConstantGradient>(rank));
+  ddp.register_comm_hook(batched ? hooks::batched_powersgd(state) : hooks::powersgd(state));
+  // The true average G over the ranks (each rank's gradient recomputed here).
+  std::vector<double> average(48, 0.0);
+  for (int r = 0; r < size; ++r) {
+    const Tensor g = ConstantGradient::gradient_of(r);
+    for (std::size_t i = 0; i < 48; ++i) average[i] += g.span<float>()[i] / size;
+  }
+  nn::Variable w = ddp.named_parameters().front().second;
+  const nn::Variable input(Tensor(DataType::Float32, {1}));
+  const int steps = 2 + 40;
+  std::vector<double> applied(48, 0.0);  // Σ of the compressed steps' gradients.
+  double first_error = 0;
+  for (int step = 0; step < steps; ++step) {
+    w.grad() = Tensor(DataType::Float32, {8, 6});
+    ddp.forward(input).backward();
+    if (step < 2) continue;  // Plain allreduce.
+    double error = 0, norm = 0;
+    for (std::size_t i = 0; i < 48; ++i) {
+      applied[i] += w.grad().span<float>()[i];
+      error += std::pow(w.grad().span<float>()[i] - average[i], 2);
+      norm += average[i] * average[i];
+    }
+    if (step == 2) first_error = std::sqrt(error / norm);
+  }
+  double error = 0, norm = 0;
+  for (std::size_t i = 0; i < 48; ++i) {
+    error += std::pow(applied[i] / (steps - 2) - average[i], 2);
+    norm += average[i] * average[i];
+  }
+  const double mean_error = std::sqrt(error / norm);
+  INFO("relative error of one rank-1 step " << first_error << ", of the mean of 40 "
+                                            << mean_error);
+  // One step's rank-1 approximation of a random 8 x 6 matrix misses much of it; with error
+  // feedback what is missed is sent later, so the mean converges (the error is bounded / 40:
+  // 0.07-0.11 measured at 1-4 ranks; without error feedback 0.70-0.83).
+  CHECK(all_ranks(first_error > 0.2 && mean_error < 0.25));
+}
+
 TEST_CASE("Hooks under join: a joined rank contributes zeros and nobody hangs", "[hooks][join]") {
   Session session;
   const int rank = tutti::rank();
