@@ -363,15 +363,23 @@ TEST_CASE("Hooks over a process set average among its members only", "[hooks][pr
   remove_process_set(pair);
 }
 
-TEST_CASE("A custom hook: Sum with a postscale equals the average", "[hooks]") {
+TEST_CASE("Custom hooks: Sum with a postscale, in place or into a new tensor, is the average",
+          "[hooks]") {
   Session session;
+  const bool in_place = GENERATE(true, false);
   const CommHook sum_then_scale(
-      [](nn::GradBucket& bucket) {
+      [in_place](nn::GradBucket& bucket) {
         const double scale = 1.0 / bucket.process_set.size();
-        Handle h = allreduce_async(
-            bucket.buffer, bucket.op_name,
-            {.op = ReduceOp::Sum, .postscale_factor = scale, .process_set = bucket.process_set});
-        return nn::CommFuture(h, bucket.buffer);
+        const ReduceOptions options{
+            .op = ReduceOp::Sum, .postscale_factor = scale, .process_set = bucket.process_set};
+        if (in_place) {
+          return nn::CommFuture(allreduce_async(bucket.buffer, bucket.op_name, options),
+                                bucket.buffer);
+        }
+        // Out of place: DDP copies the returned tensor into the bucket.
+        Tensor result(DataType::Float32, bucket.buffer.shape());
+        return nn::CommFuture(allreduce_async(bucket.buffer, result, bucket.op_name, options),
+                              result);
       },
       "sum_then_scale");
   const DistributedDataParallelOptions options{.bucket_cap_mb = 1e-4, .first_bucket_mb = 1e-4};

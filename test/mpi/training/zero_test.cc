@@ -236,9 +236,13 @@ TEST_CASE("ZeRO: consolidate at N ranks, load at 1 and 2, continue as an uninter
       zero.step();
     }
     const int to = size - 1;
-    zero.consolidate_state_dict(to);
-    if (rank == to) saved = zero.state_dict();
+    // An error on one rank must not keep it from the broadcast below (the others would hang).
+    const bool consolidated = error_from([&] {
+                                zero.consolidate_state_dict(to);
+                                if (rank == to) saved = zero.state_dict();
+                              }).first == ErrorCode::Internal;
     saved = share_state(saved, to);
+    CHECK(all_ranks(consolidated));
     CHECK(all_ranks(state_diff(saved, halfway_adam.state_dict()) < 1e-6));
     CHECK(all_ranks(max_diff(named, halfway->named_parameters()) < 1e-6));
   }
@@ -248,21 +252,29 @@ TEST_CASE("ZeRO: consolidate at N ranks, load at 1 and 2, continue as an uninter
     std::vector<int> ranks(static_cast<std::size_t>(members));
     std::iota(ranks.begin(), ranks.end(), 0);
     const ProcessSet set = members == size ? ProcessSet::global() : add_process_set(ranks);
-    bool ok = true;
-    if (rank < members) {
-      auto resumed = make_deep_model(99);  // Other weights: the saved ones are copied in.
-      const nn::NamedParameters resumed_named = resumed->named_parameters();
+    // Members only; a load refused on some member must not leave the others stepping alone.
+    const bool member = rank < members;
+    auto resumed = make_deep_model(99);  // Other weights: the saved ones are copied in.
+    const nn::NamedParameters resumed_named = resumed->named_parameters();
+    std::unique_ptr<ZeroRedundancyOptimizer> zero;
+    bool loaded = true;
+    if (member) {
       for (std::size_t i = 0; i < named.size(); ++i) {
         nn::Variable p = resumed_named[i].second;
         p.value() = named[i].second.value().clone();
       }
-      ZeroRedundancyOptimizer zero(resumed_named, adam_factory(),
-                                   {.shard_gradients = true, .process_set = set});
-      zero.load_state_dict(saved);
+      zero = std::make_unique<ZeroRedundancyOptimizer>(
+          resumed_named, adam_factory(), ZeroOptions{.shard_gradients = true, .process_set = set});
+      loaded = error_from([&] { zero->load_state_dict(saved); }).first == ErrorCode::Internal;
+    }
+    const bool all_loaded = all_ranks(loaded);
+    CHECK(all_loaded);
+    bool ok = true;
+    if (member && all_loaded) {
       for (std::int64_t step = 3; step < 6; ++step) {
-        zero.zero_grad();
+        zero->zero_grad();
         forward_backward(*resumed, deep_batch(step, set.rank(), members));
-        zero.step();
+        zero->step();
       }
       const double diff = max_diff(resumed_named, oracle->named_parameters());
       INFO("resumed at " << members << " ranks: max |parameter difference| " << diff);
