@@ -139,10 +139,11 @@ int run(const Flags& flags) {
   std::int64_t elements = 0;
   for (const auto& [name, shape] : shapes) elements += tutti::num_elements(shape);
   if (root) {
-    std::printf("P12 workload: %zu tensors, %lld floats (%.1f MB), default 25 MiB buckets, "
-                "%d ranks, %d rounds of %d steps after %d warm-up steps\n",
-                shapes.size(), static_cast<long long>(elements), 4e-6 * elements, tutti::size(),
-                flags.rounds, flags.iters, flags.warmup);
+    std::printf(
+        "P12 workload: %zu tensors, %lld floats (%.1f MB), default 25 MiB buckets, "
+        "%d ranks, %d rounds of %d steps after %d warm-up steps\n",
+        shapes.size(), static_cast<long long>(elements), 4e-6 * elements, tutti::size(),
+        flags.rounds, flags.iters, flags.warmup);
   }
   auto powersgd = [](auto s) { return hooks::powersgd(s); };
   std::vector<Variant> variants = {

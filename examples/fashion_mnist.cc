@@ -141,7 +141,7 @@ std::optional<Flags> parse_flags(int argc, char** argv) {
     else
       return std::nullopt;
   }
-  if (argc % 2 == 0) return std::nullopt;  // A flag without its value.
+  if (argc % 2 == 0) return std::nullopt;                          // A flag without its value.
   if (!f.hook.empty() && f.wrapper != "ddp") return std::nullopt;  // Hooks are DDP's.
   return f;
 }
@@ -529,8 +529,8 @@ int train(const Flags& flags) {
     std::printf("PowerSGD rank %d: %.1fx fewer gradient elements sent in compressed steps\n",
                 flags.powersgd_rank,
                 static_cast<double>(powersgd->total_numel_before_compression) /
-                    static_cast<double>(std::max<std::int64_t>(
-                        1, powersgd->total_numel_after_compression)));
+                    static_cast<double>(
+                        std::max<std::int64_t>(1, powersgd->total_numel_after_compression)));
   }
   if (root && averager) {
     std::printf("local SGD: %lld parameter averages in %lld steps\n",

@@ -4,13 +4,14 @@
 // compared unawares. Header-only; collective (every rank calls it, rank 0 gets the line).
 #pragma once
 
-#include <mpi.h>
 #include <sched.h>
 #include <tutti/tutti.h>
 
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <mpi.h>
 
 namespace tutti::examples {
 

@@ -159,10 +159,11 @@ int run(const Flags& flags) {
   std::int64_t elements = 0;
   for (const auto& [name, shape] : shapes) elements += tutti::num_elements(shape);
   if (root) {
-    std::printf("P13 workload: %zu tensors, %lld floats (%.1f MB), Adam, %d ranks, %d rounds of "
-                "%d steps after %d warm-up steps\n",
-                shapes.size(), static_cast<long long>(elements), 4e-6 * elements, tutti::size(),
-                flags.rounds, flags.iters, flags.warmup);
+    std::printf(
+        "P13 workload: %zu tensors, %lld floats (%.1f MB), Adam, %d ranks, %d rounds of "
+        "%d steps after %d warm-up steps\n",
+        shapes.size(), static_cast<long long>(elements), 4e-6 * elements, tutti::size(),
+        flags.rounds, flags.iters, flags.warmup);
   }
   Result results[3];
   for (int round = 0; round < flags.rounds; ++round) {

@@ -79,8 +79,8 @@ float* floats_of(const Tensor& t) { return static_cast<float*>(t.data()); }
 
 }  // namespace
 
-ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(nn::NamedParameters parameters,
-                                                 Factory make_local, ZeroOptions options)
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(nn::NamedParameters parameters, Factory make_local,
+                                                 ZeroOptions options)
     : Optimizer(variables_of(parameters)), options_(std::move(options)) {
   if (!make_local) detail::throw_invalid_argument(kWho, ": the factory is empty");
   if (!(options_.bucket_cap_mb > 0) || !std::isfinite(options_.bucket_cap_mb)) {
@@ -161,11 +161,11 @@ void ZeroRedundancyOptimizer::reduce_scatter_gradients() {
       Tensor input(DataType::Float32, {size, width});
       for (int r = 0; r < size; ++r) {
         float* row = floats_of(input) + static_cast<std::int64_t>(r) * width;
-        internal::for_each_piece(layout, r, begin, begin + width,
-                                 [&](std::size_t i, std::int64_t at, std::int64_t to,
-                                     std::int64_t n) {
-                                   std::copy_n(floats_of(params[i].grad()) + at, n, row + to);
-                                 });
+        internal::for_each_piece(
+            layout, r, begin, begin + width,
+            [&](std::size_t i, std::int64_t at, std::int64_t to, std::int64_t n) {
+              std::copy_n(floats_of(params[i].grad()) + at, n, row + to);
+            });
       }
       handles.push_back(reducescatter_async(
           input, std::string(kWho) + ".reducescatter." + std::to_string(handles.size()),

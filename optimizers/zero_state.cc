@@ -59,8 +59,8 @@ struct Entry {
 };
 
 // Reads one member's encode_shard() from `r` into `entries` (and `scalars` if given).
-void decode_shard(ByteReader& r, std::vector<Entry>& entries, std::map<std::string, double>* scalars,
-                  std::size_t num_parameters) {
+void decode_shard(ByteReader& r, std::vector<Entry>& entries,
+                  std::map<std::string, double>* scalars, std::size_t num_parameters) {
   std::string error;
   std::size_t tensors = 0;
   r.get_string(&error);

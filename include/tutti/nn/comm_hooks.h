@@ -30,10 +30,10 @@ namespace tutti::nn {
 // either writes both. A hook may reduce `buffer` in place and return it, or return another
 // tensor of the same dtype and element count.
 struct GradBucket {
-  int index = 0;                    // The bucket's position in DDP's bucket list.
-  Tensor buffer;                    // The flattened gradients.
-  std::vector<std::string> names;   // Per member parameter, in bucket order.
-  std::vector<Tensor> gradients;    // Per member: a view of `buffer` shaped like the parameter.
+  int index = 0;                   // The bucket's position in DDP's bucket list.
+  Tensor buffer;                   // The flattened gradients.
+  std::vector<std::string> names;  // Per member parameter, in bucket order.
+  std::vector<Tensor> gradients;   // Per member: a view of `buffer` shaped like the parameter.
   // True for the last bucket this rank hands to the hook in the current backward pass: every
   // other bucket of the pass has been handed over before it (PyTorch's is_last(); hooks that
   // count iterations, like PowerSGD, advance on it). Buckets are handed over in the order they
@@ -77,9 +77,8 @@ class TUTTI_API CommFuture {
     if constexpr (std::is_same_v<R, CommFuture>) {
       return then_future(std::function<CommFuture(const Tensor&)>(std::move(next)));
     } else {
-      return then_future([next = std::move(next)](const Tensor& t) mutable {
-        return CommFuture::ready(next(t));
-      });
+      return then_future(
+          [next = std::move(next)](const Tensor& t) mutable { return CommFuture::ready(next(t)); });
     }
   }
 

@@ -72,8 +72,7 @@ class TUTTI_API HierarchicalModelAverager {
   // Throws InvalidArgument for an empty map, a period < 1, warmup_steps < 0, a set without this
   // rank, or sets that do not nest (the set of a smaller period must be a subset of the set of
   // every larger period). Local: does not communicate.
-  explicit HierarchicalModelAverager(std::map<int, ProcessSet> period_to_set,
-                                     int warmup_steps = 0);
+  explicit HierarchicalModelAverager(std::map<int, ProcessSet> period_to_set, int warmup_steps = 0);
 
   // Call after every optimizer step. When step() >= warmup_steps and some period divides
   // step(), averages the parameters over the set of the largest such period (blocking, named

@@ -62,8 +62,9 @@ bool CommFuture::advance(State& s, bool block) {
     try {
       CommFuture future = next(up->result);
       if (!future.valid()) {
-        detail::throw_invalid_argument("CommFuture::then: the continuation returned an empty "
-                                       "CommFuture");
+        detail::throw_invalid_argument(
+            "CommFuture::then: the continuation returned an empty "
+            "CommFuture");
       }
       s.forward = future.state_;
     } catch (...) {
@@ -131,8 +132,8 @@ namespace {
 
 // The averaging every built-in ends with: in place, under the bucket's own name.
 CommFuture average(GradBucket& bucket, const ProcessSet& set) {
-  Handle handle = allreduce_async(bucket.buffer, bucket.op_name,
-                                  {.op = ReduceOp::Average, .process_set = set});
+  Handle handle =
+      allreduce_async(bucket.buffer, bucket.op_name, {.op = ReduceOp::Average, .process_set = set});
   return CommFuture(std::move(handle), bucket.buffer);
 }
 

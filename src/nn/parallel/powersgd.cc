@@ -30,8 +30,8 @@ using nn::detail::throw_invalid_argument;
 // random factors, identically on every rank.
 struct Memory {
   std::vector<Shape> layout;
-  Tensor error;  // float32: the bucket's compression error (use_error_feedback).
-  Tensor p, q;   // float32 factors, kept for warm_start; undefined when none.
+  Tensor error;             // float32: the bucket's compression error (use_error_feedback).
+  Tensor p, q;              // float32 factors, kept for warm_start; undefined when none.
   std::uint64_t draws = 0;  // Random initializations so far (each draws a fresh Q).
 };
 
@@ -202,10 +202,9 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
     std::copy_n(float_data(input) + offset, count, float_data(uncompressed) + at);
     at += count;
   }
-  CommFuture plain_future =
-      plain_size > 0 ? reduce_floats(uncompressed, wire, name + ".powersgd.u", ReduceOp::Average,
-                                     bucket.process_set)
-                     : CommFuture::ready(uncompressed);
+  CommFuture plain_future = plain_size > 0 ? reduce_floats(uncompressed, wire, name + ".powersgd.u",
+                                                           ReduceOp::Average, bucket.process_set)
+                                           : CommFuture::ready(uncompressed);
   const auto unpack_plain = [input, uncompressed, plain]() {
     std::int64_t from = 0;
     for (const auto& [offset, count] : plain) {

@@ -147,9 +147,10 @@ void Reducer::set_comm_hook(CommHook hook) {
   }
   if (config_.compression != Compression::None) {
     throw_invalid_argument(
-        who, ": DistributedDataParallelOptions::compression is set; a hook replaces DDP's own "
-             "reduction, compression included: use hooks::fp16_compress() or bf16_compress() "
-             "with compression None");
+        who,
+        ": DistributedDataParallelOptions::compression is set; a hook replaces DDP's own "
+        "reduction, compression included: use hooks::fp16_compress() or bf16_compress() "
+        "with compression None");
   }
   hook_ = std::move(hook);
 }
@@ -290,7 +291,8 @@ void Reducer::finish_hook(std::size_t b) {
                            result.num_elements(), " elements for bucket ", b, " of ", count,
                            " float32 elements");
   }
-  if (result.data() != bucket.contents.data()) copy_floats(result, bucket.contents.slice(0, {count}));
+  if (result.data() != bucket.contents.data())
+    copy_floats(result, bucket.contents.slice(0, {count}));
 }
 
 // Waits for every bucket in flight and, with `write_results`, writes the averages of those that

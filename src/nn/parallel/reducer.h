@@ -106,8 +106,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     bool started = false;
     bool in_flight = false;
     Handle handle;
-    CommFuture future;               // With a hook: its result, instead of `handle`.
-    bool join_in_flight = false;     // With a hook, bucket 0: the join slot's own allreduce.
+    CommFuture future;            // With a hook: its result, instead of `handle`.
+    bool join_in_flight = false;  // With a hook, bucket 0: the join slot's own allreduce.
     Handle join_handle;
   };
 
@@ -146,7 +146,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool rebuilt_ TUTTI_GUARDED_BY(mutex_) = false;
   bool any_joined_ TUTTI_GUARDED_BY(mutex_) = false;
   bool forwarded_ TUTTI_GUARDED_BY(mutex_) = false;  // forward() has run.
-  CommHook hook_ TUTTI_GUARDED_BY(mutex_);             // Empty: DDP's own allreduce.
+  CommHook hook_ TUTTI_GUARDED_BY(mutex_);           // Empty: DDP's own allreduce.
 };
 
 }  // namespace tutti::nn::detail

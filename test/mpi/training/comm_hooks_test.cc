@@ -55,8 +55,7 @@ std::shared_ptr<hooks::PowerSGDState> full_rank_state(bool feedback_and_warm_sta
 // Three SGD steps (momentum) of a DDP with `hook` beside a DDP without one, on the same shards;
 // after each backward() the gradients must agree: bit for bit when `tolerance` is 0.
 void compare_with_plain_ddp(const CommHook& hook, DistributedDataParallelOptions with_hook,
-                            DistributedDataParallelOptions plain, double tolerance,
-                            int steps = 3) {
+                            DistributedDataParallelOptions plain, double tolerance, int steps = 3) {
   const int rank = tutti::rank();
   const int size = tutti::size();
   DistributedDataParallel hooked(make_cnn(17), with_hook);
@@ -93,8 +92,7 @@ TEST_CASE("The allreduce hook equals DDP without a hook, bit for bit", "[hooks]"
   compare_with_plain_ddp(hooks::allreduce(ProcessSet::global()), options, options, 0);
 }
 
-TEST_CASE("fp16_compress and bf16_compress equal DDP's own compression, bit for bit",
-          "[hooks]") {
+TEST_CASE("fp16_compress and bf16_compress equal DDP's own compression, bit for bit", "[hooks]") {
   Session session;
   const Compression compression = GENERATE(Compression::FP16, Compression::BF16);
   const DistributedDataParallelOptions options{.bucket_cap_mb = 1e-4, .first_bucket_mb = 1e-4};
@@ -194,7 +192,8 @@ TEST_CASE("PowerSGD sends (m+n)·r elements per compressed m x n gradient, the r
   // Every rank applied the same decompressed gradients.
   const std::vector<double> weights = flatten_values(ddp.named_parameters());
   CHECK(same_as_root(weights, 0));
-  CHECK(all_ranks(std::all_of(weights.begin(), weights.end(), [](double w) { return std::isfinite(w); })));
+  CHECK(all_ranks(
+      std::all_of(weights.begin(), weights.end(), [](double w) { return std::isfinite(w); })));
 }
 
 // loss = Σ W ⊙ G_rank: every backward gives W the same gradient, G_rank ([8, 6], seeded by rank).
@@ -258,8 +257,7 @@ TEST_CASE("PowerSGD's error feedback: the mean of rank-1 updates converges to th
     norm += average[i] * average[i];
   }
   const double mean_error = std::sqrt(error / norm);
-  INFO("relative error of one rank-1 step " << first_error << ", of the mean of 40 "
-                                            << mean_error);
+  INFO("relative error of one rank-1 step " << first_error << ", of the mean of 40 " << mean_error);
   // One step's rank-1 approximation of a random 8 x 6 matrix misses much of it; with error
   // feedback what is missed is sent later, so the mean converges (the error is bounded / 40:
   // 0.07-0.11 measured at 1-4 ranks; without error feedback 0.70-0.83).
@@ -349,8 +347,7 @@ TEST_CASE("Hooks over a process set average among its members only", "[hooks][pr
   const bool powersgd = GENERATE(false, true);
   if (rank <= 1) {
     DistributedDataParallel ddp(make_model(21), {.process_set = pair});
-    ddp.register_comm_hook(powersgd ? hooks::powersgd(full_rank_state(false))
-                                    : hooks::allreduce());
+    ddp.register_comm_hook(powersgd ? hooks::powersgd(full_rank_state(false)) : hooks::allreduce());
     auto reference = make_model(21);
     forward_backward(ddp, shard(rank, 2, 0));
     forward_backward(*reference, shard(0, 2, 0));
@@ -393,8 +390,8 @@ TEST_CASE("register_comm_hook and hook results are checked; nobody hangs", "[hoo
   auto code = [](auto&& f) { return error_from(f).first; };
   {
     DistributedDataParallel ddp(make_model(1));
-    CHECK(all_ranks(code([&] { ddp.register_comm_hook(CommHook()); }) ==
-                    ErrorCode::InvalidArgument));
+    CHECK(
+        all_ranks(code([&] { ddp.register_comm_hook(CommHook()); }) == ErrorCode::InvalidArgument));
     ddp.register_comm_hook(hooks::allreduce());
     CHECK(all_ranks(code([&] { ddp.register_comm_hook(hooks::allreduce()); }) ==
                     ErrorCode::InvalidArgument));  // A second hook.

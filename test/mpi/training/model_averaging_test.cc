@@ -109,7 +109,7 @@ TEST_CASE("HierarchicalModelAverager averages within pairs every 2 steps, global
     std::vector<int> members = {first};
     if (first + 1 < size) members.push_back(first + 1);
     pairs.push_back(static_cast<int>(members.size()) == size ? ProcessSet::global()
-                                                               : add_process_set(members));
+                                                             : add_process_set(members));
   }
   const ProcessSet mine = pairs[static_cast<std::size_t>(rank / 2)];
   MPI_Comm pair_comm = MPI_COMM_NULL;  // The oracle's pair.
@@ -131,7 +131,8 @@ TEST_CASE("HierarchicalModelAverager averages within pairs every 2 steps, global
       const bool pair = step >= 1 && !global && step % 2 == 0;
       INFO("step " << step);
       CHECK(all_ranks(global ? close(after, global_mean, 1e-6)
-                             : pair ? close(after, pair_mean, 1e-6) : after == before));
+                      : pair ? close(after, pair_mean, 1e-6)
+                             : after == before));
     }
     CHECK(all_ranks(averager.num_averages() == 4));  // Steps 2, 4, 6, 8.
   }

@@ -92,8 +92,8 @@ TEST_CASE("ZeRO: 50 Adam steps equal the unsharded DistributedOptimizer's", "[ze
   }
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
   const nn::NamedParameters named = net.named_parameters();
-  ZeroRedundancyOptimizer zero(
-      named, adam_factory(), {.shard_gradients = mode == Mode::Stage2, .bucket_cap_mb = cap});
+  ZeroRedundancyOptimizer zero(named, adam_factory(),
+                               {.shard_gradients = mode == Mode::Stage2, .bucket_cap_mb = cap});
   std::unique_ptr<optim::DistributedOptimizer> outer;
   if (mode == Mode::InsideDistributedOptimizer) {
     outer = std::make_unique<optim::DistributedOptimizer>(zero, named);
@@ -120,9 +120,10 @@ TEST_CASE("ZeRO: 50 Adam steps equal the unsharded DistributedOptimizer's", "[ze
   MPI_Allreduce(&mine, &total, 1, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(&mine, &largest, 1, MPI_UNSIGNED_LONG, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0 && mode == Mode::Stage2 && cap == 25.0) {
-    std::printf("ZeRO at %d ranks: Adam state %zu bytes on the largest rank, %zu unsharded "
-                "(1/N = %zu)\n",
-                size, largest, unsharded, unsharded / static_cast<std::size_t>(size));
+    std::printf(
+        "ZeRO at %d ranks: Adam state %zu bytes on the largest rank, %zu unsharded "
+        "(1/N = %zu)\n",
+        size, largest, unsharded, unsharded / static_cast<std::size_t>(size));
   }
   CHECK(all_ranks(total == unsharded));
   const std::size_t largest_parameter_state = 2 * 256 * sizeof(float);  // exp_avg, exp_avg_sq
@@ -295,7 +296,8 @@ TEST_CASE("ZeRO: state_dict needs a consolidation; bad arguments and states are 
   auto model = make_deep_model(2);
   const nn::NamedParameters named = model->named_parameters();
   CHECK(all_ranks(code([&] { ZeroRedundancyOptimizer(named, nullptr); }) == bad));
-  CHECK(all_ranks(code([&] { ZeroRedundancyOptimizer(named, adam_factory(), {.bucket_cap_mb = 0}); }) == bad));
+  CHECK(all_ranks(
+      code([&] { ZeroRedundancyOptimizer(named, adam_factory(), {.bucket_cap_mb = 0}); }) == bad));
   nn::NamedParameters twice = named;
   twice.push_back(named.front());
   CHECK(all_ranks(code([&] { ZeroRedundancyOptimizer(twice, adam_factory()); }) == bad));

@@ -54,8 +54,7 @@ TEST_CASE("CommFuture: ready values flow through continuations in order", "[comm
   CHECK(order.size() == 2);
 }
 
-TEST_CASE("CommFuture: an error skips the continuations and is thrown by wait()",
-          "[comm_hooks]") {
+TEST_CASE("CommFuture: an error skips the continuations and is thrown by wait()", "[comm_hooks]") {
   bool ran = false;
   // A default Handle is an op that failed with InvalidArgument.
   CommFuture failed = CommFuture(Handle(), floats({1})).then([&](const Tensor& t) {
@@ -130,7 +129,8 @@ TEST_CASE("fp16_compress and bf16_compress hand the inner hook a 2-byte bucket w
   for (float v : input) expected.push_back(2 * v);
   CHECK(values(buffer) == expected);
   // The inner hook must answer in the 2-byte type.
-  const CommHook wrong([](GradBucket&) { return CommFuture::ready(Tensor(DataType::Float32, {10})); });
+  const CommHook wrong(
+      [](GradBucket&) { return CommFuture::ready(Tensor(DataType::Float32, {10})); });
   GradBucket again = two_gradient_bucket(floats(input));
   CHECK(code_of([&] { hooks::fp16_compress(wrong)(again).wait(); }) == ErrorCode::InvalidArgument);
   // A bucket that is not float32 (compressed twice).
@@ -241,7 +241,7 @@ TEST_CASE("Seeded normal draws repeat exactly and look standard normal", "[power
     squares += double(x) * x;
   }
   const double mean = sum / double(a.size());
-  CHECK(std::abs(mean) < 0.05);                             // 5 sigma of the mean: 0.05.
+  CHECK(std::abs(mean) < 0.05);                            // 5 sigma of the mean: 0.05.
   CHECK(std::abs(squares / double(a.size()) - 1) < 0.07);  // Variance within ~5 sigma.
 }
 

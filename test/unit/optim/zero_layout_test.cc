@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // ZeroRedundancyOptimizer's sharding (optimizers/zero_layout.h) against hand-worked cases: the
 // greedy largest-first assignment, shard order and offsets, and the pieces of a bucket range.
+#include "optimizers/zero_layout.h"
+
 #include <cstdint>
 #include <numeric>
 #include <tuple>
 #include <vector>
 
 #include <catch2/catch.hpp>
-
-#include "optimizers/zero_layout.h"
 
 namespace tutti::optim::internal {
 namespace {
@@ -44,7 +44,8 @@ TEST_CASE("ZeRO shards balance many parameters to within the largest one", "[zer
   std::vector<std::int64_t> counts;
   for (int i = 0; i < 161; ++i) counts.push_back(1 + (i * 7919) % 2000);
   for (int size : {1, 2, 3, 4, 7}) {
-    const ZeroLayout layout = make_zero_layout(counts, std::vector<bool>(counts.size(), true), size);
+    const ZeroLayout layout =
+        make_zero_layout(counts, std::vector<bool>(counts.size(), true), size);
     const auto [lo, hi] =
         std::minmax_element(layout.shard_elements.begin(), layout.shard_elements.end());
     CHECK(*hi - *lo <= *std::max_element(counts.begin(), counts.end()));
@@ -59,8 +60,10 @@ TEST_CASE("ZeRO buckets: the pieces of a range cover it exactly, parameter by pa
   const ZeroLayout layout = make_zero_layout({10, 40, 30, 20, 5}, std::vector<bool>(5, true), 2);
   // Rank 0's shard: p0 [0, 10), p1 [10, 50), p4 [50, 55). Range [8, 52).
   std::vector<std::tuple<std::size_t, std::int64_t, std::int64_t, std::int64_t>> pieces;
-  for_each_piece(layout, 0, 8, 52, [&](std::size_t i, std::int64_t at, std::int64_t to,
-                                       std::int64_t n) { pieces.emplace_back(i, at, to, n); });
+  for_each_piece(layout, 0, 8, 52,
+                 [&](std::size_t i, std::int64_t at, std::int64_t to, std::int64_t n) {
+                   pieces.emplace_back(i, at, to, n);
+                 });
   using P = std::tuple<std::size_t, std::int64_t, std::int64_t, std::int64_t>;
   CHECK(pieces == std::vector<P>{{0, 8, 0, 2}, {1, 0, 2, 40}, {4, 0, 42, 2}});
 }
