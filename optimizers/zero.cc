@@ -215,6 +215,19 @@ void ZeroRedundancyOptimizer::allgather_parameters() {
   }
   wait_all(handles);
   for (std::size_t b = 0; b < handles.size(); ++b) {
+    // A member that has joined (tutti::join()) sends no rows: the shards cannot be put back.
+    std::int64_t expected = 0;
+    for (int r = 0; r < size; ++r)
+      expected += layout.piece(r, static_cast<std::int64_t>(b) * bucket, bucket);
+    if (handles[b].output().num_elements() != expected) {
+      detail::throw_invalid_argument(kWho, "::step: the allgather of bucket ", b, " returned ",
+                                     handles[b].output().num_elements(), " elements, not ",
+                                     expected,
+                                     "; a member has joined (tutti::join() is not "
+                                     "supported)");
+    }
+  }
+  for (std::size_t b = 0; b < handles.size(); ++b) {
     const std::int64_t begin = static_cast<std::int64_t>(b) * bucket;
     const float* gathered = floats_of(handles[b].output());
     for (int r = 0; r < size; ++r) {

@@ -58,10 +58,12 @@ struct ZeroOptions {
 // allgathers every shard's new values into every member's parameters.
 //
 // Collective over the set: step() and consolidate_state_dict() communicate; every member calls
-// them in the same order. Their ops are named "ZeroRedundancyOptimizer.<what>.<bucket>" in the
-// set, so two of these optimizers over one set must not step concurrently. Not thread-safe.
-// The optimizer does not broadcast the initial parameters: the members must start equal
-// (DDP's constructor or optim::broadcast_parameters() sees to that).
+// them in the same order, and none may have joined (tutti::join(): a joined member's shard
+// could not be updated; step() then throws InvalidArgument). Their ops are named
+// "ZeroRedundancyOptimizer.<what>.<bucket>" in the set, so two of these optimizers over one set
+// must not step concurrently. Not thread-safe. The optimizer does not broadcast the initial
+// parameters: the members must start equal (DDP's constructor or optim::broadcast_parameters() sees
+// to that).
 class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
  public:
   using Factory = std::function<std::unique_ptr<Optimizer>(std::vector<nn::Variable>)>;

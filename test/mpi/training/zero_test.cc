@@ -286,6 +286,25 @@ TEST_CASE("ZeRO: consolidate at N ranks, load at 1 and 2, continue as an uninter
   }
 }
 
+TEST_CASE("ZeRO with a joined member fails its step on the others instead of misplacing shards",
+          "[zero][join]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  if (size == 1) return;  // Nobody to fail. The same on every rank.
+  const bool stage2 = GENERATE(false, true);
+  auto model = make_deep_model(3);
+  ZeroRedundancyOptimizer zero(model->named_parameters(), adam_factory(),
+                               {.shard_gradients = stage2});
+  ErrorCode code = ErrorCode::InvalidArgument;
+  if (rank != size - 1) {
+    forward_backward(*model, deep_batch(0, rank, size));
+    code = error_from([&] { zero.step(); }).first;
+  }
+  tutti::join();
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+}
+
 TEST_CASE("ZeRO: state_dict needs a consolidation; bad arguments and states are refused",
           "[zero][errors]") {
   Session session;
