@@ -360,6 +360,35 @@ TEST_CASE("Hooks over a process set average among its members only", "[hooks][pr
   remove_process_set(pair);
 }
 
+TEST_CASE("hooks::allreduce(set) averages over that set, inside a DDP over all ranks",
+          "[hooks][process_set]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  // Pairs {0, 1}, {2, 3} (at 3 ranks: {0, 1}, {2}); a pair equal to the global set is it.
+  std::vector<ProcessSet> pairs;
+  for (int first = 0; first < size; first += 2) {
+    std::vector<int> members = {first};
+    if (first + 1 < size) members.push_back(first + 1);
+    pairs.push_back(static_cast<int>(members.size()) == size ? ProcessSet::global()
+                                                             : add_process_set(members));
+  }
+  {
+    DistributedDataParallel ddp(make_model(23));
+    ddp.register_comm_hook(hooks::allreduce(pairs[static_cast<std::size_t>(rank / 2)]));
+    auto reference = make_model(23);  // The pair's shards, averaged.
+    const int first = rank / 2 * 2;
+    const int members = std::min(2, size - first);
+    for (int r = first; r < first + members; ++r) forward_backward(*reference, shard(r, size, 0));
+    forward_backward(ddp, shard(rank, size, 0));
+    CHECK(all_ranks(max_diff(ddp.named_parameters(), reference->named_parameters(), true,
+                             1.0 / members) < 1e-6));
+  }
+  for (const ProcessSet& set : pairs) {
+    if (set.id() != 0) remove_process_set(set);
+  }
+}
+
 TEST_CASE("Custom hooks: Sum with a postscale, in place or into a new tensor, is the average",
           "[hooks]") {
   Session session;
