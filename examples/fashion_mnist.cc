@@ -7,12 +7,20 @@
 //
 // Usage: scripts/tuttirun -np 2 build/examples/fashion_mnist [--model mlp|cnn] [--epochs N]
 //          [--batch-size B] [--lr LR] [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]
-//          [--wrapper optimizer|ddp]
+//          [--wrapper optimizer|ddp|localsgd] [--hook allreduce|fp16|powersgd]
+//          [--powersgd-rank R] [--powersgd-start N] [--period K] [--warmup-steps W]
 //   --model       mlp (784-512-256-10 with BatchNorm, default) or cnn (2 x conv-BN-ReLU-pool,
 //                 fc 128, fc 10)
 //   --wrapper     optimizer (default): optim::DistributedOptimizer around SGD; ddp:
 //                 nn::DistributedDataParallel around the model, plain SGD (which also
-//                 broadcasts rank 0's BatchNorm statistics before every step)
+//                 broadcasts rank 0's BatchNorm statistics before every step); localsgd: no
+//                 gradient averaging, plain SGD on every rank and nn::PeriodicModelAverager
+//                 averaging the parameters every --period steps after --warmup-steps (defaults
+//                 4 and 0); the test accuracy is rank 0's replica's
+//   --hook        with --wrapper ddp: a communication hook (nn::hooks) in place of DDP's own
+//                 averaging: allreduce, fp16 (fp16_compress) or powersgd (error feedback and
+//                 warm start, rank --powersgd-rank, default 1, from step --powersgd-start,
+//                 default 100); rank 0 prints PowerSGD's compression ratio at the end
 //   --epochs      default 5
 //   --batch-size  per rank, default 64 (the global batch is B x ranks)
 //   --lr          the single-rank learning rate (default 0.05), multiplied by the rank count
@@ -62,7 +70,9 @@ using tutti::TensorView;
 constexpr char kUsage[] =
     "usage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size B] [--lr LR]\n"
     "                     [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]\n"
-    "                     [--wrapper optimizer|ddp]\n";
+    "                     [--wrapper optimizer|ddp|localsgd] [--hook allreduce|fp16|powersgd]\n"
+    "                     [--powersgd-rank R] [--powersgd-start N] [--period K]\n"
+    "                     [--warmup-steps W]\n";
 // Fashion-MNIST's training-set pixel mean and standard deviation: centred inputs train faster.
 constexpr float kPixelMean = 0.2860f;
 constexpr float kPixelStd = 0.3530f;
@@ -79,6 +89,11 @@ struct Flags {
   std::uint64_t seed = 42;
   std::size_t limit = 0;  // 0: every training image.
   std::string wrapper = "optimizer";
+  std::string hook;  // Empty: none.
+  int powersgd_rank = 1;
+  int powersgd_start = 100;
+  int period = 4;
+  int warmup_steps = 0;
 };
 
 // The number in `text` if it is finite, >= `min` and (with `integer`) whole and at most 1e9.
@@ -111,12 +126,23 @@ std::optional<Flags> parse_flags(int argc, char** argv) {
       f.seed = static_cast<std::uint64_t>(*x);
     else if (flag == "--limit" && (x = to_number(value, 1, true)))
       f.limit = static_cast<std::size_t>(*x);
-    else if (flag == "--wrapper" && (value == "optimizer" || value == "ddp"))
+    else if (flag == "--wrapper" && (value == "optimizer" || value == "ddp" || value == "localsgd"))
       f.wrapper = value;
+    else if (flag == "--hook" && (value == "allreduce" || value == "fp16" || value == "powersgd"))
+      f.hook = value;
+    else if (flag == "--powersgd-rank" && (x = to_number(value, 1, true)))
+      f.powersgd_rank = static_cast<int>(*x);
+    else if (flag == "--powersgd-start" && (x = to_number(value, 2, true)))
+      f.powersgd_start = static_cast<int>(*x);
+    else if (flag == "--period" && (x = to_number(value, 1, true)))
+      f.period = static_cast<int>(*x);
+    else if (flag == "--warmup-steps" && (x = to_number(value, 0, true)))
+      f.warmup_steps = static_cast<int>(*x);
     else
       return std::nullopt;
   }
-  if (argc % 2 == 0) return std::nullopt;  // A flag without its value.
+  if (argc % 2 == 0) return std::nullopt;                          // A flag without its value.
+  if (!f.hook.empty() && f.wrapper != "ddp") return std::nullopt;  // Hooks are DDP's.
   return f;
 }
 
@@ -419,23 +445,36 @@ int train(const Flags& flags) {
   // Every rank starts from rank 0's state: its initial weights or the checkpoint it loaded
   // (DDP's constructor broadcasts the parameters and buffers itself).
   std::unique_ptr<nn::DistributedDataParallel> ddp;
+  auto powersgd = std::make_shared<nn::hooks::PowerSGDState>();
   if (flags.wrapper == "ddp") {
     ddp = std::make_unique<nn::DistributedDataParallel>(model);
+    powersgd->matrix_approximation_rank = flags.powersgd_rank;
+    powersgd->start_powerSGD_iter = flags.powersgd_start;
+    if (flags.hook == "allreduce") ddp->register_comm_hook(nn::hooks::allreduce());
+    if (flags.hook == "fp16") ddp->register_comm_hook(nn::hooks::fp16_compress());
+    if (flags.hook == "powersgd") ddp->register_comm_hook(nn::hooks::powersgd(powersgd));
   } else {
     optim::broadcast_parameters(model->named_parameters(), 0);
     optim::broadcast_parameters(model->named_buffers(), 0);
   }
   optim::broadcast_optimizer_state(optimizer, 0);
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+  std::optional<nn::PeriodicModelAverager> averager;
+  if (flags.wrapper == "localsgd") averager.emplace(flags.period, flags.warmup_steps);
 
   const auto n_train = static_cast<std::size_t>(train_set.labels.num_elements());
   const std::size_t n = flags.limit > 0 ? std::min(flags.limit, n_train) : n_train;
   tutti::data::DistributedSampler sampler(n, tutti::size(), tutti::rank(), true, flags.seed);
   const std::size_t steps = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;
   if (root) {
+    const std::string wrapper =
+        ddp ? "DistributedDataParallel" + (flags.hook.empty() ? "" : " (hook " + flags.hook + ")")
+        : averager ? "local SGD, period " + std::to_string(flags.period) + " after " +
+                         std::to_string(flags.warmup_steps) + " steps"
+                   : "DistributedOptimizer";
     std::printf("%s, %s, %d ranks, %zu training images, batch %zu per rank, lr %g x %d\n",
-                flags.model.c_str(), ddp ? "DistributedDataParallel" : "DistributedOptimizer",
-                tutti::size(), n, flags.batch_size, flags.lr, tutti::size());
+                flags.model.c_str(), wrapper.c_str(), tutti::size(), n, flags.batch_size, flags.lr,
+                tutti::size());
   }
   double accuracy = start_epoch < flags.epochs ? 0.0 : evaluate(*model, test_set);
   for (int epoch = static_cast<int>(start_epoch); epoch < flags.epochs; ++epoch) {
@@ -452,6 +491,7 @@ int train(const Flags& flags) {
       nn::Variable loss = nn::cross_entropy(net.forward(images), labels);
       loss.backward();  // The gradients' allreduces start here (per parameter, or per bucket).
       optimizer.step();
+      if (averager) averager->average_parameters(model->named_parameters());
       const double value = loss.value().span<float>()[0];
       loss_sum += value;
       window_sum += value;
@@ -484,6 +524,18 @@ int train(const Flags& flags) {
       std::printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n", epoch + 1, mean_loss,
                   accuracy, seconds.count());
     }
+  }
+  if (root && flags.hook == "powersgd") {
+    std::printf("PowerSGD rank %d: %.1fx fewer gradient elements sent in compressed steps\n",
+                flags.powersgd_rank,
+                static_cast<double>(powersgd->total_numel_before_compression) /
+                    static_cast<double>(
+                        std::max<std::int64_t>(1, powersgd->total_numel_after_compression)));
+  }
+  if (root && averager) {
+    std::printf("local SGD: %lld parameter averages in %lld steps\n",
+                static_cast<long long>(averager->num_averages()),
+                static_cast<long long>(averager->step()));
   }
   if (root) std::printf("final test accuracy: %.2f%%\n", accuracy);
   return 0;

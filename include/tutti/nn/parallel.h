@@ -12,6 +12,7 @@
 
 #include "tutti/collectives.h"
 #include "tutti/export.h"
+#include "tutti/nn/comm_hooks.h"
 #include "tutti/nn/module.h"
 #include "tutti/nn/variable.h"
 #include "tutti/process_set.h"
@@ -129,6 +130,19 @@ class TUTTI_API DistributedDataParallel : public Module {
   // backward() afterwards averages the accumulated sums. Guards nest; must not outlive the DDP.
   class NoSync;
   [[nodiscard]] NoSync no_sync();
+
+  // Replaces the averaging of every bucket by `hook` (tutti/nn/comm_hooks.h): in each
+  // synchronized backward pass, the moment a bucket's gradients are ready it is handed to the
+  // hook, whose future's result (float32, the bucket's size) becomes the bucket's gradients when
+  // backward() ends, in place of the average. Everything else stays: buckets, their rebuild,
+  // no_sync(), gradient_as_bucket_view, join (bucket 0's join flag then travels as its own
+  // one-element allreduce, so a joined member still contributes zeros to the hook's allreduces
+  // and is noticed by the buffer broadcasts).
+  // Once, before the first forward(), on every member, with the same hook (same kind and
+  // options). Local: does not communicate. Throws InvalidArgument for an empty hook, a second
+  // call, a call after forward(), or with DistributedDataParallelOptions::compression set (use
+  // hooks::fp16_compress() instead).
+  void register_comm_hook(CommHook hook);
 
   // Test-only: the parameter names ("module.<name>") of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_names_for_testing() const;

@@ -153,6 +153,10 @@ void DistributedDataParallel::broadcast_buffers() {
       broadcast_all(buffers, options_.root_rank, options_.process_set, /*joined_root_ok=*/true));
 }
 
+void DistributedDataParallel::register_comm_hook(CommHook hook) {
+  reducer_->set_comm_hook(std::move(hook));
+}
+
 std::vector<std::vector<std::string>> DistributedDataParallel::bucket_names_for_testing() const {
   return reducer_->bucket_names();
 }

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "src/nn/parallel/bucket_assignment.h"
+#include "src/nn/parallel/float_convert.h"
 #include "src/nn/tensor_math.h"
-#include "tutti/half.h"
 
 namespace tutti::nn::detail {
 namespace {
@@ -25,26 +25,6 @@ DataType wire_type(Compression compression) {
     case Compression::None: break;
   }
   return DataType::Float32;
-}
-
-// float32 -> the 2-byte wire type and back (round to nearest even; see tutti/half.h).
-template <class Half>
-void narrow(std::span<const float> from, std::span<Half> to) {
-  for (std::size_t i = 0; i < from.size(); ++i) to[i] = Half(from[i]);
-}
-template <class Half>
-void widen(std::span<Half> from, std::span<float> to) {
-  for (std::size_t i = 0; i < from.size(); ++i) to[i] = static_cast<float>(from[i]);
-}
-
-void pack(const Tensor& contents, const Tensor& wire) {
-  if (wire.dtype() == DataType::Float16) narrow(contents.span<float>(), wire.span<float16>());
-  if (wire.dtype() == DataType::BFloat16) narrow(contents.span<float>(), wire.span<bfloat16>());
-}
-
-void unpack(const Tensor& wire, const Tensor& contents) {
-  if (wire.dtype() == DataType::Float16) widen(wire.span<float16>(), contents.span<float>());
-  if (wire.dtype() == DataType::BFloat16) widen(wire.span<bfloat16>(), contents.span<float>());
 }
 
 void copy_floats(const Tensor& from, const Tensor& to) {
@@ -122,6 +102,7 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
 
 void Reducer::before_forward() {
   const tutti::detail::MutexLock lock(mutex_);
+  forwarded_ = true;
   if (pass_active_) abandon_pass();
   if (!config_.as_view) return;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -151,6 +132,27 @@ Variable Reducer::attach(const Variable& output) {
     if (const std::shared_ptr<Reducer> reducer = weak.lock()) reducer->start_pass();
     return Gradients{grad_output};
   });
+}
+
+void Reducer::set_comm_hook(CommHook hook) {
+  const tutti::detail::MutexLock lock(mutex_);
+  const char* who = "DistributedDataParallel::register_comm_hook";
+  if (hook.empty()) throw_invalid_argument(who, ": the hook is empty");
+  if (!hook_.empty()) {
+    throw_invalid_argument(who, ": a hook ('", hook_.name(),
+                           "') is already registered; register one hook, once");
+  }
+  if (forwarded_) {
+    throw_invalid_argument(who, ": register the hook before the first forward()");
+  }
+  if (config_.compression != Compression::None) {
+    throw_invalid_argument(
+        who,
+        ": DistributedDataParallelOptions::compression is set; a hook replaces DDP's own "
+        "reduction, compression included: use hooks::fp16_compress() or bf16_compress() "
+        "with compression None");
+  }
+  hook_ = std::move(hook);
 }
 
 bool Reducer::any_joined() const {
@@ -222,10 +224,11 @@ void Reducer::launch(std::size_t b) {
   if (b == 0) {  // The join slot; see Note [DDP reduction passes].
     float_data(bucket.contents)[bucket.contents.num_elements() - 1] = 1.0f;
   }
+  if (!hook_.empty()) return launch_hook(b);
   try {
     TensorView what = bucket.contents;
     if (config_.compression != Compression::None) {
-      pack(bucket.contents, bucket.wire);
+      convert_floats(bucket.contents, bucket.wire, "DistributedDataParallel");
       what = bucket.wire;
     }
     bucket.handle = allreduce_async(what, config_.op_prefix + ".bucket." + std::to_string(b),
@@ -237,6 +240,61 @@ void Reducer::launch(std::size_t b) {
   }
 }
 
+// Note [DDP reduction passes], step 2 with a hook: the bucket (without bucket 0's join slot)
+// goes to the hook; the join slot is averaged on its own.
+void Reducer::launch_hook(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  for (Bucket& other : buckets_) {
+    if (other.in_flight) static_cast<void>(other.future.poll());  // Errors: see finish_hook().
+  }
+  const std::int64_t count = bucket.contents.num_elements() - (b == 0 ? 1 : 0);
+  GradBucket grad_bucket;
+  grad_bucket.index = static_cast<int>(b);
+  grad_bucket.buffer = bucket.contents.slice(0, {count});
+  grad_bucket.is_last = started_ == static_cast<int>(buckets_.size());
+  grad_bucket.process_set = config_.process_set;
+  grad_bucket.op_name = config_.op_prefix + ".bucket." + std::to_string(b);
+  for (std::size_t i : bucket.members) {
+    grad_bucket.names.push_back(parameters_[i].name);
+    grad_bucket.gradients.push_back(slice_of(i));
+  }
+  try {
+    if (b == 0) {
+      bucket.join_handle =
+          allreduce_async(bucket.contents.slice(count, {1}), config_.op_prefix + ".join",
+                          {.op = ReduceOp::Average, .process_set = config_.process_set});
+      bucket.join_in_flight = true;
+    }
+    CommFuture future = hook_(grad_bucket);
+    if (!future.valid()) {
+      throw_invalid_argument("DistributedDataParallel: the comm hook '", hook_.name(),
+                             "' returned an empty CommFuture for bucket ", b);
+    }
+    bucket.future = std::move(future);
+    bucket.in_flight = true;
+  } catch (...) {
+    if (!pass_error_) pass_error_ = std::current_exception();  // As launch(): reported later.
+  }
+}
+
+// The hook's result for bucket `b` into its contents (throws what the future throws, or
+// InvalidArgument for a result of another dtype or size).
+void Reducer::finish_hook(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  const CommFuture future = std::move(bucket.future);
+  bucket.future = CommFuture();
+  const Tensor result = future.wait();
+  const std::int64_t count = bucket.contents.num_elements() - (b == 0 ? 1 : 0);
+  if (result.dtype() != DataType::Float32 || result.num_elements() != count) {
+    throw_invalid_argument("DistributedDataParallel: the comm hook '", hook_.name(),
+                           "' returned a ", to_string(result.dtype()), " tensor of ",
+                           result.num_elements(), " elements for bucket ", b, " of ", count,
+                           " float32 elements");
+  }
+  if (result.data() != bucket.contents.data())
+    copy_floats(result, bucket.contents.slice(0, {count}));
+}
+
 // Waits for every bucket in flight and, with `write_results`, writes the averages of those that
 // succeeded into the gradients. Returns the first error, after waiting for all (the runtime
 // uses their memory until then).
@@ -244,16 +302,32 @@ std::exception_ptr Reducer::wait_all(bool write_results) {
   std::exception_ptr first_error;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
+    bool join_ok = true;
+    if (bucket.join_in_flight) {
+      bucket.join_in_flight = false;
+      try {
+        bucket.join_handle.wait();
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+        join_ok = false;
+      }
+    }
     if (!bucket.in_flight) continue;
     bucket.in_flight = false;
     try {
-      bucket.handle.wait();
+      if (hook_.empty()) {
+        bucket.handle.wait();
+      } else {
+        finish_hook(b);  // Runs the rest of the hook's chain even without write_results.
+      }
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
       continue;  // The gradients keep their local values.
     }
-    if (!write_results) continue;
-    if (config_.compression != Compression::None) unpack(bucket.wire, bucket.contents);
+    if (!write_results || !join_ok) continue;
+    if (config_.compression != Compression::None) {
+      convert_floats(bucket.wire, bucket.contents, "DistributedDataParallel");
+    }
     if (!config_.as_view) {
       for (std::size_t i : bucket.members) copy_floats(slice_of(i), parameters_[i].variable.grad());
     }

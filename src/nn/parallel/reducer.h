@@ -15,6 +15,7 @@
 #include "src/common/thread_annotations.h"
 #include "src/nn/autograd.h"
 #include "tutti/collectives.h"
+#include "tutti/nn/comm_hooks.h"
 #include "tutti/nn/variable.h"
 #include "tutti/process_set.h"
 
@@ -41,6 +42,11 @@ namespace tutti::nn::detail {
 // (no_sync(), or a backward not through a DDP output) do nothing: gradients stay local.
 // Bucket 0 carries one extra element, 1 on every rank that reduces it: its average is the
 // fraction of members that have not joined, which tells any_joined().
+// With a communication hook (register_comm_hook), step 2 hands the bucket (without the join
+// slot, which then travels as its own allreduce "<prefix>.join") to the hook instead of
+// starting the allreduce, and step 3 waits for the hook's future and writes its result into the
+// bucket. Before handing a bucket over, the buckets in flight are polled, so hooks' chains of
+// collectives (PowerSGD's three) move on during backward().
 //
 // Threads: every member runs on the thread that calls forward()/backward(); the mutex guards
 // against a hook of a shared parameter firing from another thread's backward().
@@ -83,6 +89,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Whether some member had joined at the last completed reduction of bucket 0.
   bool any_joined() const;
 
+  // DistributedDataParallel::register_comm_hook(): throws InvalidArgument (naming the reason)
+  // for an empty hook, a second hook, a hook after the first forward(), or with compression.
+  void set_comm_hook(CommHook hook) TUTTI_EXCLUDES(mutex_);
+
   std::vector<std::vector<std::string>> bucket_names() const;
   int buckets_started() const;
 
@@ -96,6 +106,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     bool started = false;
     bool in_flight = false;
     Handle handle;
+    CommFuture future;            // With a hook: its result, instead of `handle`.
+    bool join_in_flight = false;  // With a hook, bucket 0: the join slot's own allreduce.
+    Handle join_handle;
   };
 
   void build_buckets(const std::vector<std::vector<std::size_t>>& assignment)
@@ -107,6 +120,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void on_gradient(std::size_t index) TUTTI_EXCLUDES(mutex_);
   void mark_ready(std::size_t index) TUTTI_REQUIRES(mutex_);
   void launch(std::size_t bucket) TUTTI_REQUIRES(mutex_);
+  void launch_hook(std::size_t bucket) TUTTI_REQUIRES(mutex_);
+  void finish_hook(std::size_t bucket) TUTTI_REQUIRES(mutex_);
   std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex_);
   void rebuild() TUTTI_REQUIRES(mutex_);
 
@@ -130,6 +145,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   int started_ TUTTI_GUARDED_BY(mutex_) = 0;
   bool rebuilt_ TUTTI_GUARDED_BY(mutex_) = false;
   bool any_joined_ TUTTI_GUARDED_BY(mutex_) = false;
+  bool forwarded_ TUTTI_GUARDED_BY(mutex_) = false;  // forward() has run.
+  CommHook hook_ TUTTI_GUARDED_BY(mutex_);           // Empty: DDP's own allreduce.
 };
 
 }  // namespace tutti::nn::detail

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// Model averaging for local SGD (torch.distributed.algorithms.model_averaging): every rank
+// trains its own replica without averaging gradients, and every `period` steps the parameters
+// themselves are averaged across a process set. PeriodicModelAverager averages over one set;
+// HierarchicalModelAverager over nested sets at different periods (e.g. often within a host,
+// rarely across hosts), PyTorch's post-local SGD with hierarchy.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "tutti/export.h"
+#include "tutti/nn/module.h"
+#include "tutti/process_set.h"
+
+namespace tutti::nn {
+
+// Averages parameters every `period` steps after `warmup_steps` (PyTorch's
+// PeriodicModelAverager):
+//
+//   nn::PeriodicModelAverager averager(/*period=*/4, /*warmup_steps=*/100);
+//   for (each batch) {
+//     sgd.zero_grad();
+//     nn::cross_entropy(model->forward(x), y).backward();   // local: no DDP, or DDP with a
+//     sgd.step();                                            // local hook for post-local SGD
+//     averager.average_parameters(model->named_parameters());
+//   }
+//
+// With period 1 and plain SGD this is synchronous data parallelism (the average of the ranks'
+// updates is the update of the averaged gradient), at the cost of one parameter allreduce per
+// step instead of a gradient allreduce; with period k the allreduces drop k-fold, and the
+// replicas drift apart between averages. Averaging is not done during warm-up, so that the
+// replicas, started equal (broadcast or DDP), stay equal there only if something else keeps
+// them so (DDP's gradient averaging, as in PyTorch's post-local SGD).
+class TUTTI_API PeriodicModelAverager {
+ public:
+  // Throws InvalidArgument for period < 1, warmup_steps < 0, or a set without this rank.
+  // Local: does not communicate.
+  PeriodicModelAverager(int period, int warmup_steps = 0,
+                        ProcessSet process_set = ProcessSet::global());
+
+  // Call after every optimizer step. When step() >= warmup_steps and (step() - warmup_steps) is
+  // a multiple of the period, replaces every parameter's value by its average over the set
+  // (one blocking grouped allreduce, Average, named "PeriodicModelAverager.<set id>"); then
+  // increments step(). Collective over the set at those steps: every member calls it at every
+  // step with parameters of the same shapes in the same order. A Variable listed twice is
+  // averaged once. Throws InvalidArgument for an empty Variable (step() unchanged) and rethrows
+  // the allreduce's errors (step() advanced, as on the other members).
+  void average_parameters(const NamedParameters& parameters);
+
+  // Calls of average_parameters() so far.
+  std::int64_t step() const { return step_; }
+  // Tutti addition: how many of them averaged (communicated).
+  std::int64_t num_averages() const { return averages_; }
+
+ private:
+  int period_;
+  int warmup_steps_;
+  ProcessSet process_set_;
+  std::int64_t step_ = 0;
+  std::int64_t averages_ = 0;
+};
+
+// Averages over one of several nested process sets per step (PyTorch's
+// HierarchicalModelAverager): at each step past warm-up, over the set of the largest period that
+// divides step(), if any. E.g. on 2 hosts of 4 ranks, {2: this host's set, 8: the global set}
+// averages within the host every 2 steps and globally every 8 (then not also within the host).
+// Each rank passes the sets it belongs to: members of one host's set pass that set, those of
+// the other host theirs (process sets are made on every rank, see add_process_set()).
+class TUTTI_API HierarchicalModelAverager {
+ public:
+  // Throws InvalidArgument for an empty map, a period < 1, warmup_steps < 0, a set without this
+  // rank, or sets that do not nest (the set of a smaller period must be a subset of the set of
+  // every larger period). Local: does not communicate.
+  explicit HierarchicalModelAverager(std::map<int, ProcessSet> period_to_set, int warmup_steps = 0);
+
+  // Call after every optimizer step. When step() >= warmup_steps and some period divides
+  // step(), averages the parameters over the set of the largest such period (blocking, named
+  // "HierarchicalModelAverager.<set id>", collective over that set); then increments step().
+  // Errors as PeriodicModelAverager's.
+  void average_parameters(const NamedParameters& parameters);
+
+  std::int64_t step() const { return step_; }
+  // Tutti addition: how many calls averaged, over any set.
+  std::int64_t num_averages() const { return averages_; }
+
+ private:
+  std::map<int, ProcessSet> period_to_set_;
+  int warmup_steps_;
+  std::int64_t step_ = 0;
+  std::int64_t averages_ = 0;
+};
+
+}  // namespace tutti::nn

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// ZeroRedundancyOptimizer (torch.distributed.optim.ZeroRedundancyOptimizer; ZeRO stages 1 and
+// 2 of Rajbhandari et al.): each rank of a process set keeps the optimizer state of its shard
+// of the parameters only, steps that shard, and the updated parameters are allgathered, so the
+// optimizer's memory per rank drops to about 1/N.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tutti/export.h"
+#include "tutti/nn/module.h"
+#include "tutti/nn/variable.h"
+#include "tutti/optim/optimizer.h"
+#include "tutti/process_set.h"
+
+namespace tutti::optim {
+
+struct ZeroOptions {
+  // false (stage 1): the gradients arrive averaged, from nn::DistributedDataParallel or an
+  // enclosing DistributedOptimizer. true (stage 2): the model is not wrapped; step() averages
+  // the local gradients itself with reduce-scatters that deliver each rank only its shard's
+  // gradients: half an allreduce's bytes, so a step moves what one gradient allreduce would.
+  // Gradient memory is not sharded: autograd still accumulates every parameter's full grad().
+  bool shard_gradients = false;
+  // The ranks that share the optimizer state. Every member constructs the optimizer; a rank
+  // outside the set gets InvalidArgument.
+  ProcessSet process_set = ProcessSet::global();
+  // Tutti addition: the elements of one allgather (one reduce-scatter row) per bucket, in MiB
+  // of float32. Larger buckets mean fewer collectives; every bucket of a step is in flight at
+  // once. Must be positive.
+  double bucket_cap_mb = 25;
+};
+
+// Wraps a local optimizer over each rank's shard of the parameters:
+//
+//   nn::DistributedDataParallel ddp(model);                        // averages the gradients
+//   optim::ZeroRedundancyOptimizer zero(ddp.named_parameters(),
+//       [](std::vector<nn::Variable> shard) {
+//         return std::make_unique<optim::Adam>(std::move(shard), optim::AdamOptions{.lr = 1e-3});
+//       });
+//   for (each batch) { zero.zero_grad(); loss(ddp.forward(x)).backward(); zero.step(); }
+//
+// Sharding: the parameters that require grad are assigned to the N members greedily, largest
+// first, each to the member with the fewest elements so far (PyTorch's rule; ties to the
+// lower set rank, equal sizes in parameter order), so every member owns about 1/N of the
+// elements; each shard keeps parameter order. owned_parameters() lists this rank's.
+// `make_local` builds the local optimizer over this rank's shard (possibly empty, when there
+// are more members than parameters): any Optimizer works, and its state_dict() names state by
+// index within the shard; this class translates to and from the index among all parameters.
+//
+// Results equal those of `make_local` over all parameters stepped with the averaged gradients
+// (to float rounding), on every member: each member updates its shard, and step() then
+// allgathers every shard's new values into every member's parameters.
+//
+// Collective over the set: step() and consolidate_state_dict() communicate; every member calls
+// them in the same order, and none may have joined (tutti::join(): a joined member's shard
+// could not be updated; step() then throws InvalidArgument). Their ops are named
+// "ZeroRedundancyOptimizer.<what>.<bucket>" in the set, so two of these optimizers over one set
+// must not step concurrently. Not thread-safe. The optimizer does not broadcast the initial
+// parameters: the members must start equal (DDP's constructor or optim::broadcast_parameters() sees
+// to that).
+class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
+ public:
+  using Factory = std::function<std::unique_ptr<Optimizer>(std::vector<nn::Variable>)>;
+
+  // Shards `parameters` (see above) and calls `make_local` with this rank's shard. Does not
+  // communicate. Throws InvalidArgument for an empty or repeated Variable, a repeated name, a
+  // null factory or a factory that returns null or an optimizer over other parameters, a
+  // non-positive bucket_cap_mb, or a rank outside the set.
+  ZeroRedundancyOptimizer(nn::NamedParameters parameters, Factory make_local,
+                          ZeroOptions options = {});
+  ~ZeroRedundancyOptimizer() override;
+  ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
+  ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+
+  // Stage 2 first reduce-scatters the gradients (Average) to their owners, who find the set's
+  // average in grad() afterwards (the other parameters' grad() keep this rank's own). Then the
+  // local optimizer steps the shard and the new values are allgathered into every member's
+  // parameters. Collective, blocking. Errors of the collectives are rethrown (a failed
+  // reduce-scatter leaves every parameter unchanged). At set size 1 nothing is sent.
+  void step() override;
+
+  // Gathers every member's optimizer state to the member whose global rank is `to`, where
+  // state_dict() then returns it in the unsharded layout: what the local optimizer type over all
+  // parameters would return (tensors keyed "<index among all parameters>.<name>", ordered by
+  // parameter; scalars, e.g. the learning rate and step count, from set rank 0's). Collective
+  // over the set, blocking. Throws InvalidArgument for a `to` outside the set.
+  void consolidate_state_dict(int to = 0);
+  // On the member that consolidated, after consolidate_state_dict() and before the next step()
+  // or load_state_dict(): the consolidated state. Elsewhere, or without a consolidation since
+  // the last step, InvalidArgument.
+  StateDict state_dict() const override;
+  // Loads a state in the unsharded layout (a consolidated state_dict(), possibly saved at
+  // another set size, or an unsharded optimizer's): each member keeps the tensors of its own
+  // parameters and every scalar. Local: every member must load the same state. Throws
+  // InvalidArgument, leaving the state unchanged: on every member for a malformed key or an
+  // index out of range or of a parameter without a gradient; on the member that owns the
+  // parameter for what the local optimizer's load_state_dict() refuses (a tensor of the wrong
+  // shape or dtype, an unknown name); on every member for a scalar it refuses.
+  void load_state_dict(const StateDict& state) override;
+
+  // The names of the parameters this rank updates, in parameter order.
+  std::vector<std::string> owned_parameters() const;
+
+  // Tutti addition: the local optimizer over this rank's shard (e.g. for a learning-rate
+  // schedule: set it on every member alike, as the unsharded optimizer would be set).
+  Optimizer& local_optimizer() const { return *local_; }
+
+ private:
+  struct Layout;  // Note [ZeRO layout] in optimizers/zero_layout.h.
+
+  std::int64_t bucket_elements() const;
+  void reduce_scatter_gradients();
+  void allgather_parameters();
+
+  std::vector<std::string> names_;
+  ZeroOptions options_;
+  std::shared_ptr<const Layout> layout_;
+  std::unique_ptr<Optimizer> local_;
+  // After consolidate_state_dict(): the global rank it gathered to, and on that rank the state.
+  std::optional<int> consolidated_to_;
+  std::optional<StateDict> consolidated_;
+};
+
+}  // namespace tutti::optim

@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: Apache-2.0
+// ZeroRedundancyOptimizer at 1-4 ranks: 50 Adam steps against the unsharded
+// DistributedOptimizer (after DDP, inside a DistributedOptimizer, stage 2), the optimizer-state
+// bytes per rank against 1/N of the unsharded (printed), the shards, consolidation at N ranks
+// against a single-process Adam, loading at 1 and 2 ranks and continuing as an uninterrupted
+// run, and the errors. See Note [Collective assertions].
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test/mpi/training/ddp_test_util.h"
+#include "test/mpi/training/training_test_util.h"
+#include "test/support/mpi_test_util.h"
+#include "tutti/nn.h"
+#include "tutti/optim.h"
+#include "tutti/serialize.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+using optim::ZeroOptions;
+using optim::ZeroRedundancyOptimizer;
+
+// Linear(6, 16) -> ReLU -> Linear(16, 16) -> ReLU -> Linear(16, 16) -> ReLU -> Linear(16, 2):
+// eight parameters of 2 to 256 elements, so that four ranks all own some.
+std::shared_ptr<nn::Sequential> make_deep_model(std::uint64_t seed) {
+  nn::manual_seed(seed);
+  auto model = std::make_shared<nn::Sequential>();
+  model->add(std::make_shared<nn::Linear>(6, 16))
+      .add(std::make_shared<nn::ReLU>())
+      .add(std::make_shared<nn::Linear>(16, 16))
+      .add(std::make_shared<nn::ReLU>())
+      .add(std::make_shared<nn::Linear>(16, 16))
+      .add(std::make_shared<nn::ReLU>())
+      .add(std::make_shared<nn::Linear>(16, 2));
+  return model;
+}
+
+// Step `step`'s batch of kBatch rows (inputs [rows, 6], targets [rows, 2]), or rank's share.
+Batch deep_batch(std::int64_t step, int rank, int size) {
+  const std::int64_t rows = kBatch / size;
+  std::vector<float> xs, ys;
+  for (std::int64_t i = step * kBatch + rank * rows; i < step * kBatch + (rank + 1) * rows; ++i) {
+    for (int j = 0; j < 6; ++j) xs.push_back(static_cast<float>(std::sin(0.41 * i + 1.1 * j)));
+    ys.push_back(static_cast<float>(std::cos(0.3 * i)));
+    ys.push_back(static_cast<float>(0.1 * (i % 7) - 0.3));
+  }
+  return {Tensor::from<float>(xs, {rows, 6}), Tensor::from<float>(ys, {rows, 2})};
+}
+
+ZeroRedundancyOptimizer::Factory adam_factory() {
+  return [](std::vector<nn::Variable> params) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 0.01});
+  };
+}
+
+std::size_t state_bytes(const optim::StateDict& state) {
+  std::size_t bytes = 0;
+  for (const auto& [key, tensor] : state.tensors) bytes += tensor.byte_size();
+  return bytes;
+}
+
+enum class Mode { AfterDdp, InsideDistributedOptimizer, Stage2 };
+
+TEST_CASE("ZeRO: 50 Adam steps equal the unsharded DistributedOptimizer's", "[zero]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const Mode mode = GENERATE(Mode::AfterDdp, Mode::InsideDistributedOptimizer, Mode::Stage2);
+  const double cap = GENERATE(25.0, 1e-4);  // One bucket; buckets of 26 elements.
+  INFO("mode " << static_cast<int>(mode) << ", bucket_cap_mb " << cap);
+
+  // The reference: Adam over every parameter inside a DistributedOptimizer.
+  auto reference = make_deep_model(4);
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  optim::Adam ref_adam(variables(ref_named), {.lr = 0.01});
+  optim::DistributedOptimizer ref(ref_adam, ref_named);
+
+  std::shared_ptr<nn::Module> model = make_deep_model(4);
+  std::unique_ptr<nn::DistributedDataParallel> ddp;
+  if (mode == Mode::AfterDdp) {
+    ddp = std::make_unique<nn::DistributedDataParallel>(model);
+    model = nullptr;
+  }
+  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+  const nn::NamedParameters named = net.named_parameters();
+  ZeroRedundancyOptimizer zero(named, adam_factory(),
+                               {.shard_gradients = mode == Mode::Stage2, .bucket_cap_mb = cap});
+  std::unique_ptr<optim::DistributedOptimizer> outer;
+  if (mode == Mode::InsideDistributedOptimizer) {
+    outer = std::make_unique<optim::DistributedOptimizer>(zero, named);
+  }
+  optim::Optimizer& optimizer = outer ? static_cast<optim::Optimizer&>(*outer) : zero;
+  for (std::int64_t step = 0; step < 50; ++step) {
+    optimizer.zero_grad();
+    forward_backward(net, deep_batch(step, rank, size));
+    optimizer.step();
+    ref.zero_grad();
+    forward_backward(*reference, deep_batch(step, rank, size));
+    ref.step();
+  }
+  const double diff = max_diff(named, ref_named);
+  INFO("max |parameter difference| after 50 steps " << diff);
+  CHECK(all_ranks(diff < 1e-5));
+  CHECK(all_ranks(max_diff(named, make_deep_model(4)->named_parameters()) > 1e-2));  // Trained.
+
+  // Every parameter's state lives on exactly one rank: the bytes add up to the unsharded ones,
+  // about 1/N each.
+  const std::size_t mine = state_bytes(zero.local_optimizer().state_dict());
+  const std::size_t unsharded = state_bytes(ref_adam.state_dict());
+  std::size_t total = 0, largest = 0;
+  MPI_Allreduce(&mine, &total, 1, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &largest, 1, MPI_UNSIGNED_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && mode == Mode::Stage2 && cap == 25.0) {
+    std::printf(
+        "ZeRO at %d ranks: Adam state %zu bytes on the largest rank, %zu unsharded "
+        "(1/N = %zu)\n",
+        size, largest, unsharded, unsharded / static_cast<std::size_t>(size));
+  }
+  CHECK(all_ranks(total == unsharded));
+  const std::size_t largest_parameter_state = 2 * 256 * sizeof(float);  // exp_avg, exp_avg_sq
+  CHECK(all_ranks(largest <= unsharded / static_cast<std::size_t>(size) + largest_parameter_state));
+}
+
+TEST_CASE("ZeRO: every parameter is owned by exactly one rank", "[zero]") {
+  Session session;
+  auto model = make_deep_model(1);
+  const nn::NamedParameters named = model->named_parameters();
+  ZeroRedundancyOptimizer zero(named, adam_factory());
+  std::vector<int> owned(named.size(), 0);
+  for (const std::string& name : zero.owned_parameters()) {
+    for (std::size_t i = 0; i < named.size(); ++i) owned[i] += named[i].first == name ? 1 : 0;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, owned.data(), static_cast<int>(owned.size()), MPI_INT, MPI_SUM,
+                MPI_COMM_WORLD);
+  CHECK(all_ranks(std::all_of(owned.begin(), owned.end(), [](int n) { return n == 1; })));
+}
+
+// `state` from `root` to every rank (plain MPI carries the serialized bytes: the test's own
+// transport, as a checkpoint file would be).
+optim::StateDict share_state(const optim::StateDict& state, int root) {
+  ByteWriter w;
+  w.put<std::uint64_t>(state.tensors.size());
+  for (const auto& [key, t] : state.tensors) {
+    w.put_string(key);
+    w.put_vector(t.shape());
+    w.put_string(std::string_view(static_cast<const char*>(t.data()), t.byte_size()));
+  }
+  w.put<std::uint64_t>(state.scalars.size());
+  for (const auto& [name, value] : state.scalars) {
+    w.put_string(name);
+    w.put(value);
+  }
+  std::string bytes = w.take();
+  std::uint64_t length = bytes.size();
+  MPI_Bcast(&length, 1, MPI_UINT64_T, root, MPI_COMM_WORLD);
+  bytes.resize(length);
+  MPI_Bcast(bytes.data(), static_cast<int>(length), MPI_CHAR, root, MPI_COMM_WORLD);
+  ByteReader r(bytes);
+  optim::StateDict result;
+  std::size_t tensors = 0, scalars = 0;
+  r.get_count(&tensors, 1);
+  for (std::size_t t = 0; t < tensors; ++t) {
+    std::string key, data;
+    Shape shape;
+    r.get_string(&key);
+    r.get_vector(&shape);
+    r.get_string(&data);
+    Tensor tensor(DataType::Float32, shape);
+    std::memcpy(tensor.data(), data.data(), std::min(data.size(), tensor.byte_size()));
+    result.tensors.emplace_back(key, tensor);
+  }
+  r.get_count(&scalars, 1);
+  for (std::size_t s = 0; s < scalars; ++s) {
+    std::string name;
+    double value = 0;
+    r.get_string(&name);
+    r.get(&value);
+    result.scalars[name] = value;
+  }
+  return result;
+}
+
+// Largest |a - b| between two state dicts with the same keys; 1e30 if the keys differ.
+double state_diff(const optim::StateDict& a, const optim::StateDict& b) {
+  if (a.tensors.size() != b.tensors.size() || a.scalars != b.scalars) return 1e30;
+  double worst = 0;
+  for (std::size_t t = 0; t < a.tensors.size(); ++t) {
+    if (a.tensors[t].first != b.tensors[t].first) return 1e30;
+    const auto va = a.tensors[t].second.span<float>(), vb = b.tensors[t].second.span<float>();
+    if (va.size() != vb.size()) return 1e30;
+    for (std::size_t i = 0; i < va.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(va[i]) - vb[i]));
+    }
+  }
+  return worst;
+}
+
+TEST_CASE("ZeRO: consolidate at N ranks, load at 1 and 2, continue as an uninterrupted run",
+          "[zero][state]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  // The uninterrupted run: Adam over the whole batch in one process (every rank alike).
+  auto oracle = make_deep_model(6);
+  optim::Adam oracle_adam(variables(oracle->named_parameters()), {.lr = 0.01});
+  for (std::int64_t step = 0; step < 6; ++step) {
+    oracle_adam.zero_grad();
+    forward_backward(*oracle, deep_batch(step, 0, 1));
+    oracle_adam.step();
+  }
+  auto halfway = make_deep_model(6);  // The oracle's state after 3 steps.
+  optim::Adam halfway_adam(variables(halfway->named_parameters()), {.lr = 0.01});
+  for (std::int64_t step = 0; step < 3; ++step) {
+    halfway_adam.zero_grad();
+    forward_backward(*halfway, deep_batch(step, 0, 1));
+    halfway_adam.step();
+  }
+
+  // Three steps of stage 2 at N ranks, consolidated on the last rank.
+  auto model = make_deep_model(6);
+  const nn::NamedParameters named = model->named_parameters();
+  optim::StateDict saved;
+  {
+    ZeroRedundancyOptimizer zero(named, adam_factory(), {.shard_gradients = true});
+    for (std::int64_t step = 0; step < 3; ++step) {
+      zero.zero_grad();
+      forward_backward(*model, deep_batch(step, rank, size));
+      zero.step();
+    }
+    const int to = size - 1;
+    // An error on one rank must not keep it from the broadcast below (the others would hang).
+    const bool consolidated = error_from([&] {
+                                zero.consolidate_state_dict(to);
+                                if (rank == to) saved = zero.state_dict();
+                              }).first == ErrorCode::Internal;
+    saved = share_state(saved, to);
+    CHECK(all_ranks(consolidated));
+    CHECK(all_ranks(state_diff(saved, halfway_adam.state_dict()) < 1e-6));
+    CHECK(all_ranks(max_diff(named, halfway->named_parameters()) < 1e-6));
+  }
+  // Load at 1 and at 2 ranks (the first ones), three more steps, against the oracle.
+  for (const int members : {1, 2}) {
+    if (members > size) continue;  // The same on every rank.
+    std::vector<int> ranks(static_cast<std::size_t>(members));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    const ProcessSet set = members == size ? ProcessSet::global() : add_process_set(ranks);
+    // Members only; a load refused on some member must not leave the others stepping alone.
+    const bool member = rank < members;
+    auto resumed = make_deep_model(99);  // Other weights: the saved ones are copied in.
+    const nn::NamedParameters resumed_named = resumed->named_parameters();
+    std::unique_ptr<ZeroRedundancyOptimizer> zero;
+    bool loaded = true;
+    if (member) {
+      for (std::size_t i = 0; i < named.size(); ++i) {
+        nn::Variable p = resumed_named[i].second;
+        p.value() = named[i].second.value().clone();
+      }
+      zero = std::make_unique<ZeroRedundancyOptimizer>(
+          resumed_named, adam_factory(), ZeroOptions{.shard_gradients = true, .process_set = set});
+      loaded = error_from([&] { zero->load_state_dict(saved); }).first == ErrorCode::Internal;
+    }
+    const bool all_loaded = all_ranks(loaded);
+    CHECK(all_loaded);
+    bool ok = true;
+    if (member && all_loaded) {
+      for (std::int64_t step = 3; step < 6; ++step) {
+        zero->zero_grad();
+        forward_backward(*resumed, deep_batch(step, set.rank(), members));
+        zero->step();
+      }
+      const double diff = max_diff(resumed_named, oracle->named_parameters());
+      INFO("resumed at " << members << " ranks: max |parameter difference| " << diff);
+      ok = diff < 1e-5;
+    }
+    CHECK(all_ranks(ok));
+    if (set.id() != 0) remove_process_set(set);
+  }
+}
+
+TEST_CASE("ZeRO with a joined member fails its step on the others instead of misplacing shards",
+          "[zero][join]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  if (size == 1) return;  // Nobody to fail. The same on every rank.
+  const bool stage2 = GENERATE(false, true);
+  auto model = make_deep_model(3);
+  ZeroRedundancyOptimizer zero(model->named_parameters(), adam_factory(),
+                               {.shard_gradients = stage2});
+  ErrorCode code = ErrorCode::InvalidArgument;
+  if (rank != size - 1) {
+    forward_backward(*model, deep_batch(0, rank, size));
+    code = error_from([&] { zero.step(); }).first;
+  }
+  tutti::join();
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+}
+
+TEST_CASE("ZeRO: state_dict needs a consolidation; bad arguments and states are refused",
+          "[zero][errors]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto code = [](auto&& f) { return error_from(f).first; };
+  const ErrorCode bad = ErrorCode::InvalidArgument;
+  auto model = make_deep_model(2);
+  const nn::NamedParameters named = model->named_parameters();
+  CHECK(all_ranks(code([&] { ZeroRedundancyOptimizer(named, nullptr); }) == bad));
+  CHECK(all_ranks(
+      code([&] { ZeroRedundancyOptimizer(named, adam_factory(), {.bucket_cap_mb = 0}); }) == bad));
+  nn::NamedParameters twice = named;
+  twice.push_back(named.front());
+  CHECK(all_ranks(code([&] { ZeroRedundancyOptimizer(twice, adam_factory()); }) == bad));
+  CHECK(all_ranks(code([&] {
+                    ZeroRedundancyOptimizer(named, [&](std::vector<nn::Variable>) {
+                      return std::make_unique<optim::SGD>(variables(named));  // Not the shard.
+                    });
+                  }) == (size == 1 ? ErrorCode::Internal : bad)));
+
+  ZeroRedundancyOptimizer zero(named, adam_factory(), {.shard_gradients = true});
+  CHECK(all_ranks(code([&] { static_cast<void>(zero.state_dict()); }) == bad));
+  CHECK(all_ranks(code([&] { zero.consolidate_state_dict(size); }) == bad));
+  forward_backward(*model, deep_batch(0, rank, size));
+  zero.step();
+  zero.consolidate_state_dict(0);
+  CHECK(all_ranks(code([&] { static_cast<void>(zero.state_dict()); }) ==
+                  (rank == 0 ? ErrorCode::Internal : bad)));
+  optim::StateDict good = share_state(rank == 0 ? zero.state_dict() : optim::StateDict{}, 0);
+  CHECK(all_ranks(good.scalars.at("step") == 1 && good.tensors.size() == 2 * named.size()));
+  optim::StateDict out_of_range = good;
+  out_of_range.tensors.emplace_back("99.exp_avg", Tensor(DataType::Float32, {2}));
+  CHECK(all_ranks(code([&] { zero.load_state_dict(out_of_range); }) == bad));
+  zero.load_state_dict(good);  // Unchanged by the refused load; loads fine.
+  CHECK(all_ranks(code([&] { static_cast<void>(zero.state_dict()); }) == bad));  // Stale now.
+  zero.consolidate_state_dict(0);
+  const optim::StateDict again = share_state(rank == 0 ? zero.state_dict() : optim::StateDict{}, 0);
+  CHECK(all_ranks(state_diff(again, good) == 0));
+}
+
+}  // namespace
+}  // namespace tutti::test
