@@ -47,8 +47,8 @@ class TUTTI_API HostsUpdated : public std::exception {
 // use a State from the training loop's thread. The registered objects must outlive it.
 class TUTTI_API State {
  public:
-  // `name` tells the States of one job (and their files) apart: letters, digits, '.', '_' and
-  // '-', not starting with '.'. Throws Error(InvalidArgument) for another name or a malformed
+  // `name` tells the States of one job (and their files) apart: 1 to 200 letters, digits, '_'
+  // or '-'. Throws Error(InvalidArgument) for another name or a malformed
   // TUTTI_ELASTIC_KEEP / HOROVOD_ELASTIC_KEEP. Installs the SIGUSR2 handler through which the
   // launcher asks the job to stop (see commit()); a handler already installed is still called.
   explicit State(std::string name = "state");

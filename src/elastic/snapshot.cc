@@ -300,7 +300,7 @@ void check_matches(const Snapshot& s, const std::vector<Entry>& entries) {
   }
 }
 
-void apply(const Snapshot& s, const std::vector<Entry>& entries) {
+void load_into(const Snapshot& s, const std::vector<Entry>& entries) {
   // Optimizers first: their load_state_dict() is the one step that may still refuse.
   std::vector<std::pair<optim::Optimizer*, optim::StateDict>> loaded;
   try {

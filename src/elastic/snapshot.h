@@ -75,7 +75,7 @@ void check_matches(const Snapshot& snapshot, const std::vector<Entry>& entries);
 // optimizers' load_state_dict() may still refuse their state (Error(InvalidArgument)): they
 // are loaded first, and on a refusal the ones loaded already get their state back, so nothing
 // changes.
-void apply(const Snapshot& snapshot, const std::vector<Entry>& entries);
+void load_into(const Snapshot& snapshot, const std::vector<Entry>& entries);
 
 // CRC-32 of `bytes` (zlib's).
 std::uint32_t crc32_of(std::string_view bytes);

@@ -100,7 +100,7 @@ struct State::Impl {
     try {
       snapshot = internal::decode(bytes);
       internal::check_matches(*snapshot, entries);
-      if (rank() != source || what == "restore") internal::apply(*snapshot, entries);
+      if (rank() != source || what == "restore") internal::load_into(*snapshot, entries);
     } catch (const Error& e) {
       why = bytes.empty() ? str_cat("rank ", source, " had nothing to send (its log says why)")
                           : e.what();
