@@ -137,7 +137,8 @@ class Launch:
         except subprocess.TimeoutExpired:
             return None
         self.relay.join(timeout=5)  # The pipe closes when mpirun and what it started are gone.
-        self.process.stderr.close()
+        if not self.relay.is_alive():
+            self.process.stderr.close()
         return code if code >= 0 else 128 - code
 
     def ask_to_stop(self):

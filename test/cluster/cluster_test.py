@@ -16,6 +16,8 @@
 #   elastic kill|grow-shrink PROGRAM     test/cluster/elastic_program through tuttirun's elastic
 #                                        mode: a rank killed; hosts added and removed (see
 #                                        elastic_kill, elastic_grow_shrink)
+#   elastic mnist PROGRAM [ARGS]         examples/fashion_mnist --elastic losing a host against
+#                                        an undisturbed run (see elastic_mnist)
 #
 # The cluster suite's driver (test/cluster/meson.build). Each case runs in a cluster of
 # network namespaces built by scripts/netns_cluster (the script re-runs itself inside one), so
@@ -260,9 +262,11 @@ class ElasticCluster:
     def commits_of(self, host):
         return os.path.join(self.dir, "commits", host)
 
-    def start(self, flags, program_args):
+    def start(self, flags, program_args, commits="commits"):
+        """tuttirun's elastic mode; a job's commits go to <dir>/<commits>/<host>."""
+        env = dict(self.env, TUTTI_ELASTIC_DIR=os.path.join(self.dir, commits, "%h"))
         return Job([sys.executable, TUTTIRUN, "--host-discovery-script", self.script] + flags +
-                   program_args, self.env)
+                   program_args, env)
 
 
 def elastic_lines(job):
@@ -383,11 +387,46 @@ def elastic_grow_shrink(cluster, program):
         fail(f"expected 2 relaunches, saw restores of commits {resumed}")
 
 
+ELASTIC_MNIST_TOLERANCE = 2.0  # Percentage points, on a small run; see elastic_mnist.
+
+
+def elastic_mnist(cluster, program):
+    """examples/fashion_mnist --elastic on 2 hosts x 1 rank, tnode1's rank killed in epoch 2:
+    the job finishes on tnode0 alone, within ELASTIC_MNIST_TOLERANCE of an undisturbed run's
+    accuracy (a small run; the README has the full one)."""
+    args = program + ["--elastic", "--limit", "6000", "--epochs", "3", "--commit-every", "10"]
+    cluster.set_hosts("tnode0:1,tnode1:1")
+    undisturbed = cluster.start(["--min-np", "1"], args, commits="undisturbed")
+    if undisturbed.wait(timeout=300) != 0:
+        fail("the undisturbed elastic run failed")
+    job = cluster.start(["--min-np", "1"], args)
+    job.wait_for_output("epoch 1:", timeout=300)
+    os.kill(pid_of_one_rank("tnode1", program[0]), signal.SIGKILL)
+    if job.wait(timeout=300) != 0:
+        fail("the elastic run that lost a host failed")
+    if "launch 2: 1 rank(s) on tnode0:1" not in "".join(job.err):
+        fail("the job was not relaunched on tnode0 alone")
+    if "resumed at commit" not in "".join(job.out):
+        fail("the relaunched job did not resume from a commit")
+    final = []
+    for run in (undisturbed, job):
+        found = re.findall(r"final test accuracy: ([0-9.]+)%", "".join(run.out))
+        if not found:
+            fail("a run printed no final test accuracy")
+        final.append(float(found[-1]))
+    print(f"cluster_test: elastic fashion_mnist: undisturbed {final[0]:.2f}%, lost a host "
+          f"{final[1]:.2f}%", flush=True)
+    if abs(final[0] - final[1]) > ELASTIC_MNIST_TOLERANCE:
+        fail(f"accuracies differ by more than {ELASTIC_MNIST_TOLERANCE} points: {final}")
+
+
 def case_elastic(args):
-    mode, program = args[0], args[1]
+    mode = args[0]
+    program = args[1] if mode != "mnist" else args[1:]
     cluster = ElasticCluster()
     try:
-        {"kill": elastic_kill, "grow-shrink": elastic_grow_shrink}[mode](cluster, program)
+        {"kill": elastic_kill, "grow-shrink": elastic_grow_shrink,
+         "mnist": elastic_mnist}[mode](cluster, program)
     finally:
         shutil.rmtree(cluster.dir, ignore_errors=True)
 
