@@ -39,27 +39,24 @@
 #include <tutti/optim.h>
 #include <tutti/tutti.h>
 
-#include "fashion_mnist_checkpoint.h"
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <exception>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <numbers>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "fashion_mnist_checkpoint.h"
 
 namespace {
 
@@ -317,8 +314,8 @@ class Training {
     const double accuracy = evaluate(*model, test_set);
     if (tutti::rank() == 0) {  // The time covers training and evaluation.
       const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-      std::printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n", epoch + 1,
-                  mean_loss, accuracy, seconds.count());
+      std::printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n", epoch + 1, mean_loss,
+                  accuracy, seconds.count());
     }
     return accuracy;
   }
@@ -431,8 +428,9 @@ int train_elastic(const Flags& flags, Training& t) {
       for (std::size_t begin = 0, step = 0; begin < indices.size();
            begin += flags.batch_size, ++step) {
         const std::size_t end = std::min(begin + flags.batch_size, indices.size());
-        const double progress = static_cast<double>(epoch) + static_cast<double>(
-            sampler.position()) / static_cast<double>(t.samples);
+        const double progress =
+            static_cast<double>(epoch) +
+            static_cast<double>(sampler.position()) / static_cast<double>(t.samples);
         const double loss = t.step(indices, begin, end, progress);
         sampler.advance(end - begin);
         t.note_loss(loss, step, static_cast<int>(epoch), sampler.position());

@@ -67,10 +67,10 @@ void DistributedSampler::set_epoch(std::uint64_t epoch) {
 void DistributedSampler::advance(std::size_t count) {
   if (count > num_samples_ - processed_) {
     throw Error(ErrorCode::InvalidArgument,
-                "DistributedSampler: advance(" + std::to_string(count) + ") past the end: " +
-                    std::to_string(num_samples_ - processed_) + " of this replica's " +
-                    std::to_string(num_samples_) + " indices are left in epoch " +
-                    std::to_string(epoch_));
+                "DistributedSampler: advance(" + std::to_string(count) +
+                    ") past the end: " + std::to_string(num_samples_ - processed_) +
+                    " of this replica's " + std::to_string(num_samples_) +
+                    " indices are left in epoch " + std::to_string(epoch_));
   }
   processed_ += count;
 }

@@ -151,8 +151,8 @@ std::vector<std::int64_t> CommitStore::list() const {
     if (file.size() <= prefix.size() + suffix.size() || !file.starts_with(prefix) ||
         !file.ends_with(suffix))
       continue;
-    const std::string_view middle = std::string_view(file).substr(
-        prefix.size(), file.size() - prefix.size() - suffix.size());
+    const std::string_view middle =
+        std::string_view(file).substr(prefix.size(), file.size() - prefix.size() - suffix.size());
     if (std::optional<std::int64_t> commit = to_number(middle)) commits.push_back(*commit);
   }
   std::sort(commits.rbegin(), commits.rend());
@@ -190,8 +190,8 @@ int CommitStore::remove_leftovers() const {
         !file.ends_with(suffix))
       continue;
     // <commit>.<host>.<pid>; the host name may itself hold dots.
-    const std::string_view middle = std::string_view(file).substr(
-        prefix.size(), file.size() - prefix.size() - suffix.size());
+    const std::string_view middle =
+        std::string_view(file).substr(prefix.size(), file.size() - prefix.size() - suffix.size());
     const std::size_t first = middle.find('.');
     const std::size_t last = middle.rfind('.');
     if (first == std::string_view::npos || first == last) continue;

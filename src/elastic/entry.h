@@ -15,8 +15,13 @@ namespace tutti::elastic::internal {
 
 // The kinds State::add() accepts; the value is stored in commit files, so enumerators keep
 // their numbers.
-enum class EntryKind : std::uint8_t { Parameters = 0, Optimizer = 1, Sampler = 2, Int64 = 3,
-                                      Bytes = 4 };
+enum class EntryKind : std::uint8_t {
+  Parameters = 0,
+  Optimizer = 1,
+  Sampler = 2,
+  Int64 = 3,
+  Bytes = 4
+};
 inline constexpr int kEntryKindCount = 5;
 
 std::string_view to_string(EntryKind kind);

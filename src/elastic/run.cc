@@ -43,11 +43,11 @@ int run(State& state, const std::function<void(State&)>& train) {
     return kRelaunchExitCode;
   } catch (const Error& e) {
     if (!stops_the_runtime(e.code())) throw;
-    internal::log_line(internal::Level::Warning,
-                       detail::str_cat("the runtime stopped (", e.what(),
-                                       "): exiting with status ", kRelaunchExitCode,
-                                       " for the launcher to relaunch from commit ",
-                                       state.commits()));
+    internal::log_line(
+        internal::Level::Warning,
+        detail::str_cat("the runtime stopped (", e.what(), "): exiting with status ",
+                        kRelaunchExitCode, " for the launcher to relaunch from commit ",
+                        state.commits()));
     return kRelaunchExitCode;
   }
 }

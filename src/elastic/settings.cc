@@ -81,7 +81,7 @@ int int_knob(std::string_view name) {
 // The position of TUTTI_LOG_LEVEL's value among TRACE ... FATAL (WARNING, 3, by default).
 int log_threshold() {
   static const int threshold = [] {
-    constexpr std::array<std::string_view, 6> kLevels = {"TRACE", "DEBUG",  "INFO",
+    constexpr std::array<std::string_view, 6> kLevels = {"TRACE",   "DEBUG", "INFO",
                                                          "WARNING", "ERROR", "FATAL"};
     const std::optional<Setting> setting = find("LOG_LEVEL");
     std::string text = setting ? setting->value : "WARNING";

@@ -49,7 +49,8 @@ void put_entry(ByteWriter& w, const Entry& e) {
   switch (e.kind) {
     case EntryKind::Parameters: {
       std::vector<std::pair<std::string, Tensor>> tensors;
-      for (const auto& [name, variable] : e.parameters) tensors.emplace_back(name, variable.value());
+      for (const auto& [name, variable] : e.parameters)
+        tensors.emplace_back(name, variable.value());
       put_tensors(w, e.key, tensors);
       return;
     }
@@ -74,8 +75,7 @@ void put_entry(ByteWriter& w, const Entry& e) {
     case EntryKind::Int64: w.put(*e.value); return;
     case EntryKind::Bytes: w.put_vector(*e.bytes); return;
   }
-  throw_invalid_argument("elastic: entry '", e.key, "' of unknown kind ",
-                         static_cast<int>(e.kind));
+  throw_invalid_argument("elastic: entry '", e.key, "' of unknown kind ", static_cast<int>(e.kind));
 }
 
 // Reads a commit body; every failure is "malformed" (the checksum passed, so the writer was
@@ -179,10 +179,10 @@ void check_tensors(const Snapshot& s, const SavedEntry& saved, const Entry& e) {
                           name, "' in the program"));
     }
     if (t.dtype != live.dtype() || t.shape != live.shape()) {
-      mismatch(s, str_cat("'", e.key, "' tensor '", name, "' is ", to_string(t.dtype), " ",
-                          detail::shape_string(t.shape), " in the commit, ",
-                          to_string(live.dtype()), " ", detail::shape_string(live.shape()),
-                          " in the program"));
+      mismatch(s,
+               str_cat("'", e.key, "' tensor '", name, "' is ", to_string(t.dtype), " ",
+                       detail::shape_string(t.shape), " in the commit, ", to_string(live.dtype()),
+                       " ", detail::shape_string(live.shape()), " in the program"));
     }
     if (live.device().kind != Device::Kind::CPU) {
       mismatch(s, str_cat("'", e.key, "' tensor '", name, "' is not on the CPU"));
@@ -193,11 +193,10 @@ void check_tensors(const Snapshot& s, const SavedEntry& saved, const Entry& e) {
 void check_sampler(const Snapshot& s, const SavedEntry& saved, const data::DistributedSampler& d) {
   if (saved.dataset_size != d.dataset_size() || saved.seed != d.seed() ||
       saved.shuffle != d.shuffle() || saved.drop_last != d.drop_last()) {
-    mismatch(s, str_cat("sampler '", saved.key, "' covers ", saved.dataset_size,
-                        " samples (seed ", saved.seed, ", shuffle ", saved.shuffle, ", drop_last ",
-                        saved.drop_last, ") in the commit, ", d.dataset_size(), " (seed ",
-                        d.seed(), ", shuffle ", d.shuffle(), ", drop_last ", d.drop_last(),
-                        ") in the program"));
+    mismatch(s, str_cat("sampler '", saved.key, "' covers ", saved.dataset_size, " samples (seed ",
+                        saved.seed, ", shuffle ", saved.shuffle, ", drop_last ", saved.drop_last,
+                        ") in the commit, ", d.dataset_size(), " (seed ", d.seed(), ", shuffle ",
+                        d.shuffle(), ", drop_last ", d.drop_last(), ") in the program"));
   }
 }
 
@@ -320,7 +319,8 @@ void load_into(const Snapshot& s, const std::vector<Entry>& entries) {
       case EntryKind::Parameters:
         for (std::size_t i = 0; i < saved.tensors.size(); ++i) {
           const std::string& data = saved.tensors[i].data;
-          if (!data.empty()) std::memcpy(e.parameters[i].second.value().data(), data.data(), data.size());
+          if (!data.empty())
+            std::memcpy(e.parameters[i].second.value().data(), data.data(), data.size());
         }
         break;
       case EntryKind::Optimizer: break;  // Above.

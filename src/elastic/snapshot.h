@@ -46,9 +46,9 @@ struct SavedEntry {
   std::uint64_t dataset_size = 0;
   std::uint64_t seed = 0;
   bool shuffle = false;
-  bool drop_last = false;                 // ... Sampler
-  std::int64_t value = 0;                 // Int64
-  std::vector<std::uint8_t> bytes;        // Bytes
+  bool drop_last = false;           // ... Sampler
+  std::int64_t value = 0;           // Int64
+  std::vector<std::uint8_t> bytes;  // Bytes
 };
 
 struct Snapshot {

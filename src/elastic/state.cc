@@ -37,11 +37,11 @@ using internal::Level;
 using internal::log_line;
 
 void check_name(const std::string& name) {
-  const bool ok = !name.empty() && name.size() <= 200 &&
-                  std::all_of(name.begin(), name.end(), [](char c) {
-                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                           (c >= '0' && c <= '9') || c == '_' || c == '-';
-                  });
+  const bool ok =
+      !name.empty() && name.size() <= 200 && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '_' || c == '-';
+      });
   if (!ok) {
     throw_invalid_argument("elastic::State: name '", name,
                            "' must be 1 to 200 letters, digits, '_' or '-' (it names files)");
@@ -195,10 +195,9 @@ void State::commit() {
   }
   agree_max(flags, s.op_name("commit"));
   if (s.store.enabled() && flags[0] == 0) {
-    throw_invalid_argument("elastic::State '", s.name, "': commit ", number,
-                           " could not be written on any host",
-                           problem.empty() ? " (see the first rank of each host)"
-                                           : str_cat(": ", problem));
+    throw_invalid_argument(
+        "elastic::State '", s.name, "': commit ", number, " could not be written on any host",
+        problem.empty() ? " (see the first rank of each host)" : str_cat(": ", problem));
   }
   if (!problem.empty()) {
     log_line(Level::Warning, str_cat("commit ", number, " of '", s.name,
@@ -246,16 +245,15 @@ bool State::restore() {
   std::vector<std::int64_t> source = {found && found->commit == newest[0] ? -rank() : -INT_MAX};
   agree_max(source, s.op_name("restore.source"));  // The lowest rank that has it.
   const int root = static_cast<int>(-source[0]);
-  const std::string bytes =
-      broadcast_object(rank() == root ? found->bytes : std::string(), root,
-                       s.op_name("restore.bytes"));
+  const std::string bytes = broadcast_object(rank() == root ? found->bytes : std::string(), root,
+                                             s.op_name("restore.bytes"));
   const internal::Snapshot snapshot = s.load_agreed(bytes, root, "restore");
   s.commits = snapshot.commit;
   s.restored_world_size = snapshot.world_size;
   if (rank() == 0) {
-    log_line(Level::Info, str_cat("restored commit ", snapshot.commit, " of '", s.name,
-                                  "' from rank ", root, " (written at ", snapshot.world_size,
-                                  " ranks; now ", size(), ")"));
+    log_line(Level::Info,
+             str_cat("restored commit ", snapshot.commit, " of '", s.name, "' from rank ", root,
+                     " (written at ", snapshot.world_size, " ranks; now ", size(), ")"));
   }
   return true;
 }

@@ -48,7 +48,8 @@ float feature(std::size_t i, std::int64_t j) {
 }
 float target(std::size_t i) {
   double y = 0.1 * std::cos(static_cast<double>(i));
-  for (std::int64_t j = 0; j < kFeatures; ++j) y += feature(i, j) * (static_cast<double>(j) - 3.5) / 4;
+  for (std::int64_t j = 0; j < kFeatures; ++j)
+    y += feature(i, j) * (static_cast<double>(j) - 3.5) / 4;
   return static_cast<float>(y);
 }
 
@@ -56,7 +57,8 @@ std::uint64_t fnv1a(const nn::NamedParameters& parameters) {
   std::uint64_t hash = 14695981039346656037ull;
   for (const auto& [name, p] : parameters) {
     const auto* bytes = static_cast<const unsigned char*>(p.value().data());
-    for (std::size_t k = 0; k < p.value().byte_size(); ++k) hash = (hash ^ bytes[k]) * 1099511628211ull;
+    for (std::size_t k = 0; k < p.value().byte_size(); ++k)
+      hash = (hash ^ bytes[k]) * 1099511628211ull;
   }
   return hash;
 }
@@ -104,8 +106,9 @@ int train(const Args& args) {
     }
     std::fflush(stdout);
     auto commit = [&] {  // Printed first: the commit that stops a launch throws.
-      if (root) std::printf("commit %lld at step %lld\n", static_cast<long long>(s.commits() + 1),
-                            static_cast<long long>(step));
+      if (root)
+        std::printf("commit %lld at step %lld\n", static_cast<long long>(s.commits() + 1),
+                    static_cast<long long>(step));
       std::fflush(stdout);
       s.commit();
     };
@@ -156,8 +159,9 @@ int train(const Args& args) {
       sampler.set_epoch(static_cast<std::uint64_t>(epoch));
       if (epoch < args.epochs) commit();
     }
-    if (root) std::printf("final parameters: fnv1a=0x%016llx\n",
-                          static_cast<unsigned long long>(fnv1a(parameters)));
+    if (root)
+      std::printf("final parameters: fnv1a=0x%016llx\n",
+                  static_cast<unsigned long long>(fnv1a(parameters)));
   });
   return code != 0 ? code : status;
 }

@@ -239,8 +239,8 @@ TEST_CASE("run() restores, resets at another world size, and returns the relaunc
   });
   CHECK(all_ranks(code == elastic::kRelaunchExitCode && resets == 1));
   // An error that stopped the runtime: relaunch; the program's own errors propagate.
-  const ErrorCode stopped = GENERATE(ErrorCode::ShutDown, ErrorCode::Stalled,
-                                     ErrorCode::Communication);
+  const ErrorCode stopped =
+      GENERATE(ErrorCode::ShutDown, ErrorCode::Stalled, ErrorCode::Communication);
   code = elastic::run(state, [&](elastic::State&) { throw Error(stopped, "a peer is gone"); });
   CHECK(all_ranks(code == elastic::kRelaunchExitCode));
   const auto error = error_of([&] {
@@ -261,8 +261,7 @@ TEST_CASE("A directory no host can write fails commit() on every rank", "[elasti
   std::string message;
   const auto error = error_of([&] { state.commit(); }, &message);
   CHECK(all_ranks(error == ErrorCode::InvalidArgument && state.commits() == 0));
-  CHECK(all_ranks(message.find("commit 1 could not be written on any host") !=
-                  std::string::npos));
+  CHECK(all_ranks(message.find("commit 1 could not be written on any host") != std::string::npos));
 }
 
 TEST_CASE("A commit that does not fit the program is refused on every rank, changing nothing",

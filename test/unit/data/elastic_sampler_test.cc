@@ -58,7 +58,7 @@ Outcome run_epoch(std::size_t n, bool shuffle, bool drop_last, std::size_t batch
     }
     for (const DistributedSampler& s : samplers) CHECK(s.position() == samplers[0].position());
     position = samplers[0].position();  // The commit.
-    if (steps > 0 && kept == steps) {  // This launch took the epoch's tail, padding and all.
+    if (steps > 0 && kept == steps) {   // This launch took the epoch's tail, padding and all.
       out.padding_bound =
           std::max(out.padding_bound, static_cast<std::size_t>(launch.replicas) - 1);
     }
@@ -134,8 +134,7 @@ TEST_CASE("Every sample of an epoch is seen once over launches at changing world
   CHECK(extra <= out.padding_bound);
 }
 
-TEST_CASE("With drop_last, a resumed epoch repeats nothing and drops only its tail",
-          "[sampler]") {
+TEST_CASE("With drop_last, a resumed epoch repeats nothing and drops only its tail", "[sampler]") {
   const std::size_t n = GENERATE(7, 101);
   const Outcome out =
       run_epoch(n, true, /*drop_last=*/true, 3, {{4, 2, 1}, {2, 3, 2}, {3, SIZE_MAX, 0}});
@@ -143,8 +142,7 @@ TEST_CASE("With drop_last, a resumed epoch repeats nothing and drops only its ta
   CHECK(out.visits.size() + out.padding_bound >= n);  // At most replicas - 1 dropped.
 }
 
-TEST_CASE("set_epoch() keeps the current epoch's position and resets it for another",
-          "[sampler]") {
+TEST_CASE("set_epoch() keeps the current epoch's position and resets it for another", "[sampler]") {
   DistributedSampler sampler(50, 2, 0, true, 1);
   sampler.set_epoch(4);
   sampler.set_position(20);
@@ -158,8 +156,7 @@ TEST_CASE("set_epoch() keeps the current epoch's position and resets it for anot
   CHECK(sampler.num_samples() == 25);
 }
 
-TEST_CASE("advance() past the end and set_position() past the data set are refused",
-          "[sampler]") {
+TEST_CASE("advance() past the end and set_position() past the data set are refused", "[sampler]") {
   DistributedSampler sampler(10, 4, 0, false);
   auto code_of = [](auto&& call) {
     try {

@@ -143,8 +143,7 @@ TEST_CASE("A damaged, truncated or foreign file is refused with the reason", "[e
   CHECK(error_of([&] { decode(""); }) == ErrorCode::InvalidArgument);
 }
 
-TEST_CASE("A commit that does not fit the program is refused and changes nothing",
-          "[elastic]") {
+TEST_CASE("A commit that does not fit the program is refused and changes nothing", "[elastic]") {
   Loop saved;
   const std::string bytes = encode("state", 4, 2, saved.entries);
   const Snapshot s = decode(bytes);
