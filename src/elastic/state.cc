@@ -92,15 +92,17 @@ struct State::Impl {
 
   std::string op_name(std::string_view what) const { return str_cat("elastic.", name, ".", what); }
 
-  // Decodes `bytes` from `source` and loads them on this rank, then agrees with the others
-  // (Note [Elastic agreement]). Returns the commit loaded; throws on every rank if any failed.
-  internal::Snapshot load_agreed(const std::string& bytes, int source, std::string_view what) {
+  // Decodes `bytes` from `source` and loads them on this rank (on `source` too if
+  // `source_loads`: it sent a file, not its own values), then agrees with the others (Note
+  // [Elastic agreement]). Returns the commit loaded; throws on every rank if any failed.
+  internal::Snapshot load_agreed(const std::string& bytes, int source, std::string_view what,
+                                 bool source_loads) {
     std::optional<internal::Snapshot> snapshot;
     std::string why;
     try {
       snapshot = internal::decode(bytes);
       internal::check_matches(*snapshot, entries);
-      if (rank() != source || what == "restore") internal::load_into(*snapshot, entries);
+      if (rank() != source || source_loads) internal::load_into(*snapshot, entries);
     } catch (const Error& e) {
       why = bytes.empty() ? str_cat("rank ", source, " had nothing to send (its log says why)")
                           : e.what();
@@ -247,7 +249,7 @@ bool State::restore() {
   const int root = static_cast<int>(-source[0]);
   const std::string bytes = broadcast_object(rank() == root ? found->bytes : std::string(), root,
                                              s.op_name("restore.bytes"));
-  const internal::Snapshot snapshot = s.load_agreed(bytes, root, "restore");
+  const internal::Snapshot snapshot = s.load_agreed(bytes, root, "restore", /*source_loads=*/true);
   s.commits = snapshot.commit;
   s.restored_world_size = snapshot.world_size;
   if (rank() == 0) {
@@ -274,7 +276,8 @@ void State::sync(int root_rank) {
     }
   }
   bytes = broadcast_object(bytes, root_rank, s.op_name("sync"));
-  const internal::Snapshot snapshot = s.load_agreed(bytes, root_rank, "sync");
+  const internal::Snapshot snapshot =
+      s.load_agreed(bytes, root_rank, "sync", /*source_loads=*/false);
   s.commits = snapshot.commit;
 }
 
