@@ -64,14 +64,15 @@ std::optional<Setting> find(std::string_view name) {
 int int_knob(std::string_view name) {
   const KnobRow& knob = row(name);
   const std::optional<Setting> setting = find(name);
+  const std::string variable = setting ? setting->variable : str_cat("TUTTI_", name);
   const std::string text = setting ? setting->value : std::string(knob.default_value);
   std::int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
-    detail::throw_invalid_argument(setting->variable, "='", text, "' is not an integer");
+    detail::throw_invalid_argument(variable, "='", text, "' is not an integer");
   }
   if (static_cast<double>(value) < knob.min || static_cast<double>(value) > knob.max) {
-    detail::throw_invalid_argument(setting->variable, "='", text,
+    detail::throw_invalid_argument(variable, "='", text,
                                    "' is out of range: must be an integer in [", knob.min, ", ",
                                    knob.max, "]");
   }
