@@ -3,12 +3,16 @@
 // DistributedSampler shard, the gradients are averaged while backward() runs (the Horovod way,
 // DistributedOptimizer, or the PyTorch way, DistributedDataParallel), the learning rate is
 // scaled by the number of ranks, and rank 0's initial (or checkpointed) state is broadcast to
-// all.
+// all. With --elastic the job survives losing a host and grows when one is added (tuttirun's
+// elastic mode relaunches it; README, Elastic training).
 //
 // Usage: scripts/tuttirun -np 2 build/examples/fashion_mnist [--model mlp|cnn] [--epochs N]
 //          [--batch-size B] [--lr LR] [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]
 //          [--wrapper optimizer|ddp|localsgd] [--hook allreduce|fp16|powersgd]
 //          [--powersgd-rank R] [--powersgd-start N] [--period K] [--warmup-steps W]
+//          [--elastic [--commit-every N]]
+//        scripts/tuttirun --host-discovery-script hosts.sh --min-np 1
+//          build/examples/fashion_mnist --elastic
 //   --model       mlp (784-512-256-10 with BatchNorm, default) or cnn (2 x conv-BN-ReLU-pool,
 //                 fc 128, fc 10)
 //   --wrapper     optimizer (default): optim::DistributedOptimizer around SGD; ddp:
@@ -31,34 +35,39 @@
 //                 epochs done than --epochs is refused (exit 1) and left as it is
 //   --seed        initial weights and shuffling, default 42
 //   --limit       train on the first N images only (quick tests)
+//   --elastic     commit the training state (tutti::elastic::State) every --commit-every steps
+//                 (default 100) and at each epoch's end, under TUTTI_ELASTIC_DIR (which
+//                 tuttirun's elastic mode sets), and resume from the last commit when
+//                 relaunched, at any rank count; not with --checkpoint. PowerSGD's error
+//                 feedback and the averager's step count are not committed: a relaunched job
+//                 starts them afresh (PowerSGD's warm-up of plain allreduces included)
 // Rank 0 prints progress, a line per epoch and, last, "final test accuracy: XX.XX%".
-// Exit status: 0; 1 for missing data, a bad checkpoint or a runtime error; 2 for bad flags.
+// Exit status: 0; 1 for missing data, a bad checkpoint or a runtime error; 2 for bad flags;
+// with --elastic, 75 when the job stopped to be relaunched (tutti::elastic::kRelaunchExitCode).
 #include <tutti/data.h>
+#include <tutti/elastic.h>
 #include <tutti/nn.h>
 #include <tutti/optim.h>
 #include <tutti/tutti.h>
-#include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <exception>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <numbers>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "fashion_mnist_checkpoint.h"
 
 namespace {
 
@@ -72,12 +81,10 @@ constexpr char kUsage[] =
     "                     [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]\n"
     "                     [--wrapper optimizer|ddp|localsgd] [--hook allreduce|fp16|powersgd]\n"
     "                     [--powersgd-rank R] [--powersgd-start N] [--period K]\n"
-    "                     [--warmup-steps W]\n";
+    "                     [--warmup-steps W] [--elastic [--commit-every N]]\n";
 // Fashion-MNIST's training-set pixel mean and standard deviation: centred inputs train faster.
 constexpr float kPixelMean = 0.2860f;
 constexpr float kPixelStd = 0.3530f;
-constexpr char kMagic[] = "TUTTICK2";     // Checkpoint header and trailer (8 bytes).
-constexpr char kOldMagic[] = "TUTTICK1";  // The format before the checksum: refused.
 
 struct Flags {
   std::string model = "mlp";
@@ -94,6 +101,8 @@ struct Flags {
   int powersgd_start = 100;
   int period = 4;
   int warmup_steps = 0;
+  bool elastic = false;
+  std::size_t commit_every = 100;  // Steps, with --elastic.
 };
 
 // The number in `text` if it is finite, >= `min` and (with `integer`) whole and at most 1e9.
@@ -107,8 +116,15 @@ std::optional<double> to_number(const std::string& text, double min, bool intege
 
 std::optional<Flags> parse_flags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  bool commit_every_set = false;
+  for (int i = 1; i < argc;) {
+    const std::string flag = argv[i++];
+    if (flag == "--elastic") {  // The one flag without a value.
+      f.elastic = true;
+      continue;
+    }
+    if (i == argc) return std::nullopt;  // A flag without its value.
+    const std::string value = argv[i++];
     std::optional<double> x = 0.0;
     if (flag == "--model" && (value == "mlp" || value == "cnn"))
       f.model = value;
@@ -138,10 +154,13 @@ std::optional<Flags> parse_flags(int argc, char** argv) {
       f.period = static_cast<int>(*x);
     else if (flag == "--warmup-steps" && (x = to_number(value, 0, true)))
       f.warmup_steps = static_cast<int>(*x);
+    else if (flag == "--commit-every" && (x = to_number(value, 1, true)))
+      f.commit_every = static_cast<std::size_t>(*x), commit_every_set = true;
     else
       return std::nullopt;
   }
-  if (argc % 2 == 0) return std::nullopt;                          // A flag without its value.
+  // --commit-every means nothing without --elastic, and --elastic keeps its own state.
+  if ((commit_every_set && !f.elastic) || (f.elastic && !f.checkpoint.empty())) return std::nullopt;
   if (!f.hook.empty() && f.wrapper != "ddp") return std::nullopt;  // Hooks are DDP's.
   return f;
 }
@@ -224,215 +243,168 @@ double evaluate(nn::Module& model, const tutti::data::ImageDataset& test) {
   return 100.0 * static_cast<double>(correct) / static_cast<double>(n);
 }
 
-// Checkpoint file, native byte order: "TUTTICK2", int64 epochs done; float32 tensors as
-// {uint32 name length, name, uint32 dims, int64 shape[dims], data} named "param.<name>",
-// "buffer.<name>" (BatchNorm statistics) and "optim.<state key>", then an empty name; the
-// optimizer's scalars as {name, float64}, then an empty name; "TUTTICK2" again; last, the
-// uint32 CRC-32 (zlib's) of every byte before it, so that a damaged file is refused.
-std::vector<std::pair<std::string, Tensor>> model_tensors(const nn::Module& model) {
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, p] : model.named_parameters()) tensors.emplace_back("param." + name, p.value());
-  for (auto& [name, b] : model.named_buffers()) tensors.emplace_back("buffer." + name, b.value());
-  return tensors;
-}
-
-std::uint32_t checksum(const char* data, std::size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (size > 0) {  // zlib's length is a uInt.
-    const auto piece = static_cast<uInt>(std::min<std::size_t>(size, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), piece);
-    data += piece;
-    size -= piece;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
-
-// Writes aside, flushes to disk, then renames: a crash leaves the old checkpoint or the new one.
-void save_checkpoint(const std::string& path, std::int64_t epochs, const nn::Module& model,
-                     const optim::Optimizer& optimizer) {
-  const optim::StateDict state = optimizer.state_dict();
-  std::vector<std::pair<std::string, Tensor>> tensors = model_tensors(model);
-  for (auto& [key, t] : state.tensors) tensors.emplace_back("optim." + key, t);
-  std::string bytes;  // The file, built in memory for its checksum.
-  auto put = [&bytes](const void* data, std::size_t size) {
-    bytes.append(static_cast<const char*>(data), size);
-  };
-  auto put_name = [&](const std::string& name) {
-    const auto length = static_cast<std::uint32_t>(name.size());
-    put(&length, sizeof length);
-    put(name.data(), length);
-  };
-  put(kMagic, 8);
-  put(&epochs, sizeof epochs);
-  for (auto& [name, t] : tensors) {
-    if (t.dtype() != tutti::DataType::Float32) throw std::runtime_error(name + " is not float32");
-    const auto dims = static_cast<std::uint32_t>(t.dim());
-    put_name(name);
-    put(&dims, sizeof dims);
-    put(t.shape().data(), dims * sizeof(std::int64_t));
-    put(t.data(), t.byte_size());
-  }
-  put_name("");
-  for (auto& [name, value] : state.scalars) {
-    put_name(name);
-    put(&value, sizeof value);
-  }
-  put_name("");
-  put(kMagic, 8);
-  const std::uint32_t crc = checksum(bytes.data(), bytes.size());
-  put(&crc, sizeof crc);
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
-  std::fwrite(bytes.data(), 1, bytes.size(), f);
-  const bool written = std::ferror(f) == 0 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  if (std::fclose(f) != 0 || !written || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("cannot write checkpoint " + path + ": " + std::strerror(errno));
-  }
-}
-
-// Loads `path` into the model and the optimizer and returns the epochs done, at most
-// `max_epochs`. Throws std::runtime_error naming the file if it is damaged (checksum), of the
-// old format, out of range or holds another model; the model is then untouched.
-std::int64_t load_checkpoint(const std::string& path, nn::Module& model,
-                             optim::Optimizer& optimizer, std::int64_t max_epochs) {
-  auto fail = [&](const std::string& why) -> void {
-    throw std::runtime_error("bad checkpoint " + path + ": " + why);
-  };
-  std::string bytes;
-  {
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-    if (f == nullptr) fail(std::strerror(errno));
-    char chunk[1 << 16];
-    for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0;) {
-      bytes.append(chunk, n);
-    }
-    if (std::ferror(f.get())) fail(std::strerror(errno));
-  }
-  if (bytes.size() >= 8 && std::memcmp(bytes.data(), kOldMagic, 8) == 0) {
-    fail("written in the old format TUTTICK1, which has no checksum; delete it to train anew");
-  }
-  if (bytes.size() < 8 || std::memcmp(bytes.data(), kMagic, 8) != 0) {
-    fail("not a Tutti checkpoint");
-  }
-  if (bytes.size() < 8 + 8 + 8 + sizeof(std::uint32_t)) fail("truncated");
-  std::uint32_t stored = 0;
-  std::memcpy(&stored, bytes.data() + bytes.size() - sizeof stored, sizeof stored);
-  bytes.resize(bytes.size() - sizeof stored);
-  if (checksum(bytes.data(), bytes.size()) != stored) {
-    fail("checksum mismatch: the file is damaged");
-  }
-  std::size_t offset = 0;
-  auto get = [&](void* data, std::size_t size) {
-    if (size > bytes.size() - offset) fail("truncated");
-    std::memcpy(data, bytes.data() + offset, size);
-    offset += size;
-  };
-  auto get_name = [&] {
-    std::uint32_t length = 0;
-    get(&length, sizeof length);
-    if (length > 4096) fail("bad name length");
-    std::string name(length, '\0');
-    get(name.data(), length);
-    return name;
-  };
-  char magic[8] = {};
-  std::int64_t epochs = 0;
-  get(magic, 8);
-  get(&epochs, sizeof epochs);
-  if (epochs < 0 || epochs > max_epochs) {
-    fail("epoch count " + std::to_string(epochs) + " outside 0 ... " + std::to_string(max_epochs) +
-         " (--epochs)");
-  }
-  std::map<std::string, Tensor> tensors;
-  optim::StateDict state;
-  for (std::string name = get_name(); !name.empty(); name = get_name()) {
-    std::uint32_t dims = 0;
-    get(&dims, sizeof dims);
-    if (dims > 8) fail("bad rank for " + name);
-    tutti::Shape shape(dims);
-    get(shape.data(), dims * sizeof(std::int64_t));
-    std::int64_t count = 1;
-    for (std::int64_t d : shape) {
-      if (d < 0 || d > (1 << 28) || (count *= d) > (1 << 28)) fail("bad shape for " + name);
-    }
-    Tensor t(tutti::DataType::Float32, shape);
-    get(t.data(), t.byte_size());
-    if (name.starts_with("optim."))
-      state.tensors.emplace_back(name.substr(6), t);
-    else
-      tensors[name] = t;
-  }
-  for (std::string name = get_name(); !name.empty(); name = get_name()) {
-    get(&state.scalars[name], sizeof(double));
-  }
-  get(magic, 8);
-  if (std::memcmp(magic, kMagic, 8) != 0 || offset != bytes.size()) fail("bad trailer");
-  // Copy into the model's own tensors, which the optimizer shares.
-  const std::vector<std::pair<std::string, Tensor>> targets = model_tensors(model);
-  if (targets.size() != tensors.size()) fail("another model (see --model)");
-  for (auto& [name, target] : targets) {
-    auto it = tensors.find(name);
-    if (it == tensors.end() || it->second.shape() != target.shape()) {
-      fail("no " + name + " of the model's shape (another --model?)");
-    }
-    std::memcpy(target.data(), it->second.data(), target.byte_size());
-  }
-  optimizer.load_state_dict(state);
-  return epochs;
-}
-
 // Horovod's recipe for a rate scaled by the rank count: warm up linearly from the single-rank
 // rate over the first epoch, then decay to zero along a cosine. Ending at zero makes the final
-// accuracy depend little on the rank count.
-double learning_rate(const Flags& flags, std::size_t step, std::size_t steps_per_epoch) {
+// accuracy depend little on the rank count. `progress` counts epochs done (fractions too), so
+// an elastic job that changes its rank count mid-epoch stays on the same curve.
+double learning_rate(const Flags& flags, double progress) {
   const double peak = flags.lr * tutti::size();
-  const double total = static_cast<double>(steps_per_epoch) * flags.epochs;
-  const double t = static_cast<double>(step);
-  const double warm = std::min(1.0, t / static_cast<double>(steps_per_epoch));
-  return (flags.lr + (peak - flags.lr) * warm) * 0.5 * (1 + std::cos(std::numbers::pi * t / total));
+  const double warm = std::min(1.0, progress);
+  return (flags.lr + (peak - flags.lr) * warm) * 0.5 *
+         (1 + std::cos(std::numbers::pi * progress / flags.epochs));
 }
 
-int train(const Flags& flags) {
-  const bool root = tutti::rank() == 0;
-  // Every rank reads the files itself; agree on the outcome so no rank goes on alone.
+// The data, the model and its optimizer on this rank; what both training loops share.
+class Training {
+ public:
+  explicit Training(const Flags& flags) : flags_(flags) {}
+
+  // Every rank reads the files itself; agree on the outcome so no rank goes on alone. False
+  // (on every rank) if any rank has no data.
+  bool load_data() {
+    std::string error;
+    try {
+      train_set = tutti::data::load_mnist_idx(flags_.data_dir, true);
+      test_set = tutti::data::load_mnist_idx(flags_.data_dir, false);
+    } catch (const tutti::Error& e) {
+      error = e.what();
+    }
+    std::int32_t first_failed = error.empty() ? INT_MAX : tutti::rank();
+    tutti::allreduce(TensorView(&first_failed, {}), "data.failed", {.op = tutti::ReduceOp::Min});
+    if (first_failed == tutti::rank()) {
+      std::fprintf(stderr,
+                   "fashion_mnist: no usable Fashion-MNIST data in %s (%s)\n"
+                   "Install it with 'apt-get install dataset-fashion-mnist' (Debian package "
+                   "dataset-fashion-mnist) or pass --data-dir DIR.\n",
+                   flags_.data_dir.c_str(), error.c_str());
+    }
+    const auto n_train = static_cast<std::size_t>(train_set.labels.num_elements());
+    samples = flags_.limit > 0 ? std::min(flags_.limit, n_train) : n_train;
+    return first_failed == INT_MAX;
+  }
+
+  // The Horovod way wraps the optimizer; the PyTorch way (wrap_model(), after the state is
+  // loaded) wraps the model and keeps the plain SGD.
+  void build_model() {
+    nn::manual_seed(flags_.seed);
+    model = make_model(flags_.model);
+    std::vector<nn::Variable> params;
+    for (auto& [name, p] : model->named_parameters()) params.push_back(p);
+    sgd = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = flags_.lr, .momentum = 0.9});
+    if (flags_.wrapper == "optimizer") {
+      distributed = std::make_unique<optim::DistributedOptimizer>(*sgd, model->named_parameters());
+    }
+  }
+  optim::Optimizer& optimizer() const {
+    return distributed ? static_cast<optim::Optimizer&>(*distributed) : *sgd;
+  }
+  // DDP's constructor broadcasts the parameters and buffers itself; --hook replaces its own
+  // averaging. Local SGD averages the parameters after the steps instead.
+  void wrap_model() {
+    if (flags_.wrapper == "ddp") {
+      ddp = std::make_unique<nn::DistributedDataParallel>(model);
+      powersgd->matrix_approximation_rank = flags_.powersgd_rank;
+      powersgd->start_powerSGD_iter = flags_.powersgd_start;
+      if (flags_.hook == "allreduce") ddp->register_comm_hook(nn::hooks::allreduce());
+      if (flags_.hook == "fp16") ddp->register_comm_hook(nn::hooks::fp16_compress());
+      if (flags_.hook == "powersgd") ddp->register_comm_hook(nn::hooks::powersgd(powersgd));
+    }
+    if (flags_.wrapper == "localsgd") averager.emplace(flags_.period, flags_.warmup_steps);
+  }
+  void print_setup() const {
+    if (tutti::rank() != 0) return;
+    const std::string wrapper =
+        ddp ? "DistributedDataParallel" + (flags_.hook.empty() ? "" : " (hook " + flags_.hook + ")")
+        : averager ? "local SGD, period " + std::to_string(flags_.period) + " after " +
+                         std::to_string(flags_.warmup_steps) + " steps"
+                   : "DistributedOptimizer";
+    std::printf("%s, %s, %d ranks, %zu training images, batch %zu per rank, lr %g x %d\n",
+                flags_.model.c_str(), wrapper.c_str(), tutti::size(), samples, flags_.batch_size,
+                flags_.lr, tutti::size());
+  }
+  // Rank 0's summary of the hook's or the averager's work, at the end.
+  void print_communication() const {
+    if (tutti::rank() != 0) return;
+    if (flags_.hook == "powersgd") {
+      std::printf("PowerSGD rank %d: %.1fx fewer gradient elements sent in compressed steps\n",
+                  flags_.powersgd_rank,
+                  static_cast<double>(powersgd->total_numel_before_compression) /
+                      static_cast<double>(
+                          std::max<std::int64_t>(1, powersgd->total_numel_after_compression)));
+    }
+    if (averager) {
+      std::printf("local SGD: %lld parameter averages in %lld steps\n",
+                  static_cast<long long>(averager->num_averages()),
+                  static_cast<long long>(averager->step()));
+    }
+  }
+
+  // One step on indices[begin, end) at the rate for `progress`; returns the batch's loss.
+  double step(const std::vector<std::size_t>& indices, std::size_t begin, std::size_t end,
+              double progress) {
+    sgd->set_lr(learning_rate(flags_, progress));
+    auto [images, labels] = make_batch(train_set, indices, begin, end);
+    optim::Optimizer& o = optimizer();
+    o.zero_grad();
+    nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+    nn::Variable loss = nn::cross_entropy(net.forward(images), labels);
+    loss.backward();  // The gradients' allreduces start here (per parameter, or per bucket).
+    o.step();
+    if (averager) averager->average_parameters(model->named_parameters());
+    return loss.value().span<float>()[0];
+  }
+
+  // Rank 0's line of progress every 100 steps, and the mean loss of an epoch's steps.
+  void note_loss(double loss, std::size_t step, int epoch, std::size_t seen) {
+    loss_sum_ += loss;
+    window_sum_ += loss;
+    ++steps_;
+    if (tutti::rank() == 0 && (step + 1) % 100 == 0) {
+      std::printf("epoch %d [%zu/%zu] loss %.3f\n", epoch + 1, seen, samples, window_sum_ / 100);
+      std::fflush(stdout);
+      window_sum_ = 0;
+    }
+  }
+  // Ends an epoch: the mean loss of its steps over the ranks, and the test accuracy.
+  double end_epoch(int epoch, std::chrono::steady_clock::time_point start) {
+    double mean_loss = steps_ > 0 ? loss_sum_ / static_cast<double>(steps_) : 0.0;
+    tutti::allreduce(TensorView(&mean_loss, {}), "train.loss");  // Averaged over the ranks.
+    loss_sum_ = window_sum_ = 0;
+    steps_ = 0;
+    const double accuracy = evaluate(*model, test_set);
+    if (tutti::rank() == 0) {  // The time covers training and evaluation.
+      const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+      std::printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n", epoch + 1, mean_loss,
+                  accuracy, seconds.count());
+    }
+    return accuracy;
+  }
+
   tutti::data::ImageDataset train_set, test_set;
-  std::string error;
-  try {
-    train_set = tutti::data::load_mnist_idx(flags.data_dir, true);
-    test_set = tutti::data::load_mnist_idx(flags.data_dir, false);
-  } catch (const tutti::Error& e) {
-    error = e.what();
-  }
-  std::int32_t first_failed = error.empty() ? INT_MAX : tutti::rank();
-  tutti::allreduce(TensorView(&first_failed, {}), "data.failed", {.op = tutti::ReduceOp::Min});
-  if (first_failed == tutti::rank()) {
-    std::fprintf(stderr,
-                 "fashion_mnist: no usable Fashion-MNIST data in %s (%s)\n"
-                 "Install it with 'apt-get install dataset-fashion-mnist' (Debian package "
-                 "dataset-fashion-mnist) or pass --data-dir DIR.\n",
-                 flags.data_dir.c_str(), error.c_str());
-  }
-  if (first_failed != INT_MAX) return 1;
-
-  nn::manual_seed(flags.seed);
-  std::shared_ptr<nn::Sequential> model = make_model(flags.model);
-  std::vector<nn::Variable> params;
-  for (auto& [name, p] : model->named_parameters()) params.push_back(p);
-  optim::SGD sgd(params, {.lr = flags.lr, .momentum = 0.9});
-  // The Horovod way wraps the optimizer; the PyTorch way (below, after the checkpoint) wraps
-  // the model and keeps the plain SGD.
+  std::size_t samples = 0;  // Training images used (--limit).
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<optim::SGD> sgd;
   std::unique_ptr<optim::DistributedOptimizer> distributed;
-  if (flags.wrapper == "optimizer") {
-    distributed = std::make_unique<optim::DistributedOptimizer>(sgd, model->named_parameters());
-  }
-  optim::Optimizer& optimizer = distributed ? static_cast<optim::Optimizer&>(*distributed) : sgd;
+  std::unique_ptr<nn::DistributedDataParallel> ddp;
+  std::shared_ptr<nn::hooks::PowerSGDState> powersgd = std::make_shared<nn::hooks::PowerSGDState>();
+  std::optional<nn::PeriodicModelAverager> averager;  // --wrapper localsgd.
 
+ private:
+  const Flags& flags_;
+  double loss_sum_ = 0, window_sum_ = 0;
+  std::size_t steps_ = 0;
+};
+
+// The plain loop: rank 0 resumes from --checkpoint, if any, and rewrites it after each epoch.
+int train(const Flags& flags, Training& t) {
+  const bool root = tutti::rank() == 0;
+  optim::Optimizer& optimizer = t.optimizer();
   // Rank 0 resumes from the checkpoint, if any; the epoch count tells the others (-1: failed).
   std::int64_t start_epoch = 0;
   if (root && !flags.checkpoint.empty() && std::filesystem::exists(flags.checkpoint)) {
     try {
-      start_epoch = load_checkpoint(flags.checkpoint, *model, optimizer, flags.epochs);
+      start_epoch =
+          fashion_mnist::load_checkpoint(flags.checkpoint, *t.model, optimizer, flags.epochs);
       std::printf("resuming from %s after epoch %lld\n", flags.checkpoint.c_str(),
                   static_cast<long long>(start_epoch));
     } catch (const std::exception& e) {
@@ -442,75 +414,35 @@ int train(const Flags& flags) {
   }
   tutti::broadcast(TensorView(&start_epoch, {}), 0, "checkpoint.epoch");
   if (start_epoch < 0) return 1;
-  // Every rank starts from rank 0's state: its initial weights or the checkpoint it loaded
-  // (DDP's constructor broadcasts the parameters and buffers itself).
-  std::unique_ptr<nn::DistributedDataParallel> ddp;
-  auto powersgd = std::make_shared<nn::hooks::PowerSGDState>();
-  if (flags.wrapper == "ddp") {
-    ddp = std::make_unique<nn::DistributedDataParallel>(model);
-    powersgd->matrix_approximation_rank = flags.powersgd_rank;
-    powersgd->start_powerSGD_iter = flags.powersgd_start;
-    if (flags.hook == "allreduce") ddp->register_comm_hook(nn::hooks::allreduce());
-    if (flags.hook == "fp16") ddp->register_comm_hook(nn::hooks::fp16_compress());
-    if (flags.hook == "powersgd") ddp->register_comm_hook(nn::hooks::powersgd(powersgd));
-  } else {
-    optim::broadcast_parameters(model->named_parameters(), 0);
-    optim::broadcast_parameters(model->named_buffers(), 0);
+  // Every rank starts from rank 0's state: its initial weights or the checkpoint it loaded.
+  t.wrap_model();
+  if (!t.ddp) {
+    optim::broadcast_parameters(t.model->named_parameters(), 0);
+    optim::broadcast_parameters(t.model->named_buffers(), 0);
   }
   optim::broadcast_optimizer_state(optimizer, 0);
-  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
-  std::optional<nn::PeriodicModelAverager> averager;
-  if (flags.wrapper == "localsgd") averager.emplace(flags.period, flags.warmup_steps);
-
-  const auto n_train = static_cast<std::size_t>(train_set.labels.num_elements());
-  const std::size_t n = flags.limit > 0 ? std::min(flags.limit, n_train) : n_train;
-  tutti::data::DistributedSampler sampler(n, tutti::size(), tutti::rank(), true, flags.seed);
+  tutti::data::DistributedSampler sampler(t.samples, tutti::size(), tutti::rank(), true,
+                                          flags.seed);
   const std::size_t steps = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;
-  if (root) {
-    const std::string wrapper =
-        ddp ? "DistributedDataParallel" + (flags.hook.empty() ? "" : " (hook " + flags.hook + ")")
-        : averager ? "local SGD, period " + std::to_string(flags.period) + " after " +
-                         std::to_string(flags.warmup_steps) + " steps"
-                   : "DistributedOptimizer";
-    std::printf("%s, %s, %d ranks, %zu training images, batch %zu per rank, lr %g x %d\n",
-                flags.model.c_str(), wrapper.c_str(), tutti::size(), n, flags.batch_size, flags.lr,
-                tutti::size());
-  }
-  double accuracy = start_epoch < flags.epochs ? 0.0 : evaluate(*model, test_set);
+  t.print_setup();
+  double accuracy = start_epoch < flags.epochs ? 0.0 : evaluate(*t.model, t.test_set);
   for (int epoch = static_cast<int>(start_epoch); epoch < flags.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     sampler.set_epoch(epoch);  // A new shuffle each epoch, the same on every rank.
     const std::vector<std::size_t> indices = sampler.indices();
-    double loss_sum = 0, window_sum = 0;
     for (std::size_t step = 0; step < steps; ++step) {
-      sgd.set_lr(learning_rate(flags, epoch * steps + step, steps));
       const std::size_t begin = step * flags.batch_size;
-      auto [images, labels] =
-          make_batch(train_set, indices, begin, std::min(begin + flags.batch_size, indices.size()));
-      optimizer.zero_grad();
-      nn::Variable loss = nn::cross_entropy(net.forward(images), labels);
-      loss.backward();  // The gradients' allreduces start here (per parameter, or per bucket).
-      optimizer.step();
-      if (averager) averager->average_parameters(model->named_parameters());
-      const double value = loss.value().span<float>()[0];
-      loss_sum += value;
-      window_sum += value;
-      if (root && (step + 1) % 100 == 0) {
-        std::printf("epoch %d [%zu/%zu] loss %.3f\n", epoch + 1,
-                    std::min((step + 1) * flags.batch_size * tutti::size(), n), n,
-                    window_sum / 100);
-        std::fflush(stdout);
-        window_sum = 0;
-      }
+      const std::size_t end = std::min(begin + flags.batch_size, indices.size());
+      const double progress = epoch + static_cast<double>(step) / static_cast<double>(steps);
+      t.note_loss(t.step(indices, begin, end, progress), step, epoch,
+                  std::min((step + 1) * flags.batch_size * tutti::size(), t.samples));
     }
-    double mean_loss = loss_sum / static_cast<double>(steps);
-    tutti::allreduce(TensorView(&mean_loss, {}), "train.loss");  // Averaged over the ranks.
-    accuracy = evaluate(*model, test_set);
+    accuracy = t.end_epoch(epoch, start);
     if (!flags.checkpoint.empty()) {
       std::int32_t saved = 1;
       if (root) {
         try {
-          save_checkpoint(flags.checkpoint, epoch + 1, *model, optimizer);
+          fashion_mnist::save_checkpoint(flags.checkpoint, epoch + 1, *t.model, optimizer);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
           saved = 0;
@@ -519,26 +451,63 @@ int train(const Flags& flags) {
       tutti::broadcast(TensorView(&saved, {}), 0, "checkpoint.saved");  // A failure stops all.
       if (!saved) return 1;
     }
-    if (root) {  // The time covers training, evaluation and the checkpoint.
-      const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-      std::printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n", epoch + 1, mean_loss,
-                  accuracy, seconds.count());
-    }
   }
-  if (root && flags.hook == "powersgd") {
-    std::printf("PowerSGD rank %d: %.1fx fewer gradient elements sent in compressed steps\n",
-                flags.powersgd_rank,
-                static_cast<double>(powersgd->total_numel_before_compression) /
-                    static_cast<double>(
-                        std::max<std::int64_t>(1, powersgd->total_numel_after_compression)));
-  }
-  if (root && averager) {
-    std::printf("local SGD: %lld parameter averages in %lld steps\n",
-                static_cast<long long>(averager->num_averages()),
-                static_cast<long long>(averager->step()));
-  }
+  t.print_communication();
   if (root) std::printf("final test accuracy: %.2f%%\n", accuracy);
   return 0;
+}
+
+// The elastic loop (--elastic): the model, its BatchNorm statistics, the optimizer, the
+// sampler's place in the epoch and the epoch are committed every --commit-every steps and at
+// each epoch's end; a relaunched job (tuttirun's elastic mode) resumes from the last commit,
+// at whatever rank count it has. Returns elastic::run's status (75: relaunch me).
+int train_elastic(const Flags& flags, Training& t) {
+  const bool root = tutti::rank() == 0;
+  t.wrap_model();
+  tutti::data::DistributedSampler sampler(t.samples, tutti::size(), tutti::rank(), true,
+                                          flags.seed);
+  std::int64_t epoch = 0;
+  tutti::elastic::State state("fashion_mnist");
+  state.add("model", t.model->named_parameters());
+  state.add("buffers", t.model->named_buffers());
+  state.add("optimizer", t.optimizer());
+  state.add("sampler", sampler);
+  state.add("epoch", epoch);
+  // No reset callback is needed: the learning rate follows tutti::size() at every step, and
+  // the sampler is built for this launch's ranks.
+  return tutti::elastic::run(state, [&](tutti::elastic::State& s) {
+    t.print_setup();
+    if (root && s.commits() > 0) {
+      std::printf("resumed at commit %lld: epoch %lld, %zu of its %zu images done\n",
+                  static_cast<long long>(s.commits()), static_cast<long long>(epoch + 1),
+                  sampler.position(), t.samples);
+    }
+    double accuracy = -1;
+    std::size_t steps_done = 0;  // In this launch: commits every --commit-every of them.
+    while (epoch < flags.epochs) {
+      const auto start = std::chrono::steady_clock::now();
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));  // Keeps a resumed epoch's place.
+      const std::vector<std::size_t> indices = sampler.indices();
+      for (std::size_t begin = 0, step = 0; begin < indices.size();
+           begin += flags.batch_size, ++step) {
+        const std::size_t end = std::min(begin + flags.batch_size, indices.size());
+        const double progress =
+            static_cast<double>(epoch) +
+            static_cast<double>(sampler.position()) / static_cast<double>(t.samples);
+        const double loss = t.step(indices, begin, end, progress);
+        sampler.advance(end - begin);
+        t.note_loss(loss, step, static_cast<int>(epoch), sampler.position());
+        if (++steps_done % flags.commit_every == 0) s.commit();
+      }
+      accuracy = t.end_epoch(static_cast<int>(epoch), start);
+      ++epoch;  // Before the commit: a relaunch starts the next epoch, not this one's end.
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+      s.commit();
+    }
+    if (accuracy < 0) accuracy = evaluate(*t.model, t.test_set);  // Relaunched after the end.
+    t.print_communication();
+    if (root) std::printf("final test accuracy: %.2f%%\n", accuracy);
+  });
 }
 
 }  // namespace
@@ -553,7 +522,11 @@ int main(int argc, char** argv) {
   }
   int status = 1;
   try {
-    status = train(*flags);
+    Training training(*flags);
+    if (training.load_data()) {
+      training.build_model();
+      status = flags->elastic ? train_elastic(*flags, training) : train(*flags, training);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: rank %d: %s\n", tutti::rank(), e.what());
   }

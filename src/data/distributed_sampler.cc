@@ -2,6 +2,7 @@
 // DistributedSampler: torch's padded, strided split of a (shuffled) index list.
 #include "tutti/data/distributed_sampler.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -44,13 +45,53 @@ DistributedSampler::DistributedSampler(std::size_t dataset_size, int num_replica
                                                 " is outside [0, " + std::to_string(num_replicas) +
                                                 ")");
   }
-  const auto replicas = static_cast<std::size_t>(num_replicas);
-  // torch: ceil(len / replicas), or with drop_last ceil((len - replicas) / replicas), which is
-  // floor(len / replicas) (and 0 when len < replicas).
-  num_samples_ = drop_last ? dataset_size / replicas : (dataset_size + replicas - 1) / replicas;
+  lay_out(0);
 }
 
-void DistributedSampler::set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
+void DistributedSampler::lay_out(std::size_t start) {
+  start_ = start;
+  processed_ = 0;
+  const std::size_t rest = dataset_size_ - start;
+  const auto replicas = static_cast<std::size_t>(num_replicas_);
+  // torch: ceil(len / replicas), or with drop_last ceil((len - replicas) / replicas), which is
+  // floor(len / replicas) (and 0 when len < replicas); here len is what is left of the epoch.
+  num_samples_ = drop_last_ ? rest / replicas : (rest + replicas - 1) / replicas;
+}
+
+void DistributedSampler::set_epoch(std::uint64_t epoch) {
+  if (epoch == epoch_) return;  // Keeps a resumed epoch's position (see the header).
+  epoch_ = epoch;
+  lay_out(0);
+}
+
+void DistributedSampler::advance(std::size_t count) {
+  if (count > num_samples_ - processed_) {
+    throw Error(ErrorCode::InvalidArgument,
+                "DistributedSampler: advance(" + std::to_string(count) +
+                    ") past the end: " + std::to_string(num_samples_ - processed_) +
+                    " of this replica's " + std::to_string(num_samples_) +
+                    " indices are left in epoch " + std::to_string(epoch_));
+  }
+  processed_ += count;
+}
+
+std::size_t DistributedSampler::position() const {
+  // Replica r has visited positions r, r + R, ... of the laid-out list, so together the
+  // replicas have consumed its first processed_ · R positions; beyond the data set's end
+  // they are padding.
+  const std::size_t rest = dataset_size_ - start_;
+  const auto replicas = static_cast<std::size_t>(num_replicas_);
+  return start_ + std::min(processed_ * replicas, rest);
+}
+
+void DistributedSampler::set_position(std::size_t position) {
+  if (position > dataset_size_) {
+    throw Error(ErrorCode::InvalidArgument, "DistributedSampler: position " +
+                                                std::to_string(position) + " is past the " +
+                                                std::to_string(dataset_size_) + " samples");
+  }
+  lay_out(position);
+}
 
 std::vector<std::size_t> DistributedSampler::indices() const {
   std::vector<std::size_t> order(dataset_size_);
@@ -62,13 +103,14 @@ std::vector<std::size_t> DistributedSampler::indices() const {
     }
   }
   const std::size_t total = total_size();
+  const std::size_t rest = dataset_size_ - start_;
   const auto stride = static_cast<std::size_t>(num_replicas_);
   std::vector<std::size_t> mine;
   mine.reserve(num_samples_);
-  // Position p of the padded list is order[p % dataset_size]: padding repeats the list from its
+  // Position p of the padded list is order[start + p % rest]: padding repeats the list from its
   // start, cycling when it must add more than one copy (torch's `indices * ceil(...)`).
   for (std::size_t p = static_cast<std::size_t>(rank_); p < total; p += stride) {
-    mine.push_back(order[p % dataset_size_]);
+    mine.push_back(order[start_ + p % rest]);
   }
   return mine;
 }

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// The bytes of one elastic commit: what State::commit() writes, restore() reads and sync()
+// broadcasts. Local: no communication.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/elastic/entry.h"
+#include "tutti/tensor.h"
+
+namespace tutti::elastic::internal {
+
+// Note [Commit format]
+// "TUTTIEL1", then a ByteWriter body (tutti/serialize.h: native byte order, as every rank of
+// a job runs one build), then the CRC-32 (zlib's) of every byte before it as a uint32:
+//   string name, int64 commit, int32 world size, uint64 entry count, then per entry
+//   uint8 EntryKind, string key and
+//     Parameters: uint64 count, per tensor: string name, uint8 DataType, vector<int64> shape,
+//                 string data
+//     Optimizer:  the state dict's tensors as Parameters', uint64 count, per scalar: string
+//                 name, float64
+//     Sampler:    uint64 epoch, position, data set size, seed; uint8 shuffle, drop_last
+//     Int64:      int64;  Bytes: vector<uint8>
+// A change of layout takes a new magic, so that old files are refused, not misread.
+inline constexpr char kCommitMagic[] = "TUTTIEL1";  // 8 bytes without the terminator.
+
+struct SavedTensor {
+  std::string name;
+  DataType dtype = DataType::Float32;
+  Shape shape;
+  std::string data;
+};
+
+// One entry of a commit; the members of its kind are set (see Note [Commit format]).
+struct SavedEntry {
+  std::string key;
+  EntryKind kind = EntryKind::Int64;
+  std::vector<SavedTensor> tensors;       // Parameters, Optimizer
+  std::map<std::string, double> scalars;  // Optimizer
+  std::uint64_t epoch = 0;                // Sampler ...
+  std::uint64_t position = 0;
+  std::uint64_t dataset_size = 0;
+  std::uint64_t seed = 0;
+  bool shuffle = false;
+  bool drop_last = false;           // ... Sampler
+  std::int64_t value = 0;           // Int64
+  std::vector<std::uint8_t> bytes;  // Bytes
+};
+
+struct Snapshot {
+  std::string name;
+  std::int64_t commit = 0;
+  std::int32_t world_size = 0;
+  std::vector<SavedEntry> entries;
+};
+
+// The commit file of `entries`' current values. Throws Error(InvalidArgument) for a tensor
+// that is not on the CPU.
+std::string encode(const std::string& name, std::int64_t commit, int world_size,
+                   const std::vector<Entry>& entries);
+
+// Parses a commit file. Throws Error(InvalidArgument) saying what is wrong: not a commit,
+// damaged (checksum), truncated, malformed.
+Snapshot decode(std::string_view bytes);
+
+// Throws Error(InvalidArgument) naming the first way `snapshot` does not fit `entries` (keys,
+// kinds, tensor names, shapes and dtypes, the sampler's data set). Changes nothing.
+void check_matches(const Snapshot& snapshot, const std::vector<Entry>& entries);
+
+// Copies `snapshot` into `entries`' objects. Requires check_matches() to have passed. The
+// optimizers' load_state_dict() may still refuse their state (Error(InvalidArgument)): they
+// are loaded first, and on a refusal the ones loaded already get their state back, so nothing
+// changes.
+void load_into(const Snapshot& snapshot, const std::vector<Entry>& entries);
+
+// CRC-32 of `bytes` (zlib's).
+std::uint32_t crc32_of(std::string_view bytes);
+
+}  // namespace tutti::elastic::internal

@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+// elastic::State: registration, commit, restore and sync (see tutti/elastic.h).
+//
+// Note [Elastic agreement]
+// Every collective member ends with a small allreduce that makes all ranks reach the same
+// outcome: commit() agrees that some host wrote the commit and whether any rank was asked to
+// stop; restore() agrees on the newest commit and on the rank that has it; restore() and
+// sync() agree that every rank could load what the source sent. A rank that fails alone
+// (an unreadable file, a refused commit) therefore never leaves the others waiting in the
+// next collective: they all throw, or all go on.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/common/strings.h"
+#include "src/common/throw.h"
+#include "src/elastic/commit_store.h"
+#include "src/elastic/entry.h"
+#include "src/elastic/settings.h"
+#include "src/elastic/snapshot.h"
+#include "src/elastic/stop_request.h"
+#include "tutti/collectives.h"
+#include "tutti/elastic.h"
+#include "tutti/runtime.h"
+
+namespace tutti::elastic {
+namespace {
+
+using detail::str_cat;
+using detail::throw_invalid_argument;
+using internal::Level;
+using internal::log_line;
+
+void check_name(const std::string& name) {
+  const bool ok =
+      !name.empty() && name.size() <= 200 && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '_' || c == '-';
+      });
+  if (!ok) {
+    throw_invalid_argument("elastic::State: name '", name,
+                           "' must be 1 to 200 letters, digits, '_' or '-' (it names files)");
+  }
+}
+
+internal::Entry entry_of(std::string key, internal::EntryKind kind) {
+  internal::Entry entry;
+  entry.key = std::move(key);
+  entry.kind = kind;
+  return entry;
+}
+
+// Max over the ranks of each value. Collective.
+void agree_max(std::vector<std::int64_t>& values, const std::string& name) {
+  allreduce(TensorView(values.data(), {static_cast<std::int64_t>(values.size())}), name,
+            {.op = ReduceOp::Max});
+}
+
+}  // namespace
+
+const char* HostsUpdated::what() const noexcept {
+  return "tutti::elastic::HostsUpdated: the launcher asked the job to stop at this commit (the "
+         "host list changed)";
+}
+
+struct State::Impl {
+  Impl(std::string state_name, const internal::Settings& settings)
+      : name(std::move(state_name)), store(settings.directory, name, settings.keep) {}
+
+  std::string name;
+  internal::CommitStore store;
+  std::vector<internal::Entry> entries;
+  std::vector<std::function<void()>> callbacks;
+  std::int64_t commits = 0;
+  int restored_world_size = 0;
+
+  void add(internal::Entry entry) {
+    if (entry.key.empty()) throw_invalid_argument("elastic::State '", name, "': an empty key");
+    for (const internal::Entry& e : entries) {
+      if (e.key == entry.key) {
+        throw_invalid_argument("elastic::State '", name, "': key '", entry.key,
+                               "' was added already");
+      }
+    }
+    entries.push_back(std::move(entry));
+  }
+
+  std::string op_name(std::string_view what) const { return str_cat("elastic.", name, ".", what); }
+
+  // Decodes `bytes` from `source` and loads them on this rank (on `source` too if
+  // `source_loads`: it sent a file, not its own values), then agrees with the others (Note
+  // [Elastic agreement]). Returns the commit loaded; throws on every rank if any failed.
+  internal::Snapshot load_agreed(const std::string& bytes, int source, std::string_view what,
+                                 bool source_loads) {
+    std::optional<internal::Snapshot> snapshot;
+    std::string why;
+    try {
+      snapshot = internal::decode(bytes);
+      internal::check_matches(*snapshot, entries);
+      if (rank() != source || source_loads) internal::load_into(*snapshot, entries);
+    } catch (const Error& e) {
+      why = bytes.empty() ? str_cat("rank ", source, " had nothing to send (its log says why)")
+                          : e.what();
+    }
+    std::vector<std::int64_t> failed = {why.empty() ? 0 : 1};
+    agree_max(failed, op_name(str_cat(what, ".loaded")));
+    if (failed[0] != 0) {
+      throw_invalid_argument(why.empty() ? str_cat("elastic::State '", name, "': ", what,
+                                                   " failed on another rank (its log says why)")
+                                         : why);
+    }
+    return std::move(*snapshot);
+  }
+};
+
+State::State(std::string name) {
+  check_name(name);
+  impl_ = std::make_unique<Impl>(std::move(name), internal::read_settings());
+  internal::install_stop_handler();
+}
+
+State::~State() = default;
+
+const std::string& State::name() const { return impl_->name; }
+
+void State::add(std::string key, nn::NamedParameters parameters) {
+  std::set<std::string> names;
+  for (const auto& [name, variable] : parameters) {
+    if (!variable.defined()) {
+      throw_invalid_argument("elastic::State::add('", key, "'): '", name,
+                             "' is an empty nn::Variable");
+    }
+    if (!names.insert(name).second) {
+      throw_invalid_argument("elastic::State::add('", key, "'): two tensors named '", name, "'");
+    }
+  }
+  internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Parameters);
+  entry.parameters = std::move(parameters);
+  impl_->add(std::move(entry));
+}
+
+void State::add(std::string key, optim::Optimizer& optimizer) {
+  internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Optimizer);
+  entry.optimizer = &optimizer;
+  impl_->add(std::move(entry));
+}
+
+void State::add(std::string key, data::DistributedSampler& sampler) {
+  internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Sampler);
+  entry.sampler = &sampler;
+  impl_->add(std::move(entry));
+}
+
+void State::add(std::string key, std::int64_t& value) {
+  internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Int64);
+  entry.value = &value;
+  impl_->add(std::move(entry));
+}
+
+void State::add(std::string key, std::vector<std::uint8_t>& bytes) {
+  internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Bytes);
+  entry.bytes = &bytes;
+  impl_->add(std::move(entry));
+}
+
+void State::on_reset(std::function<void()> callback) {
+  if (!callback) throw_invalid_argument("elastic::State::on_reset: an empty callback");
+  impl_->callbacks.push_back(std::move(callback));
+}
+
+void State::reset() {
+  for (const std::function<void()>& callback : impl_->callbacks) callback();
+}
+
+std::int64_t State::commits() const { return impl_->commits; }
+
+int State::restored_world_size() const { return impl_->restored_world_size; }
+
+void State::commit() {
+  Impl& s = *impl_;
+  const std::int64_t number = s.commits + 1;
+  std::string problem;
+  // [written on some host, a rank was asked to stop, a host's write failed]
+  std::vector<std::int64_t> flags = {0, internal::stop_requested() ? 1 : 0, 0};
+  if (s.store.enabled() && local_rank() == 0) {
+    try {
+      problem = s.store.write(number, internal::encode(s.name, number, size(), s.entries));
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    flags[problem.empty() ? 0 : 2] = 1;
+  }
+  agree_max(flags, s.op_name("commit"));
+  if (s.store.enabled() && flags[0] == 0) {
+    throw_invalid_argument(
+        "elastic::State '", s.name, "': commit ", number, " could not be written on any host",
+        problem.empty() ? " (see the first rank of each host)" : str_cat(": ", problem));
+  }
+  if (!problem.empty()) {
+    log_line(Level::Warning, str_cat("commit ", number, " of '", s.name,
+                                     "' is missing on this host (other hosts have it): ", problem));
+  }
+  s.commits = number;
+  if (flags[1] != 0) {
+    internal::clear_stop_request();
+    if (rank() == 0) {
+      log_line(Level::Info, str_cat("the launcher asked the job to stop: commit ", number, " of '",
+                                    s.name, "' is the one the relaunched job restores"));
+    }
+    throw HostsUpdated();
+  }
+}
+
+bool State::restore() {
+  Impl& s = *impl_;
+  std::optional<internal::CommitStore::Found> found;
+  if (s.store.enabled() && local_rank() == 0) {
+    const int removed = s.store.remove_leftovers();
+    if (removed > 0) {
+      log_line(Level::Info, str_cat("removed ", removed, " unfinished commit file(s) of '", s.name,
+                                    "' from ", s.store.directory()));
+    }
+    std::vector<std::string> problems;
+    found = s.store.newest(
+        [&](std::string_view bytes) -> std::string {
+          try {
+            const internal::Snapshot snapshot = internal::decode(bytes);
+            if (snapshot.name != s.name) return str_cat("written by State '", snapshot.name, "'");
+            return "";
+          } catch (const Error& e) {
+            return e.what();
+          }
+        },
+        &problems);
+    for (const std::string& problem : problems) {
+      log_line(Level::Warning, str_cat("skipping a commit: ", problem));
+    }
+  }
+  std::vector<std::int64_t> newest = {found ? found->commit : -1};
+  agree_max(newest, s.op_name("restore.newest"));
+  if (newest[0] < 0) return false;
+  std::vector<std::int64_t> source = {found && found->commit == newest[0] ? -rank() : -INT_MAX};
+  agree_max(source, s.op_name("restore.source"));  // The lowest rank that has it.
+  const int root = static_cast<int>(-source[0]);
+  const std::string bytes = broadcast_object(rank() == root ? found->bytes : std::string(), root,
+                                             s.op_name("restore.bytes"));
+  const internal::Snapshot snapshot = s.load_agreed(bytes, root, "restore", /*source_loads=*/true);
+  s.commits = snapshot.commit;
+  s.restored_world_size = snapshot.world_size;
+  if (rank() == 0) {
+    log_line(Level::Info,
+             str_cat("restored commit ", snapshot.commit, " of '", s.name, "' from rank ", root,
+                     " (written at ", snapshot.world_size, " ranks; now ", size(), ")"));
+  }
+  return true;
+}
+
+void State::sync(int root_rank) {
+  Impl& s = *impl_;
+  if (root_rank < 0 || root_rank >= size()) {
+    throw_invalid_argument("elastic::State::sync: root rank ", root_rank, " is outside [0, ",
+                           size(), ")");
+  }
+  std::string bytes;
+  if (rank() == root_rank) {
+    try {
+      bytes = internal::encode(s.name, s.commits, size(), s.entries);
+    } catch (const Error& e) {
+      log_line(Level::Warning, str_cat("sync of '", s.name, "': ", e.what()));
+      // Sends nothing: every rank then fails the sync (Note [Elastic agreement]).
+    }
+  }
+  bytes = broadcast_object(bytes, root_rank, s.op_name("sync"));
+  const internal::Snapshot snapshot =
+      s.load_agreed(bytes, root_rank, "sync", /*source_loads=*/false);
+  s.commits = snapshot.commit;
+}
+
+}  // namespace tutti::elastic

@@ -1,0 +1,335 @@
+# SPDX-License-Identifier: Apache-2.0
+# Tests of tuttirun's elastic mode (scripts/elastic_driver.py and its flags in scripts/tuttirun)
+# with a fake job in place of mpirun (fake_elastic_job.py): which launches happen on which
+# hosts after a failure, a change of hosts, too few hosts; --max-restarts; the flags' checks.
+# Real elastic jobs run in the cluster suite (test/cluster/cluster_test.py, 'elastic').
+#
+# Usage: TUTTIRUN=scripts/tuttirun python3 test/launcher/elastic_driver_test.py [-v]
+
+import argparse
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TUTTIRUN = os.path.abspath(os.environ.get("TUTTIRUN") or
+                           os.path.join(HERE, "..", "..", "scripts", "tuttirun"))
+FAKE_JOB = os.path.join(HERE, "fake_elastic_job.py")
+
+
+def load_launcher():
+    loader = importlib.machinery.SourceFileLoader("tuttirun", TUTTIRUN)
+    spec = importlib.util.spec_from_loader("tuttirun", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+tuttirun = load_launcher()
+elastic_driver = tuttirun.elastic_driver
+
+
+class Cluster:
+    """A discovery script over a host list the test edits, and the driver's log lines."""
+
+    def __init__(self, hosts):
+        self.dir = tempfile.mkdtemp(prefix="tutti_elastic_driver_test.")
+        self.hosts_file = os.path.join(self.dir, "hosts")
+        self.script = os.path.join(self.dir, "discover")
+        with open(self.script, "w", encoding="utf-8") as f:
+            f.write(f"#!/bin/sh\ncat {self.hosts_file}\n")
+        os.chmod(self.script, 0o755)
+        self.set_hosts(hosts)
+
+    def set_hosts(self, text):
+        with open(self.hosts_file + ".new", "w", encoding="utf-8") as f:
+            f.write(text.replace(",", "\n") + "\n")
+        os.replace(self.hosts_file + ".new", self.hosts_file)
+
+    def remove(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class DriverTest(unittest.TestCase):
+    """Runs the driver in-process; each launch runs fake_elastic_job.py with the action the
+    test gives for it, and is recorded as (np, 'host:slots,...')."""
+
+    def setUp(self):
+        self.log = []
+        self.saved_log = elastic_driver.log
+        elastic_driver.log = self.log.append
+        self.launches = []
+
+    def tearDown(self):
+        elastic_driver.log = self.saved_log
+
+    def drive(self, cluster, actions, min_np=1, max_np=None, max_restarts=3, timeout=5.0,
+              num_proc=None):
+        args = argparse.Namespace(host_discovery_script=cluster.script, min_np=min_np,
+                                  max_np=max_np, num_proc=num_proc, max_restarts=max_restarts,
+                                  elastic_timeout=timeout, discovery_interval=0.1)
+
+        def make_command(np, host_slots, number, env):
+            self.launches.append((np, elastic_driver.hosts_text(host_slots)))
+            return [sys.executable, FAKE_JOB] + actions[number - 1], env
+
+        driver = elastic_driver.ElasticDriver(args, {"PATH": os.environ["PATH"]}, make_command,
+                                              tuttirun.HostFailureScanner, tuttirun._relay,
+                                              tuttirun.parse_hosts)
+        return driver.run()
+
+    def logged(self, text):
+        return any(text in line for line in self.log)
+
+    def test_a_job_that_finishes_runs_once(self):
+        cluster = Cluster("a:2,b:2")
+        self.addCleanup(cluster.remove)
+        self.assertEqual(self.drive(cluster, [["exit", "0"]]), 0)
+        self.assertEqual(self.launches, [(4, "a:2,b:2")])
+
+    def test_a_lost_rank_excludes_its_host(self):
+        cluster = Cluster("a:2,b:2")
+        self.addCleanup(cluster.remove)
+        code = self.drive(cluster, [["killed", "b", "9", "137"], ["exit", "0"]], min_np=2)
+        self.assertEqual(code, 0)
+        self.assertEqual(self.launches, [(4, "a:2,b:2"), (2, "a:2")])
+        self.assertTrue(self.logged("launch 1 failed (status 137): host b: rank 1 was killed by "
+                                    "signal 9 (Killed); excluding b"), self.log)
+        self.assertTrue(self.logged("relaunching (restart 1 of at most 3)"), self.log)
+
+    def test_max_restarts_0_means_none(self):
+        cluster = Cluster("a:2,b:2")
+        self.addCleanup(cluster.remove)
+        code = self.drive(cluster, [["killed", "b", "9", "137"], ["exit", "0"]], max_restarts=0)
+        self.assertEqual(code, 137)
+        self.assertEqual(len(self.launches), 1)
+        self.assertTrue(self.logged("giving up: 0 relaunch(es) after failures already, "
+                                    "--max-restarts 0"), self.log)
+
+    def test_max_restarts_bounds_the_whole_job(self):
+        cluster = Cluster("a:1,b:1,c:1")
+        self.addCleanup(cluster.remove)
+        code = self.drive(cluster, [["exit", "75"], ["aborted", "b", "1"], ["exit", "75"],
+                                    ["exit", "0"]], max_restarts=2)
+        self.assertEqual(code, 75)
+        self.assertEqual(len(self.launches), 3)
+
+    def test_an_abort_is_relaunched_where_it_was(self):
+        cluster = Cluster("a:1,b:1")
+        self.addCleanup(cluster.remove)
+        code = self.drive(cluster, [["aborted", "b", "1"], ["exit", "0"]])
+        self.assertEqual(code, 0)
+        self.assertEqual(self.launches, [(2, "a:1,b:1"), (2, "a:1,b:1")])
+
+    def test_the_programs_own_error_is_not_relaunched(self):
+        cluster = Cluster("a:1")
+        self.addCleanup(cluster.remove)
+        self.assertEqual(self.drive(cluster, [["exit", "3"], ["exit", "0"]]), 3)
+        self.assertEqual(len(self.launches), 1)
+        self.assertTrue(self.logged("the program's own error"), self.log)
+
+    def test_a_change_of_hosts_stops_the_job_and_is_not_a_restart(self):
+        cluster = Cluster("a:1")
+        self.addCleanup(cluster.remove)
+        threading.Timer(0.5, cluster.set_hosts, args=("a:1,b:1",)).start()
+        code = self.drive(cluster, [["wait-stop"], ["exit", "0"]], max_np=2, max_restarts=0)
+        self.assertEqual(code, 0)
+        self.assertEqual(self.launches, [(1, "a:1"), (2, "a:1,b:1")])
+        self.assertTrue(self.logged("the hosts changed (a:1 -> a:1,b:1): asking the job to stop"),
+                        self.log)
+        self.assertTrue(self.logged("not counted in --max-restarts"), self.log)
+
+    def test_a_host_beyond_max_np_changes_nothing(self):
+        cluster = Cluster("a:2")
+        self.addCleanup(cluster.remove)
+        threading.Timer(0.3, cluster.set_hosts, args=("a:2,b:2",)).start()
+        code = self.drive(cluster, [["exit", "0"]], max_np=2)
+        self.assertEqual(code, 0)
+        self.assertFalse(self.logged("asking the job to stop"), self.log)
+
+    def test_a_rank_without_a_handler_dying_of_the_stop_request_is_relaunched(self):
+        cluster = Cluster("a:1,b:1")
+        self.addCleanup(cluster.remove)
+        threading.Timer(0.5, cluster.set_hosts, args=("a:1",)).start()
+        code = self.drive(cluster, [["die-on-stop", "b"], ["exit", "0"]], max_restarts=0)
+        self.assertEqual(code, 0)
+        self.assertEqual(self.launches, [(2, "a:1,b:1"), (1, "a:1")])
+        self.assertFalse(self.logged("excluding"), self.log)
+
+    def test_below_min_np_it_waits_then_fails_naming_what_is_missing(self):
+        cluster = Cluster("a:1")
+        self.addCleanup(cluster.remove)
+        start = time.monotonic()
+        code = self.drive(cluster, [["exit", "0"]], min_np=2, timeout=1)
+        self.assertEqual(code, 1)
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertEqual(self.launches, [])
+        self.assertTrue(self.logged("giving up: 1 usable slot(s) (a:1 listed), 1 short of 2 "
+                                    "(--min-np 2) for 1 s (--elastic-timeout)"), self.log)
+
+    def test_below_min_np_after_a_failure_names_the_excluded_host(self):
+        cluster = Cluster("a:1,b:1")
+        self.addCleanup(cluster.remove)
+        code = self.drive(cluster, [["killed", "b", "9", "137"]], min_np=2, timeout=0.5)
+        self.assertEqual(code, 1)
+        self.assertTrue(self.logged("excluded after failures: b), 1 short of 2"), self.log)
+
+    def test_it_waits_for_a_host_to_come(self):
+        cluster = Cluster("a:1")
+        self.addCleanup(cluster.remove)
+        threading.Timer(0.5, cluster.set_hosts, args=("a:1,b:1",)).start()
+        self.assertEqual(self.drive(cluster, [["exit", "0"]], min_np=2, timeout=20), 0)
+        self.assertEqual(self.launches, [(2, "a:1,b:1")])
+        self.assertTrue(self.logged("waiting up to 20 s: 1 usable slot(s)"), self.log)
+
+    def test_np_is_waited_for_at_first_then_min_np_will_do(self):
+        cluster = Cluster("a:1")
+        self.addCleanup(cluster.remove)
+        self.assertEqual(self.drive(cluster, [["exit", "0"]], num_proc=2, timeout=0.5), 0)
+        self.assertEqual(self.launches, [(1, "a:1")])
+
+    def test_an_excluded_host_is_used_again_once_the_script_relists_it(self):
+        cluster = Cluster("a:1,b:1")
+        self.addCleanup(cluster.remove)
+        args = argparse.Namespace(host_discovery_script=cluster.script, min_np=1, max_np=None,
+                                  num_proc=None, max_restarts=3, elastic_timeout=1,
+                                  discovery_interval=0.1)
+        driver = elastic_driver.ElasticDriver(args, {}, None, None, None, tuttirun.parse_hosts)
+        driver.excluded["b"] = "rank 1 was killed by signal 9"
+        driver.discover()
+        self.assertIn("b", driver.excluded)
+        cluster.set_hosts("a:1")
+        driver.discover()
+        self.assertNotIn("b", driver.excluded)
+        cluster.set_hosts("a:1,b:1")
+        self.assertEqual(elastic_driver.plan_launch(driver.discover(), driver.excluded, None, 1,
+                                                    None), ([("a", 1), ("b", 1)], 2))
+
+
+class PlanTest(unittest.TestCase):
+    def test_fills_up_to_max_np_keeping_the_running_hosts_first(self):
+        plan = elastic_driver.plan_launch
+        self.assertEqual(plan([("a", 2), ("b", 2)], {}, None, 1, None),
+                         ([("a", 2), ("b", 2)], 4))
+        self.assertEqual(plan([("a", 2), ("b", 2)], {}, None, 1, 3), ([("a", 2), ("b", 1)], 3))
+        self.assertEqual(plan([("a", 2), ("b", 2)], {}, [("b", 2)], 1, 3),
+                         ([("b", 2), ("a", 1)], 3))
+        self.assertEqual(plan([("a", 2), ("b", 2)], {"a": "lost"}, None, 1, None),
+                         ([("b", 2)], 2))
+        self.assertIsNone(plan([("a", 2), ("b", 2)], {"a": "lost"}, None, 3, None))
+        self.assertIsNone(plan([], {}, None, 1, None))
+
+    def test_per_launch_paths(self):
+        self.assertEqual(elastic_driver.per_launch_path("/t/x.json", 1), "/t/x.json")
+        self.assertEqual(elastic_driver.per_launch_path("/t/x.json", 3), "/t/x.launch3.json")
+        self.assertEqual(elastic_driver.per_launch_path("/t/log", 2), "/t/log.launch2")
+
+
+class DiscoveryTest(unittest.TestCase):
+    def script(self, body):
+        directory = tempfile.mkdtemp(prefix="tutti_discovery_test.")
+        self.addCleanup(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "discover")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\n" + body)
+        os.chmod(path, 0o755)
+        return path
+
+    def discover(self, body):
+        return elastic_driver.run_discovery(self.script(body), tuttirun.parse_hosts)
+
+    def test_lines_comments_bare_hosts_and_repeats(self):
+        self.assertEqual(self.discover("echo 'a:2'; echo; echo '# spare'; echo 'b'; echo 'a:1'\n"),
+                         [("a", 3), ("b", 1)])
+
+    def test_failures_are_named(self):
+        for body, text in (("echo 'a:x'\n", "line 1: malformed -H entry 'a:x'"),
+                           ("echo oops >&2; exit 4\n", "exited with status 4: oops")):
+            with self.subTest(body=body):
+                with self.assertRaises(elastic_driver.ElasticError) as caught:
+                    self.discover(body)
+                self.assertIn(text, str(caught.exception))
+
+    def test_a_script_that_hangs_is_cut_off(self):
+        saved = elastic_driver.DISCOVERY_TIMEOUT_S
+        elastic_driver.DISCOVERY_TIMEOUT_S = 0.5
+        self.addCleanup(setattr, elastic_driver, "DISCOVERY_TIMEOUT_S", saved)
+        with self.assertRaises(elastic_driver.ElasticError) as caught:
+            self.discover("exec sleep 30\n")
+        self.assertIn("did not finish within 0.5 s", str(caught.exception))
+
+
+class FlagTest(unittest.TestCase):
+    def parse_error(self, argv):
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as caught:
+            tuttirun.parse_args(argv)
+        self.assertEqual(caught.exception.code, 2)
+        return stderr.getvalue()
+
+    def test_elastic_flags_need_the_discovery_script(self):
+        for flags in (["--min-np", "2"], ["--max-np", "4"], ["--max-restarts", "1"],
+                      ["--elastic-timeout", "5"]):
+            with self.subTest(flags=flags):
+                self.assertIn(f"{flags[0]} needs --host-discovery-script",
+                              self.parse_error(["-np", "2"] + flags + ["prog"]))
+
+    def test_bad_combinations(self):
+        self.assertIn("drop -H/--hostfile", self.parse_error(
+            ["--host-discovery-script", "d", "-H", "a:2", "prog"]))
+        self.assertIn("--max-np 1 is below --min-np 2", self.parse_error(
+            ["--host-discovery-script", "d", "--min-np", "2", "--max-np", "1", "prog"]))
+        self.assertIn("-np 5 is outside --min-np 1 .. --max-np 4", self.parse_error(
+            ["--host-discovery-script", "d", "-np", "5", "--min-np", "1", "--max-np", "4",
+             "prog"]))
+        self.assertIn("'-1' must be between 0", self.parse_error(
+            ["--host-discovery-script", "d", "--max-restarts", "-1", "prog"]))
+
+    def test_defaults(self):
+        args = tuttirun.parse_args(["--host-discovery-script", "d", "prog"])
+        self.assertEqual((args.num_proc, args.min_np, args.max_np, args.max_restarts),
+                         (None, 1, None, tuttirun.DEFAULT_MAX_RESTARTS))
+        args = tuttirun.parse_args(["--host-discovery-script", "d", "-np", "3", "prog"])
+        self.assertEqual(args.min_np, 3)
+
+    def test_dry_run_prints_the_first_launch(self):
+        cluster = Cluster("localhost:2")
+        self.addCleanup(cluster.remove)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TUTTI_", "HOROVOD_"))}
+        result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                 cluster.script, "--dry-run", "--output-filename", "/tmp/o",
+                                 "prog", "x"], capture_output=True, text=True, env=env,
+                                timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("-np 2 -H localhost:2", result.stdout)
+        self.assertIn("--output-filename /tmp/o/launch1", result.stdout)
+        self.assertIn("TUTTI_ELASTIC_DIR=/tmp/tutti-elastic-", result.stdout)
+        self.assertIn("-x TUTTI_ELASTIC_DIR", result.stdout)
+
+    def test_a_missing_script_and_bad_knobs_are_usage_errors(self):
+        result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                 "/nonexistent/discover", "true"], capture_output=True,
+                                text=True, timeout=60)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("is not an executable file", result.stderr)
+        cluster = Cluster("localhost:1")
+        self.addCleanup(cluster.remove)
+        result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                 cluster.script, "true"], capture_output=True, text=True,
+                                timeout=60,
+                                env=dict(os.environ, TUTTI_ELASTIC_DISCOVERY_INTERVAL="0"))
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("TUTTI_ELASTIC_DISCOVERY_INTERVAL: '0' must be between 0.05", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: Apache-2.0
+// elastic::State and elastic::run at 1-4 ranks: commit and restore, sync from a root, the stop
+// request (SIGUSR2 on one rank stops every rank at the commit), the reset callbacks, the
+// relaunch status, and the errors (a directory no host can write, a commit that does not fit,
+// bad arguments) on every rank. Expected values are set by the test and compared with plain
+// MPI; see Note [Collective assertions].
+#include "tutti/elastic.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "src/elastic/commit_store.h"
+#include "src/elastic/snapshot.h"
+#include "test/mpi/training/training_test_util.h"
+#include "test/support/error_of.h"
+#include "test/support/mpi_test_util.h"
+#include "tutti/data.h"
+#include "tutti/nn.h"
+#include "tutti/optim.h"
+#include "tutti/tutti.h"
+
+namespace tutti::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory made by rank 0 and named to every rank, as TUTTI_ELASTIC_DIR (or unset
+// with `use` false) while the object lives. Collective.
+class ElasticDir {
+ public:
+  explicit ElasticDir(bool use = true) {
+    char name[64] = "/tmp/tutti_elastic_mpi.XXXXXX";
+    if (world_rank() == 0 && ::mkdtemp(name) == nullptr) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+    if (use) {
+      ::setenv("TUTTI_ELASTIC_DIR", name, 1);
+    } else {
+      ::unsetenv("TUTTI_ELASTIC_DIR");
+    }
+  }
+  ~ElasticDir() {
+    ::unsetenv("TUTTI_ELASTIC_DIR");
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) fs::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// What one training loop keeps: a model, SGD with momentum, a sampler, a step and bytes.
+struct Loop {
+  std::shared_ptr<nn::Sequential> model = make_model(5);
+  nn::NamedParameters named = model->named_parameters();
+  optim::SGD sgd{variables(named), {.lr = 0.1, .momentum = 0.9}};
+  data::DistributedSampler sampler{40, tutti::size(), tutti::rank(), true, 3};
+  std::int64_t step = 0;
+  std::vector<std::uint8_t> bytes;
+
+  void add_to(elastic::State& state) {
+    state.add("model", named);
+    state.add("sgd", sgd);
+    state.add("sampler", sampler);
+    state.add("step", step);
+    state.add("bytes", bytes);
+  }
+  // One deterministic update, the same on every rank for the same `seed`.
+  void train_step(float seed) {
+    for (auto& [name, p] : named) {
+      for (float& g : p.grad().span<float>()) g = seed;
+    }
+    sgd.step();
+    sampler.advance(1);
+    ++step;
+    bytes.push_back(static_cast<std::uint8_t>(seed));
+  }
+  // Everything as numbers: equal fingerprints, equal state.
+  std::vector<double> fingerprint() const {
+    std::vector<double> out = flatten_values(named);
+    for (const auto& [key, tensor] : sgd.state_dict().tensors) {
+      for (float v : tensor.span<float>()) out.push_back(v);
+    }
+    out.push_back(static_cast<double>(sampler.epoch()));
+    out.push_back(static_cast<double>(sampler.position()));
+    out.push_back(static_cast<double>(step));
+    for (std::uint8_t b : bytes) out.push_back(b);
+    return out;
+  }
+  // Rank-dependent values everywhere.
+  void scramble(int seed) {
+    for (auto& [name, p] : named) {
+      for (float& v : p.value().span<float>()) v = static_cast<float>(seed);
+    }
+    sgd.load_state_dict({});
+    sampler.set_epoch(static_cast<std::uint64_t>(seed) + 100);
+    step = -seed;
+    bytes.assign(static_cast<std::size_t>(seed), 7);
+  }
+};
+
+// True on every rank iff `mine` equals `root`'s, sent with plain MPI.
+bool equals_roots(const std::vector<double>& mine, int root) {
+  int count = static_cast<int>(mine.size());
+  MPI_Bcast(&count, 1, MPI_INT, root, MPI_COMM_WORLD);
+  std::vector<double> oracle = mine;
+  oracle.resize(static_cast<std::size_t>(count));
+  MPI_Bcast(oracle.data(), count, MPI_DOUBLE, root, MPI_COMM_WORLD);
+  return all_ranks(mine == oracle);
+}
+
+TEST_CASE("restore() brings back the newest commit on every rank", "[elastic]") {
+  Session session;
+  ElasticDir dir;
+  Loop loop;
+  elastic::State state;
+  loop.add_to(state);
+  loop.train_step(1);
+  state.commit();
+  loop.train_step(2);
+  state.commit();
+  const std::vector<double> committed = loop.fingerprint();
+  loop.train_step(3);  // Lost: after the last commit.
+  loop.scramble(tutti::rank() + 1);
+
+  Loop fresh;  // A relaunched process: new objects, a new State.
+  fresh.scramble(tutti::rank() + 7);
+  elastic::State relaunched;
+  fresh.add_to(relaunched);
+  CHECK(all_ranks(relaunched.restore()));
+  CHECK(all_ranks(fresh.fingerprint() == committed));
+  CHECK(all_ranks(relaunched.commits() == 2 && state.commits() == 2));
+  CHECK(all_ranks(relaunched.restored_world_size() == tutti::size()));
+  CHECK(all_ranks(fresh.sampler.position() == 2 * static_cast<std::size_t>(tutti::size())));
+}
+
+TEST_CASE("Without a commit restore() changes nothing, and sync() gives every rank the root's",
+          "[elastic]") {
+  Session session;
+  ElasticDir dir;
+  Loop loop;
+  loop.scramble(tutti::rank() + 1);
+  loop.train_step(static_cast<float>(tutti::rank()));
+  elastic::State state("run-1");
+  loop.add_to(state);
+  const std::vector<double> mine = loop.fingerprint();
+  CHECK(all_ranks(!state.restore()));
+  CHECK(all_ranks(loop.fingerprint() == mine));
+  const int root = tutti::size() - 1;
+  const std::vector<double> roots = loop.fingerprint();
+  state.sync(root);
+  CHECK(equals_roots(loop.fingerprint(), root));
+  CHECK(all_ranks(error_of([&] { state.sync(tutti::size()); }) == ErrorCode::InvalidArgument));
+}
+
+TEST_CASE("SIGUSR2 on one rank stops every rank at the next commit, which is written",
+          "[elastic]") {
+  Session session;
+  ElasticDir dir;
+  Loop loop;
+  elastic::State state;
+  loop.add_to(state);
+  state.commit();  // No request yet.
+  if (tutti::rank() == tutti::size() - 1) ::raise(SIGUSR2);
+  loop.train_step(4);
+  const std::vector<double> committed = loop.fingerprint();
+  bool stopped = false;
+  try {
+    state.commit();
+  } catch (const elastic::HostsUpdated&) {
+    stopped = true;
+  }
+  CHECK(all_ranks(stopped && state.commits() == 2));
+  // The request is used up, and the commit that stopped the job is the one restored.
+  CHECK_NOTHROW(state.commit());
+  Loop fresh;
+  elastic::State relaunched;
+  fresh.add_to(relaunched);
+  // Commit 3 is the newest: drop it to find 2, as a job stopped at 2 would.
+  if (tutti::local_rank() == 0) fs::remove(dir.path() + "/state.3.commit");
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(all_ranks(relaunched.restore() && relaunched.commits() == 2));
+  CHECK(all_ranks(fresh.fingerprint() == committed));
+}
+
+TEST_CASE("run() restores, resets at another world size, and returns the relaunch status",
+          "[elastic]") {
+  Session session;
+  ElasticDir dir;
+  Loop saved;
+  saved.train_step(6);
+  {  // A commit written by a job of 99 ranks.
+    std::vector<elastic::internal::Entry> entries(5);
+    const char* keys[] = {"model", "sgd", "sampler", "step", "bytes"};
+    for (int i = 0; i < 5; ++i) entries[i].key = keys[i];
+    entries[0].kind = elastic::internal::EntryKind::Parameters;
+    entries[0].parameters = saved.named;
+    entries[1].kind = elastic::internal::EntryKind::Optimizer;
+    entries[1].optimizer = &saved.sgd;
+    entries[2].kind = elastic::internal::EntryKind::Sampler;
+    entries[2].sampler = &saved.sampler;
+    entries[3].kind = elastic::internal::EntryKind::Int64;
+    entries[3].value = &saved.step;
+    entries[4].kind = elastic::internal::EntryKind::Bytes;
+    entries[4].bytes = &saved.bytes;
+    if (tutti::rank() == 0) {
+      elastic::internal::CommitStore store(dir.path(), "state", 2);
+      CHECK(store.write(8, elastic::internal::encode("state", 8, 99, entries)).empty());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  Loop loop;
+  elastic::State state;
+  loop.add_to(state);
+  int resets = 0;
+  state.on_reset([&] { ++resets; });
+  std::vector<double> seen;
+  int code = elastic::run(state, [&](elastic::State& s) {
+    seen = loop.fingerprint();
+    loop.train_step(1);
+    s.commit();
+  });
+  CHECK(all_ranks(code == 0 && resets == 1 && state.commits() == 9));
+  CHECK(all_ranks(seen == saved.fingerprint()));
+  // Restored at the same size: no reset. A stop request: the relaunch status.
+  code = elastic::run(state, [&](elastic::State& s) {
+    ::raise(SIGUSR2);
+    s.commit();
+  });
+  CHECK(all_ranks(code == elastic::kRelaunchExitCode && resets == 1));
+  // An error that stopped the runtime: relaunch; the program's own errors propagate.
+  const ErrorCode stopped =
+      GENERATE(ErrorCode::ShutDown, ErrorCode::Stalled, ErrorCode::Communication);
+  code = elastic::run(state, [&](elastic::State&) { throw Error(stopped, "a peer is gone"); });
+  CHECK(all_ranks(code == elastic::kRelaunchExitCode));
+  const auto error = error_of([&] {
+    elastic::run(state, [](elastic::State&) { throw Error(ErrorCode::InvalidArgument, "bug"); });
+  });
+  CHECK(all_ranks(error == ErrorCode::InvalidArgument));
+}
+
+TEST_CASE("A directory no host can write fails commit() on every rank", "[elastic]") {
+  Session session;
+  ElasticDir dir;
+  if (tutti::rank() == 0) std::ofstream(dir.path() + "/file") << "x";
+  MPI_Barrier(MPI_COMM_WORLD);
+  ::setenv("TUTTI_ELASTIC_DIR", (dir.path() + "/file/sub").c_str(), 1);
+  Loop loop;
+  elastic::State state;
+  loop.add_to(state);
+  std::string message;
+  const auto error = error_of([&] { state.commit(); }, &message);
+  CHECK(all_ranks(error == ErrorCode::InvalidArgument && state.commits() == 0));
+  CHECK(all_ranks(message.find("commit 1 could not be written on any host") != std::string::npos));
+}
+
+TEST_CASE("A commit that does not fit the program is refused on every rank, changing nothing",
+          "[elastic]") {
+  Session session;
+  ElasticDir dir;
+  {
+    Loop loop;
+    elastic::State state;
+    loop.add_to(state);
+    state.commit();
+  }
+  auto other = make_model(9);
+  other->add(std::make_shared<nn::Linear>(2, 3));
+  nn::NamedParameters named = other->named_parameters();
+  const std::vector<double> before = flatten_values(named);
+  Loop loop;
+  elastic::State state;
+  state.add("model", named);
+  state.add("sgd", loop.sgd);
+  state.add("sampler", loop.sampler);
+  state.add("step", loop.step);
+  state.add("bytes", loop.bytes);
+  std::string message;
+  const auto error = error_of([&] { state.restore(); }, &message);
+  CHECK(all_ranks(error == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(message.find("'model' holds 4 tensors, the program 6") != std::string::npos));
+  CHECK(all_ranks(flatten_values(named) == before && state.commits() == 0));
+}
+
+TEST_CASE("Without TUTTI_ELASTIC_DIR commits are agreed but written nowhere", "[elastic]") {
+  Session session;
+  ElasticDir dir(/*use=*/false);
+  Loop loop;
+  elastic::State state;
+  loop.add_to(state);
+  state.commit();
+  CHECK(all_ranks(state.commits() == 1 && fs::is_empty(dir.path())));
+  Loop fresh;
+  elastic::State again;
+  fresh.add_to(again);
+  CHECK(all_ranks(!again.restore()));
+}
+
+TEST_CASE("Bad names, keys and TUTTI_ELASTIC_KEEP are refused by the call", "[elastic]") {
+  Session session;
+  CHECK(all_ranks(error_of([] { elastic::State("a/b"); }) == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(error_of([] { elastic::State(""); }) == ErrorCode::InvalidArgument));
+  elastic::State state;
+  std::int64_t a = 0;
+  state.add("a", a);
+  CHECK(all_ranks(error_of([&] { state.add("a", a); }) == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(error_of([&] { state.add("", a); }) == ErrorCode::InvalidArgument));
+  nn::NamedParameters empty = {{"x", nn::Variable()}};
+  CHECK(all_ranks(error_of([&] { state.add("p", empty); }) == ErrorCode::InvalidArgument));
+  std::string message;
+  ::setenv("TUTTI_ELASTIC_KEEP", "0", 1);
+  CHECK(all_ranks(error_of([] { elastic::State(); }, &message) == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(message.find("TUTTI_ELASTIC_KEEP='0' is out of range") == 0));
+  ::setenv("TUTTI_ELASTIC_KEEP", "two", 1);
+  CHECK(all_ranks(error_of([] { elastic::State(); }, &message) == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(message == "TUTTI_ELASTIC_KEEP='two' is not an integer"));
+  ::unsetenv("TUTTI_ELASTIC_KEEP");
+}
+
+}  // namespace
+}  // namespace tutti::test
