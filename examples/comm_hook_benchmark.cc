@@ -16,7 +16,8 @@
 // Usage: scripts/tuttirun -np 2 build/examples/comm_hook_benchmark [--iters N] [--warmup W]
 //          [--rounds R] [--tensors T] [--grads FILE]
 //   Defaults 10, 3, 3, all 161 (T > 0: only the last T tensors, for smoke tests), the
-//   project's examples/data/resnet50_grads.txt (the shapes are checked against it).
+//   built-in reference list (examples/data/resnet50_grads.txt; the shapes are checked
+//   against it, or against FILE).
 // Exit status 2 for bad flags, 1 if the workload does not match FILE.
 #include <tutti/nn.h>
 #include <tutti/optim.h>
@@ -32,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/grad_list.h"
 #include "examples/machine_line.h"
 #include "examples/resnet50_model.h"
 
@@ -49,7 +51,7 @@ struct Flags {
   int warmup = 3;
   int rounds = 3;
   int tensors = 0;
-  std::string grads = TUTTI_RESNET50_GRADS;
+  std::string grads;  // Empty: the built-in list.
 };
 
 std::optional<Flags> parse_flags(int argc, char** argv) {
@@ -130,7 +132,8 @@ int run(const Flags& flags) {
   if (root) std::printf("%s\n", machine.c_str());
   auto all = tutti::examples::resnet50_shapes();
   try {
-    tutti::examples::check_against_counts(all, flags.grads);
+    tutti::examples::check_against_counts(all, tutti::examples::grads_or_default(flags.grads),
+                                           flags.grads.empty() ? "the built-in list" : flags.grads);
   } catch (const std::exception& e) {
     if (root) std::fprintf(stderr, "comm_hook_benchmark: %s\n", e.what());
     return 1;

@@ -15,7 +15,7 @@
 //   P11 <op> ranks=N tutti_ms=... old_ms=... raw_ms=... ratio=... tutti_MB=... old_MB=...
 // where ratio = tutti_ms / raw_ms (target <= 1.2).
 // Usage: mpirun -n N rooted_benchmark [--grads FILE] [--repeats N] [--ops LIST]
-//   --grads FILE  element counts, one per line (default: examples/data/resnet50_grads.txt)
+//   --grads FILE  element counts, one per line (default: the built-in reference list)
 //   --repeats N   timed rounds after one warm-up (default 5)
 //   --ops LIST    comma-separated subset of reduce,gather,scatter (default all three)
 // Exits 2 for a bad flag.
@@ -32,6 +32,8 @@
 #include <vector>
 
 #include <mpi.h>
+
+#include "examples/grad_list.h"
 
 namespace {
 
@@ -64,18 +66,6 @@ int world_size() {
   }
   MPI_Finalize();
   std::exit(2);
-}
-
-std::vector<std::int64_t> read_grads(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) usage("cannot open " + path + " (use --grads FILE)");
-  std::vector<std::int64_t> counts;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    counts.push_back(std::stoll(line));
-  }
-  if (counts.empty()) usage(path + " lists no tensors");
-  return counts;
 }
 
 // The first "model name" of /proc/cpuinfo (lscpu's Model name).
@@ -315,7 +305,7 @@ Figures run_scatter(const std::vector<std::int64_t>& counts, std::int64_t total,
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string grads_path = TUTTI_RESNET50_GRADS;
+  std::string grads_path;  // Empty: the built-in list.
   int repeats = 5;
   std::string ops = "reduce,gather,scatter";
   for (int i = 1; i < argc; ++i) {
@@ -339,7 +329,7 @@ int main(int argc, char** argv) {
       usage("unknown flag " + arg);
     }
   }
-  const std::vector<std::int64_t> counts = read_grads(grads_path);
+  const std::vector<std::int64_t> counts = tutti::examples::grads_or_default(grads_path);
   std::int64_t total = 0;
   for (std::int64_t n : counts) total += n;
   tutti::init();

@@ -11,7 +11,8 @@
 // Usage: scripts/tuttirun -np 2 build/examples/zero_benchmark [--iters N] [--warmup W]
 //          [--rounds R] [--tensors T] [--grads FILE]
 //   Defaults 10, 2, 3, all 161 (T > 0: only the last T tensors, for smoke tests), the
-//   project's examples/data/resnet50_grads.txt (the shapes are checked against it).
+//   built-in reference list (examples/data/resnet50_grads.txt; the shapes are checked
+//   against it, or against FILE).
 // Exit status 2 for bad flags, 1 if the workload does not match FILE or the modes' weights
 // differ after the same steps.
 #include <tutti/nn.h>
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/grad_list.h"
 #include "examples/machine_line.h"
 #include "examples/resnet50_model.h"
 
@@ -44,7 +46,7 @@ struct Flags {
   int warmup = 2;
   int rounds = 3;
   int tensors = 0;
-  std::string grads = TUTTI_RESNET50_GRADS;
+  std::string grads;  // Empty: the built-in list.
 };
 
 std::optional<Flags> parse_flags(int argc, char** argv) {
@@ -150,7 +152,8 @@ int run(const Flags& flags) {
   if (root) std::printf("%s\n", machine.c_str());
   auto all = tutti::examples::resnet50_shapes();
   try {
-    tutti::examples::check_against_counts(all, flags.grads);
+    tutti::examples::check_against_counts(all, tutti::examples::grads_or_default(flags.grads),
+                                           flags.grads.empty() ? "the built-in list" : flags.grads);
   } catch (const std::exception& e) {
     if (root) std::fprintf(stderr, "zero_benchmark: %s\n", e.what());
     return 1;

@@ -142,10 +142,13 @@ void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& 
 void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank,
                                ProcessSet process_set) {
   if (!process_set.included()) return;
+  // `root_rank` is a global rank (API.md), like tutti::rank(); the set rank differs from it in
+  // a set such as {1, 3}.
+  const bool is_root = tutti::rank() == root_rank;
   // LibTorch's optimizer archive carries the state but its load() does not restore the
   // groups' options, so each group's options travel in an archive of their own.
   std::string bytes;
-  if (process_set.rank() == root_rank) {
+  if (is_root) {
     torch::serialize::OutputArchive archive;
     torch::serialize::OutputArchive state;
     optimizer.save(state);
@@ -162,7 +165,7 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank
     bytes = out.str();
   }
   bytes = broadcast_object(bytes, root_rank, "libtorch.broadcast_optimizer_state", process_set);
-  if (process_set.rank() == root_rank) return;
+  if (is_root) return;
   torch::serialize::InputArchive archive;
   archive.load_from(bytes.data(), bytes.size());
   torch::Tensor groups;

@@ -262,8 +262,8 @@ inline void check_rooted(ops::Backend& backend, const std::vector<DataType>& dty
         const std::vector<std::byte> mine = encode(rank_values(op, dtype, me, 0, count), dtype);
         DeviceBuffer input(mine.size());
         DeviceBuffer output(mine.size());
-        upload(input.get(), mine);
-        upload(output.get(), mine);  // Left as it is off the root.
+        upload(input.get(), mine, my_stream());
+        upload(output.get(), mine, my_stream());  // Left as it is off the root.
         Status status = backend.reduce(input.get(), output.get(), count, dtype, op, root);
         if (status.ok()) status = finish(backend);
         const std::vector<double> got = decode(download(output.get(), mine.size()), dtype);
@@ -285,7 +285,7 @@ inline void check_rooted(ops::Backend& backend, const std::vector<DataType>& dty
       const std::vector<double> own = rank_values(ops::WireOp::Sum, dtype, me, 0, mine);
       DeviceBuffer block(mine * bytes);
       DeviceBuffer gathered(total * bytes);
-      upload(block.get(), encode(own, dtype));
+      upload(block.get(), encode(own, dtype), my_stream());
       Status status = backend.gatherv(block.get(), gathered.get(), counts, dtype, root);
       if (status.ok()) status = finish(backend);
       outcome.check(status.ok() && (me != root ||
@@ -294,7 +294,7 @@ inline void check_rooted(ops::Backend& backend, const std::vector<DataType>& dty
       // scatterv: the root's `all` back to the ranks' blocks.
       DeviceBuffer source(total * bytes);
       DeviceBuffer part(mine * bytes);
-      if (me == root) upload(source.get(), encode(all, dtype));
+      if (me == root) upload(source.get(), encode(all, dtype), my_stream());
       status = backend.scatterv(source.get(), counts, part.get(), dtype, root);
       if (status.ok()) status = finish(backend);
       outcome.check(status.ok() && decode(download(part.get(), mine * bytes), dtype) == own,
