@@ -18,6 +18,7 @@
 #include "optimizers/reduction_rounds.h"
 #include "src/common/throw.h"
 #include "tutti/cuda.h"
+#include "tutti/runtime.h"
 
 namespace tutti::libtorch {
 
