@@ -153,7 +153,7 @@ int run(const Flags& flags) {
   auto all = tutti::examples::resnet50_shapes();
   try {
     tutti::examples::check_against_counts(all, tutti::examples::grads_or_default(flags.grads),
-                                           flags.grads.empty() ? "the built-in list" : flags.grads);
+                                          flags.grads.empty() ? "the built-in list" : flags.grads);
   } catch (const std::exception& e) {
     if (root) std::fprintf(stderr, "zero_benchmark: %s\n", e.what());
     return 1;
