@@ -20,6 +20,10 @@
 //   D2  rank 0's fusion kernel alone: pack/unpack of the set (plain, scaled, float16 and
 //       bfloat16 <-> float32) against one cudaMemcpyAsync D2D of the same bytes; target >= 0.9x
 //       (fusion_kernel_figures.h; cuda_fusion_benchmark prints the same without MPI)
+//   D3  what tutti/cuda.h's ordering costs per op: the median latency of a lone 1-float CUDA
+//       allreduce (submitted and waited, as P2) with an application stream current, and on
+//       rank 0 the host time of the ordering's own two calls per op (a pooled event recorded
+//       on that stream, Tutti's stream made to wait for it), averaged over 10,000 ops
 // Usage: mpirun -n 2 allreduce_benchmark [--device cpu|cuda] [--grads FILE] [--repeats N]
 //                                        [--kernel-repeats N] [--sweep-fusion]
 //                                        [--transport LIST] [--sweep-sizes] [--p10 [--p10-mb N]]
@@ -72,6 +76,8 @@
 #include <cuda_runtime.h>
 
 #include "examples/fusion_kernel_figures.h"
+#include "ops/device_ops.h"
+#include "tutti/cuda.h"
 #endif
 #if TUTTI_BENCHMARK_NCCL
 #include "examples/nccl_reference.h"
@@ -546,7 +552,36 @@ void d2(const std::vector<std::int64_t>& counts, int device, int repeats) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// D1 and D2 (--device cuda); 77 when a rank sees no device.
+// D3's lone-op latency in microseconds, with `app` current on this thread. Collective; before
+// shutdown().
+double d3_lone_us(int device, cudaStream_t app) {
+  tutti::Tensor x(tutti::DataType::Float32, {1}, tutti::Device::cuda(device));
+  const tutti::cuda::StreamGuard current(app);
+  return median_us(1000, [&] { tutti::allreduce(x, "d3.lone"); });
+}
+
+// D3's ordering calls alone, in microseconds per op, on the calling rank; after shutdown(), so
+// that nothing else uses Tutti's stream.
+double d3_order_us(int device, cudaStream_t app) {
+  constexpr int kOps = 10000;
+  tutti::ops::DeviceOps& ops = tutti::ops::device_ops();
+  const tutti::ops::DeviceStream tutti_stream{tutti::Device::cuda(device), 0};
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < kOps; ++i) {
+    auto ready = ops.record_ready(app, tutti::Device::cuda(device));
+    tutti::Status waited = ready.ok() ? ops.wait_event(*ready.value(), tutti_stream)
+                                      : ready.status();
+    if (!waited.ok()) {
+      std::fprintf(stderr, "D3: %s\n", std::string(waited.message()).c_str());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  const double us = ms_since(start) * 1000.0 / kOps;
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return us;
+}
+
+// D1, D2 and D3 (--device cuda); 77 when a rank sees no device.
 int run_device(const Options& options) {
   const bool root = world_rank() == 0;
   const int devices = visible_devices();
@@ -585,8 +620,14 @@ int run_device(const Options& options) {
     d1 = p1_tutti(grads.tensors, options.repeats);
   }
   const double staged = host_staged ? staged_ideal(total, options.repeats) : 0;
+  cudaStream_t created = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags");
+  const OwnedStream app(created);
+  const double lone_us = d3_lone_us(device, app.get());
   const int ranks = tutti::size();
   tutti::shutdown();
+  const double order_us = root ? d3_order_us(device, app.get()) : 0;
   if (root) {
     // At one rank MPI moves nothing: a ratio to ~0 ms says nothing (the NCCL line below does).
     if (ranks > 1) {
@@ -616,6 +657,10 @@ int run_device(const Options& options) {
   }
 #endif
   d2(counts, device, options.kernel_repeats);
+  if (root) {
+    std::printf("D3 lone_allreduce_us=%.1f order_us=%.2f (record_ready + wait_event per op, host)\n",
+                lone_us, order_us);
+  }
   return 0;
 }
 #endif  // TUTTI_BENCHMARK_CUDA
