@@ -569,8 +569,8 @@ double d3_order_us(int device, cudaStream_t app) {
   const Clock::time_point start = Clock::now();
   for (int i = 0; i < kOps; ++i) {
     auto ready = ops.record_ready(app, tutti::Device::cuda(device));
-    tutti::Status waited = ready.ok() ? ops.wait_event(*ready.value(), tutti_stream)
-                                      : ready.status();
+    tutti::Status waited =
+        ready.ok() ? ops.wait_event(*ready.value(), tutti_stream) : ready.status();
     if (!waited.ok()) {
       std::fprintf(stderr, "D3: %s\n", std::string(waited.message()).c_str());
       MPI_Abort(MPI_COMM_WORLD, 1);
@@ -658,8 +658,9 @@ int run_device(const Options& options) {
 #endif
   d2(counts, device, options.kernel_repeats);
   if (root) {
-    std::printf("D3 lone_allreduce_us=%.1f order_us=%.2f (record_ready + wait_event per op, host)\n",
-                lone_us, order_us);
+    std::printf(
+        "D3 lone_allreduce_us=%.1f order_us=%.2f (record_ready + wait_event per op, host)\n",
+        lone_us, order_us);
   }
   return 0;
 }

@@ -77,7 +77,8 @@ TEST_CASE("CommFuture: an error skips the continuations and is thrown by wait()"
 
 TEST_CASE("CommHook: empty hooks are refused where they would be called", "[comm_hooks]") {
   CHECK(CommHook().empty());
-  CHECK(code_of([] { CommHook(CommHook::Function()); }) == ErrorCode::InvalidArgument);
+  CHECK(code_of([] { static_cast<void>(CommHook(CommHook::Function{})); }) ==
+        ErrorCode::InvalidArgument);
   GradBucket bucket;
   CHECK(code_of([&] { CommHook()(bucket); }) == ErrorCode::InvalidArgument);
   const CommHook hook([](GradBucket& b) { return CommFuture::ready(b.buffer); }, "mine");
