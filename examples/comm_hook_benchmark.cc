@@ -33,7 +33,6 @@
 #include <string>
 #include <vector>
 
-#include "examples/grad_list.h"
 #include "examples/machine_line.h"
 #include "examples/resnet50_model.h"
 
@@ -130,15 +129,10 @@ int run(const Flags& flags) {
   const bool root = tutti::rank() == 0;
   const std::string machine = tutti::examples::machine_line();
   if (root) std::printf("%s\n", machine.c_str());
-  auto all = tutti::examples::resnet50_shapes();
-  try {
-    tutti::examples::check_against_counts(all, tutti::examples::grads_or_default(flags.grads),
-                                          flags.grads.empty() ? "the built-in list" : flags.grads);
-  } catch (const std::exception& e) {
-    if (root) std::fprintf(stderr, "comm_hook_benchmark: %s\n", e.what());
-    return 1;
-  }
-  const auto shapes = tutti::examples::last_tensors(all, flags.tensors);
+  const auto workload =
+      tutti::examples::checked_workload(flags.grads, flags.tensors, "comm_hook_benchmark");
+  if (!workload) return 1;
+  const auto& shapes = *workload;
   std::int64_t elements = 0;
   for (const auto& [name, shape] : shapes) elements += tutti::num_elements(shape);
   if (root) {

@@ -13,12 +13,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "examples/grad_list.h"
 
 namespace tutti::examples {
 
@@ -120,6 +123,21 @@ inline std::vector<std::pair<std::string, Shape>> last_tensors(
     shapes.erase(shapes.begin(), shapes.end() - count);
   }
   return shapes;
+}
+
+// A benchmark's workload: the last `count` ResNet-50 shapes (all for count <= 0), once all of
+// them match the gradient list `grads` (empty: the built-in one). Otherwise rank 0 prints why,
+// prefixed by `program`, and the result is empty on every rank.
+inline std::optional<std::vector<std::pair<std::string, Shape>>> checked_workload(
+    const std::string& grads, int count, const char* program) {
+  auto all = resnet50_shapes();
+  try {
+    check_against_counts(all, grads_or_default(grads), grads.empty() ? "the built-in list" : grads);
+  } catch (const std::exception& e) {
+    if (tutti::rank() == 0) std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return std::nullopt;
+  }
+  return last_tensors(std::move(all), count);
 }
 
 }  // namespace tutti::examples

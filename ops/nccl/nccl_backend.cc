@@ -307,50 +307,31 @@ Status NcclBackend::reduce(const void* input, void* output, std::size_t count, D
 
 Status NcclBackend::gatherv(const void* input, void* output, std::span<const std::size_t> counts,
                             DataType dtype, int root) {
-  TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
-              "gatherv needs one count per rank");
-  const std::size_t element = element_size(dtype);
-  cuda::ScopedDevice scoped;
-  TUTTI_RETURN_IF_ERROR(scoped.enter(comm_.device()));
-  const std::size_t mine = counts[static_cast<std::size_t>(rank())] * element;
-  if (rank() != root) {
-    if (mine == 0) return Status();  // The root posts no receive for an empty block either.
-    TUTTI_NCCL_RETURN_IF_ERROR(ncclSend(input, mine, ncclUint8, root, comm_.get(), native_));
-    return Status();
-  }
-  std::size_t offset = 0;
-  std::size_t own = 0;
-  TUTTI_RETURN_IF_ERROR(in_group([&]() -> Status {
-    for (int peer = 0; peer < size(); ++peer) {
-      const std::size_t bytes = counts[static_cast<std::size_t>(peer)] * element;
-      if (peer == rank()) {
-        own = offset;
-      } else if (bytes > 0) {
-        TUTTI_NCCL_RETURN_IF_ERROR(
-            ncclRecv(at(output, offset), bytes, ncclUint8, peer, comm_.get(), native_));
-      }
-      offset += bytes;
-    }
-    return Status();
-  }));
-  if (mine > 0) {
-    TUTTI_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(at(output, own), input, mine, cudaMemcpyDeviceToDevice, native_));
-  }
-  return Status();
+  // A gather only reads its own block.
+  return rooted_blocks(Direction::Gather, output, const_cast<void*>(input), counts, dtype, root);
 }
 
 Status NcclBackend::scatterv(const void* input, std::span<const std::size_t> counts, void* output,
                              DataType dtype, int root) {
+  // A scatter only reads the root's blocks.
+  return rooted_blocks(Direction::Scatter, const_cast<void*>(input), output, counts, dtype, root);
+}
+
+Status NcclBackend::rooted_blocks(Direction direction, void* blocks, void* mine_at,
+                                  std::span<const std::size_t> counts, DataType dtype, int root) {
+  const bool gather = direction == Direction::Gather;
   TUTTI_CHECK(counts.size() == static_cast<std::size_t>(size()),
-              "scatterv needs one count per rank");
+              gather ? "gatherv needs one count per rank" : "scatterv needs one count per rank");
   const std::size_t element = element_size(dtype);
   cuda::ScopedDevice scoped;
   TUTTI_RETURN_IF_ERROR(scoped.enter(comm_.device()));
   const std::size_t mine = counts[static_cast<std::size_t>(rank())] * element;
   if (rank() != root) {
-    if (mine == 0) return Status();  // The root posts no send for an empty block either.
-    TUTTI_NCCL_RETURN_IF_ERROR(ncclRecv(output, mine, ncclUint8, root, comm_.get(), native_));
+    // The root posts nothing for an empty block either.
+    if (mine == 0) return Status();
+    TUTTI_NCCL_RETURN_IF_ERROR(
+        gather ? ncclSend(mine_at, mine, ncclUint8, root, comm_.get(), native_)
+               : ncclRecv(mine_at, mine, ncclUint8, root, comm_.get(), native_));
     return Status();
   }
   std::size_t offset = 0;
@@ -361,16 +342,20 @@ Status NcclBackend::scatterv(const void* input, std::span<const std::size_t> cou
       if (peer == rank()) {
         own = offset;
       } else if (bytes > 0) {
+        void* block = at(blocks, offset);
         TUTTI_NCCL_RETURN_IF_ERROR(
-            ncclSend(at(input, offset), bytes, ncclUint8, peer, comm_.get(), native_));
+            gather ? ncclRecv(block, bytes, ncclUint8, peer, comm_.get(), native_)
+                   : ncclSend(block, bytes, ncclUint8, peer, comm_.get(), native_));
       }
       offset += bytes;
     }
     return Status();
   }));
   if (mine > 0) {
-    TUTTI_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(output, at(input, own), mine, cudaMemcpyDeviceToDevice, native_));
+    void* own_block = at(blocks, own);
+    TUTTI_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gather ? own_block : mine_at,
+                                               gather ? mine_at : own_block, mine,
+                                               cudaMemcpyDeviceToDevice, native_));
   }
   return Status();
 }

@@ -68,6 +68,13 @@ class NcclBackend final : public Backend {
   // Int16/UInt16 `count` elements at `source` into Int32 at `wide` (or back, wrapping).
   Status widen(const void* source, DataType dtype, std::int32_t* wide, std::size_t count);
   Status narrow(const std::int32_t* wide, void* destination, DataType dtype, std::size_t count);
+  enum class Direction { Gather, Scatter };
+  // gatherv and scatterv, which mirror each other: the root receives (Gather) or sends
+  // (Scatter) every other rank's block of `blocks`, at the offsets `counts` give, in one NCCL
+  // group, and copies its own block between `blocks` and `mine_at`; a member sends or receives
+  // its block at `mine_at`. `blocks` is only read when scattering, `mine_at` only when gathering.
+  Status rooted_blocks(Direction direction, void* blocks, void* mine_at,
+                       std::span<const std::size_t> counts, DataType dtype, int root);
   Status reduce_scatter_native(const void* input, void* output,
                                std::span<const std::size_t> recv_counts, ncclDataType_t type,
                                std::size_t element, ncclRedOp_t op);
