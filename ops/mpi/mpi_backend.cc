@@ -60,6 +60,20 @@ IntLayout int_layout(std::span<const std::size_t> counts) {
   return layout;
 }
 
+// Note [MPICH's in-place reduce]
+// MPICH 4.0 and 4.1 (Debian 12 ships 4.0.2) crash in MPI_Reduce when a root other than 0 passes
+// MPI_IN_PLACE with two processes on one host (a memcpy from a bad address in its
+// reduce-scatter-gather algorithm; pmodels/mpich issue 6540, fixed after 4.1.1). Open MPI has no
+// such bug, so only an MPICH build pays for the root's copy of its input.
+bool in_place_reduce_works(int root) {
+#ifdef MPICH_VERSION
+  return root == 0;
+#else
+  (void)root;
+  return true;
+#endif
+}
+
 }  // namespace
 
 Status MpiBackend::allreduce(void* data, std::size_t count, DataType dtype, WireOp op) {
@@ -175,9 +189,18 @@ Status MpiBackend::reduce(const void* input, void* output, std::size_t count, Da
                           WireOp op, int root) {
   const std::size_t bytes = element_size(dtype);
   const bool is_root = rank() == root;
+  // See Note [MPICH's in-place reduce]: there the root reduces from a copy of its input.
+  const bool copy_root_input = is_root && input == output && !in_place_reduce_works(root);
+  std::vector<std::byte> root_input;
   for (std::size_t done = 0; done < count;) {
     const std::size_t piece = std::min(count - done, max_mpi_count());
-    const void* send = is_root && input == output ? MPI_IN_PLACE : at(input, done, bytes);
+    const void* send = at(input, done, bytes);
+    if (copy_root_input) {
+      root_input.assign(at(input, done, bytes), at(input, done + piece, bytes));
+      send = root_input.data();
+    } else if (is_root && input == output) {
+      send = MPI_IN_PLACE;
+    }
     void* receive = is_root ? at(output, done, bytes) : nullptr;
     TUTTI_MPI_RETURN_IF_ERROR(MPI_Reduce(send, receive, to_mpi_count(piece), to_mpi_type(dtype),
                                          to_mpi_op(op), root, comm_.get()));
