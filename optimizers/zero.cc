@@ -56,7 +56,6 @@ ZeroLayout make_zero_layout(const std::vector<std::int64_t>& counts,
 
 namespace {
 
-constexpr char kWho[] = "ZeroRedundancyOptimizer";
 constexpr double kBytesPerMb = 1024.0 * 1024.0;
 
 std::vector<nn::Variable> variables_of(const nn::NamedParameters& parameters) {
@@ -82,13 +81,13 @@ float* floats_of(const Tensor& t) { return static_cast<float*>(t.data()); }
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(nn::NamedParameters parameters, Factory make_local,
                                                  ZeroOptions options)
     : Optimizer(variables_of(parameters)), options_(std::move(options)) {
-  if (!make_local) detail::throw_invalid_argument(kWho, ": the factory is empty");
+  if (!make_local) detail::throw_invalid_argument(internal::kWho, ": the factory is empty");
   if (!(options_.bucket_cap_mb > 0) || !std::isfinite(options_.bucket_cap_mb)) {
-    detail::throw_invalid_argument(kWho, ": bucket_cap_mb must be a positive number, got ",
-                                   options_.bucket_cap_mb);
+    detail::throw_invalid_argument(
+        internal::kWho, ": bucket_cap_mb must be a positive number, got ", options_.bucket_cap_mb);
   }
   if (!options_.process_set.included()) {
-    detail::throw_invalid_argument(kWho, ": this rank is not a member of process set ",
+    detail::throw_invalid_argument(internal::kWho, ": this rank is not a member of process set ",
                                    options_.process_set.id());
   }
   std::set<std::string> seen_names;
@@ -97,10 +96,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(nn::NamedParameters parameters,
   std::vector<bool> trainable;
   for (const auto& [name, variable] : parameters) {
     if (!seen_names.insert(name).second) {
-      detail::throw_invalid_argument(kWho, ": parameter name '", name, "' appears more than once");
+      detail::throw_invalid_argument(internal::kWho, ": parameter name '", name,
+                                     "' appears more than once");
     }
     if (!seen_values.insert(&variable.value()).second) {
-      detail::throw_invalid_argument(kWho, ": parameter '", name,
+      detail::throw_invalid_argument(internal::kWho, ": parameter '", name,
                                      "' is a Variable listed before under another name");
     }
     names_.push_back(name);
@@ -115,14 +115,15 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(nn::NamedParameters parameters,
     shard.push_back(Optimizer::parameters()[i]);
   }
   local_ = make_local(shard);
-  if (!local_) detail::throw_invalid_argument(kWho, ": the factory returned no optimizer");
+  if (!local_)
+    detail::throw_invalid_argument(internal::kWho, ": the factory returned no optimizer");
   const std::vector<nn::Variable>& made = local_->parameters();
   bool same = made.size() == shard.size();
   for (std::size_t j = 0; same && j < shard.size(); ++j) {
     same = &made[j].value() == &shard[j].value();
   }
   if (!same) {
-    detail::throw_invalid_argument(kWho,
+    detail::throw_invalid_argument(internal::kWho,
                                    ": the factory must return an optimizer over exactly the "
                                    "parameters it is given, in that order");
   }
@@ -168,7 +169,7 @@ void ZeroRedundancyOptimizer::reduce_scatter_gradients() {
             });
       }
       handles.push_back(reducescatter_async(
-          input, std::string(kWho) + ".reducescatter." + std::to_string(handles.size()),
+          input, std::string(internal::kWho) + ".reducescatter." + std::to_string(handles.size()),
           {.op = ReduceOp::Average, .process_set = set}));
       inputs.push_back(std::move(input));
     }
@@ -207,7 +208,8 @@ void ZeroRedundancyOptimizer::allgather_parameters() {
             std::copy_n(floats_of(params[i].value()) + at, n, floats_of(input) + to);
           });
       handles.push_back(allgather_async(
-          input, std::string(kWho) + ".allgather." + std::to_string(handles.size()), set));
+          input, std::string(internal::kWho) + ".allgather." + std::to_string(handles.size()),
+          set));
       inputs.push_back(std::move(input));
     }
   } catch (...) {
@@ -220,9 +222,9 @@ void ZeroRedundancyOptimizer::allgather_parameters() {
     for (int r = 0; r < size; ++r)
       expected += layout.piece(r, static_cast<std::int64_t>(b) * bucket, bucket);
     if (handles[b].output().num_elements() != expected) {
-      detail::throw_invalid_argument(kWho, "::step: the allgather of bucket ", b, " returned ",
-                                     handles[b].output().num_elements(), " elements, not ",
-                                     expected,
+      detail::throw_invalid_argument(internal::kWho, "::step: the allgather of bucket ", b,
+                                     " returned ", handles[b].output().num_elements(),
+                                     " elements, not ", expected,
                                      "; a member has joined (tutti::join() is not "
                                      "supported)");
     }

@@ -14,6 +14,9 @@
 
 namespace tutti::optim::internal {
 
+// What ZeroRedundancyOptimizer's errors and the names of its collectives start with.
+inline constexpr char kWho[] = "ZeroRedundancyOptimizer";
+
 // Note [ZeRO layout]
 // Set rank r owns the parameters shards[r] (in parameter order) and their values concatenate,
 // in that order, into its flat shard of shard_elements[r] elements; parameter i starts at

@@ -18,8 +18,6 @@
 namespace tutti::optim {
 namespace {
 
-constexpr char kWho[] = "ZeroRedundancyOptimizer";
-
 // One member's state in the unsharded layout, as the gather carries it: an error string (the
 // local optimizer's state dict could not be translated; the consolidating rank throws it), the
 // tensors (global key, dtype, shape, bytes) and the scalars.
@@ -29,7 +27,7 @@ std::string encode_shard(const StateDict& local, const std::vector<std::size_t>&
   std::vector<std::string> keys;
   try {
     for (const auto& [key, tensor] : local.tensors) {
-      const internal::StateKey k = internal::parse_state_key(key, shard.size(), kWho);
+      const internal::StateKey k = internal::parse_state_key(key, shard.size(), internal::kWho);
       keys.push_back(std::to_string(shard[k.index]) + "." + k.name);
     }
   } catch (const Error& e) {
@@ -64,7 +62,8 @@ void decode_shard(ByteReader& r, std::vector<Entry>& entries,
   std::string error;
   std::size_t tensors = 0;
   r.get_string(&error);
-  if (!error.empty()) detail::throw_invalid_argument(kWho, "::consolidate_state_dict: ", error);
+  if (!error.empty())
+    detail::throw_invalid_argument(internal::kWho, "::consolidate_state_dict: ", error);
   r.get_count(&tensors, 1);
   for (std::size_t t = 0; t < tensors && r.ok(); ++t) {
     std::string key, bytes;
@@ -78,7 +77,7 @@ void decode_shard(ByteReader& r, std::vector<Entry>& entries,
     Tensor tensor(dtype, shape);
     if (bytes.size() != tensor.byte_size()) break;
     if (!bytes.empty()) std::memcpy(tensor.data(), bytes.data(), bytes.size());
-    const internal::StateKey k = internal::parse_state_key(key, num_parameters, kWho);
+    const internal::StateKey k = internal::parse_state_key(key, num_parameters, internal::kWho);
     entries.push_back({k.index, std::move(key), std::move(tensor)});
   }
   std::size_t count = 0;
@@ -99,7 +98,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   const ProcessSet& set = options_.process_set;
   const std::vector<int>& members = set.ranks();
   if (std::find(members.begin(), members.end(), to) == members.end()) {
-    detail::throw_invalid_argument(kWho, "::consolidate_state_dict: rank ", to,
+    detail::throw_invalid_argument(internal::kWho, "::consolidate_state_dict: rank ", to,
                                    " is not a member of process set ", set.id());
   }
   const int me = set.rank();
@@ -107,7 +106,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
       encode_shard(local_->state_dict(), layout_->shards[static_cast<std::size_t>(me)]);
   Tensor bytes(DataType::UInt8, {static_cast<std::int64_t>(mine.size())});
   if (!mine.empty()) std::memcpy(bytes.data(), mine.data(), mine.size());
-  Handle handle = gather_async(bytes, to, std::string(kWho) + ".consolidate", set);
+  Handle handle = gather_async(bytes, to, std::string(internal::kWho) + ".consolidate", set);
   handle.wait();
   consolidated_.reset();
   consolidated_to_ = to;
@@ -130,13 +129,14 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
 
 StateDict ZeroRedundancyOptimizer::state_dict() const {
   if (!consolidated_to_) {
-    detail::throw_invalid_argument(kWho,
+    detail::throw_invalid_argument(internal::kWho,
                                    "::state_dict: the state is sharded; call "
                                    "consolidate_state_dict() on every member first (after the "
                                    "last step())");
   }
   if (!consolidated_) {
-    detail::throw_invalid_argument(kWho, "::state_dict: the state was consolidated on rank ",
+    detail::throw_invalid_argument(internal::kWho,
+                                   "::state_dict: the state was consolidated on rank ",
                                    *consolidated_to_, ", not on this one");
   }
   return *consolidated_;
@@ -149,9 +149,10 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
   StateDict local;
   local.scalars = state.scalars;
   for (const auto& [key, tensor] : state.tensors) {
-    const internal::StateKey k = internal::parse_state_key(key, parameters().size(), kWho);
+    const internal::StateKey k =
+        internal::parse_state_key(key, parameters().size(), internal::kWho);
     if (layout.owner[k.index] < 0) {
-      detail::throw_invalid_argument(kWho, "::load_state_dict: state '", key,
+      detail::throw_invalid_argument(internal::kWho, "::load_state_dict: state '", key,
                                      "' is for a parameter that does not require grad");
     }
     if (layout.owner[k.index] != me) continue;

@@ -21,8 +21,6 @@ using Counter = ShmRing::Counter;
 constexpr std::size_t kSlotBytes = 256 * 1024;
 // Slots per rank: enough that a rank may run a few chunks ahead of the slowest reader.
 constexpr int kSlots = 4;
-// Shares of a chunk start on cache-line boundaries, so no two ranks write one line.
-constexpr std::size_t kLine = 64;
 // Up to this size an allreduce is reduced whole by every rank (see allreduce_tensors): the
 // redundant work costs less than a second round of synchronization.
 constexpr std::size_t kWholeChunkBytes = 4096;
@@ -139,7 +137,7 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
   const Stream stream(tensors);
   const std::size_t element = element_size(wire);
   const std::size_t chunk_elements = ring_->slot_bytes() / element;
-  const std::size_t align = std::max<std::size_t>(1, kLine / element);
+  const std::size_t align = std::max<std::size_t>(1, kCacheLine / element);
   const bool whole = stream.total() * element <= kWholeChunkBytes;
   const int n = size();
   const int me = rank();
@@ -297,8 +295,8 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
   if (n == 1) return Status();
   // Share j of the slot (whole cache lines) belongs to the j-th member other than the root.
   const std::size_t share =
-      std::max<std::size_t>(1, ring_->slot_bytes() / static_cast<std::size_t>(n - 1) / kLine) *
-      kLine;
+      std::max<std::size_t>(1, ring_->slot_bytes() / static_cast<std::size_t>(n - 1) / kCacheLine) *
+      kCacheLine;
   auto share_of = [root](int r) { return static_cast<std::size_t>(r < root ? r : r - 1); };
   for (std::size_t done = 0; done < largest; done += share) {
     const std::uint64_t chunk = ring_->take_chunk();
@@ -351,8 +349,8 @@ Status ShmBackend::reducescatter(const void* input, void* output,
   const int me = rank();
   // Elements per share, whole cache lines of them.
   const std::size_t share =
-      std::max<std::size_t>(1, ring_->slot_bytes() / static_cast<std::size_t>(n) / kLine) * kLine /
-      element;
+      std::max<std::size_t>(1, ring_->slot_bytes() / static_cast<std::size_t>(n) / kCacheLine) *
+      kCacheLine / element;
   std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
   std::size_t offset = 0;
   std::size_t largest = 0;

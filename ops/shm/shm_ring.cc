@@ -12,10 +12,9 @@
 namespace tutti::ops::shm {
 namespace {
 
-constexpr std::size_t kLine = 64;
 constexpr int kCounters = 3;
 // The counters' cache lines, then the slots.
-constexpr std::size_t kHeaderBytes = kCounters * kLine;
+constexpr std::size_t kHeaderBytes = kCounters * kCacheLine;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -64,12 +63,12 @@ Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot
   MPI_Comm_size(comm, &ring->size_);
   ring->slots_ = slots;
   ring->comm_ = comm;
-  ring->slot_bytes_ = round_up(slot_bytes, kLine);
+  ring->slot_bytes_ = round_up(slot_bytes, kCacheLine);
   // A line more than needed: MPI aligns regions less than a cache line, so each starts at its
   // first line boundary. Segments are mapped page-aligned, so that boundary is the same memory
   // in every process.
   const std::size_t region =
-      kHeaderBytes + ring->slot_bytes_ * static_cast<std::size_t>(slots) + kLine;
+      kHeaderBytes + ring->slot_bytes_ * static_cast<std::size_t>(slots) + kCacheLine;
   std::byte* mine = nullptr;
   // Noncontiguous: each rank's region may start on its own page (near its own NUMA node).
   MPI_Info info = MPI_INFO_NULL;
@@ -87,7 +86,7 @@ Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot
     TUTTI_MPI_RETURN_IF_ERROR(MPI_Win_shared_query(ring->window_, r, &bytes, &unit, &base));
     const auto address = reinterpret_cast<std::uintptr_t>(base);
     ring->regions_[static_cast<std::size_t>(r)] =
-        static_cast<std::byte*>(base) + (round_up(address, kLine) - address);
+        static_cast<std::byte*>(base) + (round_up(address, kCacheLine) - address);
   }
   static_cast<void>(mine);
   // Counters start at zero, and nobody may read them before they are.
@@ -112,7 +111,7 @@ std::byte* ShmRing::slot(int rank, std::uint64_t chunk) const {
 
 std::uint64_t* ShmRing::counter(int rank, Counter which) const {
   return reinterpret_cast<std::uint64_t*>(regions_[static_cast<std::size_t>(rank)] +
-                                          static_cast<std::size_t>(which) * kLine);
+                                          static_cast<std::size_t>(which) * kCacheLine);
 }
 
 void ShmRing::wait_slot_free(std::uint64_t chunk) const {

@@ -32,6 +32,10 @@
 
 namespace tutti::ops::shm {
 
+// Bytes of a cache line: what the ring and the backend align shares to, so that no two ranks
+// write one line.
+inline constexpr std::size_t kCacheLine = 64;
+
 class ShmRing {
  public:
   enum class Counter : int { Staged = 0, Reduced = 1, Consumed = 2 };

@@ -12,29 +12,30 @@ namespace {
 
 using detail::str_cat;
 
-[[noreturn]] void invalid(const std::string& message) { detail::throw_invalid_argument(message); }
-
 core::P2POpEntry make_op(const core::SetInfo& set, bool is_send, const TensorView& tensor, int peer,
                          int tag) {
   const char* what = is_send ? "isend" : "irecv";
   if (tag < 0 || tag > core::P2PEngine::kMaxUserTag) {
-    invalid(str_cat(what, ": tag ", tag, " is outside 0...", core::P2PEngine::kMaxUserTag));
+    detail::throw_invalid_argument(what, ": tag ", tag, " is outside 0...",
+                                   core::P2PEngine::kMaxUserTag);
   }
   if (peer == any_source) {
-    if (is_send) invalid("isend: any_source is not a destination");
+    if (is_send) detail::throw_invalid_argument("isend: any_source is not a destination");
   } else if (set.set_rank_of(peer) < 0) {
-    invalid(str_cat(what, ": rank ", peer, " is not a member of process set ", set.id));
+    detail::throw_invalid_argument(what, ": rank ", peer, " is not a member of process set ",
+                                   set.id);
   }
   if (tensor.device().kind != Device::Kind::CPU) {
-    invalid(str_cat(what,
-                    ": CUDA tensors are not supported by point-to-point ops yet; copy "
-                    "the tensor to the host"));
+    detail::throw_invalid_argument(
+        what,
+        ": CUDA tensors are not supported by point-to-point ops yet; copy "
+        "the tensor to the host");
   }
   const int channel_tag = core::P2PEngine::channel_tag(set.id, tag);
   if (channel_tag < 0) {
-    invalid(str_cat(what, ": process set ", set.id,
-                    " has too large an id for point-to-point "
-                    "tags"));
+    detail::throw_invalid_argument(what, ": process set ", set.id,
+                                   " has too large an id for point-to-point "
+                                   "tags");
   }
   core::P2POpEntry op{.send = is_send,
                       .peer = peer,
@@ -60,8 +61,8 @@ Context context(const char* what, const ProcessSet& process_set) {
   c.session = core::Runtime::get().session_for_op().value_or_throw();
   c.set = c.session->process_set(process_set.id()).value_or_throw();
   if (!c.set.includes_me()) {
-    invalid(str_cat(what, " on process set ", process_set.id(), " which does not include rank ",
-                    c.session->topology().rank));
+    detail::throw_invalid_argument(what, " on process set ", process_set.id(),
+                                   " which does not include rank ", c.session->topology().rank);
   }
   return c;
 }
@@ -109,7 +110,8 @@ std::vector<Handle> batch_isend_irecv(std::vector<P2POp> ops, ProcessSet process
   for (const P2POp& op : ops) {
     const bool is_send = op.kind == P2POp::Kind::Send;
     if (op.peer == any_source) {
-      invalid("batch_isend_irecv: any_source is not allowed (name each op's peer)");
+      detail::throw_invalid_argument(
+          "batch_isend_irecv: any_source is not allowed (name each op's peer)");
     }
     entries.push_back(make_op(c.set, is_send, op.tensor, op.peer, op.tag));
   }

@@ -9,48 +9,22 @@
 #include <catch2/catch.hpp>
 
 #include "src/core/coordinator_stage.h"
-#include "test/support/fake_transport.h"
+#include "test/unit/core/negotiation_fixtures.h"
 
 namespace tutti::core {
 namespace {
 
 using std::chrono::seconds;
-
-// The coordinator's view of a job of `size` ranks: rank 0's transport and process-set table.
-struct Job {
-  explicit Job(int size) : world(size), transport(world.transport(0)), sets(*transport, 1) {
-    std::vector<int> everyone;
-    for (int r = 0; r < size; ++r) everyone.push_back(r);
-    REQUIRE(sets.add(0, everyone).ok());
-  }
-  test::FakeWorld world;
-  std::unique_ptr<ops::Transport> transport;
-  ProcessSetTable sets;
-};
-
-Request allreduce(const std::string& name, Shape shape, int set = 0) {
-  Request r;
-  r.process_set_id = set;
-  r.name = name;
-  r.op = Collective::Allreduce;
-  r.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = std::move(shape)}};
-  return r;
-}
-
-RequestList list_of(std::vector<Request> requests, std::vector<std::int32_t> hits = {}) {
-  RequestList list;
-  list.requests = std::move(requests);
-  list.cache_hits = std::move(hits);
-  return list;
-}
+using test::allreduce;
+using test::Job;
+using test::list_of;
+using test::t0;
 
 std::vector<std::string> names(const ResponseList& list) {
   std::vector<std::string> result;
   for (const Response& r : list.responses) result.push_back(r.name);
   return result;
 }
-
-const Clock::time_point t0 = Clock::now();
 
 TEST_CASE("An op is ready once every member has submitted it, in readiness order",
           "[coordinator]") {

@@ -14,31 +14,15 @@
 
 #include "src/core/coordinator_stage.h"
 #include "src/core/hit_table.h"
-#include "test/support/fake_transport.h"
+#include "test/unit/core/negotiation_fixtures.h"
 
 namespace tutti::core {
 namespace {
 
 using std::chrono::seconds;
-
-struct Job {
-  explicit Job(int size) : world(size), transport(world.transport(0)), sets(*transport, 1) {
-    std::vector<int> everyone;
-    for (int r = 0; r < size; ++r) everyone.push_back(r);
-    REQUIRE(sets.add(0, everyone).ok());
-  }
-  test::FakeWorld world;
-  std::unique_ptr<ops::Transport> transport;
-  ProcessSetTable sets;
-};
-
-Request allreduce(const std::string& name, Shape shape) {
-  Request r;
-  r.name = name;
-  r.op = Collective::Allreduce;
-  r.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = std::move(shape)}};
-  return r;
-}
+using test::allreduce;
+using test::Job;
+using test::t0;
 
 Request join_request() {
   Request r;
@@ -58,8 +42,6 @@ RequestList hits(std::vector<std::int32_t> ids) {
   list.cache_hits = std::move(ids);
   return list;
 }
-
-const Clock::time_point t0 = Clock::now();
 
 // Negotiates `names` (shape {4}) on every rank of `size`, so that their ids are cached.
 std::vector<std::int32_t> warm(Coordinator& c, int size, const std::vector<std::string>& names) {

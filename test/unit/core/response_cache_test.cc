@@ -3,14 +3,12 @@
 
 #include <catch2/catch.hpp>
 
+#include "test/unit/core/negotiation_fixtures.h"
+
 namespace tutti::core {
 namespace {
 
-Request named(const std::string& name) {
-  Request request;
-  request.name = name;
-  return request;
-}
+using test::named;
 
 CoordinatorCache::Entry entry(const std::string& name) {
   CoordinatorCache::Entry e;

@@ -70,7 +70,8 @@ Response allreduce_response(const std::string& name, std::int64_t count, ReduceO
   return r;
 }
 
-ResponseList list_of(std::vector<Response> responses, std::vector<std::int32_t> cache_ids = {}) {
+ResponseList responses_of(std::vector<Response> responses,
+                          std::vector<std::int32_t> cache_ids = {}) {
   ResponseList list;
   if (cache_ids.empty()) cache_ids.assign(responses.size(), -1);
   list.cache_ids = std::move(cache_ids);
@@ -107,8 +108,8 @@ TEST_CASE("A fused list sums every tensor; Average divides; errors fail only the
     error.error_code = ErrorCode::Mismatch;
     error.error_message = "Mismatched ALLREDUCE tensor shapes for 'c'";
     const Status status =
-        rank.executor.execute(list_of({allreduce_response("a", 5, ReduceOp::Sum),
-                                       allreduce_response("b", 3, ReduceOp::Average), error}));
+        rank.executor.execute(responses_of({allreduce_response("a", 5, ReduceOp::Sum),
+                                            allreduce_response("b", 3, ReduceOp::Average), error}));
     const float sum_a = static_cast<float>(size * (size + 1) / 2);  // Σ (r + 1)
     const float avg_b = static_cast<float>(size - 1);               // Σ 2r / size
     bool good = rank.ok && status.ok() && ea->state->wait().ok() && eb->state->wait().ok();
@@ -127,12 +128,12 @@ TEST_CASE("A cached response is filed on every rank and replayed by id", "[execu
     std::vector<float> x(4, 1.0f);
     auto first = rank.submit("x", x);
     bool good =
-        rank.executor.execute(list_of({allreduce_response("x", 4, ReduceOp::Sum)}, {9})).ok();
+        rank.executor.execute(responses_of({allreduce_response("x", 4, ReduceOp::Sum)}, {9})).ok();
     good = good && first->state->wait().ok() && rank.executor.cache().response(9) != nullptr;
     // The same request is now known by its id; a hit carries no body.
     auto again = rank.submit("x", x);
     good = good && rank.executor.cache().lookup(again->request) == std::optional<std::int32_t>(9);
-    ResponseList hit = list_of({Response{}}, {9});
+    ResponseList hit = responses_of({Response{}}, {9});
     hit.hit = {1};
     hit.evicted = {9};  // Evicted after it ran.
     good = good && rank.executor.execute(std::move(hit)).ok() && again->state->wait().ok();
@@ -149,7 +150,8 @@ TEST_CASE("A joined member adds zeros without an entry of its own", "[executor][
     std::shared_ptr<Entry> entry;
     if (r != 1) entry = rank.submit("g", g);  // Rank 1 has joined.
     const bool ran =
-        rank.executor.execute(list_of({allreduce_response("g", 6, ReduceOp::Average, {1})})).ok();
+        rank.executor.execute(responses_of({allreduce_response("g", 6, ReduceOp::Average, {1})}))
+            .ok();
     bool good = ran;
     if (entry) {
       good = good && entry->state->wait().ok();
@@ -180,7 +182,7 @@ TEST_CASE("Set changes apply at their place in the list; removal fails ops in fl
     added.op = Collective::AddProcessSet;
     added.set_ranks = {0, 1};
     added.target_set_id = 4;
-    good = good && rank.executor.execute(list_of({added})).ok() && add->state->wait().ok();
+    good = good && rank.executor.execute(responses_of({added})).ok() && add->state->wait().ok();
     good = good && add->state->results.created_set_id == 4;
     const Result<SetInfo> set = rank.sets.find(4);
     good = good && set.ok() && *set.value().ranks == std::vector<int>{0, 1} &&
@@ -192,7 +194,8 @@ TEST_CASE("Set changes apply at their place in the list; removal fails ops in fl
     removed.name = "tutti.process_set.1";
     removed.op = Collective::RemoveProcessSet;
     removed.target_set_id = 4;
-    good = good && rank.executor.execute(list_of({removed})).ok() && remove->state->wait().ok();
+    good =
+        good && rank.executor.execute(responses_of({removed})).ok() && remove->state->wait().ok();
     good = good && pending->state->wait().code() == ErrorCode::ShutDown && !rank.sets.find(4).ok();
     ok[static_cast<std::size_t>(r)] = good;
   });
@@ -202,7 +205,7 @@ TEST_CASE("Set changes apply at their place in the list; removal fails ops in fl
 TEST_CASE("The bye records why the job stops", "[executor][shutdown]") {
   std::vector<int> ok(2, 0);
   with_ranks(2, [&](Rank& rank, int r) {
-    ResponseList bye = list_of({});
+    ResponseList bye = responses_of({});
     bye.shutdown = true;
     bye.shutdown_code = ErrorCode::Stalled;
     bye.shutdown_message = "Stalled: ...";

@@ -20,22 +20,17 @@ using test::check_gradients;
 using test::invalid_argument;
 using test::project;
 using test::random_tensor;
+using test::set_values;
 using test::tensor;
 using test::values;
-
-// Overwrites a parameter's values.
-void set(const Variable& v, std::initializer_list<float> new_values) {
-  REQUIRE(static_cast<std::int64_t>(new_values.size()) == v.value().num_elements());
-  std::copy(new_values.begin(), new_values.end(), v.value().span<float>().begin());
-}
 
 TEST_CASE("Conv2d computes the cross-correlation by hand", "[nn][conv2d]") {
   const Tensor image = tensor({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
   SECTION("stride 1, no padding") {
     Conv2d conv(1, 1, 2);
     CHECK(conv.weight().value().shape() == Shape{1, 1, 2, 2});
-    set(conv.weight(), {1, 2, 3, 4});
-    set(conv.bias(), {0});
+    set_values(conv.weight(), {1, 2, 3, 4});
+    set_values(conv.bias(), {0});
     Variable y = conv.forward(Variable(image));
     CHECK(y.value().shape() == Shape{1, 1, 2, 2});
     // [1 2; 4 5] . [1 2; 3 4] = 1 + 4 + 12 + 20, and so on.
@@ -43,8 +38,8 @@ TEST_CASE("Conv2d computes the cross-correlation by hand", "[nn][conv2d]") {
   }
   SECTION("stride 2, zero padding 1") {
     Conv2d conv(1, 1, 2, 2, 1);
-    set(conv.weight(), {1, 2, 3, 4});
-    set(conv.bias(), {1});
+    set_values(conv.weight(), {1, 2, 3, 4});
+    set_values(conv.bias(), {1});
     Variable y = conv.forward(Variable(image));
     CHECK(y.value().shape() == Shape{1, 1, 2, 2});
     // Windows of the zero-padded 5x5 image at (0,0), (0,2), (2,0), (2,2):
@@ -53,8 +48,8 @@ TEST_CASE("Conv2d computes the cross-correlation by hand", "[nn][conv2d]") {
   }
   SECTION("channels: a 1x1 kernel mixes channels per pixel") {
     Conv2d conv(2, 2, 1);
-    set(conv.weight(), {1, 1, 2, -1});  // out0 = c0 + c1, out1 = 2 c0 - c1
-    set(conv.bias(), {0, 1});
+    set_values(conv.weight(), {1, 1, 2, -1});  // out0 = c0 + c1, out1 = 2 c0 - c1
+    set_values(conv.bias(), {0, 1});
     Variable y = conv.forward(Variable(tensor({1, 2, 3, 4}, {1, 2, 1, 2})));
     CHECK(y.value().shape() == Shape{1, 2, 1, 2});
     CHECK(values(y.value()) == std::vector<float>{4, 6, 0, 1});

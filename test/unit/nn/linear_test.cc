@@ -19,21 +19,16 @@ using test::check_gradients;
 using test::invalid_argument;
 using test::project;
 using test::random_tensor;
+using test::set_values;
 using test::tensor;
 using test::values;
-
-// Overwrites a parameter's values.
-void set(const Variable& v, std::initializer_list<float> new_values) {
-  REQUIRE(static_cast<std::int64_t>(new_values.size()) == v.value().num_elements());
-  std::copy(new_values.begin(), new_values.end(), v.value().span<float>().begin());
-}
 
 TEST_CASE("Linear computes x W^T + b", "[nn][linear]") {
   Linear fc(3, 2);
   CHECK(fc.weight().value().shape() == Shape{2, 3});
   CHECK(fc.bias().value().shape() == Shape{2});
-  set(fc.weight(), {1, 2, 3, 4, 5, 6});
-  set(fc.bias(), {0.5f, -1});
+  set_values(fc.weight(), {1, 2, 3, 4, 5, 6});
+  set_values(fc.bias(), {0.5f, -1});
   Variable y = fc.forward(Variable(tensor({1, 0, -1, 2, 1, 0}, {2, 3})));
   CHECK(y.value().shape() == Shape{2, 2});
   // [1 0 -1] -> [1 - 3 + 0.5, 4 - 6 - 1]; [2 1 0] -> [2 + 2 + 0.5, 8 + 5 - 1]

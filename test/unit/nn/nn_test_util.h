@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -18,6 +19,12 @@
 #include "tutti/nn.h"
 
 namespace tutti::test {
+
+// Overwrites a parameter's values.
+inline void set_values(const nn::Variable& v, std::initializer_list<float> new_values) {
+  REQUIRE(static_cast<std::int64_t>(new_values.size()) == v.value().num_elements());
+  std::copy(new_values.begin(), new_values.end(), v.value().span<float>().begin());
+}
 
 // A float32 tensor of `shape` uniform in [low, high), from a generator local to the test so that
 // inputs do not depend on nn's generator (which the code under test also draws from).
