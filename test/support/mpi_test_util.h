@@ -13,7 +13,17 @@
 
 #include <mpi.h>
 
+#include "tutti/tutti.h"
+
 namespace tutti::test {
+
+// tutti::init() for the lifetime of a test case's scope.
+struct Session {
+  Session() { tutti::init(); }
+  ~Session() { tutti::shutdown(); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+};
 
 inline int world_rank() {
   int rank = 0;

@@ -19,13 +19,6 @@
 
 namespace tutti::test {
 
-struct Session {
-  Session() { tutti::init(); }
-  ~Session() { tutti::shutdown(); }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-};
-
 // The elements of a tensor (any dtype) as doubles.
 inline std::vector<double> values_of(const TensorView& t) {
   std::vector<double> out(static_cast<std::size_t>(t.num_elements()));

@@ -20,11 +20,6 @@
 namespace tutti::test {
 namespace {
 
-struct Session {
-  Session() { tutti::init(); }
-  ~Session() { tutti::shutdown(); }
-};
-
 // A chunk is 256 KiB: these span 1 to 5 chunks for every element size, with ragged ends.
 const std::vector<Shape> kLargeShapes = {{65536 + 13}, {300007}, {257, 1031}};
 

@@ -20,11 +20,6 @@
 namespace tutti::test {
 namespace {
 
-struct Session {
-  Session() { tutti::init(); }
-  ~Session() { tutti::shutdown(); }
-};
-
 const std::vector<Shape> kShapes = {{}, {0}, {1}, {17, 3}, {1023}, {1025}, {3, 0, 2}, {4096}};
 
 TEST_CASE("allreduce matches plain MPI for every dtype, op and shape", "[allreduce]") {

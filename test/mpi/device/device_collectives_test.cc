@@ -20,13 +20,6 @@
 namespace tutti::test {
 namespace {
 
-struct Session {
-  Session() { tutti::init(); }
-  ~Session() { tutti::shutdown(); }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-};
-
 // Rank r's element i: small integers, so float16 sums stay exact.
 double value(int rank, std::int64_t i) { return static_cast<double>((i + 2 * rank) % 5); }
 

@@ -29,13 +29,6 @@ namespace {
 // finish well within it: negotiation and the copies take milliseconds.
 constexpr std::chrono::milliseconds kHeld{200};
 
-struct Session {
-  Session() { tutti::init(); }
-  ~Session() { tutti::shutdown(); }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-};
-
 // Element i of rank r's inputs: small integers, so every sum below is exact in float32.
 double input_value(int rank, std::int64_t i) { return static_cast<double>(rank + 1 + i % 3); }
 

@@ -19,16 +19,6 @@
 
 namespace tutti::test {
 
-// init() for the test case, shutdown() at its end (both collective; MPI stays up: the test
-// main owns it).
-class Session {
- public:
-  Session() { tutti::init(); }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-  ~Session() { tutti::shutdown(); }
-};
-
 // Linear(4, 8) -> ReLU -> Linear(8, 2): parameters "0.weight", "0.bias", "2.weight", "2.bias".
 // The same `seed` gives the same weights on every rank.
 inline std::shared_ptr<nn::Sequential> make_model(std::uint64_t seed) {

@@ -11,8 +11,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "src/core/request.h"
 #include "src/core/process_set_table.h"
+#include "src/core/request.h"
 #include "test/support/fake_transport.h"
 
 namespace tutti::test {
