@@ -19,7 +19,9 @@
 #include "tutti/half.h"
 
 namespace tutti::optim {
-namespace {
+// Named, not anonymous: State below holds one (a unity build would otherwise see a member of
+// a named class whose type has internal linkage).
+namespace internal {
 
 // Note [Gradient buffers]
 // Without compression a gradient is reduced where it lies, with no copy: start() swaps the
@@ -124,6 +126,10 @@ class VariableBuffers final : public internal::GradientBuffers {
   std::vector<std::vector<Tensor>> buffers_;
 };
 
+}  // namespace internal
+
+namespace {
+
 // Each parameter's op name: from `named_parameters`, or "noname.<index>" when it is empty; an
 // empty name for parameters without a gradient (never reduced). Throws InvalidArgument for a
 // repeated parameter or name, an empty Variable, or a trainable parameter without a name.
@@ -179,7 +185,7 @@ struct DistributedOptimizer::State {
       : buffers(std::move(params), options.compression),
         rounds(std::move(options), std::move(names), buffers, "DistributedOptimizer") {}
 
-  VariableBuffers buffers;
+  internal::VariableBuffers buffers;
   internal::ReductionRounds rounds;
 };
 
