@@ -45,7 +45,7 @@ void p1_step(const std::vector<tutti::TensorView>& tensors) {
   for (tutti::Handle& h : handles) h.wait();
 }
 
-// The "settled" row of the autotune log (columns: src/core/autotune.h, kLogHeader).
+// The "settled" row of the autotune log (columns: src/core/tuning/autotune.h, kLogHeader).
 struct Settled {
   long long step = -1;  // -1: no settled row yet.
   long long threshold_bytes = -1;

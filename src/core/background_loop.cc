@@ -8,7 +8,7 @@
 #include "src/common/check.h"
 #include "src/common/logging.h"
 #include "src/common/strings.h"
-#include "src/core/message_codec.h"
+#include "src/core/negotiation/message_codec.h"
 #include "src/core/runtime.h"
 
 namespace tutti::core {

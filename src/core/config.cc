@@ -29,7 +29,7 @@ Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source,
 }
 
 // TUTTI_AUTOTUNE and its settings. The settings without AUTOTUNE=1, and the Gaussian process's
-// noise (Tutti's tuner fits none: Note [Autotune search] in src/core/autotune_search.h), are
+// noise (Tutti's tuner fits none: Note [Autotune search] in src/core/tuning/autotune_search.h), are
 // refused rather than ignored.
 Status parse_autotune(const detail::KnobSource& source, Config* c) {
   TUTTI_ASSIGN_OR_RETURN(c->autotune, detail::knob_value(detail::knob::AUTOTUNE, source));

@@ -35,7 +35,7 @@ struct Config {
   // knob table's default is auto.
   ops::HierarchyOptions hierarchy{.allreduce = ops::HierarchyMode::Auto,
                                   .allgather = ops::HierarchyMode::Auto};
-  // TUTTI_AUTOTUNE and its settings (see Note [Autotune] in src/core/autotune.h).
+  // TUTTI_AUTOTUNE and its settings (see Note [Autotune] in src/core/tuning/autotune.h).
   bool autotune = detail::knob_default(detail::knob::AUTOTUNE);
   std::string autotune_log;
   int autotune_warmup_samples =

@@ -35,7 +35,7 @@ enum class Collective : std::uint8_t {
 inline constexpr int kCollectiveCount = 12;
 
 // The name join() submits under in its set (one join per rank and set is in flight at a time).
-// Like "tutti.process_set.<n>" (see controller.h), it is reserved: a user op of that name
+// Like "tutti.process_set.<n>" (see negotiation/coordinator.h), it is reserved: a user op of that name
 // would be taken for a join.
 inline constexpr std::string_view kJoinName = "tutti.join";
 
@@ -91,7 +91,7 @@ struct Response {
   std::vector<int> set_ranks;  // AddProcessSet: the new set's sorted global ranks.
   // Set ranks that had joined without submitting this op (their data is absent: zeros in an
   // allreduce, no rows in an allgather). They still take part in the collective; see
-  // Note [Join] in controller.h.
+  // Note [Join] in negotiation/coordinator.h.
   std::vector<int> joined;
   bool ok = true;
   ErrorCode error_code = ErrorCode::Internal;

@@ -68,7 +68,7 @@ class TensorQueue {
   // Communication thread. A member that joined executes ops it never submitted; when one
   // carries an automatic name "<op>.noname.<n>", the set's counter moves past n, so that this
   // rank's next unnamed op matches the others' after the join (see Note [Join] in
-  // controller.h). Other names are ignored.
+  // negotiation/coordinator.h). Other names are ignored.
   void skip_automatic_name(int process_set_id, const std::string& name) TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns every in-flight entry of a set (being removed).
   std::vector<std::shared_ptr<Entry>> take_set(int process_set_id) TUTTI_EXCLUDES(mutex_);

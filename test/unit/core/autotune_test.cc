@@ -2,7 +2,7 @@
 // Issue 12: the autotuner. The search on noisy closed-form valleys (the optimum is known in
 // closed form), its budget, and the tuner's step and sample bookkeeping on synthetic response
 // lists with a fake clock, including its CSV log.
-#include "src/core/autotune.h"
+#include "src/core/tuning/autotune.h"
 
 #include <chrono>
 #include <cstdio>
@@ -14,7 +14,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "src/core/autotune_search.h"
+#include "src/core/tuning/autotune_search.h"
 #include "test/unit/core/autotune_valleys.h"
 
 namespace tutti::core {

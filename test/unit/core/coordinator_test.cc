@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "src/core/coordinator_stage.h"
+#include "src/core/negotiation/coordinator_stage.h"
 #include "test/unit/core/negotiation_fixtures.h"
 
 namespace tutti::core {

@@ -2,7 +2,7 @@
 // DeviceCompletions (Note [Device completion]): ops complete when, and only when, their event
 // says the device is done; an event's error fails its ops; fail_all and finish leave nothing
 // pending. Events are test doubles whose state the test sets.
-#include "src/core/device_completions.h"
+#include "src/core/execution/device_completions.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "src/core/fusion_planner.h"
+#include "src/core/execution/fusion_planner.h"
 
 #include <catch2/catch.hpp>
 

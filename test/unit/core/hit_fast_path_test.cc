@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The coordinator's counted cache hits (Note [Hit fast path] in src/core/controller.h): hits
+// The coordinator's counted cache hits (Note [Hit fast path] in src/core/negotiation/coordinator.h): hits
 // counted per id, and every way a counted op moves to the named bookkeeping (a full request
 // for the same name, a join, an eviction) or is named by the stall inspector. Expected lists
 // are written out from the protocol's rules: cache ids count from 0 in insertion order.
@@ -12,8 +12,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "src/core/coordinator_stage.h"
-#include "src/core/hit_table.h"
+#include "src/core/negotiation/coordinator_stage.h"
+#include "src/core/negotiation/hit_table.h"
 #include "test/unit/core/negotiation_fixtures.h"
 
 namespace tutti::core {

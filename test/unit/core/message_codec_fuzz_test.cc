@@ -14,7 +14,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "src/core/message_codec.h"
+#include "src/core/negotiation/message_codec.h"
 
 // ThreadSanitizer's runtime defines the global operator new and delete itself (they cannot be
 // replaced under it): there the allocation sizes go untracked and only those checks are skipped.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "src/core/message_codec.h"
+#include "src/core/negotiation/message_codec.h"
 
 #include <catch2/catch.hpp>
 

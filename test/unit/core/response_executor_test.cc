@@ -2,7 +2,7 @@
 // The response executor (stage 3 of Note [The cycle]) on N threads as N ranks over the
 // in-memory transport: every rank executes the same hand-made ResponseList, as the coordinator
 // would send it, and the outputs are checked against closed forms.
-#include "src/core/response_executor.h"
+#include "src/core/execution/response_executor.h"
 
 #include <memory>
 #include <string>
@@ -166,7 +166,7 @@ TEST_CASE("Set changes apply at their place in the list; removal fails ops in fl
           "[executor][process_set]") {
   std::vector<int> ok(2, 0);
   with_ranks(2, [&](Rank& rank, int r) {
-    // Every rank submits each set change (api_process_set.cc), as here.
+    // Every rank submits each set change (src/core/api/process_set.cc), as here.
     auto change = [&](const std::string& name, Collective op) {
       auto entry = std::make_shared<Entry>();
       entry->request.name = name;

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// See Note [P2P stage] in p2p_engine.h.
+#include "src/core/execution/p2p_engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "src/common/logging.h"
+#include "src/common/strings.h"
+#include "src/core/op_state.h"
+
+namespace tutti::core {
+namespace {
+
+using detail::str_cat;
+
+// The header: dtype, inline flag, element count (little-endian host order: every rank of a
+// job runs on the same kind of machine), then the inline payload.
+constexpr std::size_t kHeaderBytes = 1 + 1 + 8;
+
+std::string encode_header(DataType dtype, std::int64_t count, const void* inline_data,
+                          std::size_t inline_bytes) {
+  std::string bytes(kHeaderBytes + inline_bytes, '\0');
+  bytes[0] = static_cast<char>(dtype);
+  bytes[1] = static_cast<char>(inline_data != nullptr ? 1 : 0);
+  std::memcpy(bytes.data() + 2, &count, sizeof count);
+  if (inline_bytes > 0) std::memcpy(bytes.data() + kHeaderBytes, inline_data, inline_bytes);
+  return bytes;
+}
+
+}  // namespace
+
+Status P2PQueue::push(std::vector<P2POpEntry> ops) {
+  detail::MutexLock lock(mutex_);
+  if (!closed_.ok()) return closed_;
+  for (P2POpEntry& op : ops) new_.push_back(std::move(op));
+  return Status();
+}
+
+std::vector<P2POpEntry> P2PQueue::drain() {
+  detail::MutexLock lock(mutex_);
+  std::vector<P2POpEntry> out;
+  out.swap(new_);
+  return out;
+}
+
+std::vector<P2POpEntry> P2PQueue::close(const Status& status) {
+  detail::MutexLock lock(mutex_);
+  closed_ = status;
+  std::vector<P2POpEntry> out;
+  out.swap(new_);
+  return out;
+}
+
+P2PEngine::P2PEngine(std::unique_ptr<ops::P2PChannel> channel, P2PQueue& queue,
+                     const Completer& completer, const Config& config)
+    : channel_(std::move(channel)), queue_(queue), completer_(completer), config_(config) {}
+
+int P2PEngine::channel_tag(int set_id, int tag) {
+  const std::int64_t t = std::int64_t{set_id} * (kMaxUserTag + 1) + tag;
+  // 2^24 - 1 is the least MPI_TAG_UB MPI allows for the channel's doubled tags.
+  return t <= (std::int64_t{1} << 22) ? static_cast<int>(t) : -1;
+}
+
+std::string P2PEngine::describe(const P2POpEntry& op) {
+  const std::string peer = op.peer < 0 ? std::string("any rank") : str_cat("rank ", op.peer);
+  return str_cat(op.send ? "isend to " : "irecv from ", peer, " with tag ", op.tag,
+                 op.set_id != 0 ? str_cat(" on process set ", op.set_id) : std::string());
+}
+
+void P2PEngine::complete(P2POpEntry& op, const Status& status) {
+  warned_.erase(op.entry.get());
+  completer_.complete(*op.entry, status);
+}
+
+Status P2PEngine::progress(Clock::time_point now, bool* did_work) {
+  for (P2POpEntry& op : queue_.drain()) {
+    *did_work = true;
+    TUTTI_RETURN_IF_ERROR(start(std::move(op)));
+  }
+  if (channel_ == nullptr) return Status();
+  // Oldest receive first: it gets the earlier of two messages both could take. A receive
+  // that found nothing blocks the later ones that could take what it waits for (a message
+  // may arrive between two probes), so those wait for the next cycle.
+  std::set<std::pair<int, int>> blocked;  // (channel tag, peer or -1) of unmatched receives.
+  std::set<int> blocked_tags;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const bool is_blocked = blocked.count({it->channel_tag, -1}) != 0 ||
+                            (it->peer < 0 ? blocked_tags.count(it->channel_tag) != 0
+                                          : blocked.count({it->channel_tag, it->peer}) != 0);
+    bool taken = false;
+    if (!is_blocked) {
+      TUTTI_ASSIGN_OR_RETURN(taken, match(*it));
+    }
+    if (!taken) {
+      blocked.insert({it->channel_tag, it->peer});
+      blocked_tags.insert(it->channel_tag);
+      ++it;
+      continue;
+    }
+    *did_work = true;
+    it = waiting_.erase(it);
+  }
+  if (!active_.empty()) {
+    TUTTI_ASSIGN_OR_RETURN(const std::vector<ops::P2PChannel::Id> done, channel_->completed());
+    for (const ops::P2PChannel::Id id : done) {
+      auto it = active_.find(id);
+      if (it == active_.end()) continue;
+      *did_work = true;
+      complete(it->second.op, it->second.status);
+      active_.erase(it);
+    }
+  }
+  return check_stalls(now);
+}
+
+Status P2PEngine::start(P2POpEntry op) {
+  if (channel_ == nullptr) {
+    complete(op, Status(ErrorCode::Internal, "this transport has no point-to-point channel"));
+    return Status();
+  }
+  if (!op.send) {
+    waiting_.push_back(std::move(op));
+    return Status();
+  }
+  const TensorView& tensor = op.entry->inputs[0];
+  const std::size_t bytes = tensor.byte_size();
+  const bool inline_payload = bytes <= kInlineBytes;
+  std::string header =
+      encode_header(tensor.dtype(), tensor.num_elements(), inline_payload ? tensor.data() : nullptr,
+                    inline_payload ? bytes : 0);
+  TUTTI_ASSIGN_OR_RETURN(const ops::P2PChannel::Id id,
+                         channel_->start_send(op.peer, op.channel_tag, std::move(header),
+                                              tensor.data(), inline_payload ? 0 : bytes));
+  active_.emplace(id, Active{.op = std::move(op), .status = Status(), .scratch = {}});
+  return Status();
+}
+
+Result<bool> P2PEngine::match(P2POpEntry& op) {
+  TUTTI_ASSIGN_OR_RETURN(std::optional<ops::P2PChannel::Header> header,
+                         channel_->take_header(op.peer, op.channel_tag));
+  if (!header) return false;
+  const std::string& bytes = header->bytes;
+  if (bytes.size() < kHeaderBytes) {
+    return Status(ErrorCode::Communication,
+                  str_cat(describe(op), ": a malformed message header (", bytes.size(), " bytes)"));
+  }
+  const auto dtype = static_cast<DataType>(static_cast<std::uint8_t>(bytes[0]));
+  const bool is_inline = bytes[1] != 0;
+  std::int64_t count = 0;
+  std::memcpy(&count, bytes.data() + 2, sizeof count);
+  const std::size_t payload = static_cast<std::size_t>(count) * element_size(dtype);
+  op.entry->state->results.source = header->source;
+  const TensorView& tensor = op.entry->inputs[0];
+  Status status;
+  if (dtype != tensor.dtype() || count != tensor.num_elements()) {
+    status = Status(ErrorCode::Mismatch,
+                    str_cat("irecv from rank ", header->source, " with tag ", op.tag,
+                            ": the message holds ", count, " ", to_string(dtype),
+                            " elements, the receive expects ", tensor.num_elements(), " ",
+                            to_string(tensor.dtype()), " (the message was consumed)"));
+  }
+  if (is_inline) {
+    if (status.ok() && payload > 0) {
+      std::memcpy(tensor.data(), bytes.data() + kHeaderBytes, payload);
+    }
+    complete(op, status);
+    return true;
+  }
+  Active active{.op = op, .status = status, .scratch = {}};
+  void* into = tensor.data();
+  if (!status.ok()) {
+    active.scratch.resize(payload);
+    into = active.scratch.data();
+  }
+  TUTTI_ASSIGN_OR_RETURN(const ops::P2PChannel::Id id,
+                         channel_->start_receive(header->source, op.channel_tag, into, payload));
+  // Moving the vector keeps its heap block, so the scratch pointer given to MPI stays valid.
+  active_.emplace(id, std::move(active));
+  return true;
+}
+
+Status P2PEngine::check_stalls(Clock::time_point now) {
+  if (config_.stall_check_disabled || (waiting_.empty() && active_.empty())) return Status();
+  const auto period = std::min<Clock::duration>(
+      std::chrono::seconds(1), config_.stall_check_time / 4 + std::chrono::milliseconds(1));
+  if (now - last_stall_check_ < period) return Status();
+  last_stall_check_ = now;
+  const auto inspect = [&](P2POpEntry& op) -> Status {
+    const Clock::duration waited = now - op.entry->submitted;
+    const double seconds = std::chrono::duration<double>(waited).count();
+    if (config_.stall_shutdown_time.count() > 0 && waited > config_.stall_shutdown_time) {
+      return Status(ErrorCode::Stalled,
+                    str_cat(describe(op), " found no match within ", seconds,
+                            " s (TUTTI_STALL_SHUTDOWN_TIME_SECONDS); Tutti stops"));
+    }
+    if (waited > config_.stall_check_time && !warned_[op.entry.get()]) {
+      warned_[op.entry.get()] = true;
+      TUTTI_LOG_WARNING(describe(op), " has waited ", seconds,
+                        " s for its peer (TUTTI_STALL_CHECK_TIME_SECONDS)");
+    }
+    return Status();
+  };
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    const Status stalled = inspect(*it);
+    if (!stalled.ok()) return stalled;  // finish() fails it, and the rest, with `stalled`.
+  }
+  for (auto it = active_.begin(); it != active_.end(); ++it) {
+    const Status stalled = inspect(it->second.op);
+    if (!stalled.ok()) return stalled;  // finish() fails it, and the rest, with `stalled`.
+  }
+  return Status();
+}
+
+void P2PEngine::finish(const Status& status) {
+  if (channel_ != nullptr) channel_->abandon();
+  for (P2POpEntry& op : queue_.close(Status(ErrorCode::ShutDown, "Tutti has shut down"))) {
+    complete(op, status);
+  }
+  for (P2POpEntry& op : waiting_) complete(op, status);
+  waiting_.clear();
+  for (auto& [id, active] : active_) complete(active.op, status);
+  active_.clear();
+}
+
+}  // namespace tutti::core

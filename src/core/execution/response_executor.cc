@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/execution/response_executor.h"
+
+#include <algorithm>
+
+#include "src/common/check.h"
+#include "src/common/strings.h"
+#include "src/core/execution/fusion_planner.h"
+#include "src/core/op_state.h"
+
+namespace tutti::core {
+
+ResponseExecutor::ResponseExecutor(Parts parts, std::size_t fusion_threshold_bytes)
+    : parts_(parts),
+      fusion_threshold_bytes_(fusion_threshold_bytes),
+      host_mover_(fusion_threshold_bytes) {
+  executor_.set_timeline(parts_.timeline);
+}
+
+std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
+  std::vector<Work> works;
+  works.reserve(list.responses.size());
+  for (std::size_t i = 0; i < list.responses.size(); ++i) {
+    const Response* response = &list.responses[i];
+    if (list.hit[i]) {
+      response = cache_.response(list.cache_ids[i]);
+      TUTTI_CHECK(response != nullptr, "cache id ", list.cache_ids[i], " is unknown here");
+    }
+    std::shared_ptr<Entry> entry = parts_.queue.take(response->process_set_id, response->name);
+    if (!list.hit[i] && list.cache_ids[i] >= 0) {
+      // Every rank stores every cached response, members of its set or not: hits are sent
+      // to every rank, and each must resolve them. A non-member never looks its request up.
+      Request placeholder;
+      placeholder.process_set_id = response->process_set_id;
+      placeholder.name = response->name;
+      cache_.insert(list.cache_ids[i], entry != nullptr ? entry->request : placeholder, *response);
+    }
+    if (entry == nullptr) {
+      // Not a member of the set, or a member that joined without submitting the op: it
+      // still takes part in the collective (see Note [Join] in negotiation/coordinator.h).
+      if (is_absent_member(*response)) {
+        parts_.queue.skip_automatic_name(response->process_set_id, response->name);
+        if (response->ok) works.push_back(Work{.response = response, .entry = nullptr});
+      }
+      continue;
+    }
+    if (!response->ok) {
+      parts_.completer.complete(*entry, Status(response->error_code, response->error_message));
+      continue;
+    }
+    if (parts_.timeline != nullptr && parts_.timeline->enabled()) {
+      const TensorSpec& spec = response->tensors.empty() ? TensorSpec{} : response->tensors.front();
+      parts_.timeline->op_start(response->name, to_string(response->op), to_string(spec.dtype),
+                                detail::shape_string(spec.shape));
+    }
+    works.push_back(Work{.response = response, .entry = std::move(entry)});
+  }
+  return works;
+}
+
+Status ResponseExecutor::execute(ResponseList list) {
+  if (list.fusion_threshold_bytes >= 0) {
+    // Before planning: every rank plans this list with the new threshold (Note [Autotune]).
+    fusion_threshold_bytes_ = static_cast<std::size_t>(list.fusion_threshold_bytes);
+    host_mover_.set_piece_bytes(fusion_threshold_bytes_);
+  }
+  std::vector<Work> works = prepare(list);
+  std::vector<FusionItem> items;
+  items.reserve(works.size());
+  for (const Work& work : works) {
+    const std::uint64_t key = fusion_key(*work.response);
+    items.push_back(FusionItem{.key = key,
+                               .bytes = key == 0 ? SIZE_MAX : fusion_bytes(*work.response),
+                               .root = work.response->root_rank});
+  }
+  Status fault;
+  for (const std::vector<std::size_t>& indices : plan_fusion(items, fusion_threshold_bytes_)) {
+    std::vector<Work> batch;
+    for (std::size_t i : indices) batch.push_back(std::move(works[i]));  // Each index once.
+    // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
+    bool deferred = false;
+    const Status status = fault.ok() ? run_batch(batch, &deferred) : fault;
+    if (!deferred) {
+      for (Work& work : batch) {
+        if (work.entry != nullptr) parts_.completer.complete(*work.entry, status);
+      }
+    }
+    if (!status.ok() && status.code() == ErrorCode::Communication) fault = status;
+  }
+  // Evictions last: ids are never reused, a list that inserts more entries than the capacity
+  // evicts some of its own (the coordinator did so while building it), and `works` point into
+  // the cache until their batches have run.
+  for (std::int32_t id : list.evicted) cache_.erase(id);
+  if (list.shutdown) {
+    shutdown_ = Status(list.shutdown_code, list.shutdown_message);
+    shutdown_after_error_ = list.shutdown_after_error;
+  }
+  return fault;
+}
+
+Status ResponseExecutor::run_batch(std::vector<Work>& batch, bool* deferred) {
+  Work& first = batch.front();
+  const Response& response = *first.response;
+  switch (response.op) {
+    case Collective::Join:
+      // Every member has joined: nothing to move, only the answer (see Note [Join]).
+      first.entry->state->results.last_joined_rank = response.last_joined_rank;
+      return Status();
+    case Collective::AddProcessSet: return add_process_set(first);
+    case Collective::RemoveProcessSet: return remove_process_set(first);
+    default: break;
+  }
+  ops::Backend& host = parts_.sets.host_backend(response.process_set_id);
+  if (response.device == Device::Kind::CPU) return run_collective(batch, host, host_mover_);
+  TUTTI_ASSIGN_OR_RETURN(DevicePath::Lane lane,
+                         parts_.device.next_lane(response.process_set_id, batch));
+  TUTTI_RETURN_IF_ERROR(parts_.device.wait_for_producers(lane, batch));
+  TUTTI_RETURN_IF_ERROR(run_collective(batch, *lane.backend, *lane.mover));
+  TUTTI_RETURN_IF_ERROR(parts_.device.complete_later(lane, batch));
+  *deferred = true;
+  return Status();
+}
+
+Status ResponseExecutor::run_collective(std::vector<Work>& batch, ops::Backend& backend,
+                                        Mover& mover) {
+  Work& first = batch.front();
+  const Response& response = *first.response;
+  // Reductions mark their own stages (pack, collective, unpack).
+  if (response.op != Collective::Allreduce && response.op != Collective::Reduce)
+    executor_.mark(batch, to_string(response.op));
+  // The root's set rank, for the ops that have one.
+  auto root = [&] {
+    return parts_.sets.find(response.process_set_id).value().set_rank_of(response.root_rank);
+  };
+  switch (response.op) {
+    case Collective::Allreduce: return executor_.allreduce(batch, backend, mover);
+    case Collective::Broadcast: return executor_.broadcast(first, backend, mover, root());
+    case Collective::Allgather: return executor_.allgather(batch, backend, mover);
+    case Collective::Alltoall: return executor_.alltoall(first, backend, mover);
+    case Collective::Reducescatter: return executor_.reducescatter(batch, backend, mover);
+    case Collective::Reduce: return executor_.reduce(batch, backend, mover, root());
+    case Collective::Gather: return executor_.gather(batch, backend, mover, root());
+    case Collective::Scatter: return executor_.scatter(first, backend, mover, root());
+    case Collective::Barrier: return backend.barrier();
+    case Collective::Join:
+    case Collective::AddProcessSet:
+    case Collective::RemoveProcessSet: break;  // Handled by run_batch.
+  }
+  TUTTI_CHECK(false, "unknown collective ", static_cast<int>(response.op));
+}
+
+bool ResponseExecutor::is_absent_member(const Response& response) const {
+  if (response.joined.empty()) return false;
+  Result<SetInfo> set = parts_.sets.find(response.process_set_id);
+  if (!set.ok() || !set.value().includes_me()) return false;
+  const int me = set.value().set_rank;
+  return std::find(response.joined.begin(), response.joined.end(), me) != response.joined.end();
+}
+
+// Every rank runs this at the same point of the response order, so the communicator's
+// creation (collective over all ranks) lines up everywhere. The coordinator numbered the set.
+Status ResponseExecutor::add_process_set(const Work& work) {
+  const Response& response = *work.response;
+  TUTTI_RETURN_IF_ERROR(parts_.sets.add(response.target_set_id, response.set_ranks));
+  if (work.entry != nullptr) work.entry->state->results.created_set_id = response.target_set_id;
+  return Status();
+}
+
+Status ResponseExecutor::remove_process_set(const Work& work) {
+  const int id = work.response->target_set_id;
+  // The table forgets the set first, so that new ops on it are refused by their call; the
+  // ones in flight are failed (the coordinator dropped them).
+  parts_.sets.remove(id);
+  const Status removed(ErrorCode::ShutDown, detail::str_cat("process set ", id, " was removed"));
+  parts_.completer.complete(parts_.queue.take_set(id), removed);
+  return Status();
+}
+
+}  // namespace tutti::core

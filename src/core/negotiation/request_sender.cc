@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/negotiation/request_sender.h"
+
+namespace tutti::core {
+
+std::optional<RequestList> RequestSender::take_new() {
+  // A rank's last message is its last (Note [Shutdown handshake]); ops still queued then are
+  // failed when the session ends.
+  if (last_sent_) return std::nullopt;
+  queue_.drain_new(&entries_);
+  if (entries_.empty()) return std::nullopt;
+  // Batch while ops keep arriving: drain again until a drain finds nothing new, for at most the
+  // cycle time. A lone op goes out at once (waiting even 3 us for company measurably slowed P2,
+  // the lone op's latency), and the ops of a burst that arrive while this list is on its way
+  // make the next one.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + cycle_time_;
+  for (std::size_t before = 0; entries_.size() > before && Clock::now() < deadline;) {
+    before = entries_.size();
+    queue_.drain_new(&entries_);
+  }
+  RequestList list;
+  list.cache_hits.reserve(entries_.size());
+  for (const std::shared_ptr<Entry>& entry : entries_) {
+    if (std::optional<std::int32_t> id = cache_.lookup(entry->request)) {
+      entry->cache_hit = *id;
+      list.cache_hits.push_back(*id);
+    } else {
+      list.requests.push_back(entry->request);
+    }
+  }
+  entries_.clear();  // Keeps its buffer, which drain_new() swaps with the queue's.
+  return list;
+}
+
+std::optional<RequestList> RequestSender::take_resend(std::span<const std::int32_t> ids) {
+  if (last_sent_ || ids.empty()) return std::nullopt;
+  RequestList again;
+  for (std::int32_t id : ids) {
+    for (const auto& entry : queue_.with_cache_hit(id)) {
+      entry->cache_hit = -1;
+      again.requests.push_back(entry->request);
+    }
+  }
+  return again;
+}
+
+RequestList RequestSender::take_last(const Status& why) {
+  last_sent_ = true;
+  RequestList last;
+  last.shutdown = true;
+  last.shutdown_after_error = !why.ok();
+  if (!why.ok()) {
+    last.shutdown_code = why.code();
+    last.shutdown_message = std::string(why.message());
+  }
+  return last;
+}
+
+}  // namespace tutti::core

@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/negotiation/validation.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "src/common/strings.h"
+
+namespace tutti::core {
+namespace {
+
+using detail::shape_string;
+using detail::str_cat;
+
+std::string_view device_name(Device::Kind kind) {
+  return kind == Device::Kind::CPU ? "CPU" : "CUDA";
+}
+
+std::string dims_after_first(const Shape& shape) {
+  return shape_string(Shape(shape.begin() + (shape.empty() ? 0 : 1), shape.end()));
+}
+
+// The error text of API.md: "Mismatched ALLREDUCE tensor shapes for 'x': rank 0 sent [17, 3],
+// rank 2 sent [17, 4]".
+Response mismatch(const Request& first, int first_rank, int other_rank, std::string_view what,
+                  const std::string& first_value, const std::string& other_value,
+                  const std::string& tensor) {
+  Response response;
+  response.ok = false;
+  response.error_code = ErrorCode::Mismatch;
+  response.error_message =
+      str_cat("Mismatched ", to_string(first.op), " ", what, " for '", tensor, "': rank ",
+              first_rank, " sent ", first_value, ", rank ", other_rank, " sent ", other_value);
+  return response;
+}
+
+std::string tensor_label(const Request& request, std::size_t index) {
+  return request.tensors.size() == 1 ? request.name : str_cat(request.name, "[", index, "]");
+}
+
+// Compares `other` with `first`; an error Response on the first difference.
+std::optional<Response> compare(const Request& first, int first_rank, const Request& other,
+                                int other_rank) {
+  if (other.op != first.op) {
+    Response response;
+    response.ok = false;
+    response.error_code = ErrorCode::Mismatch;
+    response.error_message =
+        str_cat("Mismatched operations for '", first.name, "': rank ", first_rank, " sent ",
+                to_string(first.op), ", rank ", other_rank, " sent ", to_string(other.op));
+    return response;
+  }
+  auto differ = [&](std::string_view what, const std::string& a, const std::string& b,
+                    const std::string& tensor) {
+    return mismatch(first, first_rank, other_rank, what, a, b, tensor);
+  };
+  if (other.device != first.device) {
+    return differ("devices", std::string(device_name(first.device)),
+                  std::string(device_name(other.device)), first.name);
+  }
+  if (other.tensors.size() != first.tensors.size()) {
+    return differ("group sizes", str_cat(first.tensors.size(), " tensors"),
+                  str_cat(other.tensors.size(), " tensors"), first.name);
+  }
+  const bool reduces = first.op == Collective::Allreduce || first.op == Collective::Reducescatter ||
+                       first.op == Collective::Reduce;
+  if (reduces && other.reduce_op != first.reduce_op) {
+    return differ("reduction ops", std::string(to_string(first.reduce_op)),
+                  std::string(to_string(other.reduce_op)), first.name);
+  }
+  if (reduces && other.prescale != first.prescale) {
+    return differ("prescale factors", str_cat(first.prescale), str_cat(other.prescale), first.name);
+  }
+  if (reduces && other.postscale != first.postscale) {
+    return differ("postscale factors", str_cat(first.postscale), str_cat(other.postscale),
+                  first.name);
+  }
+  // Broadcast and the rooted ops (-1 on both sides for the others).
+  if (other.root_rank != first.root_rank) {
+    return differ("root ranks", str_cat(first.root_rank), str_cat(other.root_rank), first.name);
+  }
+  if (first.op == Collective::AddProcessSet && other.set_ranks != first.set_ranks) {
+    return differ("process set ranks", str_cat("[", detail::join_list(first.set_ranks), "]"),
+                  str_cat("[", detail::join_list(other.set_ranks), "]"), first.name);
+  }
+  if (first.op == Collective::RemoveProcessSet && other.target_set_id != first.target_set_id) {
+    return differ("process sets", str_cat(first.target_set_id), str_cat(other.target_set_id),
+                  first.name);
+  }
+  for (std::size_t t = 0; t < first.tensors.size(); ++t) {
+    const TensorSpec& a = first.tensors[t];
+    const TensorSpec& b = other.tensors[t];
+    const std::string label = tensor_label(first, t);
+    if (a.dtype != b.dtype) {
+      return differ("data types", std::string(to_string(a.dtype)), std::string(to_string(b.dtype)),
+                    label);
+    }
+    // Only the root's shape counts in a scatter (negotiate_response takes it from its request).
+    if (first.op == Collective::Scatter) continue;
+    // Allgather, gather and alltoall may differ in dim 0; everything else must match exactly.
+    const bool rows_vary = first.op == Collective::Allgather || first.op == Collective::Gather ||
+                           first.op == Collective::Alltoall;
+    if (rows_vary) {
+      if (a.shape.size() != b.shape.size() ||
+          dims_after_first(a.shape) != dims_after_first(b.shape)) {
+        return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape), label);
+      }
+    } else if (a.shape != b.shape) {
+      return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape), label);
+    }
+  }
+  return std::nullopt;
+}
+
+// Why an op cannot run now that members have joined, or nullopt. `absent`: set ranks without
+// data for this op; `joined`: global ranks that have joined the set. See Note [Join].
+std::optional<std::string> refuse_after_join(const Request& first,
+                                             const std::vector<int>& global_ranks,
+                                             const std::vector<int>& absent,
+                                             const std::vector<int>& joined) {
+  if (absent.empty() && joined.empty()) return std::nullopt;
+  std::vector<int> joined_ranks = joined;
+  for (int set_rank : absent) {
+    const int global = global_ranks[static_cast<std::size_t>(set_rank)];
+    if (std::find(joined_ranks.begin(), joined_ranks.end(), global) == joined_ranks.end()) {
+      joined_ranks.push_back(global);
+    }
+  }
+  std::sort(joined_ranks.begin(), joined_ranks.end());
+  switch (first.op) {
+    case Collective::Alltoall:
+    case Collective::Reducescatter:
+    case Collective::Scatter:  // Every member receives a part: none may be missing.
+    case Collective::AddProcessSet:
+    case Collective::RemoveProcessSet:
+      return str_cat(to_string(first.op), " '", first.name, "' cannot run while process set ",
+                     first.process_set_id, " has joined ranks: ", detail::join_list(joined_ranks));
+    case Collective::Broadcast:
+    case Collective::Reduce:
+    case Collective::Gather:
+      for (int set_rank : absent) {
+        if (global_ranks[static_cast<std::size_t>(set_rank)] == first.root_rank) {
+          return str_cat(to_string(first.op), " '", first.name, "': root rank ", first.root_rank,
+                         " has joined process set ", first.process_set_id);
+        }
+      }
+      return std::nullopt;
+    case Collective::Allreduce:
+    case Collective::Allgather:
+    case Collective::Barrier:
+    case Collective::Join: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// A scatter's shape and splits are the root's (the members agreed on the root and the dtype;
+// a refusal after a join has ruled out a missing root). The root checked its splits at its call:
+// a wrong count here is a protocol error, reported like alltoall's.
+void scatter_response(const std::vector<int>& global_ranks,
+                      const std::vector<std::shared_ptr<const Request>>& requests,
+                      Response& response) {
+  const auto root = std::find(global_ranks.begin(), global_ranks.end(), response.root_rank);
+  const Request* from_root =
+      root == global_ranks.end()
+          ? nullptr
+          : requests[static_cast<std::size_t>(root - global_ranks.begin())].get();
+  if (from_root == nullptr || from_root->splits.size() != requests.size() ||
+      from_root->tensors.size() != 1 || from_root->tensors.front().shape.empty()) {
+    response.ok = false;
+    response.error_code = ErrorCode::InvalidArgument;
+    response.error_message = str_cat("SCATTER '", response.name, "': root rank ",
+                                     response.root_rank, " sent no valid shape and splits");
+    return;
+  }
+  response.tensors = from_root->tensors;
+  response.splits = from_root->splits;
+}
+
+}  // namespace
+
+Response negotiate_response(const std::vector<int>& global_ranks,
+                            const std::vector<std::shared_ptr<const Request>>& requests,
+                            const std::vector<int>& joined) {
+  // The first member that submitted the op is the reference; null slots are joined members.
+  std::size_t first_index = 0;
+  while (requests[first_index] == nullptr) ++first_index;
+  const Request& first = *requests[first_index];
+  std::vector<int> absent;  // Set ranks of joined members without data.
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == nullptr) absent.push_back(static_cast<int>(i));
+  }
+  for (std::size_t i = first_index + 1; i < requests.size(); ++i) {
+    if (requests[i] == nullptr) continue;
+    if (std::optional<Response> error =
+            compare(first, global_ranks[first_index], *requests[i], global_ranks[i])) {
+      error->process_set_id = first.process_set_id;
+      error->name = first.name;
+      error->op = first.op;
+      error->joined = absent;  // Absent members still see the name go by (Note [Join]).
+      return *error;
+    }
+  }
+  Response response;
+  response.process_set_id = first.process_set_id;
+  response.name = first.name;
+  response.op = first.op;
+  response.device = first.device;
+  response.reduce_op = first.reduce_op;
+  response.prescale = first.prescale;
+  response.postscale = first.postscale;
+  response.root_rank = first.root_rank;
+  response.tensors = first.tensors;
+  response.target_set_id = first.target_set_id;
+  response.joined = absent;
+  if (std::optional<std::string> refusal = refuse_after_join(first, global_ranks, absent, joined)) {
+    response.ok = false;
+    response.error_code = ErrorCode::InvalidArgument;
+    response.error_message = std::move(*refusal);
+    return response;
+  }
+  const std::size_t size = requests.size();
+  if (first.op == Collective::Allgather || first.op == Collective::Gather) {
+    for (std::size_t t = 0; t < first.tensors.size(); ++t) {
+      for (const auto& request : requests) {
+        response.rows.push_back(request ? request->tensors[t].shape.at(0) : 0);
+      }
+    }
+  } else if (first.op == Collective::Alltoall) {
+    for (const auto& request : requests) {
+      if (request->splits.size() != size) {
+        response.ok = false;
+        response.error_code = ErrorCode::InvalidArgument;
+        response.error_message = str_cat("ALLTOALL '", first.name, "' got ", request->splits.size(),
+                                         " splits from a rank of a set of ", size);
+        return response;
+      }
+      response.splits.insert(response.splits.end(), request->splits.begin(), request->splits.end());
+    }
+  } else if (first.op == Collective::Scatter) {
+    scatter_response(global_ranks, requests, response);
+  } else if (first.op == Collective::AddProcessSet) {
+    response.set_ranks = first.set_ranks;
+    std::sort(response.set_ranks.begin(), response.set_ranks.end());
+  }
+  return response;
+}
+
+}  // namespace tutti::core
+
+namespace tutti::core {
+
+std::string_view to_string(Collective op) {
+  switch (op) {
+    case Collective::Allreduce: return "ALLREDUCE";
+    case Collective::Allgather: return "ALLGATHER";
+    case Collective::Broadcast: return "BROADCAST";
+    case Collective::Alltoall: return "ALLTOALL";
+    case Collective::Reducescatter: return "REDUCESCATTER";
+    case Collective::Barrier: return "BARRIER";
+    case Collective::Join: return "JOIN";
+    case Collective::AddProcessSet: return "ADD_PROCESS_SET";
+    case Collective::RemoveProcessSet: return "REMOVE_PROCESS_SET";
+    case Collective::Reduce: return "REDUCE";
+    case Collective::Gather: return "GATHER";
+    case Collective::Scatter: return "SCATTER";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace tutti::core

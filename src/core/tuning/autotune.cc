@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+// See Note [Autotune] in autotune.h.
+#include "src/core/tuning/autotune.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <iterator>
+
+#include "src/common/logging.h"
+#include "src/common/strings.h"
+
+namespace tutti::core {
+namespace {
+
+using detail::str_cat;
+
+// "allreduce.noname.17" -> "allreduce.noname": unnamed ops of one type share a step identity.
+std::string_view step_name(std::string_view name) {
+  constexpr std::string_view kMarker = ".noname.";
+  const std::size_t at = name.rfind(kMarker);
+  if (at == std::string_view::npos || at + kMarker.size() == name.size()) return name;
+  for (char c : name.substr(at + kMarker.size())) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return name;
+  }
+  return name.substr(0, at + kMarker.size() - 1);
+}
+
+std::uint64_t step_key(const Response& response) {
+  const std::uint64_t name = std::hash<std::string_view>{}(step_name(response.name));
+  return name ^ (static_cast<std::uint64_t>(response.process_set_id) * 0x9e3779b97f4a7c15ull);
+}
+
+std::uint64_t bytes_of(const Response& response) {
+  std::uint64_t bytes = 0;
+  for (const TensorSpec& spec : response.tensors) {
+    bytes += static_cast<std::uint64_t>(num_elements(spec.shape)) * element_size(spec.dtype);
+  }
+  return bytes;
+}
+
+// The log's name for each step of the threshold search (Note [Autotune search]).
+const char* stage_name(int stage) {
+  switch (stage) {
+    case 1: return "grid";
+    case 2: return "top5";
+    case 3: return "top3";
+    default: return "settled";
+  }
+}
+
+}  // namespace
+
+std::vector<SeenOp> seen_ops(const ResponseList& list, const RankCache& cache) {
+  std::vector<SeenOp> ops;
+  ops.reserve(list.responses.size());
+  for (std::size_t i = 0; i < list.responses.size(); ++i) {
+    const Response* response = &list.responses[i];
+    if (i < list.hit.size() && list.hit[i]) {
+      response = cache.response(list.cache_ids[i]);
+      if (response == nullptr) continue;  // The executor will stop on this; nothing to count.
+    }
+    if (!response->ok) continue;
+    ops.push_back(SeenOp{.key = step_key(*response), .bytes = bytes_of(*response)});
+  }
+  return ops;
+}
+
+Autotuner::Options Autotuner::options_of(const Config& config) {
+  // One round of every cycle-time candidate, then 2 rounds of the best 3 (step 3 of Note
+  // [Autotune]; with 3 candidates, 3 rounds of each).
+  const int cycles =
+      static_cast<int>(std::size(kCycleCandidatesUs)) +
+      (config.cycle_time_set &&
+               std::find(std::begin(kCycleCandidatesUs), std::end(kCycleCandidatesUs),
+                         config.cycle_time.count()) == std::end(kCycleCandidatesUs)
+           ? 1
+           : 0);
+  return Options{.warmup_samples = config.autotune_warmup_samples,
+                 .steps_per_sample = config.autotune_steps_per_sample,
+                 .threshold = {.start = config.fusion_threshold_bytes,
+                               .start_is_candidate = config.fusion_threshold_set,
+                               .max_samples = config.autotune_max_samples},
+                 .cycle = {.start = config.cycle_time.count(),
+                           .start_is_candidate = config.cycle_time_set,
+                           .max_samples = cycles + 2 * 3},
+                 .log_path = config.autotune_log};
+}
+
+namespace {
+
+HalvingSearch::Options cycle_options(HalvingSearch::Options options) {
+  if (options.candidates.empty())
+    options.candidates.assign(std::begin(kCycleCandidatesUs), std::end(kCycleCandidatesUs));
+  return options;
+}
+
+}  // namespace
+
+Autotuner::Autotuner(Options options)
+    : options_(std::move(options)),
+      threshold_search_(options_.threshold),
+      cycle_(cycle_options(options_.cycle)),
+      threshold_bytes_(options_.threshold.start),
+      cycle_us_(options_.cycle.start) {
+  if (options_.log_path.empty()) return;
+  // The start handshake opened it once already, so this fails only if the path changed since.
+  log_.reset(std::fopen(options_.log_path.c_str(), "w"));
+  if (log_ == nullptr) {
+    TUTTI_LOG_ERROR("TUTTI_AUTOTUNE_LOG='", options_.log_path, "' cannot be opened; no log");
+    return;
+  }
+  std::fprintf(log_.get(), "%s\n", std::string(kLogHeader).c_str());
+  std::fflush(log_.get());
+}
+
+std::optional<TunedSettings> Autotuner::observe(std::span<const SeenOp> ops,
+                                                std::chrono::steady_clock::time_point now) {
+  if (settled() || ops.empty()) return std::nullopt;
+  const std::int64_t threshold_before = threshold_bytes_;
+  const std::int64_t cycle_before = cycle_us_;
+  if (!started_) {
+    started_ = true;
+    sample_start_ = now;
+    // Without warm-up the first sample is the search's already: the first list switches.
+    if (options_.warmup_samples == 0) threshold_bytes_ = threshold_search_.next();
+  }
+  // Where the next step starts in this list, if it does (step 1 of Note [Autotune]).
+  std::size_t first_of_next = ops.size();
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (step_keys_.contains(ops[i].key)) {
+      first_of_next = i;
+      break;
+    }
+    step_keys_.insert(ops[i].key);
+    sample_bytes_ += ops[i].bytes;
+  }
+  if (first_of_next < ops.size()) {
+    ++steps_;
+    if (++sample_steps_ == options_.steps_per_sample) {
+      end_sample(now);
+      sample_start_ = now;
+      sample_bytes_ = 0;
+      sample_steps_ = 0;
+    }
+    step_keys_.clear();
+    for (std::size_t i = first_of_next; i < ops.size(); ++i) {
+      step_keys_.insert(ops[i].key);
+      sample_bytes_ += ops[i].bytes;
+    }
+  }
+  if (threshold_bytes_ == threshold_before && cycle_us_ == cycle_before) return std::nullopt;
+  TUTTI_LOG_DEBUG("autotune: TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
+                  " TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " from step ",
+                  steps_ + 1);
+  return TunedSettings{
+      .fusion_threshold_bytes = threshold_bytes_ != threshold_before ? threshold_bytes_ : -1,
+      .cycle_time_us = cycle_us_ != cycle_before ? cycle_us_ : -1};
+}
+
+void Autotuner::end_sample(std::chrono::steady_clock::time_point now) {
+  const double seconds = std::chrono::duration<double>(now - sample_start_).count();
+  // A sample's steps cannot take no time at all; guard the division anyway.
+  const double throughput = static_cast<double>(sample_bytes_) / std::max(seconds, 1e-9);
+  const bool warmup = samples_ < options_.warmup_samples;
+  ++samples_;
+  const bool tuning_cycle = threshold_search_.phase() == HalvingSearch::Phase::Settled;
+  HalvingSearch& search = tuning_cycle ? cycle_ : threshold_search_;
+  std::string phase = "warmup";
+  if (!warmup) {
+    phase = tuning_cycle ? "cycle" : stage_name(search.stage());
+    search.record(throughput);
+  }
+  const bool is_best = !warmup && search.best() == (tuning_cycle ? cycle_us_ : threshold_bytes_);
+  write_row(phase, str_cat(seconds), str_cat(sample_bytes_), throughput, is_best);
+  if (warmup && samples_ < options_.warmup_samples) return;  // Still warming up.
+  threshold_bytes_ = threshold_search_.next();               // The chosen one once settled.
+  if (threshold_search_.phase() == HalvingSearch::Phase::Settled) cycle_us_ = cycle_.next();
+  if (!settled()) return;
+  write_row("settled", "", "", cycle_.best_median(), true);
+  TUTTI_LOG_INFO("autotune settled on TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
+                 " and TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " after ", steps_,
+                 " steps (", threshold_search_.samples() + cycle_.samples(), " samples measured, ",
+                 options_.warmup_samples, " warm-up)");
+}
+
+void Autotuner::write_row(std::string_view phase, const std::string& seconds,
+                          const std::string& bytes, double throughput, bool is_best) {
+  if (log_ == nullptr) return;
+  const std::string row =
+      str_cat(samples_ - (phase == "settled" ? 0 : 1), ",", steps_, ",", phase, ",",
+              threshold_bytes_, ",", static_cast<double>(cycle_us_) / 1000, ",", seconds, ",",
+              bytes, ",", std::llround(throughput), ",", is_best ? 1 : 0, "\n");
+  if (std::fputs(row.c_str(), log_.get()) < 0 || std::fflush(log_.get()) != 0) {
+    TUTTI_LOG_WARNING("TUTTI_AUTOTUNE_LOG='", options_.log_path,
+                      "': writing failed; autotuning goes on without the log");
+    log_.reset();
+  }
+}
+
+}  // namespace tutti::core
