@@ -7,7 +7,8 @@
 
 #include "ops/device_ops.h"
 #include "ops/mpi/host_staged_backend.h"
-#include "src/common/strings.h"
+#include "src/base/device_memory.h"
+#include "src/base/strings.h"
 #include "tutti_config.h"
 #if TUTTI_HAVE_CUDA
 #include "ops/cuda/device_ops.h"
@@ -73,6 +74,30 @@ DeviceOps& device_ops() {
 }
 
 void set_device_ops(DeviceOps* ops) { installed.store(ops, std::memory_order_release); }
+
+namespace {
+
+// Tensor's device memory (Note [Device memory registry] in src/base/device_memory.h): whatever
+// device_ops() is at the time of the call, so a test's set_device_ops() applies to it too.
+class RegisteredDeviceMemory final : public base::DeviceMemory {
+ public:
+  std::shared_ptr<void> allocate_zeroed(std::size_t bytes, Device device) override {
+    return device_ops().allocate_zeroed(bytes, device);
+  }
+  void copy(void* destination, const void* source, std::size_t bytes, Device device) override {
+    device_ops().copy_device_to_device(destination, source, bytes, device).throw_if_error();
+  }
+};
+
+// Registered while the library loads, before any tensor can be made: core calls device_ops(),
+// so every program that links Tutti's runtime links this file.
+[[maybe_unused]] const bool device_memory_registered = [] {
+  static RegisteredDeviceMemory memory;
+  base::register_device_memory(&memory);
+  return true;
+}();
+
+}  // namespace
 
 Result<std::unique_ptr<Backend>> create_host_staged_backend(Backend& host_backend,
                                                             DeviceStream stream) {

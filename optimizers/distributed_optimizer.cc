@@ -14,7 +14,7 @@
 
 #include "optimizers/optim_util.h"
 #include "optimizers/reduction_rounds.h"
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "tutti/half.h"
 

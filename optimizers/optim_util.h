@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the optimizers: the "<index>.<name>" state keys and state checks. Messages
-// are built with the project's header-only helpers (src/common/strings.h, throw.h).
+// are built with the project's header-only helpers (src/base/strings.h, throw.h).
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "tutti/error.h"
 #include "tutti/nn/variable.h"

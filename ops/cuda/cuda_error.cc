@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::ops::cuda {
 

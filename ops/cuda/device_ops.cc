@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "ops/cuda/cuda_error.h"
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::ops::cuda {
 namespace {

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "ops/cuda/cuda_error.h"
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::ops::cuda {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::ops::hierarchical {
 namespace {

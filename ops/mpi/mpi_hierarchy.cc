@@ -9,8 +9,8 @@
 #include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_error.h"
 #include "ops/shm/shm_backend.h"
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 
 namespace tutti::ops::mpi {
 namespace {

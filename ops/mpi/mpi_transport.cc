@@ -15,7 +15,7 @@
 #include "ops/mpi/mpi_hierarchy.h"
 #include "ops/mpi/mpi_p2p.h"
 #include "ops/transport.h"
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::ops {
 namespace mpi {

@@ -13,7 +13,7 @@
 #include "ops/cuda/cuda_error.h"
 #include "ops/cuda/stream.h"
 #include "ops/nccl/nccl_error.h"
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::ops::nccl {
 namespace {

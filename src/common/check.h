@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::detail {
 

@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/base/strings.h"
 #include "src/common/check.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 
 extern char** environ;  // NOLINT(readability-identifier-naming): POSIX's name.
 

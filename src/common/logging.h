@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::detail {
 

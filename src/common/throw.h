@@ -3,7 +3,7 @@
 // exception (the public entry points and the training layers). Header-only.
 #pragma once
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "tutti/error.h"
 
 namespace tutti::detail {

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <thread>
 
+#include "src/base/strings.h"
 #include "src/common/check.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 #include "src/core/negotiation/message_codec.h"
-#include "src/core/runtime.h"
+#include "src/core/op_state.h"
 
 namespace tutti::core {
 namespace {
@@ -67,7 +67,7 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
         continue;
       }
       const auto idle = std::chrono::duration_cast<microseconds>(now - idle_since);
-      if (idle < kSpinTime && Runtime::get().app_waiting()) {
+      if (idle < kSpinTime && detail::app_threads_waiting()) {
         std::this_thread::yield();
         continue;
       }

@@ -55,17 +55,17 @@
 
 #include "ops/control_plane.h"
 #include "src/common/status.h"
-#include "src/core/tuning/autotune.h"
 #include "src/core/completer.h"
 #include "src/core/config.h"
-#include "src/core/negotiation/coordinator_stage.h"
 #include "src/core/execution/device_path.h"
 #include "src/core/execution/p2p_engine.h"
-#include "src/core/process_set_table.h"
-#include "src/core/negotiation/request_sender.h"
 #include "src/core/execution/response_executor.h"
+#include "src/core/negotiation/coordinator_stage.h"
+#include "src/core/negotiation/request_sender.h"
+#include "src/core/process_set_table.h"
 #include "src/core/tensor_queue.h"
 #include "src/core/timeline.h"
+#include "src/core/tuning/autotune.h"
 
 namespace tutti::core {
 

@@ -5,9 +5,15 @@
 #include <thread>
 
 #include "src/common/check.h"
-#include "src/core/runtime.h"
 
 namespace tutti::detail {
+namespace {
+
+std::atomic<int> app_waiters{0};  // See app_threads_waiting().
+
+}  // namespace
+
+bool app_threads_waiting() { return app_waiters.load(std::memory_order_relaxed) > 0; }
 
 // complete() and wait() are a Dekker pair on (done_, sleepers_), both sequentially consistent:
 // complete() stores done_ then reads sleepers_; a sleeper counts itself in sleepers_ (under the
@@ -27,8 +33,7 @@ void OpState::complete(Status status) {
 Status OpState::wait() const {
   if (done()) return status_;
   // While this thread waits, the communication thread polls without pause (Note [The cycle]).
-  core::Runtime& runtime = core::Runtime::get();
-  runtime.begin_app_wait();
+  app_waiters.fetch_add(1, std::memory_order_relaxed);
   // A short spin first: a small op finishes within microseconds, and a futex sleep and
   // wake-up would double its latency.
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
@@ -39,7 +44,7 @@ Status OpState::wait() const {
     while (!done_.load(std::memory_order_seq_cst)) cv_.wait(mutex_);
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
-  runtime.end_app_wait();
+  app_waiters.fetch_sub(1, std::memory_order_relaxed);
   return status_;
 }
 

@@ -53,6 +53,11 @@ class OpState {
   mutable CondVar cv_;
 };
 
+// Application threads inside OpState::wait() right now, over the whole process: while none
+// is, the communication thread does not spin between cycles, so that it yields the core to the
+// application's computation (an overlapped backward pass); see Note [The cycle]. Any thread.
+bool app_threads_waiting();
+
 // The back door from core into Handle, whose constructor from an OpState is private.
 struct HandleAccess {
   static Handle make(std::shared_ptr<OpState> state) { return Handle(std::move(state)); }

@@ -6,9 +6,9 @@
 
 #include "ops/device_ops.h"
 #include "ops/registry.h"
+#include "src/base/strings.h"
 #include "src/common/check.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 
 namespace tutti::core {
 namespace {

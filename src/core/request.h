@@ -35,8 +35,8 @@ enum class Collective : std::uint8_t {
 inline constexpr int kCollectiveCount = 12;
 
 // The name join() submits under in its set (one join per rank and set is in flight at a time).
-// Like "tutti.process_set.<n>" (see negotiation/coordinator.h), it is reserved: a user op of that name
-// would be taken for a join.
+// Like "tutti.process_set.<n>" (see negotiation/coordinator.h), it is reserved: a user op of that
+// name would be taken for a join.
 inline constexpr std::string_view kJoinName = "tutti.join";
 
 // "ALLREDUCE", "ALLGATHER", ... as in error messages and the timeline.

@@ -37,20 +37,12 @@ class Runtime {
   // session's RPC plane (Note [RPC threading] in src/rpc/agent.h). The hook must be idempotent.
   void set_before_shutdown(void (*hook)()) { before_shutdown_.store(hook); }
 
-  // Application threads blocked on an op (Handle::wait), over every session: while none is,
-  // the communication thread does not spin between cycles, so that it yields the core to the
-  // application's computation (an overlapped backward pass); see Note [The cycle]. Any thread.
-  void begin_app_wait() { app_waiters_.fetch_add(1, std::memory_order_relaxed); }
-  void end_app_wait() { app_waiters_.fetch_sub(1, std::memory_order_relaxed); }
-  bool app_waiting() const { return app_waiters_.load(std::memory_order_relaxed) > 0; }
-
  private:
   mutable detail::Mutex mutex_;
   std::shared_ptr<Session> session_ TUTTI_GUARDED_BY(mutex_);
   bool exit_hook_registered_ TUTTI_GUARDED_BY(mutex_) = false;
   bool was_shut_down_ TUTTI_GUARDED_BY(mutex_) = false;
   std::atomic<void (*)()> before_shutdown_{nullptr};
-  std::atomic<int> app_waiters_{0};
 };
 
 }  // namespace tutti::core

@@ -7,8 +7,8 @@
 #include <numeric>
 
 #include "ops/transport.h"
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 #include "src/core/start_handshake.h"
 #include "tutti/cuda.h"
 

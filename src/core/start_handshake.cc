@@ -9,9 +9,9 @@
 #include <optional>
 #include <thread>
 
+#include "src/base/strings.h"
 #include "src/common/env.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 #include "tutti/serialize.h"
 
 namespace tutti::core {

@@ -6,7 +6,7 @@
 #include <charconv>
 #include <tuple>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::core {
 namespace {

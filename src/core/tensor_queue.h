@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "ops/device_ops.h"
+#include "src/base/inline_vector.h"
 #include "src/common/mutex.h"
 #include "src/common/status.h"
-#include "src/core/inline_vector.h"
 #include "src/core/op_key.h"
 #include "src/core/op_state.h"
 #include "src/core/request.h"
@@ -30,9 +30,9 @@ namespace tutti::core {
 struct Entry {
   Request request;
   // One view in place: nearly every op has one tensor (grouped ops spill to the heap).
-  InlineVector<TensorView, 1> inputs;
-  InlineVector<TensorView, 1> outputs;  // Same as inputs for in-place ops; empty when core
-                                        // allocates.
+  base::InlineVector<TensorView, 1> inputs;
+  base::InlineVector<TensorView, 1> outputs;  // Same as inputs for in-place ops; empty when core
+                                              // allocates.
   // The state the op's Handle shares. In an entry from make_entry() it lives in the entry's own
   // allocation and this pointer does not own it (the entry keeps it alive): hand out
   // handle_state(), never a copy of this pointer, to anything that may outlive the entry.

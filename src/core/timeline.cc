@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 
 namespace tutti::core {
 namespace {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The functions of tutti/distributed_autograd.h (Note [Distributed autograd] in dist_engine.h).
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/dist_autograd/dist_engine.h"
 #include "src/rpc/agent.h"
 #include "src/rpc/rpc_runtime.h"

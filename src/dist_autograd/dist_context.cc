@@ -4,7 +4,7 @@
 #include <atomic>
 #include <span>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::dist_autograd::detail {
 namespace {

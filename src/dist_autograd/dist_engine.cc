@@ -5,7 +5,7 @@
 #include <map>
 #include <utility>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/nn/autograd_seam.h"
 #include "src/rpc/agent.h"
 

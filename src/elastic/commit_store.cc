@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::elastic::internal {
 namespace {
@@ -77,6 +77,22 @@ bool read_file(const std::string& path, std::string* bytes) {
   }
   ::close(fd);
   return ok;
+}
+
+// Calls f(path, middle) for each file in `directory` named <prefix><middle><suffix> with a
+// non-empty middle; a directory that cannot be read has no files.
+template <typename F>
+void for_each_file(const fs::path& directory, const std::string& prefix, const std::string& suffix,
+                   F f) {
+  std::error_code error;
+  for (fs::directory_iterator it(directory, error), end; !error && it != end; it.increment(error)) {
+    const std::string file = it->path().filename().string();
+    if (file.size() <= prefix.size() + suffix.size() || !file.starts_with(prefix) ||
+        !file.ends_with(suffix))
+      continue;
+    f(it->path(),
+      std::string_view(file).substr(prefix.size(), file.size() - prefix.size() - suffix.size()));
+  }
 }
 
 }  // namespace
@@ -142,19 +158,9 @@ std::string CommitStore::write(std::int64_t commit, std::string_view bytes) cons
 std::vector<std::int64_t> CommitStore::list() const {
   std::vector<std::int64_t> commits;
   if (!enabled()) return commits;
-  std::error_code error;
-  const std::string prefix = name_ + ".";
-  const std::string suffix = ".commit";
-  for (fs::directory_iterator it(directory_, error), end; !error && it != end;
-       it.increment(error)) {
-    const std::string file = it->path().filename().string();
-    if (file.size() <= prefix.size() + suffix.size() || !file.starts_with(prefix) ||
-        !file.ends_with(suffix))
-      continue;
-    const std::string_view middle =
-        std::string_view(file).substr(prefix.size(), file.size() - prefix.size() - suffix.size());
+  for_each_file(directory_, name_ + ".", ".commit", [&](const fs::path&, std::string_view middle) {
     if (std::optional<std::int64_t> commit = to_number(middle)) commits.push_back(*commit);
-  }
+  });
   std::sort(commits.rbegin(), commits.rend());
   return commits;
 }
@@ -182,27 +188,19 @@ int CommitStore::remove_leftovers() const {
   const std::string prefix = "." + name_ + ".";
   const std::string suffix = ".tmp";
   const std::string host = host_name();
-  std::error_code error;
-  for (fs::directory_iterator it(directory_, error), end; !error && it != end;
-       it.increment(error)) {
-    const std::string file = it->path().filename().string();
-    if (file.size() <= prefix.size() + suffix.size() || !file.starts_with(prefix) ||
-        !file.ends_with(suffix))
-      continue;
+  for_each_file(directory_, prefix, suffix, [&](const fs::path& path, std::string_view middle) {
     // <commit>.<host>.<pid>; the host name may itself hold dots.
-    const std::string_view middle =
-        std::string_view(file).substr(prefix.size(), file.size() - prefix.size() - suffix.size());
     const std::size_t first = middle.find('.');
     const std::size_t last = middle.rfind('.');
-    if (first == std::string_view::npos || first == last) continue;
+    if (first == std::string_view::npos || first == last) return;
     const std::optional<std::int64_t> pid = to_number(middle.substr(last + 1));
     if (!to_number(middle.substr(0, first)) || !pid ||
         middle.substr(first + 1, last - first - 1) != host)
-      continue;
+      return;
     // Another host's writer (a shared file system) or a live one of ours is left alone.
-    if (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) continue;
-    if (::unlink(it->path().c_str()) == 0) ++removed;
-  }
+    if (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) return;
+    if (::unlink(path.c_str()) == 0) ++removed;
+  });
   return removed;
 }
 

@@ -2,7 +2,7 @@
 // elastic::run: the restore / reset / train / relaunch loop of one launch (see tutti/elastic.h).
 #include <string>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/elastic/settings.h"
 #include "tutti/elastic.h"
 #include "tutti/error.h"

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "src/elastic/commit_store.h"
 #include "tutti/runtime.h"

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "tutti/serialize.h"
 

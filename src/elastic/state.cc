@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "src/elastic/commit_store.h"
 #include "src/elastic/entry.h"

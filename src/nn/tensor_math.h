@@ -8,7 +8,7 @@
 
 #include <Eigen/Core>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "tutti/error.h"
 #include "tutti/tensor.h"

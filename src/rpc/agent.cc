@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 #include "src/dist_autograd/dist_engine.h"
 #include "src/rpc/optimizer_host.h"
 #include "src/rpc/serialize.h"

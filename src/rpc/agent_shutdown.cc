@@ -25,8 +25,8 @@
 // plus kShutdownSlack, logs a warning and stops as shutdown(false) does.
 #include <utility>
 
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 #include "src/rpc/agent.h"
 
 namespace tutti::rpc::detail {

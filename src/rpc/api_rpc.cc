@@ -5,8 +5,8 @@
 #include <map>
 #include <utility>
 
+#include "src/base/strings.h"
 #include "src/common/mutex.h"
-#include "src/common/strings.h"
 #include "src/common/thread_annotations.h"
 #include "src/core/own_ops.h"
 #include "src/core/runtime.h"

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/base/strings.h"
 #include "src/common/mutex.h"
-#include "src/common/strings.h"
 #include "src/common/thread_annotations.h"
 #include "src/rpc/agent.h"
 #include "src/rpc/optimizer_host.h"

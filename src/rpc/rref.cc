@@ -2,7 +2,7 @@
 // rpc::RRef's methods (the protocol is in rref_context.h).
 #include <utility>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/dist_autograd/dist_context.h"
 #include "src/rpc/agent.h"
 #include "src/rpc/rpc_runtime.h"

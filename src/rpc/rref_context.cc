@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/rpc/agent.h"
 
 namespace tutti::rpc::detail {

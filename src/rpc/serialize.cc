@@ -3,7 +3,7 @@
 
 #include <utility>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/dist_autograd/dist_engine.h"
 #include "src/rpc/agent.h"
 

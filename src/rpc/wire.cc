@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::rpc::detail {
 namespace {

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::test {
 namespace {

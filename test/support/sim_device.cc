@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "ops/convert.h"
+#include "src/base/strings.h"
 #include "src/common/check.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 
 namespace tutti::test {
 namespace {

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "ops/device_ops.h"
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::test {
 

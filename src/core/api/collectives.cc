@@ -1,18 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // API.md's collectives: argument checks on the caller's thread (InvalidArgument before
 // anything is queued), then an Entry on the session's queue and a Handle.
+#include "tutti/collectives.h"
+
 #include <cmath>
 #include <exception>
 #include <span>
 
 #include "ops/device_ops.h"
 #include "ops/registry.h"
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "src/core/op_state.h"
 #include "src/core/own_ops.h"
 #include "src/core/runtime.h"
-#include "tutti/collectives.h"
 
 namespace tutti {
 namespace {

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // tutti/cuda.h: the calling thread's current stream, which core's Session::submit records an
 // event on for every op on CUDA tensors (Note [Stream ordering] in ops/cuda/stream.h).
-#include "ops/device_ops.h"
 #include "tutti/cuda.h"
+
+#include "ops/device_ops.h"
 
 namespace tutti::cuda {
 namespace {

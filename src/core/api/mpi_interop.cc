@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // This file includes <mpi.h> although it is in core: it is the entry point behind the public
 // tutti/mpi_interop.h, and passes the communicator on as an opaque pointer (STYLE.md 2.1).
-#include "src/core/runtime.h"
 #include "tutti/mpi_interop.h"
+
+#include "src/core/runtime.h"
 
 namespace tutti {
 

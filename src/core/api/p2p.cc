@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // tutti/p2p.h: argument checks on the caller's thread (InvalidArgument before anything is
 // queued), then P2POpEntries on the session's P2PQueue (Note [P2P stage] in p2p_engine.h).
-#include "src/common/strings.h"
+#include "tutti/p2p.h"
+
+#include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "src/core/op_state.h"
 #include "src/core/runtime.h"
-#include "tutti/p2p.h"
 
 namespace tutti {
 namespace {

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // API.md's process sets.
+#include "tutti/process_set.h"
+
 #include <algorithm>
 #include <chrono>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "src/core/op_state.h"
 #include "src/core/runtime.h"
-#include "tutti/process_set.h"
 
 namespace tutti {
 namespace {

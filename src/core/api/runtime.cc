@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // API.md's runtime functions.
+#include "src/core/runtime.h"
+
 #include "ops/registry.h"
 #include "src/core/own_ops.h"
-#include "src/core/runtime.h"
 #include "tutti/runtime.h"
 
 namespace tutti {

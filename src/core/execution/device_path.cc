@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::core {
 namespace {

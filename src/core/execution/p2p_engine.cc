@@ -7,8 +7,8 @@
 #include <set>
 #include <utility>
 
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 #include "src/core/op_state.h"
 
 namespace tutti::core {

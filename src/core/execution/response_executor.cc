@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
+#include "src/base/strings.h"
 #include "src/common/check.h"
-#include "src/common/strings.h"
 #include "src/core/execution/fusion_planner.h"
 #include "src/core/op_state.h"
 

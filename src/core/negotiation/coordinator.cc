@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
+#include "src/base/strings.h"
 #include "src/common/check.h"
-#include "src/common/strings.h"
 #include "src/core/negotiation/validation.h"
 
 namespace tutti::core {

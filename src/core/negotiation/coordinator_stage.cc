@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/negotiation/coordinator_stage.h"
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 
 namespace tutti::core {
 

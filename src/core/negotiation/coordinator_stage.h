@@ -11,9 +11,9 @@
 #include "src/common/status.h"
 #include "src/core/config.h"
 #include "src/core/negotiation/coordinator.h"
+#include "src/core/negotiation/stall_inspector.h"
 #include "src/core/process_set_table.h"
 #include "src/core/request.h"
-#include "src/core/negotiation/stall_inspector.h"
 #include "src/core/timeline.h"
 
 namespace tutti::core {

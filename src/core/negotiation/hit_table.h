@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The coordinator's fast path for cache hits: ops that the members have so far sent only as one
-// cache id, counted per id instead of filed per name. See Note [Hit fast path] in negotiation/coordinator.h.
+// cache id, counted per id instead of filed per name. See Note [Hit fast path] in
+// negotiation/coordinator.h.
 #pragma once
 
 #include <chrono>

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "tutti/serialize.h"
 
 namespace tutti::core {

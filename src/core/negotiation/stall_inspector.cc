@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/negotiation/stall_inspector.h"
 
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 #include "src/core/response_cache.h"
 
 namespace tutti::core {

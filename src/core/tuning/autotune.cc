@@ -8,8 +8,8 @@
 #include <functional>
 #include <iterator>
 
+#include "src/base/strings.h"
 #include "src/common/logging.h"
-#include "src/common/strings.h"
 
 namespace tutti::core {
 namespace {

@@ -31,9 +31,9 @@
 //    so that is when the previous step ended. A new setting travels in the list that starts a
 //    step (ResponseList::fusion_threshold_bytes, cycle_time_us). Every rank's ResponseExecutor
 //    adopts the threshold before it plans that list's fusion, so every rank plans every list
-//    with the same threshold (Note [Same decision on every rank] in negotiation/coordinator.h) and each step
-//    runs at one setting; every rank's RequestSender adopts the cycle time for its next batch
-//    (it decides only when this rank's requests leave, never what the collectives are).
+//    with the same threshold (Note [Same decision on every rank] in negotiation/coordinator.h) and
+//    each step runs at one setting; every rank's RequestSender adopts the cycle time for its next
+//    batch (it decides only when this rank's requests leave, never what the collectives are).
 // 5. Once settled nothing is measured any more and the loop skips the tuner.
 // 6. TUTTI_AUTOTUNE_LOG: rank 0 writes one CSV row per sample, flushed as it is written (see
 //    kLogHeader), and a last row with phase "settled". The file was opened once at init() (the
@@ -52,10 +52,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "src/core/tuning/autotune_search.h"
 #include "src/core/config.h"
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
+#include "src/core/tuning/autotune_search.h"
 
 namespace tutti::core {
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The coordinator's counted cache hits (Note [Hit fast path] in src/core/negotiation/coordinator.h): hits
-// counted per id, and every way a counted op moves to the named bookkeeping (a full request
-// for the same name, a join, an eviction) or is named by the stall inspector. Expected lists
-// are written out from the protocol's rules: cache ids count from 0 in insertion order.
+// The coordinator's counted cache hits (Note [Hit fast path] in
+// src/core/negotiation/coordinator.h): hits counted per id, and every way a counted op moves to the
+// named bookkeeping (a full request for the same name, a join, an eviction) or is named by the
+// stall inspector. Expected lists are written out from the protocol's rules: cache ids count from 0
+// in insertion order.
 #include <algorithm>
 #include <map>
 #include <memory>

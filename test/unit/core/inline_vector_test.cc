@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // InlineVector: elements in place up to N, then on the heap; copies, moves and clears keep
 // every element constructed exactly once (a counting element type checks it).
-#include "src/core/inline_vector.h"
+#include "src/base/inline_vector.h"
 
 #include <span>
 #include <string>
 
 #include <catch2/catch.hpp>
 
-namespace tutti::core {
+namespace tutti::base {
 namespace {
 
 // Counts live objects, so that a leak or a double destruction shows as a wrong count.
@@ -92,4 +92,4 @@ TEST_CASE("InlineVector assigns from a list and reserves past N", "[inline_vecto
 }
 
 }  // namespace
-}  // namespace tutti::core
+}  // namespace tutti::base

@@ -15,7 +15,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "src/common/strings.h"
+#include "src/base/strings.h"
 #include "tutti/half.h"
 
 namespace tutti {

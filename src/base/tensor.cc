@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "src/common/strings.h"
-#include "src/core/device_memory.h"
+#include "src/base/device_memory.h"
+#include "src/base/strings.h"
 
 namespace tutti {
 
@@ -119,13 +119,13 @@ void TensorView::check_span(DataType requested) const {
 Tensor::Tensor(DataType dtype, Shape shape, Device device) {
   const std::int64_t count = tutti::num_elements(shape);
   const std::size_t bytes = static_cast<std::size_t>(count) * element_size(dtype);
-  storage_ = core::allocate_zeroed(bytes, device);
+  storage_ = base::allocate_zeroed(bytes, device);
   view_ = TensorView(storage_.get(), dtype, std::move(shape), device);
 }
 
 Tensor Tensor::clone() const {
   Tensor copy(dtype(), shape(), device());
-  core::copy_bytes(copy.data(), data(), byte_size(), device());
+  base::copy_bytes(copy.data(), data(), byte_size(), device());
   return copy;
 }
 

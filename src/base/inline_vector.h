@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace tutti::core {
+namespace tutti::base {
 
 // The subset of std::vector's interface that core uses, contiguous like it (data(), spans).
 // Up to N elements live in place; past that, all of them move to a std::vector and stay there.
@@ -120,4 +120,4 @@ class InlineVector {
   std::vector<T> heap_;
 };
 
-}  // namespace tutti::core
+}  // namespace tutti::base

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/base/device_memory.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace tutti::base {
+namespace {
+
+std::atomic<DeviceMemory*> registered{nullptr};
+
+DeviceMemory& device_memory(Device device) {
+  if (DeviceMemory* memory = registered.load(std::memory_order_acquire)) return *memory;
+  throw Error(ErrorCode::InvalidArgument,
+              "cuda:" + std::to_string(device.index) +
+                  " tensors need Tutti's ops library, which registers device memory when it "
+                  "loads; none is registered in this program");
+}
+
+}  // namespace
+
+void register_device_memory(DeviceMemory* memory) {
+  registered.store(memory, std::memory_order_release);
+}
+
+std::shared_ptr<void> allocate_zeroed(std::size_t bytes, Device device) {
+  if (device.kind != Device::Kind::CPU) return device_memory(device).allocate_zeroed(bytes, device);
+  // 64-byte alignment suits vector loads; at least one byte so data() is never null.
+  const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
+  void* memory = std::aligned_alloc(64, rounded);
+  if (memory == nullptr) throw std::bad_alloc();
+  std::memset(memory, 0, bytes);
+  return std::shared_ptr<void>(memory, [](void* p) { std::free(p); });
+}
+
+void copy_bytes(void* destination, const void* source, std::size_t bytes, Device device) {
+  if (bytes == 0) return;
+  if (device.kind != Device::Kind::CPU) {
+    device_memory(device).copy(destination, source, bytes, device);
+    return;
+  }
+  std::memcpy(destination, source, bytes);
+}
+
+}  // namespace tutti::base
