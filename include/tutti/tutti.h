@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The whole core API: runtime, tensors, process sets, collectives, CUDA stream ordering,
-// errors.
+// errors, the flight recorder.
 #pragma once
 
 #include "tutti/collectives.h"  // IWYU pragma: export
 #include "tutti/cuda.h"         // IWYU pragma: export
+#include "tutti/debug.h"        // IWYU pragma: export
 #include "tutti/error.h"        // IWYU pragma: export
 #include "tutti/half.h"         // IWYU pragma: export
 #include "tutti/p2p.h"          // IWYU pragma: export

@@ -40,7 +40,8 @@ BackgroundLoop::BackgroundLoop(Parts parts)
                  .sets = parts.sets,
                  .device = parts.device,
                  .completer = parts.completer,
-                 .timeline = &parts.timeline},
+                 .timeline = &parts.timeline,
+                 .recorder = &parts.recorder},
                 static_cast<std::size_t>(parts.config.fusion_threshold_bytes)),
       sender_(parts.queue, executor_.cache(), parts.config.cycle_time) {
   if (rank_ == 0) {

@@ -81,6 +81,7 @@ class BackgroundLoop {
     P2PEngine& p2p;  // Point-to-point ops: Note [P2P stage] in p2p_engine.h.
     const Completer& completer;
     Timeline& timeline;
+    FlightRecorder& recorder;
     const Config& config;
   };
   explicit BackgroundLoop(Parts parts);

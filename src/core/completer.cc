@@ -9,6 +9,10 @@ void Completer::complete(Entry& entry, const Status& status) const {
   if (timeline_ != nullptr && timeline_->enabled()) {
     timeline_->op_end(entry.request.name, status.ok() ? "OK" : status.message());
   }
+  if (recorder_ != nullptr) {
+    recorder_->update(entry.record, status.ok() ? OpPhase::Done : OpPhase::Failed, {},
+                      status.message());
+  }
   entry.state->complete(status);
 }
 

@@ -7,14 +7,16 @@
 //  - the device thread saw its event complete, or fail (Note [Device completion]);
 //  - its process set was removed while it was in flight (ShutDown);
 //  - the session ended before it ran (ShutDown, Stalled, or the fault that stopped it).
-// Completing writes the op's end into the timeline first, then releases the handle, so a
-// waiter that wakes finds the span closed. Results (outputs, splits) are written before.
+// Completing writes the op's end into the timeline and the flight recorder first, then releases the
+// handle, so a waiter that wakes finds the span closed. Results (outputs, splits) are written
+// before.
 #pragma once
 
 #include <memory>
 #include <span>
 
 #include "src/common/status.h"
+#include "src/core/flight_recorder.h"
 #include "src/core/tensor_queue.h"
 #include "src/core/timeline.h"
 
@@ -23,14 +25,16 @@ namespace tutti::core {
 // Any thread (the communication thread and the device thread complete ops).
 class Completer {
  public:
-  // `timeline` may be null (no timeline) and must outlive the completer.
-  explicit Completer(Timeline* timeline) : timeline_(timeline) {}
+  // `timeline` and `recorder` may be null (none) and must outlive the completer.
+  explicit Completer(Timeline* timeline, FlightRecorder* recorder = nullptr)
+      : timeline_(timeline), recorder_(recorder) {}
 
   void complete(Entry& entry, const Status& status) const;
   void complete(std::span<const std::shared_ptr<Entry>> entries, const Status& status) const;
 
  private:
   Timeline* timeline_;
+  FlightRecorder* recorder_;
 };
 
 }  // namespace tutti::core

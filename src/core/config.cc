@@ -123,6 +123,9 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   TUTTI_ASSIGN_OR_RETURN(double grace_s,
                          detail::knob_value(detail::knob::EXIT_GRACE_SECONDS, source));
   c.exit_grace = seconds_to_ms(grace_s);
+  TUTTI_ASSIGN_OR_RETURN(c.flight_recorder_size,
+                         detail::knob_value(detail::knob::FLIGHT_RECORDER_SIZE, source));
+  c.flight_recorder_dir = detail::knob_value(detail::knob::FLIGHT_RECORDER_DIR, source);
   TUTTI_RETURN_IF_ERROR(parse_autotune(source, &c));
 
   if (!detail::parse_log_level(detail::knob_value(detail::knob::LOG_LEVEL, source), &c.log_level)) {

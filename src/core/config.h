@@ -51,6 +51,11 @@ struct Config {
       seconds_to_ms(detail::knob_default(detail::knob::START_TIMEOUT));
   std::chrono::milliseconds exit_grace =
       seconds_to_ms(detail::knob_default(detail::knob::EXIT_GRACE_SECONDS));
+  std::int64_t flight_recorder_size = detail::knob_default(detail::knob::FLIGHT_RECORDER_SIZE);
+  std::string flight_recorder_dir;
+  // Rank 0's name for this job, sent to every rank by the start handshake (not a knob): dumps
+  // carry it so that scripts/tutti-trace tells one job's files from an earlier job's.
+  std::string job_id;
   detail::LogLevel log_level = detail::LogLevel::Warning;
   bool log_hide_time = detail::knob_default(detail::knob::LOG_HIDE_TIME);
 

@@ -46,6 +46,13 @@ std::vector<SetInfo> ProcessSetTable::all() const {
   return result;
 }
 
+std::map<int, std::vector<int>> ProcessSetTable::membership() const {
+  detail::MutexLock lock(mutex_);
+  std::map<int, std::vector<int>> sets;
+  for (const auto& [id, info] : infos_) sets.emplace(id, *info.ranks);
+  return sets;
+}
+
 Status ProcessSetTable::add(int id, const std::vector<int>& sorted_global_ranks) {
   TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> host,
                          transport_.create_backend(sorted_global_ranks, options_));

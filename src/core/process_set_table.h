@@ -60,6 +60,8 @@ class ProcessSetTable {
   Result<SetInfo> find(int id) const TUTTI_EXCLUDES(mutex_);
   // Any thread. Every set, by id.
   std::vector<SetInfo> all() const TUTTI_EXCLUDES(mutex_);
+  // Any thread. Every known set's sorted global ranks, by id (for flight-recorder dumps).
+  std::map<int, std::vector<int>> membership() const TUTTI_EXCLUDES(mutex_);
 
   // Communication thread, collective over ALL ranks of the job in the same order: creates the
   // set's communicator and host backend (null on non-members) and files its members.

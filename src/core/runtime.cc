@@ -26,6 +26,7 @@ Status Runtime::init(const void* parent) {
   detail::set_log_rank(transport->topology().rank);
   detail::warn_unknown_settings();
   TUTTI_ASSIGN_OR_RETURN(session_, Session::create(std::move(local), std::move(transport)));
+  last_recorder_ = session_->flight_recorder();
   if (!exit_hook_registered_) {
     // Registered after MPI's own finalize hook, so it runs before it: a process that exits
     // without shutdown() is shut down first.
@@ -66,6 +67,14 @@ Result<std::shared_ptr<Session>> Runtime::session() const {
 }  // namespace tutti::core
 
 namespace tutti::core {
+
+Result<std::shared_ptr<FlightRecorder>> Runtime::flight_recorder() const {
+  detail::MutexLock lock(mutex_);
+  if (last_recorder_ == nullptr) {
+    return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");
+  }
+  return last_recorder_;
+}
 
 Result<std::shared_ptr<Session>> Runtime::session_for_op() const {
   detail::MutexLock lock(mutex_);

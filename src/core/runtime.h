@@ -31,6 +31,9 @@ class Runtime {
   // ShutDown after shutdown() (API.md: every new op fails with ShutDown), or the session,
   // which itself refuses ops with ShutDown once it stopped after a fault or stall.
   Result<std::shared_ptr<Session>> session_for_op() const TUTTI_EXCLUDES(mutex_);
+  // The current or, after shutdown(), the last session's flight recorder (tutti/debug.h);
+  // NotInitialized before the first init().
+  Result<std::shared_ptr<FlightRecorder>> flight_recorder() const TUTTI_EXCLUDES(mutex_);
 
   // Any thread. `hook` (null: none) runs at the start of every shutdown(), before the session
   // stops: src/rpc stops an RPC agent that is still running there, since the agent uses the
@@ -40,6 +43,7 @@ class Runtime {
  private:
   mutable detail::Mutex mutex_;
   std::shared_ptr<Session> session_ TUTTI_GUARDED_BY(mutex_);
+  std::shared_ptr<FlightRecorder> last_recorder_ TUTTI_GUARDED_BY(mutex_);
   bool exit_hook_registered_ TUTTI_GUARDED_BY(mutex_) = false;
   bool was_shut_down_ TUTTI_GUARDED_BY(mutex_) = false;
   std::atomic<void (*)()> before_shutdown_{nullptr};

@@ -18,7 +18,10 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
     : config_(std::move(config)),
       transport_(std::move(transport)),
       rpc_plane_(transport_->take_rpc_plane()),
-      completer_(&timeline_),
+      recorder_(
+          std::make_shared<FlightRecorder>(static_cast<std::size_t>(config_.flight_recorder_size))),
+      completer_(&timeline_, recorder_.get()),
+      queue_(recorder_.get()),
       sets_(*transport_, config_.num_nccl_streams,
             {.host_transport = config_.host_transport, .hierarchy = config_.hierarchy}),
       device_(sets_, completer_, transport_->topology()),
@@ -30,7 +33,15 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .p2p = p2p_,
              .completer = completer_,
              .timeline = timeline_,
-             .config = config_}) {}
+             .recorder = *recorder_,
+             .config = config_}) {
+  const ops::Topology& where = transport_->topology();
+  recorder_->set_context({.job = config_.job_id,
+                          .rank = where.rank,
+                          .size = where.size,
+                          .dir = config_.flight_recorder_dir});
+  if (recorder_->enabled()) signal_dumper_.emplace(*recorder_);
+}
 
 namespace {
 
@@ -75,6 +86,7 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
   std::vector<int> everyone(static_cast<std::size_t>(session->topology().size));
   std::iota(everyone.begin(), everyone.end(), 0);
   TUTTI_RETURN_IF_ERROR(session->sets_.add(0, everyone));
+  session->recorder_->set_process_sets(session->sets_.membership());
   if (!session->config_.timeline_path.empty()) {
     // Rank 0 already opened the file once in the handshake, so this fails only if the file
     // changed since; init() must not fail on rank 0 alone now.
@@ -138,6 +150,7 @@ void Session::stop() {
     thread_.join();
   }
   timeline_.stop();  // Leaves a complete JSON file.
+  signal_dumper_.reset();
   // Communicators are freed collectively: every rank reaches here from its own shutdown().
   // Not after an error, when a peer may be stuck and never get here.
   sets_.clear(stopped_on_error_.load());
@@ -162,6 +175,13 @@ void Session::finish(const Status& status) {
   if (status.code() == ErrorCode::Communication) {
     ops::abort_job_after(config_.exit_grace, std::string(status.message()));
   }
+  // Before the pending ops fail below: the dump shows how far each got (waiting for other
+  // ranks, or executing), which is what explains the stop. Wherever the job stopped on an
+  // error, every rank dumps.
+  // Also where a peer's shutdown() leaves ops of this rank's pending: they fail for a reason
+  // this rank's own code did not give.
+  if (stopped_on_error_.load() || (!stop_requested_.load() && !queue_.empty()))
+    dump_after_error(pending);
   device_.finish(pending);
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.
@@ -172,6 +192,20 @@ void Session::finish(const Status& status) {
   while (!plane.sends_done() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::yield();
   loop_done_.store(true);
+}
+
+void Session::dump_after_error(const Status& why) {
+  if (!recorder_->enabled()) return;
+  const std::string path = recorder_->default_path();
+  // The message starts with the error's name ("Stalled: ...").
+  const Status dumped = recorder_->dump(path, why.message());
+  if (dumped.ok()) {
+    TUTTI_LOG_ERROR(
+        "flight recorder dumped to ", path,
+        "; scripts/tutti-trace on the directory of every rank's dump explains the stop");
+  } else {
+    TUTTI_LOG_ERROR(dumped.message());
+  }
 }
 
 }  // namespace tutti::core

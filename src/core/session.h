@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -16,7 +17,9 @@
 #include "src/core/config.h"
 #include "src/core/execution/device_path.h"
 #include "src/core/execution/p2p_engine.h"
+#include "src/core/flight_recorder.h"
 #include "src/core/process_set_table.h"
+#include "src/core/signal_dump.h"
 #include "src/core/tensor_queue.h"
 #include "src/core/timeline.h"
 
@@ -58,6 +61,8 @@ class Session {
   // record nothing. InvalidArgument if rank 0 cannot open `path`.
   Status start_timeline(const std::string& path, bool mark_cycles);
   void stop_timeline() { timeline_.stop(); }
+  // Any thread. This rank's flight recorder (tutti/debug.h), which outlives the session.
+  const std::shared_ptr<FlightRecorder>& flight_recorder() const { return recorder_; }
 
   // Whether the communication thread has ended (stop(), a fault, a stall).
   bool stopped() const { return loop_done_.load(); }
@@ -74,6 +79,9 @@ class Session {
   void run();
   // Fails every op still pending with the reason the loop ended.
   void finish(const Status& status);
+  // Writes the flight recorder's dump after the runtime stopped on `why` (Note [Flight
+  // recorder]), and says where in the log.
+  void dump_after_error(const Status& why);
 
   // Declared in dependency order: each member is built from those above it and destroyed
   // before them.
@@ -81,14 +89,17 @@ class Session {
   std::unique_ptr<ops::Transport> transport_;
   // Lent to src/rpc (see rpc_plane()); its own communicator, used by the RPC agent's thread.
   std::unique_ptr<ops::ControlPlane> rpc_plane_;
+  // Shared with Runtime, which keeps the last session's after shutdown() (tutti/debug.h).
+  std::shared_ptr<FlightRecorder> recorder_;
   Timeline timeline_;  // Rank 0 writes it (see Timeline).
   Completer completer_;
   TensorQueue queue_;
   ProcessSetTable sets_;
   DevicePath device_;
   P2PQueue p2p_queue_;
-  P2PEngine p2p_;        // Communication thread only.
-  BackgroundLoop loop_;  // Communication thread only.
+  P2PEngine p2p_;                              // Communication thread only.
+  BackgroundLoop loop_;                        // Communication thread only.
+  std::optional<SignalDumper> signal_dumper_;  // While the flight recorder records.
 
   std::atomic<std::uint64_t> set_changes_{0};
   std::atomic<bool> stop_requested_{false};

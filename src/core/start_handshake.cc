@@ -2,6 +2,8 @@
 // See Note [Agreed settings] in start_handshake.h.
 #include "src/core/start_handshake.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +23,16 @@ using detail::str_cat;
 
 constexpr std::uint32_t kHelloMagic = 0x54484c4f;   // "THLO"
 constexpr std::uint32_t kAnswerMagic = 0x5441534e;  // "TASN"
+// Rank 0's answer carries the job's id (Config::job_id) under this key beside the Job knobs;
+// no knob has a dot in its name.
+constexpr std::string_view kJobIdKey = "tutti.job";
+
+// Rank 0's pid and the time: unlike any other job's that dumps into the same directory.
+std::string new_job_id() {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return str_cat(std::hex, std::chrono::duration_cast<std::chrono::milliseconds>(now).count(), "-",
+                 std::dec, getpid());
+}
 constexpr int kErrorCodeCount = static_cast<int>(ErrorCode::Timeout) + 1;
 
 // The Job knobs a rank's environment sets, as text: name -> value.
@@ -149,13 +161,18 @@ Result<Config> lead(ops::ControlPlane& plane, const Result<Config>& local,
     TUTTI_LOG_WARNING("TUTTI_", knob, " differs from rank 0's on ranks ", detail::join_list(ranks),
                       "; every rank uses rank 0's value, ", value_text(mine, knob));
   }
-  const std::string answer = encode(kAnswerMagic, outcome, mine);
+  JobValues answer_values = mine;
+  const std::string job_id = new_job_id();
+  answer_values.emplace(std::string(kJobIdKey), job_id);
+  const std::string answer = encode(kAnswerMagic, outcome, answer_values);
   for (int r = 1; r < plane.size(); ++r) TUTTI_RETURN_IF_ERROR(plane.send(r, answer));
   const auto sent_by = std::chrono::steady_clock::now() + timeout;
   while (!plane.sends_done() && std::chrono::steady_clock::now() < sent_by)
     std::this_thread::yield();
   if (!outcome.ok()) return outcome;
-  return local;
+  Config config = local.value();
+  config.job_id = job_id;
+  return config;
 }
 
 // Every other rank: says hello, waits for rank 0's answer, takes its Job values.
@@ -189,7 +206,9 @@ Result<Config> follow(ops::ControlPlane& plane, const Result<Config>& local,
       agreed.unset(knob.name);
     }
   }
-  return Config::from_env(agreed);
+  TUTTI_ASSIGN_OR_RETURN(Config config, Config::from_env(agreed));
+  if (auto it = rank0.find(kJobIdKey); it != rank0.end()) config.job_id = it->second;
+  return config;
 }
 
 }  // namespace

@@ -75,6 +75,8 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
           "an op named '", request.name, "' is already in flight (",
           to_string(it->second->request.op), "); wait for it before reusing the name"));
     }
+    // Under the lock: sequence numbers follow the order drain_new() hands ops on in.
+    if (recorder_ != nullptr) entry->record = recorder_->submitted(request);
     new_.push_back(std::move(entry));
     notify = sleeping_;
   }

@@ -20,6 +20,7 @@
 #include "src/base/inline_vector.h"
 #include "src/common/mutex.h"
 #include "src/common/status.h"
+#include "src/core/flight_recorder.h"
 #include "src/core/op_key.h"
 #include "src/core/op_state.h"
 #include "src/core/request.h"
@@ -43,6 +44,7 @@ struct Entry {
   // for before the op's device work (Note [Stream ordering] in ops/cuda/stream.h). Null once
   // that wait is enqueued, and for CPU ops.
   std::unique_ptr<ops::DeviceEvent> ready;
+  std::int64_t record = -1;  // The op's flight-recorder id (Note [Flight recorder]), or -1.
 };
 
 // An Entry with its OpState in one allocation (the API's ops make one per call).
@@ -53,6 +55,9 @@ std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entr
 // Application threads push; the communication thread drains, takes and closes.
 class TensorQueue {
  public:
+  // `recorder` (null: none) records each accepted op; it must outlive the queue.
+  explicit TensorQueue(FlightRecorder* recorder = nullptr) : recorder_(recorder) {}
+
   // Any thread. InvalidArgument if the name is in flight in its set; ShutDown after close().
   // Fills in an automatic name when the request has none.
   Status push(std::shared_ptr<Entry> entry) TUTTI_EXCLUDES(mutex_);
@@ -86,6 +91,7 @@ class TensorQueue {
   void wake() TUTTI_EXCLUDES(mutex_);  // Any thread.
 
  private:
+  FlightRecorder* const recorder_;
   mutable detail::Mutex mutex_;
   detail::CondVar cv_;
   // The communication thread waits on cv_; push() must notify.

@@ -48,6 +48,7 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
       parts_.completer.complete(*entry, Status(response->error_code, response->error_message));
       continue;
     }
+    if (parts_.recorder != nullptr) parts_.recorder->update(entry->record, OpPhase::Negotiated);
     if (parts_.timeline != nullptr && parts_.timeline->enabled()) {
       const TensorSpec& spec = response->tensors.empty() ? TensorSpec{} : response->tensors.front();
       parts_.timeline->op_start(response->name, to_string(response->op), to_string(spec.dtype),
@@ -123,6 +124,12 @@ Status ResponseExecutor::run_batch(std::vector<Work>& batch, bool* deferred) {
 
 Status ResponseExecutor::run_collective(std::vector<Work>& batch, ops::Backend& backend,
                                         Mover& mover) {
+  if (parts_.recorder != nullptr) {
+    for (const Work& work : batch) {
+      if (work.entry != nullptr)
+        parts_.recorder->update(work.entry->record, OpPhase::Executing, backend.name());
+    }
+  }
   Work& first = batch.front();
   const Response& response = *first.response;
   // Reductions mark their own stages (pack, collective, unpack).
@@ -162,6 +169,7 @@ bool ResponseExecutor::is_absent_member(const Response& response) const {
 Status ResponseExecutor::add_process_set(const Work& work) {
   const Response& response = *work.response;
   TUTTI_RETURN_IF_ERROR(parts_.sets.add(response.target_set_id, response.set_ranks));
+  if (parts_.recorder != nullptr) parts_.recorder->set_process_sets(parts_.sets.membership());
   if (work.entry != nullptr) work.entry->state->results.created_set_id = response.target_set_id;
   return Status();
 }
@@ -171,6 +179,7 @@ Status ResponseExecutor::remove_process_set(const Work& work) {
   // The table forgets the set first, so that new ops on it are refused by their call; the
   // ones in flight are failed (the coordinator dropped them).
   parts_.sets.remove(id);
+  if (parts_.recorder != nullptr) parts_.recorder->set_process_sets(parts_.sets.membership());
   const Status removed(ErrorCode::ShutDown, detail::str_cat("process set ", id, " was removed"));
   parts_.completer.complete(parts_.queue.take_set(id), removed);
   return Status();

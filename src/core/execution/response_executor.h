@@ -14,6 +14,7 @@
 #include "src/core/execution/device_path.h"
 #include "src/core/execution/executor.h"
 #include "src/core/execution/mover.h"
+#include "src/core/flight_recorder.h"
 #include "src/core/process_set_table.h"
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
@@ -32,6 +33,7 @@ class ResponseExecutor {
     DevicePath& device;          // Device batches run on its lanes.
     const Completer& completer;  // Host ops complete here; device ops via `device`.
     Timeline* timeline;          // Null: none.
+    FlightRecorder* recorder;    // Null: none. Ops' negotiated and executing phases go here.
   };
   ResponseExecutor(Parts parts, std::size_t fusion_threshold_bytes);
 

@@ -20,14 +20,16 @@ namespace {
 struct Rank {
   explicit Rank(std::unique_ptr<ops::Transport> t)
       : transport(std::move(t)),
+        queue(&recorder),
         sets(*transport, 1),
-        completer(nullptr),
+        completer(nullptr, &recorder),
         device(sets, completer, transport->topology()),
         executor({.queue = queue,
                   .sets = sets,
                   .device = device,
                   .completer = completer,
-                  .timeline = nullptr},
+                  .timeline = nullptr,
+                  .recorder = &recorder},
                  1 << 20) {
     std::vector<int> everyone;
     for (int r = 0; r < transport->topology().size; ++r) everyone.push_back(r);
@@ -51,6 +53,7 @@ struct Rank {
   }
 
   std::unique_ptr<ops::Transport> transport;
+  FlightRecorder recorder{16};
   TensorQueue queue;
   ProcessSetTable sets;
   Completer completer;
@@ -214,6 +217,41 @@ TEST_CASE("The bye records why the job stops", "[executor][shutdown]") {
     ok[static_cast<std::size_t>(r)] = ran && why && why->code() == ErrorCode::Stalled;
   });
   CHECK(ok == std::vector<int>{1, 1});
+}
+
+TEST_CASE("The flight recorder follows each op from submission to done or failed",
+          "[executor][flight_recorder]") {
+  std::vector<int> ok(2, 0);
+  std::vector<std::string> seen(2);  // What each rank's ring holds, for a failure's message.
+  with_ranks(2, [&](Rank& rank, int r) {
+    std::vector<float> a(5, 1.0f), b(3, 1.0f), c(2, 1.0f);
+    rank.submit("a", a);
+    rank.submit("b", b);
+    rank.submit("c", c);  // Never answered: still waiting for the other ranks.
+    Response error = allreduce_response("b", 3, ReduceOp::Sum);
+    error.ok = false;
+    error.error_code = ErrorCode::Mismatch;
+    error.error_message = "shapes differ";
+    const Status status =
+        rank.executor.execute(responses_of({allreduce_response("a", 5, ReduceOp::Sum), error}));
+    const std::vector<debug::OpRecord> ring = rank.recorder.snapshot();
+    bool good = rank.ok && status.ok() && ring.size() == 3;
+    if (good) {
+      good = ring[0].name == "a" && ring[0].sequence == 0 && ring[0].state == "done" &&
+             ring[0].op == "ALLREDUCE" && ring[0].dtype == "float32" && ring[0].shape == Shape{5} &&
+             ring[0].finished_s >= ring[0].submitted_s && ring[1].name == "b" &&
+             ring[1].sequence == 1 && ring[1].state == "failed" && ring[2].name == "c" &&
+             ring[2].sequence == 2 && ring[2].state == "submitted" && ring[2].finished_s < 0;
+    }
+    for (const debug::OpRecord& record : ring) {
+      seen[static_cast<std::size_t>(r)] += record.name + " #" + std::to_string(record.sequence) +
+                                           " " + record.state + " " + record.op + " " +
+                                           record.dtype + "; ";
+    }
+    ok[static_cast<std::size_t>(r)] = good;
+  });
+  INFO("rank 0's ring: " << seen[0] << " rank 1's: " << seen[1]);
+  CHECK(ok == std::vector<int>(2, 1));
 }
 
 }  // namespace

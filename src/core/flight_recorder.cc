@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/flight_recorder.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "src/base/json.h"
+#include "src/base/strings.h"
+
+namespace tutti::core {
+namespace {
+
+void append_number(std::string& out, double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6f", value);
+  out += text;
+}
+
+void append_ranks(std::string& out, const std::vector<int>& ranks) {
+  out += '[';
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(ranks[i]);
+  }
+  out += ']';
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+}  // namespace
+
+std::string_view to_string(OpPhase phase) {
+  switch (phase) {
+    case OpPhase::Submitted: return "submitted";
+    case OpPhase::Negotiated: return "negotiated";
+    case OpPhase::Executing: return "executing";
+    case OpPhase::Done: return "done";
+    case OpPhase::Failed: return "failed";
+  }
+  return "unknown";
+}
+
+std::string default_dump_path(const std::string& dir, int rank) {
+  std::string base = dir;
+  if (base.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    base = detail::str_cat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tutti-flight-recorder");
+  }
+  return detail::str_cat(base, "/rank", rank, ".json");
+}
+
+FlightRecorder::FlightRecorder(std::size_t capacity) : capacity_(capacity) {
+  detail::MutexLock lock(mutex_);
+  slots_.resize(capacity);
+}
+
+double FlightRecorder::now_s() const {
+  return std::chrono::duration<double>(Clock::now() - origin_).count();
+}
+
+std::int64_t FlightRecorder::submitted(const Request& request) {
+  if (!enabled()) return -1;
+  const double now = now_s();
+  detail::MutexLock lock(mutex_);
+  const std::int64_t id = next_id_++;
+  Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
+  slot.id = id;
+  slot.sequence = next_sequence_[request.process_set_id]++;
+  slot.process_set_id = request.process_set_id;
+  slot.op = request.op;
+  slot.tensors = static_cast<std::int32_t>(request.tensors.size());
+  slot.dtype = request.tensors.empty() ? DataType::Float32 : request.tensors.front().dtype;
+  // assign() keeps the slot's capacity: no allocation once the ring has warmed up.
+  slot.name.assign(request.name);
+  if (request.tensors.empty())
+    slot.shape.clear();
+  else
+    slot.shape.assign(request.tensors.front().shape.begin(), request.tensors.front().shape.end());
+  slot.phase = OpPhase::Submitted;
+  slot.backend.clear();
+  slot.error.clear();
+  slot.submitted_s = now;
+  slot.negotiated_s = slot.executing_s = slot.finished_s = -1;
+  return id;
+}
+
+void FlightRecorder::update(std::int64_t id, OpPhase phase, std::string_view backend,
+                            std::string_view error) {
+  if (id < 0) return;
+  const double now = now_s();
+  detail::MutexLock lock(mutex_);
+  Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
+  if (slot.id != id || phase <= slot.phase) return;
+  slot.phase = phase;
+  switch (phase) {
+    case OpPhase::Submitted: break;
+    case OpPhase::Negotiated: slot.negotiated_s = now; break;
+    case OpPhase::Executing:
+      slot.executing_s = now;
+      slot.backend.assign(backend);
+      break;
+    case OpPhase::Done:
+    case OpPhase::Failed:
+      slot.finished_s = now;
+      slot.error.assign(error);
+      break;
+  }
+}
+
+std::vector<debug::OpRecord> FlightRecorder::snapshot() const {
+  std::vector<debug::OpRecord> records;
+  if (!enabled()) return records;
+  detail::MutexLock lock(mutex_);
+  const std::int64_t first =
+      std::max<std::int64_t>(0, next_id_ - static_cast<std::int64_t>(capacity_));
+  records.reserve(static_cast<std::size_t>(next_id_ - first));
+  for (std::int64_t id = first; id < next_id_; ++id) {
+    const Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
+    records.push_back(debug::OpRecord{.sequence = slot.sequence,
+                                      .name = slot.name,
+                                      .op = std::string(to_string(slot.op)),
+                                      .dtype = std::string(to_string(slot.dtype)),
+                                      .shape = slot.shape,
+                                      .process_set_id = slot.process_set_id,
+                                      .state = std::string(to_string(slot.phase)),
+                                      .submitted_s = slot.submitted_s,
+                                      .finished_s = slot.finished_s});
+  }
+  return records;
+}
+
+void FlightRecorder::set_context(DumpContext context) {
+  detail::MutexLock lock(mutex_);
+  context_ = std::move(context);
+}
+
+void FlightRecorder::set_process_sets(std::map<int, std::vector<int>> sets) {
+  detail::MutexLock lock(mutex_);
+  sets_ = std::move(sets);
+}
+
+std::string FlightRecorder::default_path() const {
+  detail::MutexLock lock(mutex_);
+  return default_dump_path(context_.dir, context_.rank);
+}
+
+void FlightRecorder::append_json(std::string& out, const Slot& slot) const {
+  out += "{\"sequence\": " + std::to_string(slot.sequence);
+  out += ", \"set\": " + std::to_string(slot.process_set_id);
+  out += ", \"name\": ";
+  detail::append_json_string(out, slot.name);
+  out += ", \"op\": \"";
+  out += to_string(slot.op);
+  out += "\", \"dtype\": \"";
+  out += to_string(slot.dtype);
+  out += "\", \"shape\": ";
+  out += '[';
+  for (std::size_t i = 0; i < slot.shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(slot.shape[i]);
+  }
+  out += "], \"tensors\": " + std::to_string(slot.tensors);
+  out += ", \"state\": \"";
+  out += to_string(slot.phase);
+  out += "\", \"backend\": ";
+  detail::append_json_string(out, slot.backend);
+  const std::pair<const char*, double> times[] = {{"submitted_s", slot.submitted_s},
+                                                  {"negotiated_s", slot.negotiated_s},
+                                                  {"executing_s", slot.executing_s},
+                                                  {"finished_s", slot.finished_s}};
+  for (const auto& [key, value] : times) {
+    out += ", \"";
+    out += key;
+    out += "\": ";
+    append_number(out, value);
+  }
+  out += ", \"error\": ";
+  detail::append_json_string(out, slot.error);
+  out += '}';
+}
+
+Status FlightRecorder::dump(const std::string& path, std::string_view reason) const {
+  std::string out = "{\"format\": \"tutti-flight-recorder\", \"version\": 1";
+  {
+    detail::MutexLock lock(mutex_);
+    out += ", \"job\": ";
+    detail::append_json_string(out, context_.job);
+    out += ", \"rank\": " + std::to_string(context_.rank);
+    out += ", \"size\": " + std::to_string(context_.size);
+    out += ", \"host\": ";
+    detail::append_json_string(out, host_name());
+    out += ", \"pid\": " + std::to_string(getpid());
+    out += ", \"reason\": ";
+    detail::append_json_string(out, reason);
+    out += ", \"dumped_s\": ";
+    append_number(out, now_s());
+    out += ", \"capacity\": " + std::to_string(capacity_);
+    out += ", \"recorded\": " + std::to_string(next_id_);
+    out += ", \"sets\": {";
+    bool first_set = true;
+    for (const auto& [id, ranks] : sets_) {
+      out += first_set ? "\"" : ", \"";
+      first_set = false;
+      out += std::to_string(id) + "\": ";
+      append_ranks(out, ranks);
+    }
+    out += "},\n\"ops\": [";
+    const std::int64_t first =
+        std::max<std::int64_t>(0, next_id_ - static_cast<std::int64_t>(capacity_));
+    for (std::int64_t id = first; id < next_id_; ++id) {
+      out += id == first ? "\n  " : ",\n  ";
+      append_json(out, slots_[static_cast<std::size_t>(id) % capacity_]);
+    }
+  }
+  out += "\n]}\n";
+
+  const auto fail = [&](std::string_view what) {
+    return invalid_argument(detail::str_cat("cannot write the flight recorder's dump '", path,
+                                            "': ", what, ": ", std::strerror(errno)));
+  };
+  const std::filesystem::path target(path);
+  if (target.has_parent_path()) {
+    std::error_code ignored;  // An existing directory is fine; fopen below reports the rest.
+    std::filesystem::create_directories(target.parent_path(), ignored);
+  }
+  // Beside the target, so the rename cannot cross file systems; the pid keeps two processes
+  // dumping to one path from writing one temporary file.
+  const std::string temporary = detail::str_cat(path, ".", getpid(), ".tmp");
+  std::FILE* file = std::fopen(temporary.c_str(), "w");
+  if (file == nullptr) return fail("open");
+  const bool written = std::fwrite(out.data(), 1, out.size(), file) == out.size();
+  const bool closed = std::fclose(file) == 0;
+  if (!written || !closed) {
+    const Status status = fail("write");
+    std::remove(temporary.c_str());
+    return status;
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const Status status = fail("rename");
+    std::remove(temporary.c_str());
+    return status;
+  }
+  return Status();
+}
+
+}  // namespace tutti::core

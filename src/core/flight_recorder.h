@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// The flight recorder behind tutti/debug.h: a ring of this rank's most recent collectives and
+// how far each got, written as JSON when a job stalls or fails so that scripts/tutti-trace can
+// line the ranks' rings up.
+//
+// Note [Flight recorder]
+// A record is made when the queue accepts an op (under the queue's lock, so the sequence
+// numbers follow the order the coordinator is told about ops in) and updated as the op is
+// negotiated, starts executing and completes. The entry keeps its record's id, an ever-growing
+// count; its slot is id % capacity, and an update whose slot has since been reused by a newer
+// op is dropped (the old op's record is gone from the ring anyway). Slots keep their strings'
+// and shapes' capacity, so a steady workload records without allocating.
+//
+// Threads: every method may be called from any thread (application threads submit, the
+// communication and device threads update, any thread reads or dumps); one mutex guards the
+// ring, held for a slot's copy at most.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/common/mutex.h"
+#include "src/common/status.h"
+#include "src/core/request.h"
+#include "tutti/debug.h"
+
+namespace tutti::core {
+
+// How far a recorded op got, in order.
+enum class OpPhase : std::uint8_t { Submitted, Negotiated, Executing, Done, Failed };
+
+// What a dump says about the job besides the ring, and where dumps go by default.
+struct DumpContext {
+  std::string job;  // The same on every rank of the job (Config::job_id).
+  int rank = 0;
+  int size = 1;
+  std::string dir;  // TUTTI_FLIGHT_RECORDER_DIR; empty: see default_dump_path().
+};
+
+class FlightRecorder {
+ public:
+  // `capacity` 0: records nothing (every method is then one branch).
+  explicit FlightRecorder(std::size_t capacity);
+
+  bool enabled() const { return capacity_ > 0; }
+
+  // Records a newly accepted op; returns its id for the updates below, or -1 when disabled.
+  std::int64_t submitted(const Request& request) TUTTI_EXCLUDES(mutex_);
+  // Moves the op to `phase` (never back); `backend` ("shm", "mpi", ...) once it executes,
+  // `error` when it failed. No-op for id -1 or a record already overwritten.
+  void update(std::int64_t id, OpPhase phase, std::string_view backend = {},
+              std::string_view error = {}) TUTTI_EXCLUDES(mutex_);
+
+  // The ring, oldest first.
+  std::vector<debug::OpRecord> snapshot() const TUTTI_EXCLUDES(mutex_);
+
+  // The job facts the next dumps carry, set once by the session.
+  void set_context(DumpContext context) TUTTI_EXCLUDES(mutex_);
+  // The process sets (id -> sorted global ranks) the next dumps list; kept current by whoever
+  // changes them (the session, the response executor).
+  void set_process_sets(std::map<int, std::vector<int>> sets) TUTTI_EXCLUDES(mutex_);
+  // Where dump() goes when the user names no path: default_dump_path(context's dir, rank).
+  std::string default_path() const TUTTI_EXCLUDES(mutex_);
+  // Writes the ring as JSON (format: README "Flight recorder") to `path`, through a temporary
+  // file renamed over it, so a reader never sees half a dump. `reason` says why ("stall: ...",
+  // "SIGUSR1"). InvalidArgument naming the path and the OS's reason on failure.
+  Status dump(const std::string& path, std::string_view reason) const TUTTI_EXCLUDES(mutex_);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Slot {
+    std::int64_t id = -1;  // -1: never used.
+    std::int64_t sequence = 0;
+    int process_set_id = 0;
+    Collective op = Collective::Allreduce;
+    DataType dtype = DataType::Float32;
+    std::int32_t tensors = 0;
+    OpPhase phase = OpPhase::Submitted;
+    std::string name;
+    Shape shape;
+    std::string backend;
+    std::string error;
+    // Seconds since the recorder started; -1 until reached.
+    double submitted_s = -1, negotiated_s = -1, executing_s = -1, finished_s = -1;
+  };
+
+  double now_s() const;
+  void append_json(std::string& out, const Slot& slot) const;
+
+  const std::size_t capacity_;
+  const Clock::time_point origin_ = Clock::now();
+  mutable detail::Mutex mutex_;
+  std::vector<Slot> slots_ TUTTI_GUARDED_BY(mutex_);
+  std::int64_t next_id_ TUTTI_GUARDED_BY(mutex_) = 0;
+  std::map<int, std::int64_t> next_sequence_ TUTTI_GUARDED_BY(mutex_);  // By process set.
+  DumpContext context_ TUTTI_GUARDED_BY(mutex_);
+  std::map<int, std::vector<int>> sets_ TUTTI_GUARDED_BY(mutex_);
+};
+
+// TUTTI_FLIGHT_RECORDER_DIR/rank<R>.json, `dir` defaulting to $TMPDIR/tutti-flight-recorder.
+std::string default_dump_path(const std::string& dir, int rank);
+
+std::string_view to_string(OpPhase phase);
+
+}  // namespace tutti::core

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// SIGUSR1 writes the flight recorder's dump without stopping the job; SIGTERM writes it, then
+// ends the process as SIGTERM would have.
+//
+// Note [Dump on SIGUSR1]
+// A signal handler may not lock or allocate, so the handler only posts a semaphore (sem_post
+// is async-signal-safe) and a thread of its own ("tutti-sigdump") waits on it and writes the
+// dump. That thread needs nothing from the communication thread, so a rank whose
+// communication thread is stuck inside an MPI call still dumps. Open MPI's mpirun forwards
+// SIGUSR1 to every rank, so `kill -USR1 <mpirun's pid>` dumps them all.
+//
+// SIGTERM is how mpirun ends the other ranks when one dies (a crash, a kill -9, a failed
+// host): those ranks write their dumps on the way out, and the missing one's absence is what
+// scripts/tutti-trace reports. After the dump the thread restores the default action and
+// raises SIGTERM again, so the process ends with the status it would have had (mpirun's
+// SIGKILL a few seconds later ends one whose dump hangs).
+//
+// Each handler is installed only where the signal still has its default action (an
+// application's own handler is left alone, and then that signal dumps nothing), and the
+// default is restored when the session ends.
+#pragma once
+
+#include <atomic>
+#include <thread>
+
+#include "src/core/flight_recorder.h"
+
+namespace tutti::core {
+
+// Created and destroyed by the session's thread (init(), shutdown()).
+class SignalDumper {
+ public:
+  // `recorder` must outlive this object.
+  explicit SignalDumper(FlightRecorder& recorder);
+  ~SignalDumper();
+  SignalDumper(const SignalDumper&) = delete;
+  SignalDumper& operator=(const SignalDumper&) = delete;
+
+  // Whether SIGUSR1 dumps (false where the application handles SIGUSR1 itself).
+  bool installed() const { return usr1_installed_; }
+
+ private:
+  void run();  // The "tutti-sigdump" thread.
+
+  FlightRecorder& recorder_;
+  bool usr1_installed_ = false;
+  bool term_installed_ = false;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace tutti::core

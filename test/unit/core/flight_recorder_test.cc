@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// The flight recorder's ring (Note [Flight recorder]): sequence numbers per process set, phases
+// that only move forward, a ring that keeps the newest ops, and the dump file. The JSON itself
+// is read back by scripts/tutti-trace's tests (test/debug).
+#include "src/core/flight_recorder.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace tutti::core {
+namespace {
+
+Request request(const std::string& name, int set = 0, Shape shape = {4}) {
+  Request r;
+  r.name = name;
+  r.process_set_id = set;
+  r.op = Collective::Allreduce;
+  r.tensors = {TensorSpec{.dtype = DataType::Float64, .shape = std::move(shape)}};
+  return r;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST_CASE("Sequence numbers count each process set's ops on their own", "[flight_recorder]") {
+  FlightRecorder recorder(10);
+  recorder.submitted(request("a", 0));
+  recorder.submitted(request("b", 1));
+  recorder.submitted(request("c", 0));
+  recorder.submitted(request("d", 1));
+  const std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == 4);
+  CHECK(ring[0].sequence == 0);
+  CHECK(ring[1].sequence == 0);
+  CHECK(ring[2].sequence == 1);
+  CHECK(ring[3].sequence == 1);
+  CHECK(ring[1].process_set_id == 1);
+  CHECK(ring[3].name == "d");
+  CHECK(ring[0].dtype == "float64");
+}
+
+TEST_CASE("Phases only move forward, and finishing stamps the time", "[flight_recorder]") {
+  FlightRecorder recorder(4);
+  const std::int64_t id = recorder.submitted(request("x"));
+  CHECK(recorder.snapshot()[0].state == "submitted");
+  CHECK(recorder.snapshot()[0].finished_s < 0);
+  recorder.update(id, OpPhase::Executing, "MPI");
+  recorder.update(id, OpPhase::Negotiated);  // Late and out of order: ignored.
+  CHECK(recorder.snapshot()[0].state == "executing");
+  recorder.update(id, OpPhase::Failed, {}, "Stalled: rank 1 never submitted it");
+  const debug::OpRecord record = recorder.snapshot()[0];
+  CHECK(record.state == "failed");
+  CHECK(record.finished_s >= record.submitted_s);
+  recorder.update(-1, OpPhase::Done);  // An op recorded while recording was off.
+}
+
+TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are dropped",
+          "[flight_recorder]") {
+  FlightRecorder recorder(3);
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(recorder.submitted(request("op" + std::to_string(i))));
+  recorder.update(ids[0], OpPhase::Done);  // Its slot now holds op3.
+  const std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == 3);
+  CHECK(ring[0].name == "op2");
+  CHECK(ring[0].sequence == 2);
+  CHECK(ring[1].name == "op3");
+  CHECK(ring[1].state == "submitted");
+  CHECK(ring[2].name == "op4");
+}
+
+TEST_CASE("Capacity 0 records nothing", "[flight_recorder]") {
+  FlightRecorder recorder(0);
+  CHECK_FALSE(recorder.enabled());
+  CHECK(recorder.submitted(request("a")) == -1);
+  recorder.update(-1, OpPhase::Done);
+  CHECK(recorder.snapshot().empty());
+}
+
+TEST_CASE("A dump names the job, the rank, the sets and every op", "[flight_recorder]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tutti_fr_test_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  FlightRecorder recorder(8);
+  recorder.set_context({.job = "job-1", .rank = 2, .size = 4, .dir = dir.string()});
+  recorder.set_process_sets({{0, {0, 1, 2, 3}}, {5, {1, 2}}});
+  const std::int64_t id = recorder.submitted(request("grad \"fc1\"", 5, {3, 2}));
+  recorder.update(id, OpPhase::Executing, "shared memory");
+  const std::string path = recorder.default_path();
+  CHECK(path == (dir / "rank2.json").string());
+  REQUIRE(recorder.dump(path, "SIGUSR1").ok());  // Creates the directory.
+  const std::string text = read_file(path);
+  CHECK_THAT(text, Catch::Contains("\"job\": \"job-1\""));
+  CHECK_THAT(text, Catch::Contains("\"rank\": 2, \"size\": 4"));
+  CHECK_THAT(text, Catch::Contains("\"reason\": \"SIGUSR1\""));
+  CHECK_THAT(text, Catch::Contains("\"5\": [1, 2]"));
+  CHECK_THAT(text, Catch::Contains("\"name\": \"grad \\\"fc1\\\"\""));
+  CHECK_THAT(text, Catch::Contains("\"shape\": [3, 2]"));
+  CHECK_THAT(text, Catch::Contains("\"state\": \"executing\", \"backend\": \"shared memory\""));
+  // Written through a temporary file that is gone afterwards.
+  int files = 0;
+  for ([[maybe_unused]] const auto& file : std::filesystem::directory_iterator(dir)) ++files;
+  CHECK(files == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A dump that cannot be written says where and why", "[flight_recorder]") {
+  FlightRecorder recorder(2);
+  const Status status = recorder.dump("/proc/no/such/dir/rank0.json", "test");
+  CHECK(status.code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(std::string(status.message()), Catch::Contains("/proc/no/such/dir/rank0.json"));
+}
+
+}  // namespace
+}  // namespace tutti::core
