@@ -31,7 +31,7 @@ void append_ranks(std::string& out, const std::vector<int>& ranks) {
   out += ']';
 }
 
-std::string host_name() {
+std::string this_host() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) return "unknown";
   return name;
@@ -198,7 +198,7 @@ Status FlightRecorder::dump(const std::string& path, std::string_view reason) co
     out += ", \"rank\": " + std::to_string(context_.rank);
     out += ", \"size\": " + std::to_string(context_.size);
     out += ", \"host\": ";
-    detail::append_json_string(out, host_name());
+    detail::append_json_string(out, this_host());
     out += ", \"pid\": " + std::to_string(getpid());
     out += ", \"reason\": ";
     detail::append_json_string(out, reason);

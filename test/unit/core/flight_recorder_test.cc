@@ -18,7 +18,7 @@
 namespace tutti::core {
 namespace {
 
-Request request(const std::string& name, int set = 0, Shape shape = {4}) {
+Request recorded_request(const std::string& name, int set = 0, Shape shape = {4}) {
   Request r;
   r.name = name;
   r.process_set_id = set;
@@ -27,7 +27,7 @@ Request request(const std::string& name, int set = 0, Shape shape = {4}) {
   return r;
 }
 
-std::string read_file(const std::string& path) {
+std::string file_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -36,10 +36,10 @@ std::string read_file(const std::string& path) {
 
 TEST_CASE("Sequence numbers count each process set's ops on their own", "[flight_recorder]") {
   FlightRecorder recorder(10);
-  recorder.submitted(request("a", 0));
-  recorder.submitted(request("b", 1));
-  recorder.submitted(request("c", 0));
-  recorder.submitted(request("d", 1));
+  recorder.submitted(recorded_request("a", 0));
+  recorder.submitted(recorded_request("b", 1));
+  recorder.submitted(recorded_request("c", 0));
+  recorder.submitted(recorded_request("d", 1));
   const std::vector<debug::OpRecord> ring = recorder.snapshot();
   REQUIRE(ring.size() == 4);
   CHECK(ring[0].sequence == 0);
@@ -53,7 +53,7 @@ TEST_CASE("Sequence numbers count each process set's ops on their own", "[flight
 
 TEST_CASE("Phases only move forward, and finishing stamps the time", "[flight_recorder]") {
   FlightRecorder recorder(4);
-  const std::int64_t id = recorder.submitted(request("x"));
+  const std::int64_t id = recorder.submitted(recorded_request("x"));
   CHECK(recorder.snapshot()[0].state == "submitted");
   CHECK(recorder.snapshot()[0].finished_s < 0);
   recorder.update(id, OpPhase::Executing, "MPI");
@@ -70,7 +70,8 @@ TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are droppe
           "[flight_recorder]") {
   FlightRecorder recorder(3);
   std::vector<std::int64_t> ids;
-  for (int i = 0; i < 5; ++i) ids.push_back(recorder.submitted(request("op" + std::to_string(i))));
+  for (int i = 0; i < 5; ++i)
+    ids.push_back(recorder.submitted(recorded_request("op" + std::to_string(i))));
   recorder.update(ids[0], OpPhase::Done);  // Its slot now holds op3.
   const std::vector<debug::OpRecord> ring = recorder.snapshot();
   REQUIRE(ring.size() == 3);
@@ -84,7 +85,7 @@ TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are droppe
 TEST_CASE("Capacity 0 records nothing", "[flight_recorder]") {
   FlightRecorder recorder(0);
   CHECK_FALSE(recorder.enabled());
-  CHECK(recorder.submitted(request("a")) == -1);
+  CHECK(recorder.submitted(recorded_request("a")) == -1);
   recorder.update(-1, OpPhase::Done);
   CHECK(recorder.snapshot().empty());
 }
@@ -96,12 +97,12 @@ TEST_CASE("A dump names the job, the rank, the sets and every op", "[flight_reco
   FlightRecorder recorder(8);
   recorder.set_context({.job = "job-1", .rank = 2, .size = 4, .dir = dir.string()});
   recorder.set_process_sets({{0, {0, 1, 2, 3}}, {5, {1, 2}}});
-  const std::int64_t id = recorder.submitted(request("grad \"fc1\"", 5, {3, 2}));
+  const std::int64_t id = recorder.submitted(recorded_request("grad \"fc1\"", 5, {3, 2}));
   recorder.update(id, OpPhase::Executing, "shared memory");
   const std::string path = recorder.default_path();
   CHECK(path == (dir / "rank2.json").string());
   REQUIRE(recorder.dump(path, "SIGUSR1").ok());  // Creates the directory.
-  const std::string text = read_file(path);
+  const std::string text = file_text(path);
   CHECK_THAT(text, Catch::Contains("\"job\": \"job-1\""));
   CHECK_THAT(text, Catch::Contains("\"rank\": 2, \"size\": 4"));
   CHECK_THAT(text, Catch::Contains("\"reason\": \"SIGUSR1\""));
