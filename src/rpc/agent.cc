@@ -22,8 +22,6 @@ constexpr int kMaxPollsPerRound = 64;  // Then post what the handlers queued.
 
 thread_local Agent* t_agent = nullptr;
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 }  // namespace
 
 Agent* thread_agent() { return t_agent; }
@@ -400,7 +398,7 @@ Clock::time_point Agent::expire_calls() {
   for (Pending& p : expired) {
     p.future->complete(Status(
         ErrorCode::Timeout, str_cat("RPC '", p.function, "' to worker '", info(p.destination).name,
-                                    "' timed out after ", seconds(p.timeout), " s")));
+                                    "' timed out after ", to_seconds(p.timeout), " s")));
   }
   return next;
 }

@@ -79,6 +79,8 @@ inline constexpr std::size_t kDefaultMaxPieceBytes = std::size_t{64} << 20;
 
 // `seconds` (finite, >= 0) as a duration, capped so that deadlines cannot overflow.
 Clock::duration to_duration(double seconds);
+// `d` in seconds, for messages.
+inline double to_seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 struct AgentOptions {
   int rank = 0;

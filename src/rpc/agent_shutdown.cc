@@ -37,8 +37,6 @@ using ::tutti::detail::str_cat;
 constexpr auto kShutdownSlack = std::chrono::seconds(5);
 constexpr int kLeader = 0;
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 }  // namespace
 
 void Agent::handle_control(int source, const Frame& frame) {
@@ -124,7 +122,7 @@ void Agent::shutdown(bool graceful) {
       if (!loop_done_) {
         TUTTI_LOG_WARNING(
             "RPC: the graceful shutdown did not finish within ",
-            seconds(default_timeout() + kShutdownSlack),
+            to_seconds(default_timeout() + kShutdownSlack),
             " s (a worker did not call shutdown(), or a call never ended); stopping now");
         force_requested_.store(true);
         wake();
