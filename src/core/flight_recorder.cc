@@ -22,15 +22,6 @@ void append_number(std::string& out, double value) {
   out += text;
 }
 
-void append_ranks(std::string& out, const std::vector<int>& ranks) {
-  out += '[';
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(ranks[i]);
-  }
-  out += ']';
-}
-
 std::string this_host() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) return "unknown";
@@ -164,12 +155,8 @@ void FlightRecorder::append_json(std::string& out, const Slot& slot) const {
   out += "\", \"dtype\": \"";
   out += to_string(slot.dtype);
   out += "\", \"shape\": ";
-  out += '[';
-  for (std::size_t i = 0; i < slot.shape.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(slot.shape[i]);
-  }
-  out += "], \"tensors\": " + std::to_string(slot.tensors);
+  out += detail::shape_string(slot.shape);  // "[3, 2]": a JSON array as it is.
+  out += ", \"tensors\": " + std::to_string(slot.tensors);
   out += ", \"state\": \"";
   out += to_string(slot.phase);
   out += "\", \"backend\": ";
@@ -212,7 +199,7 @@ Status FlightRecorder::dump(const std::string& path, std::string_view reason) co
       out += first_set ? "\"" : ", \"";
       first_set = false;
       out += std::to_string(id) + "\": ";
-      append_ranks(out, ranks);
+      out += "[" + detail::join_list(ranks) + "]";
     }
     out += "},\n\"ops\": [";
     const std::int64_t first =
