@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The LibTorch adapter: tensor views, the broadcast helpers and DistributedOptimizer, whose
 // post-accumulate hooks on the gradient accumulators start each gradient's allreduce.
+// First, so that the header is compiled alone here (test/headers leaves it to this file).
 #include "tutti/libtorch.h"
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
