@@ -78,6 +78,24 @@ Result<std::vector<int>> parse_cpus(const detail::KnobSource& source) {
   }
 }
 
+// TUTTI_DEBUG: OFF (the default) or DETAIL, which needs the response cache off: a cache hit
+// travels as an id, outside the order of the rank's full requests that the check compares.
+Status parse_debug(const detail::KnobSource& source, Config* c) {
+  const std::string text = detail::knob_value(detail::knob::DEBUG, source);
+  if (text == "OFF" || text == "off") return Status();
+  if (text != "DETAIL" && text != "detail") {
+    return refuse(source, detail::knob::DEBUG.name, "is not one of OFF, DETAIL");
+  }
+  if (source.find(detail::knob::CACHE_CAPACITY.name) && c->cache_capacity != 0) {
+    return refuse(source, detail::knob::CACHE_CAPACITY.name,
+                  "cannot be used with TUTTI_DEBUG=DETAIL, whose desync check turns the response "
+                  "cache off; unset it");
+  }
+  c->desync_check = true;
+  c->cache_capacity = 0;
+  return Status();
+}
+
 Result<ops::HostTransport> parse_host_transport(const detail::KnobSource& source) {
   const std::string text = detail::knob_value(detail::knob::HOST_TRANSPORT, source);
   if (text == "auto") return ops::HostTransport::Auto;
@@ -127,6 +145,7 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
                          detail::knob_value(detail::knob::FLIGHT_RECORDER_SIZE, source));
   c.flight_recorder_dir = detail::knob_value(detail::knob::FLIGHT_RECORDER_DIR, source);
   TUTTI_RETURN_IF_ERROR(parse_autotune(source, &c));
+  TUTTI_RETURN_IF_ERROR(parse_debug(source, &c));
 
   if (!detail::parse_log_level(detail::knob_value(detail::knob::LOG_LEVEL, source), &c.log_level)) {
     return refuse(source, detail::knob::LOG_LEVEL.name,

@@ -53,6 +53,9 @@ struct Config {
       seconds_to_ms(detail::knob_default(detail::knob::EXIT_GRACE_SECONDS));
   std::int64_t flight_recorder_size = detail::knob_default(detail::knob::FLIGHT_RECORDER_SIZE);
   std::string flight_recorder_dir;
+  // TUTTI_DEBUG=DETAIL: the desync check (Note [Desync check] in negotiation/desync_check.h).
+  // It turns the response cache off (cache_capacity 0): every request then travels in full.
+  bool desync_check = false;
   // Rank 0's name for this job, sent to every rank by the start handshake (not a knob): dumps
   // carry it so that scripts/tutti-trace tells one job's files from an earlier job's.
   std::string job_id;

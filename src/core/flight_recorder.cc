@@ -59,14 +59,14 @@ double FlightRecorder::now_s() const {
   return std::chrono::duration<double>(Clock::now() - origin_).count();
 }
 
-std::int64_t FlightRecorder::submitted(const Request& request) {
+std::int64_t FlightRecorder::submitted(const Request& request, std::int64_t sequence) {
   if (!enabled()) return -1;
   const double now = now_s();
   detail::MutexLock lock(mutex_);
   const std::int64_t id = next_id_++;
   Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
   slot.id = id;
-  slot.sequence = next_sequence_[request.process_set_id]++;
+  slot.sequence = sequence;
   slot.process_set_id = request.process_set_id;
   slot.op = request.op;
   slot.tensors = static_cast<std::int32_t>(request.tensors.size());

@@ -48,8 +48,9 @@ class FlightRecorder {
 
   bool enabled() const { return capacity_ > 0; }
 
-  // Records a newly accepted op; returns its id for the updates below, or -1 when disabled.
-  std::int64_t submitted(const Request& request) TUTTI_EXCLUDES(mutex_);
+  // Records a newly accepted op, the `sequence`-th of its set on this rank (Entry::sequence);
+  // returns its id for the updates below, or -1 when disabled.
+  std::int64_t submitted(const Request& request, std::int64_t sequence) TUTTI_EXCLUDES(mutex_);
   // Moves the op to `phase` (never back); `backend` ("shm", "mpi", ...) once it executes,
   // `error` when it failed. No-op for id -1 or a record already overwritten.
   void update(std::int64_t id, OpPhase phase, std::string_view backend = {},
@@ -96,7 +97,6 @@ class FlightRecorder {
   mutable detail::Mutex mutex_;
   std::vector<Slot> slots_ TUTTI_GUARDED_BY(mutex_);
   std::int64_t next_id_ TUTTI_GUARDED_BY(mutex_) = 0;
-  std::map<int, std::int64_t> next_sequence_ TUTTI_GUARDED_BY(mutex_);  // By process set.
   DumpContext context_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, std::vector<int>> sets_ TUTTI_GUARDED_BY(mutex_);
 };

@@ -105,6 +105,10 @@ struct Response {
 struct RequestList {
   std::vector<Request> requests;
   std::vector<std::int32_t> cache_hits;  // Response-cache ids standing for full requests.
+  // The desync check's (Note [Desync check] in negotiation/desync_check.h): each request's
+  // place in this rank's order of its set's ops (Entry::sequence), parallel to `requests`.
+  // Empty unless TUTTI_DEBUG=DETAIL. Not part of Request, whose equality decides cache hits.
+  std::vector<std::int64_t> sequences;
   // This rank is stopping, and this is its last message (Note [Shutdown handshake] in
   // background_loop.h): after shutdown() (`shutdown_after_error` false, no message), or
   // stopped by the error in `shutdown_code` and `shutdown_message`.

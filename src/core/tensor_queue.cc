@@ -76,7 +76,8 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
           to_string(it->second->request.op), "); wait for it before reusing the name"));
     }
     // Under the lock: sequence numbers follow the order drain_new() hands ops on in.
-    if (recorder_ != nullptr) entry->record = recorder_->submitted(request);
+    entry->sequence = next_sequence_[request.process_set_id]++;
+    if (recorder_ != nullptr) entry->record = recorder_->submitted(request, entry->sequence);
     new_.push_back(std::move(entry));
     notify = sleeping_;
   }

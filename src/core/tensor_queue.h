@@ -45,6 +45,10 @@ struct Entry {
   // that wait is enqueued, and for CPU ops.
   std::unique_ptr<ops::DeviceEvent> ready;
   std::int64_t record = -1;  // The op's flight-recorder id (Note [Flight recorder]), or -1.
+  // Its place among this rank's ops of its set, from 0 in each session, in the order the
+  // coordinator is told of them: the flight recorder's sequence number, and what the desync
+  // check compares (Note [Desync check] in negotiation/desync_check.h).
+  std::int64_t sequence = 0;
 };
 
 // An Entry with its OpState in one allocation (the API's ops make one per call).
@@ -59,7 +63,7 @@ class TensorQueue {
   explicit TensorQueue(FlightRecorder* recorder = nullptr) : recorder_(recorder) {}
 
   // Any thread. InvalidArgument if the name is in flight in its set; ShutDown after close().
-  // Fills in an automatic name when the request has none.
+  // Fills in an automatic name when the request has none, and the entry's sequence number.
   Status push(std::shared_ptr<Entry> entry) TUTTI_EXCLUDES(mutex_);
 
   // Communication thread. Entries pushed since the last call, oldest first.
@@ -106,6 +110,7 @@ class TensorQueue {
   // memory (the queue keeps as many nodes as ops were ever in flight at once).
   std::vector<InFlight::node_type> spare_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, std::uint64_t> unnamed_counts_ TUTTI_GUARDED_BY(mutex_);
+  std::map<int, std::int64_t> next_sequence_ TUTTI_GUARDED_BY(mutex_);  // By process set.
 };
 
 }  // namespace tutti::core

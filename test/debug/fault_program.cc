@@ -3,7 +3,8 @@
 // A training loop's gradient allreduces, three per step ('grad.a' [4], 'grad.b' [8],
 // 'grad.c' [2], submitted together and then waited for), with a fault on rank 1 in step 2:
 //   skip    rank 1 skips 'grad.b' (its 'grad.c' takes that sequence number) and then spends
-//           6 s in "evaluation" before it shuts down: a stall
+//           6 s in "evaluation" before it shuts down: a stall (under TUTTI_DEBUG=DETAIL, a
+//           desync that stops the job at once)
 //   stuck   rank 1 sleeps in "user code" before step 2 until the stall shutdown has passed
 //   shape   rank 1 submits 'grad.b' of step 1 with shape [9]: Mismatch, no stall; every rank
 //           then dumps with tutti::debug::dump_flight_recorder() and goes on

@@ -2,7 +2,8 @@
 # Usage: flight_recorder_test.py MODE FAULT_PROGRAM MPIEXEC
 # Runs test/debug/fault_program MODE on 3 ranks with the flight recorder dumping into a fresh
 # directory, then scripts/tutti-trace on that directory, and checks that the analyzer's report
-# names the injected fault (see fault_program.cc for the modes). Every wait is bounded. Exits
+# names the injected fault (see fault_program.cc for the modes; mode desync is its skip fault
+# under TUTTI_DEBUG=DETAIL). Every wait is bounded. Exits
 # 0 on success, 1 on failure, 77 (SKIP) where mpiexec is not Open MPI's.
 import json
 import os
@@ -24,17 +25,29 @@ def fail(message):
     sys.exit(1)
 
 
-def job_env(directory):
+# Mode "desync" runs the program's "skip" fault under TUTTI_DEBUG=DETAIL, with stall limits
+# far above the time it may take: only the desync check can stop it in time.
+DESYNC_STALL_LIMIT_S = 100
+DESYNC_BOUND_S = 30
+
+
+def job_env(directory, mode):
     env = dict(os.environ)
     env.update({"TUTTI_FLIGHT_RECORDER_DIR": directory,
                 "TUTTI_STALL_CHECK_TIME_SECONDS": "1",
                 "TUTTI_STALL_SHUTDOWN_TIME_SECONDS": "2",
                 "TUTTI_EXIT_GRACE_SECONDS": "10"})
+    if mode == "desync":
+        env.update({"TUTTI_DEBUG": "DETAIL",
+                    "TUTTI_STALL_CHECK_TIME_SECONDS": str(DESYNC_STALL_LIMIT_S),
+                    "TUTTI_STALL_SHUTDOWN_TIME_SECONDS": str(DESYNC_STALL_LIMIT_S)})
     return env
 
 
 def start(mpiexec, program, mode, directory):
-    return subprocess.Popen([mpiexec, "-n", str(RANKS), program, mode], env=job_env(directory),
+    program_mode = "skip" if mode == "desync" else mode
+    return subprocess.Popen([mpiexec, "-n", str(RANKS), program, program_mode],
+                            env=job_env(directory, mode),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -103,11 +116,13 @@ def main():
         print("flight_recorder_test: SKIP: needs Open MPI's mpirun (SIGTERM, SIGUSR1)")
         sys.exit(77)
     with tempfile.TemporaryDirectory(prefix="tutti_fr_") as directory:
+        started = time.monotonic()
         job = start(mpiexec, program, mode, directory)
         if mode == "usr1":
             wait_for_line(job, "ready")
             os.kill(job.pid, signal.SIGUSR1)  # mpirun forwards it to every rank.
-        status, _ = finish(job)
+        status, output = finish(job)
+        seconds = time.monotonic() - started
         why = reasons(directory)
         print(f"flight_recorder_test: job exited {status}; dumps: {why}", flush=True)
         report = analyze(directory)
@@ -120,6 +135,28 @@ def main():
                    "ranks 0,2 are waiting in it", "rank 1 submitted 'grad.c' as seq 7 instead")
             if not all(r.startswith("Stalled") for r in why.values()):
                 fail(f"dumps not made by the stall shutdown: {why}")
+        elif mode == "desync":
+            # The coordinator saw rank 1's 'grad.c' where the others have 'grad.b' (seq 7) and
+            # stopped the job with Mismatch at once: every rank says so, in its errors (ranks
+            # 0 and 2 wait in grad.b; rank 1's grad.a and grad.c are not run) and its dump.
+            if status != 0 or sorted(why) != [0, 1, 2]:
+                fail("expected exit 0 and a dump from every rank")
+            if seconds > DESYNC_BOUND_S:
+                fail(f"the job took {seconds:.1f} s: the check should stop it within "
+                     f"{DESYNC_BOUND_S} s (the stall limit is {DESYNC_STALL_LIMIT_S} s)")
+            if not all(r.startswith("desync in process set 0 (TUTTI_DEBUG=DETAIL)")
+                       for r in why.values()):
+                fail(f"dumps not made by the desync check: {why}")
+            for rank in range(RANKS):
+                if f"rank {rank}: desync in process set 0" not in output:
+                    fail(f"rank {rank} printed no error naming the desync")
+            for phrase in ("seq 7 ALLREDUCE 'grad.c'", "seq 7 ALLREDUCE 'grad.b'",
+                           "rank 1's last ops: ", "seq 6 ALLREDUCE 'grad.a', seq 7 ALLREDUCE "
+                           "'grad.c'"):
+                if phrase not in why[0]:
+                    fail(f"the Mismatch lacks {phrase!r}")
+            expect(report, "rank 1 never submitted seq 7 ALLREDUCE 'grad.b' of set 0; "
+                   "ranks 0,2 are waiting in it", "rank 1 submitted 'grad.c' as seq 7 instead")
         elif mode == "stuck":
             if status != 0 or sorted(why) != [0, 1, 2]:
                 fail("expected exit 0 and a dump from every rank")

@@ -7,7 +7,9 @@ namespace tutti::core {
 
 CoordinatorStage::CoordinatorStage(const Config& config, const ProcessSetTable& sets,
                                    Timeline* timeline, int size)
-    : coordinator_(sets, config.cache_capacity, timeline), stalls_(config), size_(size) {}
+    : coordinator_(sets, config.cache_capacity, timeline), stalls_(config), size_(size) {
+  if (config.desync_check) desync_.emplace(sets);
+}
 
 std::vector<std::int32_t> CoordinatorStage::receive(int global_rank, RequestList list,
                                                     Clock::time_point now) {
@@ -21,6 +23,14 @@ std::vector<std::int32_t> CoordinatorStage::receive(int global_rank, RequestList
                    ? detail::str_cat("rank ", global_rank, " stopped: ", list.shutdown_message)
                    : detail::str_cat("rank ", global_rank, " shut down")),
         list.shutdown_after_error);
+  }
+  if (desync_) {
+    if (Status desync = desync_->observe(global_rank, list); !desync.ok()) {
+      // The list is not filed: no op at or past the divergence runs anywhere, however the
+      // ranks' lists happened to arrive; every rank fails its pending ops with the Mismatch.
+      begin_shutdown(desync, /*after_error=*/true);
+      return {};
+    }
   }
   std::vector<std::int32_t> resend;
   coordinator_.receive(global_rank, std::move(list), now, &resend);

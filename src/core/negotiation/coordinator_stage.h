@@ -11,6 +11,7 @@
 #include "src/common/status.h"
 #include "src/core/config.h"
 #include "src/core/negotiation/coordinator.h"
+#include "src/core/negotiation/desync_check.h"
 #include "src/core/negotiation/stall_inspector.h"
 #include "src/core/process_set_table.h"
 #include "src/core/request.h"
@@ -25,7 +26,8 @@ class CoordinatorStage {
   CoordinatorStage(const Config& config, const ProcessSetTable& sets, Timeline* timeline, int size);
 
   // Files one rank's message (this rank's own as well). Returns the cache ids that rank must
-  // resend in full. A rank's last message is counted, and starts the shutdown.
+  // resend in full. A rank's last message is counted, and starts the shutdown; so does a
+  // desync (TUTTI_DEBUG=DETAIL, Note [Desync check]), with Mismatch.
   std::vector<std::int32_t> receive(int global_rank, RequestList list, Clock::time_point now);
   // Starts the shutdown with this reason (shutdown() on this rank, a stall, a fault);
   // `after_error` unless it is a shutdown() call. Only the first reason counts.
@@ -43,6 +45,7 @@ class CoordinatorStage {
  private:
   Coordinator coordinator_;
   StallInspector stalls_;
+  std::optional<DesyncCheck> desync_;  // TUTTI_DEBUG=DETAIL only.
   const int size_;
   std::optional<Status> shutdown_;  // Why the job stops, once it does.
   bool shutdown_after_error_ = false;

@@ -82,6 +82,7 @@ std::string encode(const RequestList& list) {
   w.put(static_cast<std::uint8_t>(list.shutdown_code));
   w.put_string(list.shutdown_message);
   w.put_vector(list.cache_hits);
+  w.put_vector(list.sequences);
   w.put<std::uint64_t>(list.requests.size());
   for (const Request& request : list.requests) put_common(w, request);
   return w.take();
@@ -97,7 +98,8 @@ Result<RequestList> decode_request_list(std::string_view bytes) {
   if (!r.get(&magic) || magic != kRequestMagic || !r.get(&shutdown) || shutdown > 1 ||
       !r.get(&after_error) || after_error > 1 ||
       !r.get_enum(&list.shutdown_code, kErrorCodeCount) || !r.get_string(&list.shutdown_message) ||
-      !r.get_vector(&list.cache_hits) || !r.get_count(&count, 8, kMaxCount)) {
+      !r.get_vector(&list.cache_hits) || !r.get_vector(&list.sequences) ||
+      !r.get_count(&count, 8, kMaxCount)) {
     return corrupt("request");
   }
   list.shutdown = shutdown == 1;
@@ -105,6 +107,9 @@ Result<RequestList> decode_request_list(std::string_view bytes) {
   list.requests.resize(count);
   for (Request& request : list.requests) {
     if (!get_common(r, &request)) return corrupt("request");
+  }
+  if (!list.sequences.empty() && list.sequences.size() != list.requests.size()) {
+    return corrupt("request");
   }
   if (!r.done()) return corrupt("request");
   return list;

@@ -27,6 +27,7 @@ std::optional<RequestList> RequestSender::take_new() {
       list.cache_hits.push_back(*id);
     } else {
       list.requests.push_back(entry->request);
+      if (send_sequences_) list.sequences.push_back(entry->sequence);
     }
   }
   entries_.clear();  // Keeps its buffer, which drain_new() swaps with the queue's.

@@ -19,8 +19,11 @@ namespace tutti::core {
 class RequestSender {
  public:
   // `queue` and `cache` (the response executor's, read here) must outlive the sender.
-  RequestSender(TensorQueue& queue, const RankCache& cache, std::chrono::microseconds cycle_time)
-      : queue_(queue), cache_(cache), cycle_time_(cycle_time) {}
+  // `send_sequences`: each list carries its requests' sequence numbers, for the desync check
+  // (TUTTI_DEBUG=DETAIL, Note [Desync check] in negotiation/desync_check.h).
+  RequestSender(TensorQueue& queue, const RankCache& cache, std::chrono::microseconds cycle_time,
+                bool send_sequences = false)
+      : queue_(queue), cache_(cache), cycle_time_(cycle_time), send_sequences_(send_sequences) {}
 
   // The ops submitted since the last call, as one list (cache ids for the ops the cache
   // knows), or nothing if there are none or this rank's last message was sent. Batches while
@@ -41,6 +44,7 @@ class RequestSender {
   TensorQueue& queue_;
   const RankCache& cache_;
   std::chrono::microseconds cycle_time_;
+  const bool send_sequences_;
   bool last_sent_ = false;
   std::vector<std::shared_ptr<Entry>> entries_;  // take_new()'s batch; empty between calls.
 };

@@ -122,6 +122,31 @@ TEST_CASE("TUTTI_AUTOTUNE and its settings are parsed, or refused rather than ig
                                        "used") == 0);
 }
 
+TEST_CASE("TUTTI_DEBUG=DETAIL turns the desync check on and the response cache off", "[env]") {
+  CHECK_FALSE(core::Config::from_env().value().desync_check);  // OFF by default.
+  {
+    ScopedEnv detail("TUTTI_DEBUG", "DETAIL");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE(config.ok());
+    CHECK(config.value().desync_check);
+    CHECK(config.value().cache_capacity == 0);
+    ScopedEnv cache_off("TUTTI_CACHE_CAPACITY", "0");  // Saying the same is fine.
+    CHECK(core::Config::from_env().ok());
+  }
+  {
+    ScopedEnv detail("TUTTI_DEBUG", "DETAIL");
+    ScopedEnv cache("TUTTI_CACHE_CAPACITY", "64");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message().find("TUTTI_CACHE_CAPACITY='64' cannot be used with "
+                                         "TUTTI_DEBUG=DETAIL") == 0);
+  }
+  ScopedEnv info("TUTTI_DEBUG", "INFO");
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message() == "TUTTI_DEBUG='INFO' is not one of OFF, DETAIL");
+}
+
 TEST_CASE("Every knob is documented", "[env]") {
   for (const Knob& knob : knobs()) {
     CHECK_FALSE(knob.name.empty());

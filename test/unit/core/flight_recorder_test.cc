@@ -9,11 +9,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "src/core/tensor_queue.h"
 
 namespace tutti::core {
 namespace {
@@ -34,12 +38,25 @@ std::string file_text(const std::string& path) {
   return text.str();
 }
 
-TEST_CASE("Sequence numbers count each process set's ops on their own", "[flight_recorder]") {
+TEST_CASE("The queue numbers each process set's ops on their own; records carry the number",
+          "[flight_recorder]") {
   FlightRecorder recorder(10);
-  recorder.submitted(recorded_request("a", 0));
-  recorder.submitted(recorded_request("b", 1));
-  recorder.submitted(recorded_request("c", 0));
-  recorder.submitted(recorded_request("d", 1));
+  TensorQueue queue(&recorder);
+  std::vector<std::shared_ptr<Entry>> entries;
+  for (const auto& [name, set] :
+       std::vector<std::pair<std::string, int>>{{"a", 0}, {"b", 1}, {"c", 0}, {"d", 1}}) {
+    entries.push_back(make_entry());
+    entries.back()->request = recorded_request(name, set);
+    REQUIRE(queue.push(entries.back()).ok());
+  }
+  // A refused push (the name is in flight) takes no number.
+  std::shared_ptr<Entry> again = make_entry();
+  again->request = recorded_request("a", 0);
+  CHECK_FALSE(queue.push(again).ok());
+  CHECK(entries[0]->sequence == 0);
+  CHECK(entries[1]->sequence == 0);
+  CHECK(entries[2]->sequence == 1);
+  CHECK(entries[3]->sequence == 1);
   const std::vector<debug::OpRecord> ring = recorder.snapshot();
   REQUIRE(ring.size() == 4);
   CHECK(ring[0].sequence == 0);
@@ -53,7 +70,7 @@ TEST_CASE("Sequence numbers count each process set's ops on their own", "[flight
 
 TEST_CASE("Phases only move forward, and finishing stamps the time", "[flight_recorder]") {
   FlightRecorder recorder(4);
-  const std::int64_t id = recorder.submitted(recorded_request("x"));
+  const std::int64_t id = recorder.submitted(recorded_request("x"), 0);
   CHECK(recorder.snapshot()[0].state == "submitted");
   CHECK(recorder.snapshot()[0].finished_s < 0);
   recorder.update(id, OpPhase::Executing, "MPI");
@@ -71,7 +88,7 @@ TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are droppe
   FlightRecorder recorder(3);
   std::vector<std::int64_t> ids;
   for (int i = 0; i < 5; ++i)
-    ids.push_back(recorder.submitted(recorded_request("op" + std::to_string(i))));
+    ids.push_back(recorder.submitted(recorded_request("op" + std::to_string(i)), i));
   recorder.update(ids[0], OpPhase::Done);  // Its slot now holds op3.
   const std::vector<debug::OpRecord> ring = recorder.snapshot();
   REQUIRE(ring.size() == 3);
@@ -85,7 +102,7 @@ TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are droppe
 TEST_CASE("Capacity 0 records nothing", "[flight_recorder]") {
   FlightRecorder recorder(0);
   CHECK_FALSE(recorder.enabled());
-  CHECK(recorder.submitted(recorded_request("a")) == -1);
+  CHECK(recorder.submitted(recorded_request("a"), 0) == -1);
   recorder.update(-1, OpPhase::Done);
   CHECK(recorder.snapshot().empty());
 }
@@ -97,7 +114,7 @@ TEST_CASE("A dump names the job, the rank, the sets and every op", "[flight_reco
   FlightRecorder recorder(8);
   recorder.set_context({.job = "job-1", .rank = 2, .size = 4, .dir = dir.string()});
   recorder.set_process_sets({{0, {0, 1, 2, 3}}, {5, {1, 2}}});
-  const std::int64_t id = recorder.submitted(recorded_request("grad \"fc1\"", 5, {3, 2}));
+  const std::int64_t id = recorder.submitted(recorded_request("grad \"fc1\"", 5, {3, 2}), 7);
   recorder.update(id, OpPhase::Executing, "shared memory");
   const std::string path = recorder.default_path();
   CHECK(path == (dir / "rank2.json").string());
@@ -107,6 +124,7 @@ TEST_CASE("A dump names the job, the rank, the sets and every op", "[flight_reco
   CHECK_THAT(text, Catch::Contains("\"rank\": 2, \"size\": 4"));
   CHECK_THAT(text, Catch::Contains("\"reason\": \"SIGUSR1\""));
   CHECK_THAT(text, Catch::Contains("\"5\": [1, 2]"));
+  CHECK_THAT(text, Catch::Contains("\"sequence\": 7,"));
   CHECK_THAT(text, Catch::Contains("\"name\": \"grad \\\"fc1\\\"\""));
   CHECK_THAT(text, Catch::Contains("\"shape\": [3, 2]"));
   CHECK_THAT(text, Catch::Contains("\"state\": \"executing\", \"backend\": \"shared memory\""));

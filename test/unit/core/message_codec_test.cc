@@ -26,6 +26,7 @@ RequestList sample_requests() {
                      TensorSpec{.dtype = DataType::Int64, .shape = {}}};
   list.requests.push_back(request);
   list.requests.push_back(named(""));
+  list.sequences = {12, 13};  // The desync check's (TUTTI_DEBUG=DETAIL).
   return list;
 }
 
@@ -64,6 +65,15 @@ TEST_CASE("RequestList round-trips through bytes", "[codec]") {
   CHECK(decoded.value().shutdown_after_error == list.shutdown_after_error);
   CHECK(decoded.value().cache_hits == list.cache_hits);
   CHECK(decoded.value().requests == list.requests);
+  CHECK(decoded.value().sequences == list.sequences);
+}
+
+TEST_CASE("Sequence numbers that do not pair with the requests are a corrupt message", "[codec]") {
+  RequestList list = sample_requests();
+  list.sequences = {12};
+  CHECK(decode_request_list(encode(list)).status().code() == ErrorCode::Internal);
+  list.sequences.clear();  // None at all: the check is off.
+  CHECK(decode_request_list(encode(list)).ok());
 }
 
 TEST_CASE("ResponseList round-trips, with hits carried as ids alone", "[codec]") {
