@@ -101,6 +101,7 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
   {
     const tutti::detail::MutexLock lock(pending_mutex_);
     const Clock::time_point deadline = Clock::now() + timeout;
+    future->set_deadline(deadline, timed_out(function, to, timeout));
     pending_.emplace(frame.id, Pending{.future = future,
                                        .destination = to,
                                        .function = std::move(function),
@@ -110,6 +111,13 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
   }
   enqueue(to, std::move(bytes), /*counted=*/true);
   return future;
+}
+
+Status Agent::timed_out(const std::string& function, int destination,
+                        Clock::duration timeout) const {
+  return Status(ErrorCode::Timeout,
+                str_cat("RPC '", function, "' to worker '", info(destination).name,
+                        "' timed out after ", to_seconds(timeout), " s"));
 }
 
 void Agent::enqueue(int destination, std::string bytes, bool counted) {
@@ -395,11 +403,9 @@ Clock::time_point Agent::expire_calls() {
     }
     if (!deadlines_.empty()) next = deadlines_.begin()->first;
   }
-  for (Pending& p : expired) {
-    p.future->complete(Status(
-        ErrorCode::Timeout, str_cat("RPC '", p.function, "' to worker '", info(p.destination).name,
-                                    "' timed out after ", to_seconds(p.timeout), " s")));
-  }
+  // Usually a waiter has failed them already (FutureState::set_deadline); these are the calls
+  // nobody waits for, whose callbacks must still run.
+  for (Pending& p : expired) p.future->complete(timed_out(p.function, p.destination, p.timeout));
   return next;
 }
 

@@ -11,9 +11,10 @@
 //    only thread making MPI calls on RPC's communicator. It posts queued frames (fragmenting
 //    big ones), delivers frames to this worker itself without MPI, polls for arriving frames and
 //    decodes them, runs the RRef bookkeeping in arrival order (Note [RRef protocol]), completes
-//    futures from responses, fails calls past their deadline (Timeout) or to peers that left
-//    (ShutDown), and drives the shutdown handshake (Note [Graceful shutdown] in
-//    agent_shutdown.cc).
+//    futures from responses, fails calls past their deadline (Timeout; a thread waiting for
+//    the call fails it itself at the deadline, so that a late RPC thread cannot delay a
+//    Timeout: FutureState::set_deadline) or to peers that left (ShutDown), and drives the shutdown
+//    handshake (Note [Graceful shutdown] in agent_shutdown.cc).
 //  - The pool (ThreadPool, RpcOptions::num_worker_threads) runs the functions called here and
 //    the heavier internal handlers (distributed backward, optimizer steps), then queues the
 //    response.
@@ -187,6 +188,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void dispatch(std::shared_ptr<Incoming> request);
   void run_handler(const std::shared_ptr<Incoming>& request, const Handler& handler);
   Clock::time_point expire_calls();  // Returns the next deadline.
+  // The Timeout of call `function` to `destination` past `timeout`.
+  Status timed_out(const std::string& function, int destination, Clock::duration timeout) const;
   void peer_left(int rank, const Status& why);
   bool shutdown_step();  // True: leave the loop.
   bool locally_idle();

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/rpc/future.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -27,33 +28,51 @@ bool FutureState::complete(Result<Message> result) {
   return true;
 }
 
-bool FutureState::done() const {
+void FutureState::set_deadline(Clock::time_point deadline, Status timeout) {
   const tutti::detail::MutexLock lock(mutex_);
-  return result_.has_value();
+  deadline_ = deadline;
+  timeout_ = std::move(timeout);
 }
 
-const Result<Message>& FutureState::wait() {
-  {
-    const tutti::detail::MutexLock lock(mutex_);
-    if (result_) return *result_;
-  }
-  ThreadPool::Blocking blocking;  // A nested call: let the pool start a helper meanwhile.
-  const tutti::detail::MutexLock lock(mutex_);
-  while (!result_.has_value()) cv_.wait(mutex_);
-  return *result_;
-}
-
-bool FutureState::wait_until(Clock::time_point deadline) {
+bool FutureState::expire_if_due() {
+  Status timeout;
   {
     const tutti::detail::MutexLock lock(mutex_);
     if (result_) return true;
+    if (!deadline_ || Clock::now() < *deadline_) return false;
+    timeout = timeout_;
   }
-  ThreadPool::Blocking blocking;
-  const tutti::detail::MutexLock lock(mutex_);
-  while (!result_.has_value()) {
-    if (!cv_.wait_until(mutex_, deadline)) return result_.has_value();
-  }
+  complete(std::move(timeout));  // Outside the lock: it runs the callbacks.
   return true;
+}
+
+bool FutureState::done() { return expire_if_due(); }
+
+const Result<Message>& FutureState::wait() {
+  while (!wait_until(Clock::time_point::max())) {
+  }
+  return completed();
+}
+
+bool FutureState::wait_until(Clock::time_point deadline) {
+  if (expire_if_due()) return true;
+  ThreadPool::Blocking blocking;  // A nested call: let the pool start a helper meanwhile.
+  while (true) {
+    {
+      const tutti::detail::MutexLock lock(mutex_);
+      const Clock::time_point until = deadline_ ? std::min(deadline, *deadline_) : deadline;
+      while (!result_.has_value()) {
+        if (until == Clock::time_point::max()) {
+          cv_.wait(mutex_);
+        } else if (!cv_.wait_until(mutex_, until)) {
+          break;
+        }
+      }
+      if (result_) return true;
+    }
+    if (expire_if_due()) return true;  // The call's own deadline came first.
+    if (Clock::now() >= deadline) return false;
+  }
 }
 
 void FutureState::then(std::function<void(const Result<Message>&)> callback) {

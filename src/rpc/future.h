@@ -30,11 +30,16 @@ class FutureState {
   // Sets the result unless one is set already (then returns false and drops `result`), wakes
   // the waiters and runs the callbacks on this thread.
   bool complete(Result<Message> result);
-  bool done() const;
-  // Blocks until done; a pool thread counts as blocked meanwhile (ThreadPool::Blocking). The
-  // reference stays valid for the state's lifetime.
+  bool done();
+  // The call's deadline, set by the agent before it hands the future out: whoever waits for it
+  // (wait(), wait_until(), done()) past `deadline` completes it with `timeout` itself. The RPC
+  // thread also fails calls at their deadlines, but it may be late (a loaded machine, a big
+  // frame in transit); a waiter's own wake-up is what keeps a Timeout within its bound.
+  void set_deadline(Clock::time_point deadline, Status timeout);
+  // Blocks until done (or the deadline: then Timeout); a pool thread counts as blocked
+  // meanwhile (ThreadPool::Blocking). The reference stays valid for the state's lifetime.
   const Result<Message>& wait();
-  // Waits until done or `deadline`; false at the deadline.
+  // Waits until done or `deadline`; false at `deadline` if the future is not done by then.
   bool wait_until(Clock::time_point deadline);
   // The result; requires done().
   const Result<Message>& result() const { return completed(); }
@@ -50,7 +55,13 @@ class FutureState {
 
   mutable tutti::detail::Mutex mutex_;
   tutti::detail::CondVar cv_;
+  // Completes with the deadline's Timeout if the deadline has passed and nothing else came
+  // first; true if done afterwards.
+  bool expire_if_due();
+
   std::optional<Result<Message>> result_ TUTTI_GUARDED_BY(mutex_);
+  std::optional<Clock::time_point> deadline_ TUTTI_GUARDED_BY(mutex_);
+  Status timeout_ TUTTI_GUARDED_BY(mutex_);
   std::vector<std::function<void(const Result<Message>&)>> callbacks_ TUTTI_GUARDED_BY(mutex_);
 };
 
