@@ -10,7 +10,7 @@ namespace {
 using detail::str_cat;
 
 // "seq 3 ALLREDUCE 'grad.fc1'", as scripts/tutti-trace names ops.
-std::string describe(std::int64_t sequence, Collective op, const std::string& name) {
+std::string desync_op_name(std::int64_t sequence, Collective op, const std::string& name) {
   return str_cat("seq ", sequence, " ", to_string(op), " '", name, "'");
 }
 
@@ -98,7 +98,7 @@ Status DesyncCheck::mismatch(const SetInfo& info, const SetCheck& check, const E
   const auto recent = [&](int member_rank) {
     std::vector<std::string> ops;
     for (const Seen& op : check.members[static_cast<std::size_t>(member_rank)].recent) {
-      ops.push_back(describe(op.sequence, op.op, op.name));
+      ops.push_back(desync_op_name(op.sequence, op.op, op.name));
     }
     return str_cat("rank ", info.global_rank_of(member_rank),
                    "'s last ops: ", detail::join_list(ops));
@@ -106,9 +106,9 @@ Status DesyncCheck::mismatch(const SetInfo& info, const SetCheck& check, const E
   return Status(ErrorCode::Mismatch,
                 str_cat("desync in process set ", set_id, " (TUTTI_DEBUG=DETAIL): rank ",
                         info.global_rank_of(set_rank), " submitted ",
-                        describe(seen.sequence, seen.op, seen.name), " where rank ",
+                        desync_op_name(seen.sequence, seen.op, seen.name), " where rank ",
                         info.global_rank_of(expected.set_rank), " submitted ",
-                        describe(expected.op.sequence, expected.op.op, expected.op.name),
+                        desync_op_name(expected.op.sequence, expected.op.op, expected.op.name),
                         "; every rank must submit a set's ops in the same order in this mode. ",
                         recent(expected.set_rank), ". ", recent(set_rank), "."));
 }

@@ -98,7 +98,7 @@ TEST_CASE("under load, MiB-sized bytes and tensors arrive well within their time
   RpcGroup group;
   CpuHogs hogs(kHogsPerRank);
   constexpr double kCallTimeoutSeconds = 60;
-  constexpr std::size_t kBytes = std::size_t{5} << 19;  // 2.5 MiB.
+  constexpr std::size_t kBytes = std::size_t{5} << 19;     // 2.5 MiB.
   constexpr std::int64_t kFloats = std::int64_t{3} << 17;  // 1.5 MiB of float32.
   std::string bytes(kBytes, 'x');
   for (std::size_t i = 0; i < kBytes; i += 4093) bytes[i] = static_cast<char>('a' + i % 26);

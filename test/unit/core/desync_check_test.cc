@@ -19,6 +19,7 @@ namespace {
 
 using test::allreduce;
 using test::Job;
+using test::join_request;
 using test::list_of;
 using test::t0;
 
@@ -30,12 +31,6 @@ RequestList numbered(std::vector<Request> requests, std::int64_t first, int set 
     list.sequences.push_back(first + static_cast<std::int64_t>(i));
   }
   return list;
-}
-
-Request join_request() {
-  Request r = test::named(std::string(kJoinName));
-  r.op = Collective::Join;
-  return r;
 }
 
 TEST_CASE("Ranks submitting a set's ops in one order pass, in any interleaving", "[desync]") {

@@ -23,14 +23,8 @@ namespace {
 using std::chrono::seconds;
 using test::allreduce;
 using test::Job;
+using test::join_request;
 using test::t0;
-
-Request join_request() {
-  Request r;
-  r.name = std::string(kJoinName);
-  r.op = Collective::Join;
-  return r;
-}
 
 RequestList full(std::vector<Request> requests) {
   RequestList list;

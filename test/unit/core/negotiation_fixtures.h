@@ -49,6 +49,13 @@ inline core::Request allreduce(const std::string& name, Shape shape, int set = 0
   return r;
 }
 
+// The request join() submits in set 0.
+inline core::Request join_request() {
+  core::Request request = named(std::string(core::kJoinName));
+  request.op = core::Collective::Join;
+  return request;
+}
+
 // A rank's request list: full requests and counted cache hits.
 inline core::RequestList list_of(std::vector<core::Request> requests,
                                  std::vector<std::int32_t> hits = {}) {
