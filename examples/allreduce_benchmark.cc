@@ -69,6 +69,7 @@
 #include <mpi.h>
 
 #include "examples/grad_list.h"
+#include "examples/machine_line.h"
 #include "examples/p10_hierarchical.h"
 #include "examples/p1_autotune.h"
 
@@ -671,6 +672,12 @@ int run_device(const Options& options) {
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  {  // First line: the machine (CPU model, MPI library, binding), as every benchmark prints it.
+    tutti::init();
+    const std::string machine = tutti::examples::machine_line();
+    if (tutti::rank() == 0) std::printf("%s\n", machine.c_str());
+    tutti::shutdown();
+  }
   Options options;
   int code = 2;
   if (!parse_options(argc, argv, &options)) {

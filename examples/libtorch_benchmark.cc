@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/machine_line.h"
 #include "tutti/libtorch.h"
 #include "tutti/tutti.h"
 
@@ -152,6 +153,10 @@ int main(int argc, char** argv) {
   }
   const Flags& f = *flags;
   tutti::init();
+  {  // First line: the machine (CPU model, MPI library, binding), as every benchmark prints it.
+    const std::string machine = tutti::examples::machine_line();
+    if (tutti::rank() == 0) std::printf("%s\n", machine.c_str());
+  }
   torch::set_num_threads(1);  // One core per rank.
   torch::manual_seed(0);
   ResNet model(f.channels, f.blocks);

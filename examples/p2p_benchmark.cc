@@ -18,6 +18,8 @@
 
 #include <mpi.h>
 
+#include "examples/machine_line.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -79,6 +81,11 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   tutti::init();
   const int rank = tutti::rank();
+  // First line: the machine (CPU model, MPI library, binding), as every benchmark prints it.
+  {
+    const std::string machine = tutti::examples::machine_line();
+    if (tutti::rank() == 0) std::printf("%s\n", machine.c_str());
+  }
   if (tutti::size() < 2) {
     std::fprintf(stderr, "p2p_benchmark needs at least 2 ranks\n");
     tutti::shutdown();

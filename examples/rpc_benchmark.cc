@@ -18,6 +18,8 @@
 
 #include <mpi.h>
 
+#include "examples/machine_line.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -74,6 +76,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rpc_benchmark needs 2 ranks\n");
     tutti::shutdown();
     return 2;
+  }
+  // First line: the machine (CPU model, MPI library, binding), as every benchmark prints it.
+  {
+    const std::string machine = tutti::examples::machine_line();
+    if (tutti::rank() == 0) std::printf("%s\n", machine.c_str());
   }
   tutti::rpc::register_function("echo", [](const tutti::rpc::Message& m) { return m; });
   tutti::rpc::init_rpc("w" + std::to_string(tutti::rank()));

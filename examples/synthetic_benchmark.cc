@@ -41,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "examples/machine_line.h"
+
 namespace {
 
 namespace nn = tutti::nn;
@@ -238,6 +240,11 @@ int main(int argc, char** argv) {
     if (root) std::fputs(kUsage, stderr);
     tutti::shutdown();
     return 2;
+  }
+  // First line: the machine (CPU model, MPI library, binding), as every benchmark prints it.
+  {
+    const std::string machine = tutti::examples::machine_line();
+    if (tutti::rank() == 0) std::printf("%s\n", machine.c_str());
   }
   // Random but fixed data, as Horovod's benchmark: only the arithmetic and the traffic matter.
   std::mt19937 generator(tutti::rank());
