@@ -37,6 +37,7 @@ import time
 
 NETNS_CLUSTER = os.environ.get("NETNS_CLUSTER", "scripts/netns_cluster")
 TUTTIRUN = os.environ.get("TUTTIRUN", "scripts/tuttirun")
+TUTTI_TRACE = os.environ.get("TRACE_SCRIPT", "scripts/tutti-trace")
 SKIP = 77
 # The README's bounds ("Several hosts"): a job ends at most this long after a host's processes
 # die, and at most this long after TUTTI_NETWORK_TIMEOUT once a host's link goes down.
@@ -164,8 +165,12 @@ def processes_on(host):
 def case_fault(args):
     mode, program = args[0], args[1]
     timeout = NETWORK_TIMEOUT_S if mode == "link" else 30
+    # Every rank's flight recorder dumps here (the namespaces share the file system), for
+    # scripts/tutti-trace to read once the job is over.
+    dumps = tempfile.mkdtemp(prefix="tutti_cluster_fr_")
     job = Job([sys.executable, TUTTIRUN, "-np", "4", "-H", hosts_of("2,2"), "--network-timeout",
-               str(timeout), program, "120"])
+               str(timeout), program, "120"],
+              env=dict(os.environ, TUTTI_FLIGHT_RECORDER_DIR=dumps))
     job.wait_for_output("step 20", timeout=90)
     inject = {"link": ["link", "tnode1", "down"], "crash": ["kill", "tnode1"],
               "ranks": ["kill", "tnode1", os.path.basename(program)]}[mode]
@@ -190,6 +195,33 @@ def case_fault(args):
         time.sleep(0.2)
     if processes_on("tnode0"):
         fail(f"processes still running on tnode0 after the job ended: {processes_on('tnode0')}")
+    check_trace(dumps)
+    shutil.rmtree(dumps, ignore_errors=True)
+
+
+def check_trace(dumps):
+    """scripts/tutti-trace on the fault's dumps: tnode0's ranks (0 and 1, ended by an error or
+    by SIGTERM) each dumped, and the report says where each was: in, or just past, the
+    training loop's allreduce 'grad'. tnode1's ranks dump too when their processes lived to be
+    told to stop; killed ones cannot, and the report must then name them as leaving no dump."""
+    result = subprocess.run([sys.executable, TUTTI_TRACE, dumps], capture_output=True, text=True,
+                            timeout=60, check=False)
+    print(f"cluster_test: scripts/tutti-trace (exit {result.returncode}):\n{result.stdout}"
+          f"{result.stderr}", flush=True)
+    report = result.stdout
+    if result.returncode != 0:
+        fail("tutti-trace failed on the fault's dumps")
+    dumped = sorted(int(name[4:-5]) for name in os.listdir(dumps)
+                    if name.startswith("rank") and name.endswith(".json"))
+    if not {0, 1} <= set(dumped):
+        fail(f"ranks 0 and 1 (tnode0) did not both dump: dumps from {dumped}")
+    for rank in (0, 1):
+        if not re.search(rf"rank {rank}: (in|idle, last op) seq \d+ ALLREDUCE 'grad' of set 0",
+                         report):
+            fail(f"the report does not place rank {rank} at the allreduce 'grad'")
+    missing = [r for r in range(4) if r not in dumped]
+    if missing and f"no dump from rank(s) {','.join(map(str, missing))}" not in report:
+        fail(f"the report does not name ranks {missing} as leaving no dump")
 
 
 def accuracy_lines(out):
