@@ -673,10 +673,8 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   {  // First line: the machine (CPU model, MPI library, binding), as every benchmark prints it.
-    tutti::init();
-    const std::string machine = tutti::examples::machine_line();
-    if (tutti::rank() == 0) std::printf("%s\n", machine.c_str());
-    tutti::shutdown();
+    const std::string machine = tutti::examples::machine_line_mpi();
+    if (world_rank() == 0) std::printf("%s\n", machine.c_str());
   }
   Options options;
   int code = 2;
