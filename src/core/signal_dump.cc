@@ -6,6 +6,7 @@
 #include <semaphore.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <mutex>
@@ -75,7 +76,10 @@ SignalDumper::~SignalDumper() {
   if (term_installed_) restore_default(SIGTERM);
   if (!thread_.joinable()) return;
   stopping_.store(true);
-  sem_post(&dump_requests());
+  while (!finished_.load()) {
+    sem_post(&dump_requests());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   thread_.join();
 }
 
@@ -86,7 +90,10 @@ void SignalDumper::run() {
     while (sem_wait(&requests) != 0) {
     }  // EINTR: a signal arrived while waiting; wait again.
     const bool terminate = terminating != 0;
-    if (stopping_.load() && !terminate) return;
+    if (stopping_.load() && !terminate) {
+      finished_.store(true);
+      return;
+    }
     const char* why = terminate ? "SIGTERM" : "SIGUSR1";
     const std::string path = recorder_.default_path();
     const Status dumped = recorder_.dump(path, why);

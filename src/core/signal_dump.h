@@ -46,6 +46,9 @@ class SignalDumper {
   bool usr1_installed_ = false;
   bool term_installed_ = false;
   std::atomic<bool> stopping_{false};
+  // run() has returned. The destructor posts until it sees this: a session starting on another
+  // thread may drain the semaphore (stale requests) and take the one post meant for this thread.
+  std::atomic<bool> finished_{false};
   std::thread thread_;
 };
 
