@@ -5,11 +5,11 @@
 
 namespace tutti::core {
 
-void Completer::complete(Entry& entry, const Status& status) const {
+void Completer::complete(Entry& entry, const Status& status, bool record) const {
   if (timeline_ != nullptr && timeline_->enabled()) {
     timeline_->op_end(entry.request.name, status.ok() ? "OK" : status.message());
   }
-  if (recorder_ != nullptr) {
+  if (record && recorder_ != nullptr) {
     recorder_->update(entry.record, status.ok() ? OpPhase::Done : OpPhase::Failed, {},
                       status.message());
   }

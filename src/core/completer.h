@@ -29,7 +29,9 @@ class Completer {
   explicit Completer(Timeline* timeline, FlightRecorder* recorder = nullptr)
       : timeline_(timeline), recorder_(recorder) {}
 
-  void complete(Entry& entry, const Status& status) const;
+  // Completes the op with `status`, after marking it in the timeline and, unless `record` is
+  // false (the caller marked a whole batch: FlightRecorder::update_all), the flight recorder.
+  void complete(Entry& entry, const Status& status, bool record = true) const;
   void complete(std::span<const std::shared_ptr<Entry>> entries, const Status& status) const;
 
  private:

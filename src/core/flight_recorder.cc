@@ -90,6 +90,12 @@ void FlightRecorder::update(std::int64_t id, OpPhase phase, std::string_view bac
   if (id < 0) return;
   const double now = now_s();
   detail::MutexLock lock(mutex_);
+  apply(id, phase, now, backend, error);
+}
+
+void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::string_view backend,
+                           std::string_view error) {
+  if (id < 0) return;
   Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
   if (slot.id != id || phase <= slot.phase) return;
   slot.phase = phase;

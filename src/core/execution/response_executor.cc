@@ -9,6 +9,14 @@
 #include "src/core/op_state.h"
 
 namespace tutti::core {
+namespace {
+
+// A work's flight-recorder id; -1 for a joined rank's work, which has no entry.
+std::int64_t work_record_id(const Work& work) {
+  return work.entry != nullptr ? work.entry->record : -1;
+}
+
+}  // namespace
 
 ResponseExecutor::ResponseExecutor(Parts parts, std::size_t fusion_threshold_bytes)
     : parts_(parts),
@@ -48,7 +56,6 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
       parts_.completer.complete(*entry, Status(response->error_code, response->error_message));
       continue;
     }
-    if (parts_.recorder != nullptr) parts_.recorder->update(entry->record, OpPhase::Negotiated);
     if (parts_.timeline != nullptr && parts_.timeline->enabled()) {
       const TensorSpec& spec = response->tensors.empty() ? TensorSpec{} : response->tensors.front();
       parts_.timeline->op_start(response->name, to_string(response->op), to_string(spec.dtype),
@@ -56,6 +63,8 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
     }
     works.push_back(Work{.response = response, .entry = std::move(entry)});
   }
+  if (parts_.recorder != nullptr)
+    parts_.recorder->update_all(works, work_record_id, OpPhase::Negotiated);
   return works;
 }
 
@@ -82,8 +91,13 @@ Status ResponseExecutor::execute(ResponseList list) {
     bool deferred = false;
     const Status status = fault.ok() ? run_batch(batch, &deferred) : fault;
     if (!deferred) {
+      if (parts_.recorder != nullptr) {
+        parts_.recorder->update_all(batch, work_record_id,
+                                    status.ok() ? OpPhase::Done : OpPhase::Failed, {},
+                                    status.message());
+      }
       for (Work& work : batch) {
-        if (work.entry != nullptr) parts_.completer.complete(*work.entry, status);
+        if (work.entry != nullptr) parts_.completer.complete(*work.entry, status, /*record=*/false);
       }
     }
     if (!status.ok() && status.code() == ErrorCode::Communication) fault = status;
@@ -124,12 +138,8 @@ Status ResponseExecutor::run_batch(std::vector<Work>& batch, bool* deferred) {
 
 Status ResponseExecutor::run_collective(std::vector<Work>& batch, ops::Backend& backend,
                                         Mover& mover) {
-  if (parts_.recorder != nullptr) {
-    for (const Work& work : batch) {
-      if (work.entry != nullptr)
-        parts_.recorder->update(work.entry->record, OpPhase::Executing, backend.name());
-    }
-  }
+  if (parts_.recorder != nullptr)
+    parts_.recorder->update_all(batch, work_record_id, OpPhase::Executing, backend.name());
   Work& first = batch.front();
   const Response& response = *first.response;
   // Reductions mark their own stages (pack, collective, unpack).
