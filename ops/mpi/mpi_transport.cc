@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include <mpi.h>
@@ -147,6 +148,17 @@ class MpiTransport final : public Transport {
   std::unique_ptr<P2PChannel> p2p_;       // Likewise.
 };
 
+// Ends the job after printing `why`. The pause lets the launcher forward what this process
+// wrote to stderr: MPICH's launcher, once told of the abort, kills every rank and could drop
+// output not yet read from the pipe (a CI run lost the explanation this way).
+[[noreturn]] void abort_job(const std::string& why) {
+  std::fprintf(stderr, "%s\n", why.c_str());
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; should an implementation's do, end the process.
+}
+
 void (*g_finalize_hook)() = nullptr;
 // The grace MPI_Finalize gets after an error, in ms; -1 while none happened.
 std::atomic<std::int64_t> g_finalize_grace_ms{-1};
@@ -164,12 +176,13 @@ void start_finalize_watchdog() {
     // exit can tell that it returned (g_finalize_returned). An application that finalizes MPI
     // itself after an error and then works on for longer than the grace is ended too (README).
     if (g_finalize_returned.load()) return;
-    std::fprintf(stderr,
-                 "[tutti] MPI_Finalize has not returned %.3g s after the runtime stopped on an "
-                 "error (a peer is stuck?): ending the job with MPI_Abort "
-                 "(TUTTI_EXIT_GRACE_SECONDS)\n",
-                 static_cast<double>(grace_ms) / 1000.0);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    char why[256];
+    std::snprintf(why, sizeof why,
+                  "[tutti] MPI_Finalize has not returned %.3g s after the runtime stopped on an "
+                  "error (a peer is stuck?): ending the job with MPI_Abort "
+                  "(TUTTI_EXIT_GRACE_SECONDS)",
+                  static_cast<double>(grace_ms) / 1000.0);
+    abort_job(why);
   }).detach();
 }
 
@@ -200,14 +213,18 @@ void bound_finalize_after_error(std::chrono::milliseconds grace) {
 void abort_job_after(std::chrono::milliseconds grace, const std::string& why) {
   static std::atomic<bool> armed{false};
   if (armed.exchange(true)) return;
-  std::thread([grace, why] {
+  // Said now, not only at the abort: whoever reads the log learns why the job will end.
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "[tutti] this rank's transport failed (%s); its peers may be blocked in a "
+                "collective it will not enter: ending the job with MPI_Abort after %.3g s "
+                "(TUTTI_EXIT_GRACE_SECONDS)",
+                why.c_str(), std::chrono::duration<double>(grace).count());
+  std::fprintf(stderr, "%s\n", text);
+  std::fflush(stderr);
+  std::thread([grace, message = std::string(text)] {
     std::this_thread::sleep_for(grace);
-    std::fprintf(stderr,
-                 "[tutti] this rank's transport failed (%s); its peers may be blocked in a "
-                 "collective it will not enter: ending the job with MPI_Abort after %.3g s "
-                 "(TUTTI_EXIT_GRACE_SECONDS)\n",
-                 why.c_str(), std::chrono::duration<double>(grace).count());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    mpi::abort_job(message + ": now");
   }).detach();
 }
 

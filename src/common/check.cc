@@ -3,7 +3,10 @@
 // without depending on an upper layer (STYLE.md 2.1).
 #include "src/common/check.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include <mpi.h>
 
@@ -18,7 +21,13 @@ void check_failed(const char* file, int line, const char* condition, const std::
   int finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 134);
+  if (initialized && !finalized) {
+    // The launcher kills every rank once told of the abort; the pause lets it forward the
+    // message first (MPICH's could drop it).
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    MPI_Abort(MPI_COMM_WORLD, 134);
+  }
   std::abort();
 }
 
