@@ -257,8 +257,12 @@ int main(int argc, char** argv) {
     nn::cross_entropy(pass.model->forward(images), labels).backward();
   };
 
-  // Each parameter's hook starts the allreduce of its gradient as soon as backward() has it.
-  Pass overlap("overlap: DistributedOptimizer");
+  // Each parameter's hook starts the allreduce of its gradient as soon as backward() has it;
+  // or, where the job's default is one group (TUTTI_GRADIENT_GROUPING, by default one where
+  // ranks fill a host's cores), the last hook starts one grouped allreduce.
+  Pass overlap(tutti::default_gradient_groups() == 1
+                   ? "overlap: DistributedOptimizer, one gradient group (TUTTI_GRADIENT_GROUPING)"
+                   : "overlap: DistributedOptimizer, each gradient alone");
   optim::DistributedOptimizer optimizer(overlap.sgd, overlap.named);
   overlap.step = [&] {
     optimizer.zero_grad();

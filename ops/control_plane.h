@@ -24,8 +24,11 @@ class ControlPlane {
   virtual int size() const = 0;
   // Queues `bytes` for `destination` (not this rank) and returns at once.
   virtual Status send(int destination, std::string bytes) = 0;
-  // The next message addressed to this rank, if one has arrived. Never blocks.
+  // The next message addressed to this rank, if one has arrived whole. Never blocks.
   virtual Result<std::optional<Message>> poll() = 0;
+  // True while a message has begun to arrive but is not whole: poll() returns it once it is,
+  // so a caller should poll again soon rather than sleep. Never blocks.
+  virtual bool receiving() const = 0;
   // True once every queued send has completed. Never blocks.
   virtual bool sends_done() = 0;
 };

@@ -26,6 +26,9 @@ struct Topology {
   int cross_rank = 0;
   int cross_size = 1;
   bool homogeneous = true;
+  // Some host runs at least as many of the job's ranks as it has cores (ranks then take cores
+  // from each other's computation and communication threads). The same on every rank.
+  bool cores_shared = false;
   bool threads_multiple = true;  // MPI provides MPI_THREAD_MULTIPLE.
 };
 

@@ -100,10 +100,15 @@ void ReductionRounds::build_units(const char* who) {
   }
   const std::string group_prefix = "DistributedOptimizer.grouped_allreduce.";
   std::vector<bool> grouped(names_.size(), false);
-  if (options_.num_groups > 0 && !trainable.empty()) {
+  // Options that name no grouping get the job's default (TUTTI_GRADIENT_GROUPING), which is the
+  // same on every rank, as the units' names must be.
+  const int num_groups = options_.num_groups == 0 && options_.groups.empty()
+                             ? tutti::default_gradient_groups()
+                             : options_.num_groups;
+  if (num_groups > 0 && !trainable.empty()) {
     // Contiguous, nearly equal groups, the first `extra` one larger (numpy's array_split).
     const std::size_t count =
-        std::min<std::size_t>(static_cast<std::size_t>(options_.num_groups), trainable.size());
+        std::min<std::size_t>(static_cast<std::size_t>(num_groups), trainable.size());
     const std::size_t base = trainable.size() / count;
     const std::size_t extra = trainable.size() % count;
     std::size_t next = 0;

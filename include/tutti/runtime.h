@@ -30,6 +30,14 @@ TUTTI_API int cross_rank();  // Among the ranks with the same local_rank, across
 TUTTI_API int cross_size();
 TUTTI_API bool is_homogeneous();         // Every host runs the same number of ranks.
 TUTTI_API bool mpi_threads_supported();  // MPI provides MPI_THREAD_MULTIPLE.
+// Some host runs at least as many of the job's ranks as it has cores. The same on every rank.
+TUTTI_API bool cores_shared();
+// The gradient groups of an optim::DistributedOptimizer whose options name no num_groups and
+// no groups: 1 (one grouped allreduce once every gradient is ready) or 0 (each gradient's
+// allreduce starts the moment it is ready). TUTTI_GRADIENT_GROUPING decides: each, one, or
+// auto (the default): 1 where cores_shared(), since overlap needs spare cores and each message
+// costs a share of them, else 0. The same on every rank; 0 outside a session.
+TUTTI_API int default_gradient_groups();
 
 // Compile-time facts about this build; callable any time.
 TUTTI_API bool cuda_built();

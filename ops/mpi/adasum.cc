@@ -10,6 +10,11 @@
 // group's combined vector) and b (the right group's). Each rank then combines its piece. After
 // log2(size) levels each rank holds 1/size of the result; undoing the levels in reverse order
 // hands every rank the whole of it.
+//
+// Memory: the partner's values land in the region just handed over, which this rank no longer
+// needs until the reverse levels bring it back, so Adasum needs the vector and a bounded
+// scratch piece, not the half-sized receive buffer of Horovod's (issue 30: an Adasum past 2^31
+// elements could not fit two ranks on a 23 GiB machine).
 #include "ops/mpi/adasum.h"
 
 #include <algorithm>
@@ -27,11 +32,53 @@ constexpr int kTag = 0x5ada;
 // Below this squared norm a vector counts as zero (Horovod's threshold): its coefficient is 1.
 constexpr double kTinyNormSquared = 1e-8;
 
+// The scratch piece the partner's values pass through on their way into the given region.
+constexpr std::size_t kPieceBytes = std::size_t{16} << 20;
+
 struct Region {
   std::size_t begin = 0;
   std::size_t end = 0;
   std::size_t size() const { return end - begin; }
 };
+
+// The partner's values for the kept region, element j of it at(j): the first `stored` in the
+// region this rank gave away, and, where the kept region is one longer (an odd region split on
+// the right), the last in `last`.
+template <class T>
+struct Received {
+  const T* stored = nullptr;
+  std::size_t stored_count = 0;
+  T last{};
+  T at(std::size_t j) const { return j < stored_count ? stored[j] : last; }
+};
+
+// Sends `give` to `partner` and receives the partner's values for `keep` (the partner's give)
+// into `give`'s place, piece by piece through `scratch`: a piece of `give` has been sent once
+// the Sendrecv that carries it returns, so its place is free.
+template <class T>
+Result<Received<T>> swap_halves(MPI_Comm comm, int partner, T* data, Region give, Region keep,
+                                MPI_Datatype type, std::vector<T>& scratch) {
+  TUTTI_CHECK(keep.size() <= give.size() + 1, "Adasum's halves differ by more than one element");
+  // The same on both partners (their give and keep are swapped), so pieces pair up.
+  const std::size_t longer = std::max(give.size(), keep.size());
+  const std::size_t piece =
+      std::max<std::size_t>(1, std::min({kPieceBytes / sizeof(T), max_mpi_count(), longer}));
+  scratch.resize(piece);
+  Received<T> received{.stored = data + give.begin,
+                       .stored_count = std::min(give.size(), keep.size())};
+  T* place = data + give.begin;
+  for (std::size_t done = 0; done < longer; done += piece) {
+    const std::size_t sends = give.size() > done ? std::min(piece, give.size() - done) : 0;
+    const std::size_t receives = keep.size() > done ? std::min(piece, keep.size() - done) : 0;
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Sendrecv(place + done, to_mpi_count(sends), type, partner, kTag,
+                                           scratch.data(), to_mpi_count(receives), type, partner,
+                                           kTag, comm, MPI_STATUS_IGNORE));
+    const std::size_t fits = std::min(receives, give.size() > done ? give.size() - done : 0);
+    std::copy_n(scratch.data(), fits, place + done);
+    if (fits < receives) received.last = scratch[fits];  // The one element past `give`.
+  }
+  return received;
+}
 
 // Sums `values` over the 2·level ranks that share rank / (2·level), by recursive doubling.
 // Every member ends with bitwise the same sums (each step adds two values that are equal on
@@ -60,7 +107,7 @@ Status run(MPI_Comm comm, T* data, std::span<const std::size_t> tensor_counts, M
   const std::size_t tensors = tensor_counts.size();
   Region mine{.begin = 0, .end = starts.back()};
   std::vector<Region> given;  // The region handed to the partner at each level.
-  std::vector<T> received((mine.size() + 1) / 2);
+  std::vector<T> scratch;
 
   for (int level = 1; level < size; level <<= 1) {
     const int partner = rank ^ level;
@@ -68,9 +115,8 @@ Status run(MPI_Comm comm, T* data, std::span<const std::size_t> tensor_counts, M
     const std::size_t middle = mine.begin + mine.size() / 2;
     const Region keep = left ? Region{mine.begin, middle} : Region{middle, mine.end};
     const Region give = left ? Region{middle, mine.end} : Region{mine.begin, middle};
-    TUTTI_RETURN_IF_ERROR(exchange_in_pieces(data + give.begin, give.size(), partner,
-                                             received.data(), keep.size(), partner, type, sizeof(T),
-                                             kTag, comm));
+    TUTTI_ASSIGN_OR_RETURN(const Received<T> received,
+                           swap_halves(comm, partner, data, give, keep, type, scratch));
     // Per tensor: a·b, |a|², |b|² over the kept piece, a being the left group's values.
     std::vector<double> sums(3 * tensors, 0.0);
     for (std::size_t t = 0; t < tensors; ++t) {
@@ -79,7 +125,7 @@ Status run(MPI_Comm comm, T* data, std::span<const std::size_t> tensor_counts, M
       double dot = 0, a_norm = 0, b_norm = 0;
       for (std::size_t i = from; i < to; ++i) {
         const double own = static_cast<double>(data[i]);
-        const double other = static_cast<double>(received[i - keep.begin]);
+        const double other = static_cast<double>(received.at(i - keep.begin));
         const double a = left ? own : other;
         const double b = left ? other : own;
         dot += a * b;
@@ -102,8 +148,9 @@ Status run(MPI_Comm comm, T* data, std::span<const std::size_t> tensor_counts, M
       const std::size_t from = std::max(starts[t], keep.begin);
       const std::size_t to = std::min(starts[t + 1], keep.end);
       for (std::size_t i = from; i < to; ++i) {
-        data[i] = static_cast<T>(own_coefficient * static_cast<double>(data[i]) +
-                                 other_coefficient * static_cast<double>(received[i - keep.begin]));
+        data[i] =
+            static_cast<T>(own_coefficient * static_cast<double>(data[i]) +
+                           other_coefficient * static_cast<double>(received.at(i - keep.begin)));
       }
     }
     given.push_back(give);

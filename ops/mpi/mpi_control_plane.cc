@@ -31,6 +31,15 @@ MpiControlPlane::~MpiControlPlane() {
       MPI_Request_free(&send.request);
     }
   }
+  // Likewise a receive under way: its sender is tearing down.
+  if (receive_ != MPI_REQUEST_NULL) {
+    int done = 0;
+    MPI_Test(&receive_, &done, MPI_STATUS_IGNORE);
+    if (!done) {
+      MPI_Cancel(&receive_);
+      MPI_Request_free(&receive_);
+    }
+  }
 }
 
 Status MpiControlPlane::send(int destination, std::string bytes) {
@@ -54,17 +63,28 @@ bool MpiControlPlane::sends_done() {
 }
 
 Result<std::optional<Message>> MpiControlPlane::poll() {
-  int arrived = 0;
-  MPI_Status status;
-  TUTTI_MPI_RETURN_IF_ERROR(MPI_Iprobe(MPI_ANY_SOURCE, tag_, comm_.get(), &arrived, &status));
-  if (!arrived) return std::optional<Message>();
-  int count = 0;
-  MPI_Get_count(&status, MPI_BYTE, &count);
-  Message message{.source = status.MPI_SOURCE,
-                  .bytes = std::string(static_cast<std::size_t>(count), '\0')};
-  TUTTI_MPI_RETURN_IF_ERROR(MPI_Recv(message.bytes.data(), count, MPI_BYTE, status.MPI_SOURCE, tag_,
-                                     comm_.get(), MPI_STATUS_IGNORE));
-  return std::optional<Message>(std::move(message));
+  if (!receiving_) {
+    int arrived = 0;
+    MPI_Message matched = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    TUTTI_MPI_RETURN_IF_ERROR(
+        MPI_Improbe(MPI_ANY_SOURCE, tag_, comm_.get(), &arrived, &matched, &status));
+    if (!arrived) return std::optional<Message>();
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    receiving_.emplace(Message{.source = status.MPI_SOURCE,
+                               .bytes = std::string(static_cast<std::size_t>(count), '\0')});
+    // A blocking receive here would wait for every byte of a large message, however long its
+    // sender takes to push them (issue 30: RPC payloads stalled a loaded rank's agent).
+    TUTTI_MPI_RETURN_IF_ERROR(
+        MPI_Imrecv(receiving_->bytes.data(), count, MPI_BYTE, &matched, &receive_));
+  }
+  int done = 0;
+  TUTTI_MPI_RETURN_IF_ERROR(MPI_Test(&receive_, &done, MPI_STATUS_IGNORE));
+  if (!done) return std::optional<Message>();
+  std::optional<Message> message = std::move(receiving_);
+  receiving_.reset();
+  return message;
 }
 
 }  // namespace tutti::ops::mpi

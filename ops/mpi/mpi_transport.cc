@@ -138,6 +138,13 @@ class MpiTransport final : public Transport {
     TUTTI_MPI_RETURN_IF_ERROR(
         MPI_Allreduce(MPI_IN_PLACE, &max_local, 1, MPI_INT, MPI_MAX, base_.get()));
     t.homogeneous = min_local == max_local;
+    // std::thread::hardware_concurrency(): the host's online CPUs, not this rank's binding
+    // (mpirun binds each rank to one core); 0 when unknown, then this host counts as roomy.
+    const unsigned cores = std::thread::hardware_concurrency();
+    int shared = cores != 0 && static_cast<unsigned>(t.local_size) >= cores ? 1 : 0;
+    TUTTI_MPI_RETURN_IF_ERROR(
+        MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, base_.get()));
+    t.cores_shared = shared != 0;
     return Status();
   }
 

@@ -72,6 +72,11 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
         std::this_thread::yield();
         continue;
       }
+      // A message partly received completes only while the plane is polled.
+      if (parts_.plane.receiving()) {
+        std::this_thread::yield();
+        continue;
+      }
       // Point-to-point ops in flight: poll on for a while (ping-pong latency), then nap.
       if (parts_.p2p.busy() && idle < kP2PSpinTime) {
         std::this_thread::yield();

@@ -96,6 +96,14 @@ Status parse_debug(const detail::KnobSource& source, Config* c) {
   return Status();
 }
 
+Result<Config::GradientGrouping> parse_gradient_grouping(const detail::KnobSource& source) {
+  const std::string text = detail::knob_value(detail::knob::GRADIENT_GROUPING, source);
+  if (text == "auto") return Config::GradientGrouping::Auto;
+  if (text == "each") return Config::GradientGrouping::Each;
+  if (text == "one") return Config::GradientGrouping::One;
+  return refuse(source, detail::knob::GRADIENT_GROUPING.name, "is not one of auto, each, one");
+}
+
 Result<ops::HostTransport> parse_host_transport(const detail::KnobSource& source) {
   const std::string text = detail::knob_value(detail::knob::HOST_TRANSPORT, source);
   if (text == "auto") return ops::HostTransport::Auto;
@@ -146,6 +154,7 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   c.flight_recorder_dir = detail::knob_value(detail::knob::FLIGHT_RECORDER_DIR, source);
   TUTTI_RETURN_IF_ERROR(parse_autotune(source, &c));
   TUTTI_RETURN_IF_ERROR(parse_debug(source, &c));
+  TUTTI_ASSIGN_OR_RETURN(c.gradient_grouping, parse_gradient_grouping(source));
 
   if (!detail::parse_log_level(detail::knob_value(detail::knob::LOG_LEVEL, source), &c.log_level)) {
     return refuse(source, detail::knob::LOG_LEVEL.name,

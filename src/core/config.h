@@ -53,6 +53,9 @@ struct Config {
       seconds_to_ms(detail::knob_default(detail::knob::EXIT_GRACE_SECONDS));
   std::int64_t flight_recorder_size = detail::knob_default(detail::knob::FLIGHT_RECORDER_SIZE);
   std::string flight_recorder_dir;
+  // GRADIENT_GROUPING, resolved against the job's topology by default_gradient_groups().
+  enum class GradientGrouping : std::uint8_t { Auto, Each, One };
+  GradientGrouping gradient_grouping = GradientGrouping::Auto;
   // TUTTI_DEBUG=DETAIL: the desync check (Note [Desync check] in negotiation/desync_check.h).
   // It turns the response cache off (cache_capacity 0): every request then travels in full.
   bool desync_check = false;

@@ -255,9 +255,9 @@ void Agent::run() {
     did_work |= poll_incoming(&fatal);
     const Clock::time_point next_deadline = expire_calls();
     if (!fatal.ok() || shutdown_step()) break;
-    // Also MPI's progress on our sends: while one is in flight (a big message's rendezvous needs
-    // the sender's MPI calls too) the thread keeps polling instead of sleeping.
-    const bool sending = !plane_.sends_done();
+    // Also MPI's progress on our sends and receives: while one is in flight (a big message's
+    // rendezvous needs both sides' MPI calls) the thread keeps polling instead of sleeping.
+    const bool sending = !plane_.sends_done() || plane_.receiving();
     const Clock::time_point now = Clock::now();
     if (did_work) {
       last_activity = now;

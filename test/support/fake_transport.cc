@@ -55,6 +55,7 @@ class FakeControlPlane final : public ops::ControlPlane {
     return std::optional<ops::Message>(std::move(message));
   }
   bool sends_done() override { return true; }
+  bool receiving() const override { return false; }  // Messages arrive whole.
 
  private:
   std::shared_ptr<FakeWorld::Shared> shared_;

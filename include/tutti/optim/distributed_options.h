@@ -36,7 +36,9 @@ struct DistributedOptions {
   // N > 0 splits the parameters, in parameters() order, into N contiguous groups of nearly
   // equal count (the first ones one larger), each reduced as one grouped_allreduce_async once
   // all its gradients are ready: fewer, larger messages, later start. Clamped to the number of
-  // parameters. 0 = no grouping. Cannot be combined with `groups` (InvalidArgument).
+  // parameters. 0 with no `groups`: tutti::default_gradient_groups() (TUTTI_GRADIENT_GROUPING;
+  // by default one group where some host's ranks fill its cores, else each gradient alone).
+  // Cannot be combined with `groups` (InvalidArgument).
   int num_groups = 0;
   // Explicit groups by parameter name, each reduced as one grouped allreduce once all its
   // gradients are ready; parameters in no list are reduced alone. Must be identical on every

@@ -24,6 +24,18 @@ int cross_rank() { return topology().cross_rank; }
 int cross_size() { return topology().cross_size; }
 bool is_homogeneous() { return topology().homogeneous; }
 bool mpi_threads_supported() { return topology().threads_multiple; }
+bool cores_shared() { return topology().cores_shared; }
+
+int default_gradient_groups() {
+  Result<std::shared_ptr<core::Session>> session = core::Runtime::get().session();
+  if (!session.ok()) return 0;
+  switch (session.value()->config().gradient_grouping) {
+    case core::Config::GradientGrouping::Each: return 0;
+    case core::Config::GradientGrouping::One: return 1;
+    case core::Config::GradientGrouping::Auto: break;
+  }
+  return session.value()->topology().cores_shared ? 1 : 0;
+}
 bool cuda_built() { return ops::built_with_cuda(); }
 bool nccl_built() { return ops::built_with_nccl(); }
 

@@ -250,12 +250,37 @@ Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire, ops::Ba
 // tensor boundaries. Scale factors apply around it as for Sum.
 Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   const DataType wire = batch_wire_dtype(batch);
+  const Response& first = *batch.front().response;
+  if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
+      batch.front().entry != nullptr) {
+    return adasum_in_place(batch.front(), backend, mover);
+  }
   TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
                          mover.scratch(total_count(batch) * element_size(wire)));
   TUTTI_ASSIGN_OR_RETURN(std::vector<std::size_t> counts, pack(batch, wire, buffer, mover));
   TUTTI_RETURN_IF_ERROR(backend.adasum(buffer, counts, wire));
   return unpack(batch, wire, buffer, mover,
                 [](const Response& response) { return response.postscale; });
+}
+
+// A lone tensor that needs no conversion is combined in its output: no fusion buffer of its
+// size (a 2^31-element float32 Adasum then needs the tensor's 8 GiB per rank and little more).
+Status Executor::adasum_in_place(Work& work, ops::Backend& backend, Mover& mover) {
+  const Response& response = *work.response;
+  const TensorView& input = work.entry->inputs[0];
+  const TensorView& output = work.entry->outputs[0];
+  const DataType dtype = input.dtype();
+  const std::size_t count = static_cast<std::size_t>(input.num_elements());
+  if (output.data() != input.data() || response.prescale != 1.0) {
+    mover.copy(copy_of(output.data(), dtype, input.data(), dtype, count, response.prescale));
+  }
+  TUTTI_RETURN_IF_ERROR(mover.flush());
+  mark(std::span(&work, 1), "ALLREDUCE");
+  TUTTI_RETURN_IF_ERROR(backend.adasum(output.data(), std::span(&count, 1), dtype));
+  if (response.postscale != 1.0) {
+    mover.copy(copy_of(output.data(), dtype, output.data(), dtype, count, response.postscale));
+  }
+  return mover.flush();
 }
 
 // As allreduce, but only the root receives: the others' tensors are sent and left unchanged,

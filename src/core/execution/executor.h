@@ -96,6 +96,7 @@ class Executor {
   Status allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover);
   Status allreduce_tensors(std::span<Work> batch, DataType wire, ops::Backend& backend);
   Status adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover);
+  Status adasum_in_place(Work& work, ops::Backend& backend, Mover& mover);
   Status reduce_in_place(Work& work, ops::Backend& backend, Mover& mover, int root);
   Status gather_one(Work& work, ops::Backend& backend, Mover& mover, int root);
 

@@ -136,6 +136,17 @@ TEST_CASE("grouped Adasum combines each tensor with its own coefficients; scale 
   Vector expected = closed_form(first, 0, first.size());
   for (double& x : expected) x *= 0.5;
   failures.expect_equal(compare_values(c.values(), expected, DataType::Float64), "scaled");
+  // Into a separate output (combined there, in place): the input stays as it was.
+  const Vector mine = first[static_cast<std::size_t>(world_rank())];
+  HostTensor in = tensor_of(DataType::Float64, mine);
+  HostTensor out = tensor_of(DataType::Float64, Vector(mine.size(), 0.0));
+  allreduce_async(in.view(), out.view(), "out of place",
+                  {.op = ReduceOp::Adasum, .prescale_factor = 2.0})
+      .wait();
+  Vector doubled = closed_form(first, 0, first.size());
+  for (double& x : doubled) x *= 2.0;
+  failures.expect_equal(compare_values(out.values(), doubled, DataType::Float64), "output");
+  failures.expect_equal(compare_values(in.values(), mine, DataType::Float64), "input kept");
   INFO(failures.first());
   CHECK(all_ranks(failures.ok()));
 }

@@ -7,16 +7,20 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/mpi/training/capture_stderr.h"
 #include "test/mpi/training/training_test_util.h"
 #include "test/support/mpi_test_util.h"
+#include "tutti/debug.h"
 #include "tutti/nn.h"
 #include "tutti/optim.h"
 #include "tutti/tutti.h"
@@ -471,6 +475,58 @@ TEST_CASE("A DistributedOptimizer over a process set reduces among its members o
     dist.step();
   }
   remove_process_set(pair);
+}
+
+// Whether some host runs at least as many ranks as it has cores, from plain MPI.
+bool cores_shared_by_mpi() {
+  MPI_Comm host = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+  int on_host = 0;
+  MPI_Comm_size(host, &on_host);
+  MPI_Comm_free(&host);
+  const unsigned cores = std::thread::hardware_concurrency();
+  int shared = cores != 0 && static_cast<unsigned>(on_host) >= cores ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return shared != 0;
+}
+
+// The mpi suite runs this binary with TUTTI_GRADIENT_GROUPING unset, =each and =one.
+TEST_CASE("Options that name no grouping follow TUTTI_GRADIENT_GROUPING; auto, the hosts' cores",
+          "[distributed][grouping]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const char* set = std::getenv("TUTTI_GRADIENT_GROUPING");
+  const std::string mode = set != nullptr ? set : "auto";
+  const bool shared = cores_shared_by_mpi();
+  const int expected = mode == "one" ? 1 : mode == "each" ? 0 : shared ? 1 : 0;
+  INFO("TUTTI_GRADIENT_GROUPING " << mode << ", cores shared " << shared);
+  CHECK(all_ranks(tutti::cores_shared() == shared));
+  CHECK(all_ranks(tutti::default_gradient_groups() == expected));
+
+  auto model = make_model(37);
+  auto reference = make_model(37);
+  const nn::NamedParameters named = model->named_parameters();
+  auto inner = make_optimizer(3, variables(named));
+  DistributedOptimizer dist(*inner, named);
+  forward_backward(*model, shard(rank, size, 0));
+  dist.synchronize();
+  // The reductions this rank ran: one grouped allreduce, or one allreduce per gradient.
+  int grouped = 0;
+  int alone = 0;
+  for (const debug::OpRecord& op : debug::flight_recorder()) {
+    if (op.name.starts_with("DistributedOptimizer.grouped_allreduce.")) ++grouped;
+    if (op.name.starts_with("DistributedOptimizer.allreduce.")) ++alone;
+  }
+  const int parameters = static_cast<int>(named.size());
+  INFO("grouped " << grouped << ", alone " << alone << " of " << parameters << " parameters");
+  CHECK(
+      all_ranks(expected == 1 ? grouped == 1 && alone == 0 : grouped == 0 && alone == parameters));
+  // Either way the gradient is the whole batch's.
+  for (int r = 0; r < size; ++r) forward_backward(*reference, shard(r, size, 0));
+  CHECK(all_ranks(max_diff(named, reference->named_parameters(), true, 1.0 / size) < 1e-5));
+  auto guard = dist.skip_synchronize();
+  dist.step();
 }
 
 }  // namespace

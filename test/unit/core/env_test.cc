@@ -147,6 +147,23 @@ TEST_CASE("TUTTI_DEBUG=DETAIL turns the desync check on and the response cache o
   CHECK(config.status().message() == "TUTTI_DEBUG='INFO' is not one of OFF, DETAIL");
 }
 
+TEST_CASE("TUTTI_GRADIENT_GROUPING is auto, each or one", "[env]") {
+  using Grouping = core::Config::GradientGrouping;
+  CHECK(core::Config::from_env().value().gradient_grouping == Grouping::Auto);
+  {
+    ScopedEnv each("TUTTI_GRADIENT_GROUPING", "each");
+    CHECK(core::Config::from_env().value().gradient_grouping == Grouping::Each);
+  }
+  {
+    ScopedEnv one("HOROVOD_GRADIENT_GROUPING", "one");  // Horovod's prefix as a fallback.
+    CHECK(core::Config::from_env().value().gradient_grouping == Grouping::One);
+  }
+  ScopedEnv two("TUTTI_GRADIENT_GROUPING", "2");
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message() == "TUTTI_GRADIENT_GROUPING='2' is not one of auto, each, one");
+}
+
 TEST_CASE("Every knob is documented", "[env]") {
   for (const Knob& knob : knobs()) {
     CHECK_FALSE(knob.name.empty());
