@@ -161,18 +161,31 @@ double output_factor(const Response& response, int size) {
   return response.reduce_op == ReduceOp::Average ? response.postscale / size : response.postscale;
 }
 
+namespace {
+
+// Queues the copy of a lone tensor's input into its output, prescaled (none where they are the
+// same memory and unscaled); returns its element count.
+std::size_t prescaled_into_output(const Work& work, Mover& mover) {
+  const TensorView& input = work.entry->inputs[0];
+  const TensorView& output = work.entry->outputs[0];
+  const std::size_t count = static_cast<std::size_t>(input.num_elements());
+  const double prescale = work.response->prescale;
+  if (output.data() != input.data() || prescale != 1.0) {
+    mover.copy(copy_of(output.data(), input.dtype(), input.data(), input.dtype(), count, prescale));
+  }
+  return count;
+}
+
+}  // namespace
+
 // A lone tensor that needs no conversion is reduced where it lies. On the host in pieces of
 // piece_bytes(), each scaled right after its reduction while it is still in cache: packing
 // 100 MB would cost two extra passes over memory, a separate scaling pass one.
 Status Executor::allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover) {
   const Response& response = *work.response;
-  const TensorView& input = work.entry->inputs[0];
   const TensorView& output = work.entry->outputs[0];
-  const DataType dtype = input.dtype();
-  const std::size_t count = static_cast<std::size_t>(input.num_elements());
-  if (output.data() != input.data() || response.prescale != 1.0) {
-    mover.copy(copy_of(output.data(), dtype, input.data(), dtype, count, response.prescale));
-  }
+  const DataType dtype = output.dtype();
+  const std::size_t count = prescaled_into_output(work, mover);
   const double factor = output_factor(response, backend.size());
   const std::size_t element = element_size(dtype);
   const std::size_t piece =
@@ -267,13 +280,9 @@ Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mov
 // size (a 2^31-element float32 Adasum then needs the tensor's 8 GiB per rank and little more).
 Status Executor::adasum_in_place(Work& work, ops::Backend& backend, Mover& mover) {
   const Response& response = *work.response;
-  const TensorView& input = work.entry->inputs[0];
   const TensorView& output = work.entry->outputs[0];
-  const DataType dtype = input.dtype();
-  const std::size_t count = static_cast<std::size_t>(input.num_elements());
-  if (output.data() != input.data() || response.prescale != 1.0) {
-    mover.copy(copy_of(output.data(), dtype, input.data(), dtype, count, response.prescale));
-  }
+  const DataType dtype = output.dtype();
+  const std::size_t count = prescaled_into_output(work, mover);
   TUTTI_RETURN_IF_ERROR(mover.flush());
   mark(std::span(&work, 1), "ALLREDUCE");
   TUTTI_RETURN_IF_ERROR(backend.adasum(output.data(), std::span(&count, 1), dtype));
