@@ -257,14 +257,14 @@ void Agent::run() {
     if (!fatal.ok() || shutdown_step()) break;
     // Also MPI's progress on our sends and receives: while one is in flight (a big message's
     // rendezvous needs both sides' MPI calls) the thread keeps polling instead of sleeping.
-    const bool sending = !plane_.sends_done() || plane_.receiving();
+    const bool transferring = !plane_.sends_done() || plane_.receiving();
     const Clock::time_point now = Clock::now();
     if (did_work) {
       last_activity = now;
       sleep = kMinSleep;
       continue;
     }
-    if (sending || now - last_activity < kSpinWindow) {
+    if (transferring || now - last_activity < kSpinWindow) {
       std::this_thread::yield();
       continue;
     }

@@ -163,6 +163,14 @@ double output_factor(const Response& response, int size) {
 
 namespace {
 
+// One tensor of this rank's (not a joined rank's zeros) that travels in its own dtype: it can be
+// reduced in its output, with no fusion buffer.
+bool lone_in_wire_dtype(std::span<const Work> batch, DataType wire) {
+  const Response& first = *batch.front().response;
+  return batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
+         batch.front().entry != nullptr;
+}
+
 // Queues the copy of a lone tensor's input into its output, prescaled (none where they are the
 // same memory and unscaled); returns its element count.
 std::size_t prescaled_into_output(const Work& work, Mover& mover) {
@@ -216,8 +224,7 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& 
     mark(batch, "ALLREDUCE");
     return allreduce_tensors(batch, wire, backend);
   }
-  if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
-      batch.front().entry != nullptr) {
+  if (lone_in_wire_dtype(batch, wire)) {
     mark(batch, "ALLREDUCE");
     return allreduce_in_place(batch.front(), backend, mover);
   }
@@ -263,9 +270,7 @@ Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire, ops::Ba
 // tensor boundaries. Scale factors apply around it as for Sum.
 Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   const DataType wire = batch_wire_dtype(batch);
-  const Response& first = *batch.front().response;
-  if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
-      batch.front().entry != nullptr) {
+  if (lone_in_wire_dtype(batch, wire)) {
     return adasum_in_place(batch.front(), backend, mover);
   }
   TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
@@ -324,8 +329,7 @@ Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mov
     mark(batch, "REDUCE");
     return backend.reduce_tensors(tensors, wire, op, root_set_rank);
   }
-  if (batch.size() == 1 && first.tensors.size() == 1 && wire == first.tensors.front().dtype &&
-      batch.front().entry != nullptr) {
+  if (lone_in_wire_dtype(batch, wire)) {
     mark(batch, "REDUCE");
     return reduce_in_place(batch.front(), backend, mover, root_set_rank);
   }
