@@ -55,13 +55,16 @@ FlightRecorder::FlightRecorder(std::size_t capacity) : capacity_(capacity) {
   slots_.resize(capacity);
 }
 
-double FlightRecorder::now_s() const {
-  return std::chrono::duration<double>(Clock::now() - origin_).count();
+double FlightRecorder::now_s() const { return seconds_at(Clock::now()); }
+
+double FlightRecorder::seconds_at(Clock::time_point at) const {
+  return std::chrono::duration<double>(at - origin_).count();
 }
 
-std::int64_t FlightRecorder::submitted(const Request& request, std::int64_t sequence) {
+std::int64_t FlightRecorder::submitted(const Request& request, std::int64_t sequence,
+                                       Clock::time_point at) {
   if (!enabled()) return -1;
-  const double now = now_s();
+  const double now = at == Clock::time_point{} ? now_s() : seconds_at(at);
   detail::MutexLock lock(mutex_);
   const std::int64_t id = next_id_++;
   Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];

@@ -48,9 +48,12 @@ class FlightRecorder {
 
   bool enabled() const { return capacity_ > 0; }
 
-  // Records a newly accepted op, the `sequence`-th of its set on this rank (Entry::sequence);
-  // returns its id for the updates below, or -1 when disabled.
-  std::int64_t submitted(const Request& request, std::int64_t sequence) TUTTI_EXCLUDES(mutex_);
+  // Records a newly accepted op, the `sequence`-th of its set on this rank (Entry::sequence),
+  // submitted at `at` (Entry::submitted: the caller's clock read is reused, since on a VM a
+  // read costs as much as the rest of the record; a default time point means now); returns its
+  // id for the updates below, or -1 when disabled.
+  std::int64_t submitted(const Request& request, std::int64_t sequence,
+                         std::chrono::steady_clock::time_point at = {}) TUTTI_EXCLUDES(mutex_);
   // Moves the op to `phase` (never back); `backend` ("shm", "mpi", ...) once it executes,
   // `error` when it failed. No-op for id -1 or a record already overwritten.
   void update(std::int64_t id, OpPhase phase, std::string_view backend = {},
@@ -100,6 +103,7 @@ class FlightRecorder {
   };
 
   double now_s() const;
+  double seconds_at(Clock::time_point at) const;
   // update()'s change of one slot, at time `now`.
   void apply(std::int64_t id, OpPhase phase, double now, std::string_view backend,
              std::string_view error) TUTTI_REQUIRES(mutex_);

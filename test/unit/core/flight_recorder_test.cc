@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,21 @@ TEST_CASE("The queue numbers each process set's ops on their own; records carry 
   CHECK(ring[1].process_set_id == 1);
   CHECK(ring[3].name == "d");
   CHECK(ring[0].dtype == "float64");
+}
+
+TEST_CASE("A queued op's record carries the time the caller submitted it", "[flight_recorder]") {
+  FlightRecorder recorder(4);
+  TensorQueue queue(&recorder);
+  const std::int64_t first = recorder.submitted(recorded_request("now"), 0);
+  REQUIRE(first == 0);
+  // Submitted 5 s before it reached the queue (a caller's clock read the recorder reuses).
+  std::shared_ptr<Entry> entry = make_entry();
+  entry->request = recorded_request("earlier");
+  entry->submitted = std::chrono::steady_clock::now() - std::chrono::seconds(5);
+  REQUIRE(queue.push(entry).ok());
+  const std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == 2);
+  CHECK(ring[0].submitted_s - ring[1].submitted_s == Approx(5.0).margin(0.5));
 }
 
 TEST_CASE("Phases only move forward, and finishing stamps the time", "[flight_recorder]") {
