@@ -77,7 +77,7 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
     }
     // Under the lock: sequence numbers follow the order drain_new() hands ops on in.
     entry->sequence = next_sequence_[request.process_set_id]++;
-    if (recorder_ != nullptr) 
+    if (recorder_ != nullptr)
       entry->record = recorder_->submitted(request, entry->sequence, entry->submitted);
     new_.push_back(std::move(entry));
     notify = sleeping_;
