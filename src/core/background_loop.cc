@@ -77,8 +77,12 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
         std::this_thread::yield();
         continue;
       }
-      // Point-to-point ops in flight: poll on for a while (ping-pong latency), then nap.
-      if (parts_.p2p.busy() && idle < kP2PSpinTime) {
+      // Point-to-point ops in flight: poll on for a while (ping-pong latency), and for as
+      // long as an application thread waits. A large message moves only while both ends poll
+      // (MPI pipelines it in fragments when it cannot copy it in one go), and its progress is
+      // invisible until it completes, so `idle` grows during a healthy transfer: napping then
+      // cut the bandwidth to a fragment per nap (Note [The cycle]).
+      if (parts_.p2p.busy() && (idle < kP2PSpinTime || detail::app_threads_waiting())) {
         std::this_thread::yield();
         continue;
       }

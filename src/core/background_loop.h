@@ -27,7 +27,10 @@
 //        fusion plan -> executor -> Completer.
 //   Beside them, point-to-point ops skip negotiation: P2PQueue --> P2PEngine --> Completer,
 //   stepped once per cycle (Note [P2P stage] in p2p_engine.h). While any is in flight the
-//   loop keeps polling instead of sleeping (a peer's message may come any moment).
+//   loop keeps polling instead of sleeping (a peer's message may come any moment): for
+//   kP2PSpinTime after the last progress, and however long an application thread waits,
+//   since MPI moves a large message only while it is polled and says nothing until the whole
+//   message is through.
 //   Completer --> the application's Handle.
 // On rank 0, stage 1 hands its list to stage 2 and stage 2 its lists to stage 3 directly;
 // everywhere else they travel over the control plane. One cycle: run the device checks,
