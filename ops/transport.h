@@ -42,6 +42,11 @@ struct BackendOptions {
   // Which collectives run hierarchically on sets that span several hosts (ops/hierarchy.h);
   // transports without hosts ignore it.
   HierarchyOptions hierarchy;
+  // Filled by the transport, not by settings: this host runs more of the job's ranks than it
+  // has CPUs, so a rank waiting on a peer in shared memory yields its CPU sooner (see
+  // wait_until() in ops/shm/shm_ring.cc). The same on every rank of a host, which is all a
+  // host's collectives need.
+  bool host_oversubscribed = true;
 };
 
 class Transport {

@@ -43,7 +43,7 @@ std::string threshold_text(std::size_t bytes) {
 
 Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const BackendOptions& options) {
   const HierarchyOptions& hierarchy = options.hierarchy;
-  if (!hierarchy.any()) return shm::create_host_backend(std::move(comm), options.host_transport);
+  if (!hierarchy.any()) return shm::create_host_backend(std::move(comm), options);
   TUTTI_ASSIGN_OR_RETURN(int id, host_id(comm));
   std::vector<int> ids(static_cast<std::size_t>(comm.size()));
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Allgather(&id, 1, MPI_INT, ids.data(), 1, MPI_INT, comm.get()));
@@ -56,7 +56,7 @@ Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const BackendOpt
                      " members runs flat collectives: hierarchical ones need at least 2 hosts "
                      "with the same number (at least 2) of members each");
     }
-    return shm::create_host_backend(std::move(comm), options.host_transport);
+    return shm::create_host_backend(std::move(comm), options);
   }
   const int me = comm.rank();
   const auto r = static_cast<std::size_t>(me);
@@ -66,7 +66,7 @@ Result<std::unique_ptr<Backend>> make_set_backend(MpiComm comm, const BackendOpt
   // Within a host, shared memory where TUTTI_HOST_TRANSPORT allows (the local communicator is
   // all on one host).
   TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<Backend> intra,
-                         shm::create_host_backend(std::move(local), options.host_transport));
+                         shm::create_host_backend(std::move(local), options));
   hierarchical::HierarchicalBackend::Parts parts{
       .flat = std::make_unique<MpiBackend>(std::move(comm)),
       .local = std::move(intra),

@@ -110,7 +110,10 @@ class MpiTransport final : public Transport {
                                                   const BackendOptions& options) override {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
     if (!comm.valid()) return std::unique_ptr<Backend>();
-    return make_set_backend(std::move(comm), options);
+    BackendOptions with_host = options;
+    const unsigned cpus = std::thread::hardware_concurrency();
+    with_host.host_oversubscribed = cpus == 0 || static_cast<unsigned>(topology_.local_size) > cpus;
+    return make_set_backend(std::move(comm), with_host);
   }
 
  private:

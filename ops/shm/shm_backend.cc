@@ -382,9 +382,10 @@ Status ShmBackend::reducescatter(const void* input, void* output,
   return Status();
 }
 
-Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm, HostTransport transport) {
+Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm,
+                                                     const BackendOptions& options) {
   bool one_host = false;
-  if (transport != HostTransport::Mpi && comm.size() > 1) {
+  if (options.host_transport != HostTransport::Mpi && comm.size() > 1) {
     MPI_Comm local = MPI_COMM_NULL;
     TUTTI_MPI_RETURN_IF_ERROR(
         MPI_Comm_split_type(comm.get(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
@@ -396,8 +397,9 @@ Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm, HostTran
   }
   if (!one_host)
     return std::unique_ptr<Backend>(std::make_unique<mpi::MpiBackend>(std::move(comm)));
-  TUTTI_ASSIGN_OR_RETURN(std::unique_ptr<ShmRing> ring,
-                         ShmRing::create(comm.get(), kSlotBytes, kSlots));
+  TUTTI_ASSIGN_OR_RETURN(
+      std::unique_ptr<ShmRing> ring,
+      ShmRing::create(comm.get(), kSlotBytes, kSlots, options.host_oversubscribed));
   return std::unique_ptr<Backend>(std::make_unique<ShmBackend>(
       std::make_unique<mpi::MpiBackend>(std::move(comm)), std::move(ring)));
 }

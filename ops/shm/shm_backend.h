@@ -23,11 +23,12 @@ namespace tutti::ops::shm {
 // (allreduce_benchmark --sweep-sizes, README "Benchmarks"), shared memory is as fast as MPI up
 // to a few KB (both are dominated by negotiation; small allreduces take a one-round path, see
 // allreduce_tensors) and faster above (each peer's byte is read once, where MPI's transport
-// copies it through its FIFOs). It also waits without busy-polling: MPI's blocking collectives
-// spin on a core, which during an overlapped backward pass is the compute thread's (P9: ~30%
-// slower steps on MPI). With more ranks than cores a tiny op's latency is somewhat higher on
-// shared memory than on MPI (which yields when oversubscribed); `auto` still picks shared
-// memory, since a size rule would have to guess the machine.
+// copies it through its FIFOs). It also waits without open-ended busy-polling (a bounded spin,
+// then yields: wait_until() in shm_ring.cc): MPI's blocking collectives spin on a core, which
+// during an overlapped backward pass is the compute thread's (P9: ~30% slower steps on MPI). With
+// more ranks than cores a tiny op's latency is somewhat higher on shared memory than on MPI (which
+// yields when oversubscribed); `auto` still picks shared memory, since a size rule would have to
+// guess the machine.
 
 class ShmBackend final : public Backend {
  public:
@@ -75,8 +76,10 @@ class ShmBackend final : public Backend {
   std::vector<std::byte> scratch_;    // Small allreduces' result (see allreduce_tensors).
 };
 
-// The host backend of a set over `comm`: a ShmBackend when `transport` allows it, the set has
-// several ranks and all of them share a host; else the MPI backend. Collective over `comm`.
-Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm, HostTransport transport);
+// The host backend of a set over `comm`: a ShmBackend when `options.host_transport` allows it,
+// the set has several ranks and all of them share a host; else the MPI backend. Collective
+// over `comm`.
+Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm,
+                                                     const BackendOptions& options);
 
 }  // namespace tutti::ops::shm

@@ -26,24 +26,40 @@ void cpu_relax() {
 #endif
 }
 
-// Peers normally arrive within microseconds (they run the same collective), so spin briefly
-// first (200 pauses, some 10-30 us: a pause is 40-140 cycles depending on the core); past that
-// a peer may be descheduled (more ranks than cores, as in the tests) and yielding the core
-// lets it run, or lets this rank's own compute thread run (an overlapped backward pass);
-// past 20 ms the peer is doing something else entirely, and sleeping keeps a waiting rank from
-// burning a core. (With 4 ranks on 2 cores, 2000 pauses and 1 ms of yielding made a 1-float
-// allreduce take ~290 us; these ~40 us.)
+// Peers normally arrive within microseconds (they run the same collective), so spin first;
+// past that a peer may be descheduled, and yielding the core lets it run, or lets this rank's
+// own compute thread run (an overlapped backward pass); past 20 ms the peer is doing something
+// else entirely, and sleeping keeps a waiting rank from burning a core.
+// How long to spin depends on who may need this core:
+// - More ranks than CPUs on the host (`oversubscribed`, as in the tests): the late peer may be
+//   waiting for this very core, so spin only 200 pauses (some 10-30 us: a pause is 40-140
+//   cycles depending on the core). With 4 ranks on 2 cores, 2000 pauses and 1 ms of yielding
+//   made a 1-float allreduce take ~290 us; these ~40 us.
+// - Otherwise each rank has a CPU of its own, and a yield only hands it to whatever else runs
+//   there, for a whole time slice when that is a busy process: on a 2-core AMD VM with one
+//   busy process on one rank's CPU, P1 over shared memory took 52-112 ms with the 200 pauses
+//   alone and 21-27 ms with this spin (raw MPI, which busy-polls, 49-64 ms; all 10-15 ms
+//   idle). So spin up to kOwnCpuSpin before yielding.
 // A peer may also not have started the collective yet because it is still waiting for the
 // response list this rank sent it: MPI delivers that message only while this rank makes MPI
-// progress (MPICH always, Open MPI for large lists). So past the spin every poll also drives
+// progress (MPICH always, Open MPI for large lists). So past the pauses every poll also drives
 // MPI's progress engine, through a probe on `comm` (which matches nothing Tutti leaves there).
+constexpr auto kOwnCpuSpin = std::chrono::microseconds(50);
+
 template <class Done>
-void wait_until(Done done, MPI_Comm comm) {
+void wait_until(Done done, MPI_Comm comm, bool oversubscribed) {
   for (int i = 0; i < 200; ++i) {
     if (done()) return;
     cpu_relax();
   }
   const auto start = std::chrono::steady_clock::now();
+  if (!oversubscribed) {
+    while (!done() && std::chrono::steady_clock::now() - start < kOwnCpuSpin) {
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
+      for (int i = 0; i < 50 && !done(); ++i) cpu_relax();
+    }
+  }
   while (!done()) {
     int flag = 0;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
@@ -57,12 +73,14 @@ void wait_until(Done done, MPI_Comm comm) {
 
 }  // namespace
 
-Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot_bytes, int slots) {
+Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot_bytes, int slots,
+                                                 bool oversubscribed) {
   auto ring = std::unique_ptr<ShmRing>(new ShmRing());
   MPI_Comm_rank(comm, &ring->rank_);
   MPI_Comm_size(comm, &ring->size_);
   ring->slots_ = slots;
   ring->comm_ = comm;
+  ring->oversubscribed_ = oversubscribed;
   ring->slot_bytes_ = round_up(slot_bytes, kCacheLine);
   // A line more than needed: MPI aligns regions less than a cache line, so each starts at its
   // first line boundary. Segments are mapped page-aligned, so that boundary is the same memory
@@ -127,7 +145,7 @@ void ShmRing::publish(Counter which, std::uint64_t chunk) {
 
 void ShmRing::wait(int rank, Counter which, std::uint64_t chunk) const {
   std::atomic_ref<std::uint64_t> value(*counter(rank, which));
-  wait_until([&] { return value.load(std::memory_order_acquire) > chunk; }, comm_);
+  wait_until([&] { return value.load(std::memory_order_acquire) > chunk; }, comm_, oversubscribed_);
 }
 
 void ShmRing::wait_all(Counter which, std::uint64_t chunk) const {

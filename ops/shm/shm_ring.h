@@ -41,8 +41,10 @@ class ShmRing {
   enum class Counter : int { Staged = 0, Reduced = 1, Consumed = 2 };
 
   // Collective over `comm`, whose ranks must share a host (MPI_COMM_TYPE_SHARED); `comm` must
-  // outlive the ring. slot_bytes is rounded up to a multiple of 64.
-  static Result<std::unique_ptr<ShmRing>> create(MPI_Comm comm, std::size_t slot_bytes, int slots);
+  // outlive the ring. slot_bytes is rounded up to a multiple of 64. `oversubscribed`: the host
+  // runs more ranks than it has CPUs (BackendOptions::host_oversubscribed).
+  static Result<std::unique_ptr<ShmRing>> create(MPI_Comm comm, std::size_t slot_bytes, int slots,
+                                                 bool oversubscribed);
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
   ~ShmRing();  // Collective over the communicator (MPI_Win_free), unless abandoned.
@@ -75,6 +77,8 @@ class ShmRing {
   MPI_Comm comm_ = MPI_COMM_NULL;  // Probed while waiting, to keep MPI progressing.
   int rank_ = 0;
   int size_ = 1;
+  // More ranks on this host than CPUs: a waiting rank yields sooner (see wait_until()).
+  bool oversubscribed_ = true;
   int slots_ = 1;
   std::size_t slot_bytes_ = 0;
   std::vector<std::byte*> regions_;  // Every rank's region, as mapped in this process.
