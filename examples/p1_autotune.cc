@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -50,6 +51,7 @@ struct Settled {
   long long step = -1;  // -1: no settled row yet.
   long long threshold_bytes = -1;
   double cycle_time_ms = -1;
+  char host_transport[16] = {};  // "shm/mpi" and the like; empty where it was not tuned.
 };
 
 Settled settled_row(const std::string& path) {
@@ -62,34 +64,57 @@ Settled settled_row(const std::string& path) {
       start = comma + 1;
     }
     fields.push_back(line.substr(start));
-    if (fields.size() == 9 && fields[2] == "settled")
-      return {std::stoll(fields[1]), std::stoll(fields[3]), std::stod(fields[4])};
+    if (fields.size() == 10 && fields[2] == "settled") {
+      Settled settled{std::stoll(fields[1]), std::stoll(fields[3]), std::stod(fields[4])};
+      std::snprintf(settled.host_transport, sizeof settled.host_transport, "%s", fields[5].c_str());
+      return settled;
+    }
   }
   return {};
 }
 
-// The settings of one comparison session; cycle_time_ms < 0: the caller's.
+// The settings of one comparison session; cycle_time_ms < 0, host_transport empty: the
+// caller's.
 struct Fixed {
   std::size_t threshold_bytes = 0;
   double cycle_time_ms = -1;
+  std::string host_transport{};
+};
+
+// Sets a variable to `value` (nothing when empty) for its lifetime, then restores the
+// caller's.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const std::string& value) : name_(name) {
+    const char* caller = std::getenv(name);
+    if (caller != nullptr) caller_ = caller;
+    if (!value.empty()) setenv(name, value.c_str(), 1);
+  }
+  ~ScopedVariable() {
+    if (caller_)
+      setenv(name_, caller_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> caller_;
 };
 
 // P1 with `fixed` in a session of its own: one warm-up step, then the best of `repeats`.
 double p1_fixed(const std::vector<tutti::TensorView>& views, const Fixed& fixed, int repeats,
                 const P1Timer& p1_tutti) {
-  const char* caller = std::getenv("TUTTI_CYCLE_TIME");
-  const std::string caller_cycle = caller != nullptr ? caller : "";
+  const ScopedVariable cycle("TUTTI_CYCLE_TIME",
+                             fixed.cycle_time_ms >= 0 ? std::to_string(fixed.cycle_time_ms) : "");
+  const ScopedVariable transport("TUTTI_HOST_TRANSPORT", fixed.host_transport);
   setenv("TUTTI_FUSION_THRESHOLD", std::to_string(fixed.threshold_bytes).c_str(), 1);
-  if (fixed.cycle_time_ms >= 0)
-    setenv("TUTTI_CYCLE_TIME", std::to_string(fixed.cycle_time_ms).c_str(), 1);
   tutti::init();
   const double ms = p1_tutti(views, repeats);
   tutti::shutdown();
   unsetenv("TUTTI_FUSION_THRESHOLD");
-  if (caller != nullptr)
-    setenv("TUTTI_CYCLE_TIME", caller_cycle.c_str(), 1);
-  else
-    unsetenv("TUTTI_CYCLE_TIME");
   return ms;
 }
 
@@ -113,6 +138,7 @@ Settled tune(const std::vector<tutti::TensorView>& views, int* steps, double* se
   }
   MPI_Bcast(&settled.threshold_bytes, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
   MPI_Bcast(&settled.cycle_time_ms, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Bcast(settled.host_transport, sizeof settled.host_transport, MPI_CHAR, 0, MPI_COMM_WORLD);
   *seconds = std::chrono::duration<double>(Clock::now() - start).count();
   tutti::shutdown();
   // The comparison's sessions run without autotune, where init() refuses its settings.
@@ -151,7 +177,9 @@ int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, do
     if (runs[i].threshold_bytes == threshold) threshold_only = i;
   }
   if (threshold_only == runs.size()) runs.push_back({.threshold_bytes = threshold});
-  runs.push_back({.threshold_bytes = threshold, .cycle_time_ms = tuned.cycle_time_ms});
+  runs.push_back({.threshold_bytes = threshold,
+                  .cycle_time_ms = tuned.cycle_time_ms,
+                  .host_transport = tuned.host_transport});
   std::vector<double> best(runs.size(), 1e30);
   for (int r = 0; r < repeats; ++r) {
     for (std::size_t i = 0; i < runs.size(); ++i)
@@ -159,8 +187,10 @@ int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, do
   }
   double best_fixed_ms = 1e30;
   std::size_t best_fixed_bytes = 0;
-  char cycle[64];
-  std::snprintf(cycle, sizeof cycle, " TUTTI_CYCLE_TIME=%g", tuned.cycle_time_ms);
+  char cycle[96];
+  std::snprintf(cycle, sizeof cycle, " TUTTI_CYCLE_TIME=%g%s%s", tuned.cycle_time_ms,
+                tuned.host_transport[0] != '\0' ? " TUTTI_HOST_TRANSPORT=" : "",
+                tuned.host_transport);
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const bool last = i + 1 == runs.size();
     const char* what = last ? " (tuned)" : i == threshold_only ? " (tuned threshold)" : "";
@@ -175,10 +205,11 @@ int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, do
   if (root) {
     std::printf(
         "P1-autotune tuned_ms=%.2f best_fixed_ms=%.2f ratio=%.3f threshold=%zu "
-        "cycle_time_ms=%g threshold_only_ms=%.2f best_fixed_threshold=%zu steps=%lld "
-        "raw_ratio=%.3f\n",
+        "cycle_time_ms=%g host_transport=%s threshold_only_ms=%.2f best_fixed_threshold=%zu "
+        "steps=%lld raw_ratio=%.3f\n",
         tuned_ms, best_fixed_ms, tuned_ms / best_fixed_ms, threshold, tuned.cycle_time_ms,
-        best[threshold_only], best_fixed_bytes, tuned.step, tuned_ms / best_raw);
+        tuned.host_transport[0] != '\0' ? tuned.host_transport : "-", best[threshold_only],
+        best_fixed_bytes, tuned.step, tuned_ms / best_raw);
   }
   return 0;
 }

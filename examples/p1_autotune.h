@@ -19,9 +19,11 @@ using P1Timer = std::function<double(const std::vector<tutti::TensorView>& views
 // tuning takes the caller's TUTTI_AUTOTUNE_* settings; the log goes to TUTTI_AUTOTUNE_LOG if
 // set, else /tmp/tutti_p1_autotune_<pid>.csv. Rank 0 prints the tuning, the comparison and
 // the line "P1-autotune tuned_ms=... best_fixed_ms=... ratio=... threshold=...
-// cycle_time_ms=... threshold_only_ms=... best_fixed_threshold=... steps=... raw_ratio=..."
-// (threshold_only_ms: the tuned threshold at the caller's cycle time; raw_ratio: tuned_ms over
-// `best_raw_ms`). Returns the exit code: 1 if the tuner did not settle within 3000 steps.
+// cycle_time_ms=... host_transport=... threshold_only_ms=... best_fixed_threshold=... steps=...
+// raw_ratio=..." (host_transport: the tuned host routes as TUTTI_HOST_TRANSPORT takes them, or
+// - where they were not tuned; threshold_only_ms: the tuned threshold at the caller's cycle
+// time and host transport; raw_ratio: tuned_ms over `best_raw_ms`). Returns the exit code: 1 if the
+// tuner did not settle within 3000 steps.
 int run_p1_autotune(const std::vector<tutti::TensorView>& views, int repeats, double best_raw_ms,
                     const P1Timer& p1);
 

@@ -33,6 +33,15 @@ struct FusedTensor {
   std::size_t count = 0;
 };
 
+// Which host transport each size class of collective takes: bit k set = the collectives of
+// host_size_class() k go over MPI rather than shared memory. 0: all over shared memory.
+using HostRoutes = std::uint8_t;
+// The size classes: up to kSmallHostBytes moved in total (class 0), and larger (class 1).
+inline constexpr int kHostSizeClasses = 2;
+inline constexpr std::size_t kSmallHostBytes = std::size_t{64} << 10;
+inline constexpr HostRoutes kAllHostRoutes = (1u << kHostSizeClasses) - 1;
+inline int host_size_class(std::size_t bytes) { return bytes <= kSmallHostBytes ? 0 : 1; }
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -100,6 +109,14 @@ class Backend {
                         DataType /*dtype*/) {
     return Status(ErrorCode::InvalidArgument, "ADASUM is not supported by this backend");
   }
+  // Whether route_host() changes anything here: the backend carries some collectives over
+  // either shared memory or MPI (ShmBackend, or a HierarchicalBackend over one).
+  virtual bool routes_host() const { return false; }
+  // From the next call on, collectives of each host size class whose bit is set in `over_mpi`
+  // go over MPI instead of shared memory; the autotuner chooses (Note [Host transport by size]
+  // in ops/shm/shm_backend.h). A collective decision: every member sets the same value between
+  // the same two calls. Backends without the choice ignore it.
+  virtual void route_host(HostRoutes /*over_mpi*/) {}
   // Device backends return once their work is enqueued on a stream (see Note [Stream
   // ordering] in ops/cuda/stream.h); this is an error found since, without blocking: a peer
   // lost mid-collective, after which the op's completion event would never complete. Core asks

@@ -39,6 +39,9 @@ enum class HostTransport : std::uint8_t { Auto, Mpi, Shm };
 // What a set's backend may use. The same on every rank (agreed settings).
 struct BackendOptions {
   HostTransport host_transport = HostTransport::Auto;
+  // Where shared memory runs the set's collectives: the size classes that go over MPI
+  // instead, from the start (Backend::route_host()).
+  HostRoutes host_routes = 0;
   // Which collectives run hierarchically on sets that span several hosts (ops/hierarchy.h);
   // transports without hosts ignore it.
   HierarchyOptions hierarchy;

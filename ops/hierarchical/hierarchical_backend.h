@@ -102,6 +102,9 @@ class HierarchicalBackend final : public Backend {
     local_->abandon();
     cross_->abandon();
   }
+  // The host transport is chosen within each host (the local part); the other parts are MPI.
+  bool routes_host() const override { return local_->routes_host(); }
+  void route_host(HostRoutes over_mpi) override { local_->route_host(over_mpi); }
   // The intra-host backend's name, for logs ("shared memory", "MPI").
   std::string_view local_name() const { return local_->name(); }
 

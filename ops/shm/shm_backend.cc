@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "ops/convert.h"
@@ -41,6 +42,14 @@ void copy(void* to, std::size_t to_offset, const void* from, std::size_t offset,
 // Bytes of a `total`-byte block in the round that starts at `done`, rounds being `round` long.
 std::size_t in_round(std::size_t total, std::size_t done, std::size_t round) {
   return total > done ? std::min(round, total - done) : 0;
+}
+
+// The bytes of `counts` elements of `dtype` in all: what a collective over blocks moves, the
+// same on every rank (the size class route_host() routes by).
+std::size_t total_bytes(std::span<const std::size_t> counts, DataType dtype) {
+  std::size_t elements = 0;
+  for (std::size_t count : counts) elements += count;
+  return elements * element_size(dtype);
 }
 
 // Where `rank`'s share of a chunk of `length` elements starts (rank == size: its end).
@@ -98,6 +107,7 @@ void unpack(const Stream& stream, std::size_t begin, std::size_t end, const std:
 }  // namespace
 
 Status ShmBackend::allreduce(void* data, std::size_t count, DataType dtype, WireOp op) {
+  if (over_mpi(count * element_size(dtype))) return mpi_->allreduce(data, count, dtype, op);
   const FusedTensor tensor{
       .input = data, .input_type = dtype, .output = data, .output_type = dtype, .count = count};
   return allreduce_tensors({&tensor, 1}, dtype, op);
@@ -111,6 +121,8 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
 
 Status ShmBackend::reduce(const void* input, void* output, std::size_t count, DataType dtype,
                           WireOp op, int root) {
+  if (over_mpi(count * element_size(dtype)))
+    return mpi_->reduce(input, output, count, dtype, op, root);
   const FusedTensor tensor{.input = input,
                            .input_type = dtype,
                            .output = rank() == root ? output : nullptr,
@@ -197,6 +209,7 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
 // peer's piece out into its place in the output.
 Status ShmBackend::allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                               DataType dtype) {
+  if (over_mpi(total_bytes(counts, dtype))) return mpi_->allgatherv(input, output, counts, dtype);
   const std::size_t element = element_size(dtype);
   const int n = size();
   const int me = rank();
@@ -235,6 +248,8 @@ Status ShmBackend::allgatherv(const void* input, void* output, std::span<const s
 // (the root's Consumed frees their slots for reuse).
 Status ShmBackend::gatherv(const void* input, void* output, std::span<const std::size_t> counts,
                            DataType dtype, int root) {
+  if (over_mpi(total_bytes(counts, dtype)))
+    return mpi_->gatherv(input, output, counts, dtype, root);
   const std::size_t element = element_size(dtype);
   const int n = size();
   const int me = rank();
@@ -277,6 +292,8 @@ Status ShmBackend::gatherv(const void* input, void* output, std::span<const std:
 // member's block, and each member copies its share out. The root's own block is a local copy.
 Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> counts, void* output,
                             DataType dtype, int root) {
+  if (over_mpi(total_bytes(counts, dtype)))
+    return mpi_->scatterv(input, counts, output, dtype, root);
   const std::size_t element = element_size(dtype);
   const int n = size();
   const int me = rank();
@@ -321,6 +338,7 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
 
 // The root stages a slot at a time; the others copy it out.
 Status ShmBackend::broadcast(void* data, std::size_t count, DataType dtype, int root) {
+  if (over_mpi(count * element_size(dtype))) return mpi_->broadcast(data, count, dtype, root);
   const std::size_t bytes = count * element_size(dtype);
   const std::size_t round = ring_->slot_bytes();
   for (std::size_t done = 0; done < bytes; done += round) {
@@ -344,6 +362,8 @@ Status ShmBackend::broadcast(void* data, std::size_t count, DataType dtype, int 
 Status ShmBackend::reducescatter(const void* input, void* output,
                                  std::span<const std::size_t> recv_counts, DataType dtype,
                                  WireOp op) {
+  if (over_mpi(total_bytes(recv_counts, dtype)))
+    return mpi_->reducescatter(input, output, recv_counts, dtype, op);
   const std::size_t element = element_size(dtype);
   const int n = size();
   const int me = rank();
@@ -400,8 +420,10 @@ Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm,
   TUTTI_ASSIGN_OR_RETURN(
       std::unique_ptr<ShmRing> ring,
       ShmRing::create(comm.get(), kSlotBytes, kSlots, options.host_oversubscribed));
-  return std::unique_ptr<Backend>(std::make_unique<ShmBackend>(
-      std::make_unique<mpi::MpiBackend>(std::move(comm)), std::move(ring)));
+  auto backend = std::make_unique<ShmBackend>(std::make_unique<mpi::MpiBackend>(std::move(comm)),
+                                              std::move(ring));
+  backend->route_host(options.host_routes);
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
 }  // namespace tutti::ops::shm

@@ -41,7 +41,7 @@ class ShmBackend final : public Backend {
   int rank() const override { return ring_->rank(); }
   int size() const override { return ring_->size(); }
   Status allreduce(void* data, std::size_t count, DataType dtype, WireOp op) override;
-  bool reduces_tensors(std::size_t /*wire_bytes*/) const override { return true; }
+  bool reduces_tensors(std::size_t wire_bytes) const override { return !over_mpi(wire_bytes); }
   Status allreduce_tensors(std::span<const FusedTensor> tensors, DataType wire, WireOp op) override;
   Status allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                     DataType dtype) override;
@@ -65,8 +65,15 @@ class ShmBackend final : public Backend {
     return mpi_->adasum(data, tensor_counts, dtype);
   }
   void abandon() override { ring_->abandon(); }
+  bool routes_host() const override { return true; }
+  // The ring chunks collectives have used: what tells a test which transport ran.
+  std::uint64_t chunks_taken() const { return ring_->chunks_taken(); }
+  void route_host(HostRoutes over_mpi) override { over_mpi_ = over_mpi & kAllHostRoutes; }
 
  private:
+  // Whether a collective moving `bytes` in total goes over mpi_ (route_host()).
+  bool over_mpi(std::size_t bytes) const { return (over_mpi_ >> host_size_class(bytes)) & 1u; }
+
   // allreduce_tensors (root -1: every rank receives) and reduce_tensors (the root alone).
   Status reduce_chunks(std::span<const FusedTensor> tensors, DataType wire, WireOp op, int root);
 
@@ -74,6 +81,7 @@ class ShmBackend final : public Backend {
   std::unique_ptr<ShmRing> ring_;     // Destroyed first: its window lives on mpi_'s communicator.
   std::vector<const void*> sources_;  // Reused by every reduction: no allocation per op.
   std::vector<std::byte> scratch_;    // Small allreduces' result (see allreduce_tensors).
+  HostRoutes over_mpi_ = 0;           // Size classes that go over mpi_.
 };
 
 // The host backend of a set over `comm`: a ShmBackend when `options.host_transport` allows it,

@@ -57,6 +57,8 @@ class ShmRing {
 
   // The next chunk number; every collective takes its chunks from here, one at a time.
   std::uint64_t take_chunk() { return next_chunk_++; }
+  // Chunks taken so far.
+  std::uint64_t chunks_taken() const { return next_chunk_; }
   // `rank`'s slot of chunk `chunk`.
   std::byte* slot(int rank, std::uint64_t chunk) const;
 

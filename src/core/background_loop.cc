@@ -46,11 +46,19 @@ BackgroundLoop::BackgroundLoop(Parts parts)
       sender_(parts.queue, executor_.cache(), parts.config.cycle_time, parts.config.desync_check) {
   if (rank_ == 0) {
     coordinator_.emplace(parts.config, parts.sets, &parts.timeline, parts.plane.size());
-    if (parts.config.autotune) tuner_.emplace(Autotuner::options_of(parts.config));
   }
 }
 
 Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
+  if (is_coordinator() && parts_.config.autotune) {
+    // Here rather than in the constructor: the global set's backend exists by now, and says
+    // whether there is a host transport to choose. The user's TUTTI_HOST_TRANSPORT=shm or
+    // =mpi is a choice already.
+    Autotuner::Options options = Autotuner::options_of(parts_.config);
+    options.tune_host_routes =
+        parts_.config.host_transport == ops::HostTransport::Auto && parts_.sets.routes_host(0);
+    tuner_.emplace(std::move(options));
+  }
   Status status;
   Clock::time_point idle_since = Clock::now();
   try {
@@ -169,6 +177,7 @@ Status BackgroundLoop::broadcast_and_execute(ResponseList list) {
             tuner_->observe(seen_ops(list, executor_.cache()), Clock::now())) {
       list.fusion_threshold_bytes = tuned->fusion_threshold_bytes;
       list.cycle_time_us = tuned->cycle_time_us;
+      list.host_routes = tuned->host_routes;
     }
   }
   const std::string bytes = encode(list);

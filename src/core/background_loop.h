@@ -106,7 +106,7 @@ class BackgroundLoop {
   Status receive(bool* did_work);
   Status send_new(bool* did_work);
   // Rank 0: sends `list` to every other rank, then executes it here. With autotune, the list
-  // first carries the tuner's new threshold, if it has one (Note [Autotune] in autotune.h).
+  // first carries the tuner's new settings, if it has any (Note [Autotune] in autotune.h).
   Status broadcast_and_execute(ResponseList list);
   // The cycle time autotune sent with `list`, if any (Note [Autotune] in autotune.h).
   void adopt_cycle_time(const ResponseList& list);

@@ -104,12 +104,25 @@ Result<Config::GradientGrouping> parse_gradient_grouping(const detail::KnobSourc
   return refuse(source, detail::knob::GRADIENT_GROUPING.name, "is not one of auto, each, one");
 }
 
-Result<ops::HostTransport> parse_host_transport(const detail::KnobSource& source) {
+// TUTTI_HOST_TRANSPORT into c->host_transport and c->host_routes. "small/large" names the
+// transport of each size class, as the autotune log's host_transport column does.
+Status parse_host_transport(const detail::KnobSource& source, Config* c) {
   const std::string text = detail::knob_value(detail::knob::HOST_TRANSPORT, source);
-  if (text == "auto") return ops::HostTransport::Auto;
-  if (text == "shm") return ops::HostTransport::Shm;
-  if (text == "mpi") return ops::HostTransport::Mpi;
-  return refuse(source, detail::knob::HOST_TRANSPORT.name, "is not one of auto, shm, mpi");
+  c->host_routes = 0;
+  if (text == "auto") {
+    c->host_transport = ops::HostTransport::Auto;
+  } else if (text == "shm" || text == "shm/shm") {
+    c->host_transport = ops::HostTransport::Shm;
+  } else if (text == "mpi" || text == "mpi/mpi") {
+    c->host_transport = ops::HostTransport::Mpi;
+  } else if (text == "shm/mpi" || text == "mpi/shm") {
+    c->host_transport = ops::HostTransport::Shm;
+    c->host_routes = text == "shm/mpi" ? 2 : 1;  // Bit 1: large ones over MPI; bit 0: small.
+  } else {
+    return refuse(source, detail::knob::HOST_TRANSPORT.name,
+                  "is not one of auto, shm, mpi, shm/mpi, mpi/shm");
+  }
+  return Status();
 }
 
 }  // namespace
@@ -124,7 +137,7 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   c.cycle_time_set = source.find(detail::knob::CYCLE_TIME.name).has_value();
   TUTTI_ASSIGN_OR_RETURN(c.cache_capacity,
                          detail::knob_value(detail::knob::CACHE_CAPACITY, source));
-  TUTTI_ASSIGN_OR_RETURN(c.host_transport, parse_host_transport(source));
+  TUTTI_RETURN_IF_ERROR(parse_host_transport(source, &c));
   c.timeline_path = detail::knob_value(detail::knob::TIMELINE, source);
   TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles,
                          detail::knob_value(detail::knob::TIMELINE_MARK_CYCLES, source));

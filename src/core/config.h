@@ -24,6 +24,9 @@ struct Config {
   bool cycle_time_set = false;  // TUTTI_CYCLE_TIME was set: with autotune, a candidate.
   std::int64_t cache_capacity = detail::knob_default(detail::knob::CACHE_CAPACITY);
   ops::HostTransport host_transport = ops::HostTransport::Auto;
+  // Size classes that go over MPI where host_transport is shared memory (TUTTI_HOST_TRANSPORT
+  // =shm/mpi or =mpi/shm; autotune chooses them under auto).
+  ops::HostRoutes host_routes = 0;
   std::string timeline_path;
   bool timeline_mark_cycles = detail::knob_default(detail::knob::TIMELINE_MARK_CYCLES);
   bool stall_check_disabled = detail::knob_default(detail::knob::STALL_CHECK_DISABLE);

@@ -58,7 +58,10 @@ Status ProcessSetTable::add(int id, const std::vector<int>& sorted_global_ranks)
                          transport_.create_backend(sorted_global_ranks, options_));
   SetInfo info{.id = id, .ranks = intern(sorted_global_ranks), .set_rank = -1};
   info.set_rank = info.set_rank_of(transport_.topology().rank);
-  if (host != nullptr) backends_[id].host = std::move(host);
+  if (host != nullptr) {
+    host->route_host(host_routes_);
+    backends_[id].host = std::move(host);
+  }
   detail::MutexLock lock(mutex_);
   infos_[id] = info;
   return Status();
@@ -97,6 +100,18 @@ ops::Backend& ProcessSetTable::host_backend(int id) {
   TUTTI_CHECK(it != backends_.end() && it->second.host != nullptr, "no backend for process set ",
               id, " on this rank");
   return *it->second.host;
+}
+
+void ProcessSetTable::route_host(ops::HostRoutes over_mpi) {
+  host_routes_ = over_mpi;
+  for (auto& [id, backends] : backends_) {
+    if (backends.host != nullptr) backends.host->route_host(over_mpi);
+  }
+}
+
+bool ProcessSetTable::routes_host(int id) const {
+  auto it = backends_.find(id);
+  return it != backends_.end() && it->second.host != nullptr && it->second.host->routes_host();
 }
 
 Result<ProcessSetTable::DeviceLane> ProcessSetTable::next_device_lane(int id, Device device) {

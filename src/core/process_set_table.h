@@ -52,7 +52,10 @@ class ProcessSetTable {
   // `options` choose each set's host backend (the same on every rank).
   ProcessSetTable(ops::Transport& transport, int num_device_streams,
                   ops::BackendOptions options = {})
-      : transport_(transport), num_device_streams_(num_device_streams), options_(options) {}
+      : transport_(transport),
+        num_device_streams_(num_device_streams),
+        options_(options),
+        host_routes_(options.host_routes) {}
   ProcessSetTable(const ProcessSetTable&) = delete;
   ProcessSetTable& operator=(const ProcessSetTable&) = delete;
 
@@ -76,6 +79,14 @@ class ProcessSetTable {
 
   // Communication thread. The host backend of a set this rank is a member of.
   ops::Backend& host_backend(int id);
+
+  // Communication thread. Routes the size classes of every set's host backend, and of sets
+  // added later, as ops::Backend::route_host() says (a collective decision: autotune sends it
+  // to every rank in a response list).
+  void route_host(ops::HostRoutes over_mpi);
+  // Communication thread. Whether set `id`'s host backend has a host transport to choose
+  // (false where this rank is not a member).
+  bool routes_host(int id) const;
 
   // Where the next device batch of a set runs (Note [Device lanes]).
   struct DeviceLane {
@@ -102,6 +113,7 @@ class ProcessSetTable {
   mutable detail::Mutex mutex_;
   std::map<int, SetInfo> infos_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, Backends> backends_;  // Communication thread only.
+  ops::HostRoutes host_routes_;  // The last route_host(), or the options'; communication thread.
 };
 
 }  // namespace tutti::core

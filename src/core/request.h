@@ -138,6 +138,10 @@ struct ResponseList {
   // microseconds every rank's request sender uses from now on.
   std::int64_t fusion_threshold_bytes = -1;
   std::int64_t cycle_time_us = -1;
+  // -1, or which host size classes go over MPI rather than shared memory (ops::HostRoutes),
+  // from this list on, this list included (Note [Host transport by size] in
+  // ops/shm/shm_backend.h).
+  std::int32_t host_routes = -1;
 };
 
 }  // namespace tutti::core

@@ -74,6 +74,8 @@ Status ResponseExecutor::execute(ResponseList list) {
     fusion_threshold_bytes_ = static_cast<std::size_t>(list.fusion_threshold_bytes);
     host_mover_.set_piece_bytes(fusion_threshold_bytes_);
   }
+  // Likewise every rank runs this list's collectives over the new host routes.
+  if (list.host_routes >= 0) parts_.sets.route_host(static_cast<ops::HostRoutes>(list.host_routes));
   std::vector<Work> works = prepare(list);
   std::vector<FusionItem> items;
   items.reserve(works.size());

@@ -38,9 +38,9 @@ class ResponseExecutor {
   ResponseExecutor(Parts parts, std::size_t fusion_threshold_bytes);
 
   // Runs every response of `list` in list order (Note [Negotiation], step 4), after adopting
-  // the list's autotuned fusion threshold, if it carries one. A Communication error fails the
-  // rest of the list and is returned: the session must stop. Errors the coordinator decided
-  // fail their ops only.
+  // the list's autotuned fusion threshold and host routes, if it carries them. A Communication
+  // error fails the rest of the list and is returned: the session must stop. Errors the coordinator
+  // decided fail their ops only.
   Status execute(ResponseList list);
 
   // The cache of negotiated responses this rank has, which the request sender reads.

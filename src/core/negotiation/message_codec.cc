@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "ops/backend.h"
 #include "src/base/strings.h"
 #include "tutti/serialize.h"
 
@@ -128,6 +129,7 @@ std::string encode(const ResponseList& list) {
   w.put_vector(list.resend);
   w.put<std::int64_t>(list.fusion_threshold_bytes);
   w.put<std::int64_t>(list.cycle_time_us);
+  w.put<std::int32_t>(list.host_routes);
   w.put<std::uint64_t>(list.responses.size());
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
     if (i < list.hit.size() && list.hit[i]) continue;  // A hit carries no body.
@@ -156,7 +158,8 @@ Result<ResponseList> decode_response_list(std::string_view bytes) {
       !r.get_vector(&list.cache_ids) || !r.get_vector(&list.hit) || !r.get_vector(&list.evicted) ||
       !r.get_vector(&list.resend) || !r.get(&list.fusion_threshold_bytes) ||
       list.fusion_threshold_bytes < -1 || !r.get(&list.cycle_time_us) || list.cycle_time_us < -1 ||
-      !r.get_count(&count, 0, kMaxCount)) {
+      !r.get(&list.host_routes) || list.host_routes < -1 ||
+      list.host_routes > ops::kAllHostRoutes || !r.get_count(&count, 0, kMaxCount)) {
     return corrupt("response");
   }
   list.shutdown = shutdown == 1;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <iterator>
 
+#include "ops/backend.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
 
@@ -51,6 +52,11 @@ const char* stage_name(int stage) {
 }
 
 }  // namespace
+
+std::string host_routes_text(std::int64_t routes) {
+  const auto side = [&](int size_class) { return (routes >> size_class) & 1 ? "mpi" : "shm"; };
+  return str_cat(side(0), "/", side(1));
+}
 
 std::vector<SeenOp> seen_ops(const ResponseList& list, const RankCache& cache) {
   std::vector<SeenOp> ops;
@@ -96,12 +102,20 @@ HalvingSearch::Options cycle_options(HalvingSearch::Options options) {
   return options;
 }
 
+// Every assignment of the two size classes to the two transports, the job's start (none over
+// MPI) first; one round of the 4, then 2 rounds of the best 3 (step 3 of Note [Autotune]).
+HalvingSearch::Options routes_options() {
+  static_assert(ops::kHostSizeClasses == 2, "the log's host_transport names two classes");
+  return {.candidates = {0, 1, 2, 3}, .start = 0, .max_samples = 4 + 2 * 3};
+}
+
 }  // namespace
 
 Autotuner::Autotuner(Options options)
     : options_(std::move(options)),
       threshold_search_(options_.threshold),
       cycle_(cycle_options(options_.cycle)),
+      routes_search_(routes_options()),
       threshold_bytes_(options_.threshold.start),
       cycle_us_(options_.cycle.start) {
   if (options_.log_path.empty()) return;
@@ -120,6 +134,7 @@ std::optional<TunedSettings> Autotuner::observe(std::span<const SeenOp> ops,
   if (settled() || ops.empty()) return std::nullopt;
   const std::int64_t threshold_before = threshold_bytes_;
   const std::int64_t cycle_before = cycle_us_;
+  const std::int64_t routes_before = routes_;
   if (!started_) {
     started_ = true;
     sample_start_ = now;
@@ -150,13 +165,17 @@ std::optional<TunedSettings> Autotuner::observe(std::span<const SeenOp> ops,
       sample_bytes_ += ops[i].bytes;
     }
   }
-  if (threshold_bytes_ == threshold_before && cycle_us_ == cycle_before) return std::nullopt;
+  if (threshold_bytes_ == threshold_before && cycle_us_ == cycle_before &&
+      routes_ == routes_before) {
+    return std::nullopt;
+  }
   TUTTI_LOG_DEBUG("autotune: TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
-                  " TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " from step ",
-                  steps_ + 1);
+                  " TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " host transport ",
+                  host_routes_text(routes_), " from step ", steps_ + 1);
   return TunedSettings{
       .fusion_threshold_bytes = threshold_bytes_ != threshold_before ? threshold_bytes_ : -1,
-      .cycle_time_us = cycle_us_ != cycle_before ? cycle_us_ : -1};
+      .cycle_time_us = cycle_us_ != cycle_before ? cycle_us_ : -1,
+      .host_routes = routes_ != routes_before ? static_cast<std::int32_t>(routes_) : -1};
 }
 
 void Autotuner::end_sample(std::chrono::steady_clock::time_point now) {
@@ -165,24 +184,44 @@ void Autotuner::end_sample(std::chrono::steady_clock::time_point now) {
   const double throughput = static_cast<double>(sample_bytes_) / std::max(seconds, 1e-9);
   const bool warmup = samples_ < options_.warmup_samples;
   ++samples_;
-  const bool tuning_cycle = threshold_search_.phase() == HalvingSearch::Phase::Settled;
-  HalvingSearch& search = tuning_cycle ? cycle_ : threshold_search_;
-  std::string phase = "warmup";
-  if (!warmup) {
-    phase = tuning_cycle ? "cycle" : stage_name(search.stage());
-    search.record(throughput);
+  // The searches run one after the other: the first one not settled measures this sample.
+  constexpr auto kSettled = HalvingSearch::Phase::Settled;
+  HalvingSearch* search = &threshold_search_;
+  const std::int64_t* value = &threshold_bytes_;
+  std::string phase = stage_name(threshold_search_.stage());
+  if (threshold_search_.phase() == kSettled) {
+    search = &cycle_;
+    value = &cycle_us_;
+    phase = "cycle";
   }
-  const bool is_best = !warmup && search.best() == (tuning_cycle ? cycle_us_ : threshold_bytes_);
+  if (cycle_.phase() == kSettled) {  // Only while the host routes are searched.
+    search = &routes_search_;
+    value = &routes_;
+    phase = "transport";
+  }
+  if (warmup) {
+    phase = "warmup";
+  } else {
+    search->record(throughput);
+  }
+  const bool is_best = !warmup && search->best() == *value;
   write_row(phase, str_cat(seconds), str_cat(sample_bytes_), throughput, is_best);
   if (warmup && samples_ < options_.warmup_samples) return;  // Still warming up.
-  threshold_bytes_ = threshold_search_.next();               // The chosen one once settled.
-  if (threshold_search_.phase() == HalvingSearch::Phase::Settled) cycle_us_ = cycle_.next();
+  // Each search's next value; the chosen one once it has settled.
+  threshold_bytes_ = threshold_search_.next();
+  if (threshold_search_.phase() == kSettled) cycle_us_ = cycle_.next();
+  if (cycle_.phase() == kSettled && options_.tune_host_routes) routes_ = routes_search_.next();
   if (!settled()) return;
-  write_row("settled", "", "", cycle_.best_median(), true);
-  TUTTI_LOG_INFO("autotune settled on TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
-                 " and TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " after ", steps_,
-                 " steps (", threshold_search_.samples() + cycle_.samples(), " samples measured, ",
-                 options_.warmup_samples, " warm-up)");
+  write_row("settled", "", "", last_search().best_median(), true);
+  TUTTI_LOG_INFO(
+      "autotune settled on TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
+      " and TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000,
+      options_.tune_host_routes
+          ? str_cat(" and host transport ", host_routes_text(routes_), " (up to 64 KiB / larger)")
+          : std::string(),
+      " after ", steps_, " steps (",
+      threshold_search_.samples() + cycle_.samples() + routes_search_.samples(),
+      " samples measured, ", options_.warmup_samples, " warm-up)");
 }
 
 void Autotuner::write_row(std::string_view phase, const std::string& seconds,
@@ -190,8 +229,9 @@ void Autotuner::write_row(std::string_view phase, const std::string& seconds,
   if (log_ == nullptr) return;
   const std::string row =
       str_cat(samples_ - (phase == "settled" ? 0 : 1), ",", steps_, ",", phase, ",",
-              threshold_bytes_, ",", static_cast<double>(cycle_us_) / 1000, ",", seconds, ",",
-              bytes, ",", std::llround(throughput), ",", is_best ? 1 : 0, "\n");
+              threshold_bytes_, ",", static_cast<double>(cycle_us_) / 1000, ",",
+              options_.tune_host_routes ? host_routes_text(routes_) : std::string(), ",", seconds,
+              ",", bytes, ",", std::llround(throughput), ",", is_best ? 1 : 0, "\n");
   if (std::fputs(row.c_str(), log_.get()) < 0 || std::fflush(log_.get()) != 0) {
     TUTTI_LOG_WARNING("TUTTI_AUTOTUNE_LOG='", options_.log_path,
                       "': writing failed; autotuning goes on without the log");

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Online tuning (TUTTI_AUTOTUNE=1) of the fusion threshold, then the cycle time: the
-// coordinator measures the running job's throughput under candidate settings, settles on the
-// best, and every rank switches with it at the same response list.
+// Online tuning (TUTTI_AUTOTUNE=1) of the fusion threshold, then the cycle time, then the host
+// transport of each size class of collective: the coordinator measures the running job's throughput
+// under candidate settings, settles on the best, and every rank switches with it at the same
+// response list.
 //
 // Note [Autotune]
 // 1. Steps. A training step submits the same tensor names again, so a step is recognised by
@@ -26,14 +27,21 @@
 //    how a burst of submissions is split, which on P1 was worth about 6 % at the default 1 MiB
 //    threshold (0 ms against the default 1 ms) and within 2 % at the tuned 512 KiB. The two
 //    barely interact, so one pass each costs far fewer samples than searching their product.
+//    Third, where the global set's host backend has a choice (ranks sharing a host on shared
+//    memory, TUTTI_HOST_TRANSPORT=auto), which collectives go over MPI instead of shared memory:
+//    none, the small ones (up to 64 KiB), the large ones, or all (Note [Host transport by size]
+//    in ops/shm/shm_backend.h), at the chosen threshold and cycle time, by the same search: one
+//    round of the 4, then 2 of the best 3 (10 samples). Last, because the threshold decides how
+//    large the fused collectives are, and so which class each falls in.
 // 4. Switching. Timings are taken where rank 0 builds each list, before it is sent: on rank 0
 //    the previous lists have run by then (the loop executes a list before it builds the next),
 //    so that is when the previous step ended. A new setting travels in the list that starts a
 //    step (ResponseList::fusion_threshold_bytes, cycle_time_us). Every rank's ResponseExecutor
 //    adopts the threshold before it plans that list's fusion, so every rank plans every list
 //    with the same threshold (Note [Same decision on every rank] in negotiation/coordinator.h) and
-//    each step runs at one setting; every rank's RequestSender adopts the cycle time for its next
-//    batch (it decides only when this rank's requests leave, never what the collectives are).
+//    each step runs at one setting; the host routes likewise, before the list's collectives
+//    run (ProcessSetTable::route_host); every rank's RequestSender adopts the cycle time for its
+//    next batch (it decides only when this rank's requests leave, never what the collectives are).
 // 5. Once settled nothing is measured any more and the loop skips the tuner.
 // 6. TUTTI_AUTOTUNE_LOG: rank 0 writes one CSV row per sample, flushed as it is written (see
 //    kLogHeader), and a last row with phase "settled". The file was opened once at init() (the
@@ -61,15 +69,17 @@ namespace tutti::core {
 
 // The CSV columns of TUTTI_AUTOTUNE_LOG. sample: 0, 1, ... (the settled row continues the
 // count); step: steps completed when the row was written; phase: warmup, grid, top5, top3
-// (the threshold search's steps of Note [Autotune search]), cycle (the cycle-time search) or
-// settled; fusion_threshold_bytes, cycle_time_ms: the sample's settings (settled: the chosen
-// ones); seconds, bytes: the sample's wall time and bytes (empty on the settled row);
-// bytes_per_second: the sample's throughput (settled: the median of the chosen settings'
-// samples); is_best: 1 if the setting this row's search varies is that search's best after
-// this row.
+// (the threshold search's steps of Note [Autotune search]), cycle (the cycle-time search),
+// transport (the host-route search) or settled; fusion_threshold_bytes, cycle_time_ms,
+// host_transport: the sample's settings (settled: the chosen ones); host_transport is the
+// transport of collectives up to 64 KiB, then of larger ones ("shm/mpi": small ones over
+// shared memory, large ones over MPI), empty where the tuner does not choose it; seconds, bytes:
+// the sample's wall time and bytes (empty on the settled row); bytes_per_second: the sample's
+// throughput (settled: the median of the chosen settings' samples); is_best: 1 if the setting this
+// row's search varies is that search's best after this row.
 inline constexpr std::string_view kLogHeader =
-    "sample,step,phase,fusion_threshold_bytes,cycle_time_ms,seconds,bytes,bytes_per_second,"
-    "is_best";
+    "sample,step,phase,fusion_threshold_bytes,cycle_time_ms,host_transport,seconds,bytes,"
+    "bytes_per_second,is_best";
 
 // The cycle times the second search chooses from (step 3 of Note [Autotune]), in us.
 inline constexpr std::int64_t kCycleCandidatesUs[] = {0, 1000, 5000};
@@ -89,7 +99,12 @@ std::vector<SeenOp> seen_ops(const ResponseList& list, const RankCache& cache);
 struct TunedSettings {
   std::int64_t fusion_threshold_bytes = -1;
   std::int64_t cycle_time_us = -1;
+  std::int32_t host_routes = -1;  // ops::HostRoutes.
 };
+
+// "shm/mpi" for host routes that send collectives up to 64 KiB over shared memory and larger
+// ones over MPI; likewise the other three (the log's host_transport column).
+std::string host_routes_text(std::int64_t routes);
 
 // Communication thread of the coordinator (rank 0) only.
 class Autotuner {
@@ -99,7 +114,10 @@ class Autotuner {
     int steps_per_sample = 10;  // At least 1.
     HalvingSearch::Options threshold{};
     HalvingSearch::Options cycle{};  // In us; empty candidates: kCycleCandidatesUs.
-    std::string log_path{};          // Empty: no log.
+    // Whether to choose the host routes (step 3 of Note [Autotune]); the job starts with none
+    // over MPI.
+    bool tune_host_routes = false;
+    std::string log_path{};  // Empty: no log.
   };
   // TUTTI_AUTOTUNE_* and the settings the job starts with.
   static Options options_of(const Config& config);
@@ -110,15 +128,20 @@ class Autotuner {
   // carry when it starts a step at new settings.
   std::optional<TunedSettings> observe(std::span<const SeenOp> ops,
                                        std::chrono::steady_clock::time_point now);
-  bool settled() const { return cycle_.phase() == HalvingSearch::Phase::Settled; }
+  bool settled() const { return last_search().phase() == HalvingSearch::Phase::Settled; }
   // The settings the job runs at now.
   std::int64_t threshold() const { return threshold_bytes_; }
   std::int64_t cycle_time_us() const { return cycle_us_; }
+  std::int64_t host_routes() const { return routes_; }
   int steps() const { return steps_; }  // Completed since the first list.
 
  private:
   // The sample that just ended: files it, and moves to the next sample's settings.
   void end_sample(std::chrono::steady_clock::time_point now);
+  // The search the tuner ends with: the host routes' if it chooses them, else the cycle's.
+  const HalvingSearch& last_search() const {
+    return options_.tune_host_routes ? routes_search_ : cycle_;
+  }
   void write_row(std::string_view phase, const std::string& seconds, const std::string& bytes,
                  double throughput, bool is_best);
 
@@ -128,9 +151,11 @@ class Autotuner {
 
   const Options options_;
   HalvingSearch threshold_search_;
-  HalvingSearch cycle_;  // Starts once threshold_search_ has settled.
+  HalvingSearch cycle_;          // Starts once threshold_search_ has settled.
+  HalvingSearch routes_search_;  // Starts once cycle_ has settled, if options_ say so.
   std::int64_t threshold_bytes_;
   std::int64_t cycle_us_;
+  std::int64_t routes_ = 0;
   bool started_ = false;
   std::unordered_set<std::uint64_t> step_keys_;  // Ops of the current step.
   std::chrono::steady_clock::time_point sample_start_;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Issue 12: TUTTI_AUTOTUNE=1 under mpiexec. One sample per step, so the fusion threshold (and
-// piece size), then the cycle time, change at almost every step while allreduces of many sizes
-// run; every result is checked against its closed form, and rank 0's log against its
-// documented columns.
+// piece size), then the cycle time, then (ranks sharing a host on shared memory) which size
+// classes go over MPI, change at almost every step while allreduces of many sizes run; every
+// result is checked against its closed form, and rank 0's log against its documented columns.
 #include <unistd.h>
 
 #include <cstdint>
@@ -94,6 +94,13 @@ bool run_steps(int steps) {
   return ok;
 }
 
+// Whether the tuner chooses the host routes in this job: with several ranks (all on this host
+// in the suite) on shared memory, which TUTTI_HOST_TRANSPORT=auto (or unset) gives them.
+bool routes_tuned() {
+  const char* transport = std::getenv("TUTTI_HOST_TRANSPORT");
+  return world_size() > 1 && (transport == nullptr || std::string(transport) == "auto");
+}
+
 std::vector<std::vector<std::string>> read_csv(const std::string& path, std::string* header) {
   std::ifstream in(path);
   std::getline(in, *header);
@@ -112,14 +119,15 @@ TEST_CASE("Results stay exact while autotune switches the settings at every step
   const std::string path = log_path("switching");
   {
     // No warm-up, one step per sample, 14 threshold samples (11 grid points and one round of
-    // the best 3), then 9 cycle-time samples (3 rounds of 0, 1 and 5 ms).
+    // the best 3), then 9 cycle-time samples (3 rounds of 0, 1 and 5 ms), then where they are
+    // tuned 10 host-route samples (one round of the 4, 2 of the best 3).
     AutotuneEnv env({{"TUTTI_AUTOTUNE", "1"},
                      {"TUTTI_AUTOTUNE_LOG", path},
                      {"TUTTI_AUTOTUNE_WARMUP_SAMPLES", "0"},
                      {"TUTTI_AUTOTUNE_STEPS_PER_SAMPLE", "1"},
                      {"TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "14"}});
     tutti::init();
-    const bool ok = run_steps(30);  // Settles after 23 steps; 7 more at the chosen settings.
+    const bool ok = run_steps(40);  // Settles after 23 or 33 steps; the rest as chosen.
     tutti::shutdown();
     CHECK(all_ranks(ok));
   }
@@ -128,22 +136,28 @@ TEST_CASE("Results stay exact while autotune switches the settings at every step
   if (world_rank() == 0) {
     std::string header;
     const auto rows = read_csv(path, &header);
-    std::set<std::string> thresholds, cycle_times;
+    std::set<std::string> thresholds, cycle_times, routes, transports;
     for (const auto& row : rows) {
-      if (row.size() != 9) log_ok = false;
-      if (row.size() == 9 && row[2] != "settled") thresholds.insert(row[3]);
-      if (row.size() == 9 && row[2] == "cycle") cycle_times.insert(row[4]);
+      if (row.size() != 10) log_ok = false;
+      if (row.size() != 10) continue;
+      if (row[2] != "settled") thresholds.insert(row[3]);
+      if (row[2] == "cycle") cycle_times.insert(row[4]);
+      if (row[2] == "transport") routes.insert(row[5]);
+      transports.insert(row[5]);
     }
+    const bool tuned = routes_tuned();
     log_ok = log_ok &&
              header ==
-                 "sample,step,phase,fusion_threshold_bytes,cycle_time_ms,seconds,bytes,"
-                 "bytes_per_second,is_best" &&
-             rows.size() == 24 && thresholds.size() == 11 &&
+                 "sample,step,phase,fusion_threshold_bytes,cycle_time_ms,host_transport,seconds,"
+                 "bytes,bytes_per_second,is_best" &&
+             rows.size() == (tuned ? 34u : 24u) && thresholds.size() == 11 &&
              cycle_times == std::set<std::string>{"0", "1", "5"} && rows.back()[2] == "settled" &&
-             rows.back()[8] == "1" && rows.front()[2] == "grid" && rows.front()[3] == "65536";
+             rows.back()[9] == "1" && rows.front()[2] == "grid" && rows.front()[3] == "65536" &&
+             (tuned ? routes == std::set<std::string>{"shm/shm", "mpi/shm", "shm/mpi", "mpi/mpi"}
+                    : routes.empty() && transports == std::set<std::string>{""});
     why = header + " / " + std::to_string(rows.size()) + " rows, " +
           std::to_string(thresholds.size()) + " thresholds, " + std::to_string(cycle_times.size()) +
-          " cycle times";
+          " cycle times, " + std::to_string(routes.size()) + " host routes";
     std::filesystem::remove(path);
   }
   INFO(why);
@@ -161,7 +175,7 @@ TEST_CASE("Settings set with autotune are measured as candidates", "[autotune]")
                      {"TUTTI_AUTOTUNE_STEPS_PER_SAMPLE", "1"},
                      {"TUTTI_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "12"}});
     tutti::init();
-    const bool ok = run_steps(28);
+    const bool ok = run_steps(38);
     tutti::shutdown();
     CHECK(all_ranks(ok));
   }
@@ -172,14 +186,15 @@ TEST_CASE("Settings set with autotune are measured as candidates", "[autotune]")
     const auto rows = read_csv(path, &header);
     int threshold_rows = 0, cycle_rows = 0;  // Search rows at the user's settings.
     for (const auto& row : rows) {
-      threshold_rows += row.size() == 9 && row[2] == "grid" && row[3] == "3000000";
-      cycle_rows += row.size() == 9 && row[2] == "cycle" && row[4] == "2.5";
+      threshold_rows += row.size() == 10 && row[2] == "grid" && row[3] == "3000000";
+      cycle_rows += row.size() == 10 && row[2] == "cycle" && row[4] == "2.5";
     }
     // Warm-up at the user's settings, the 12 thresholds once, then the 4 cycle times once and
-    // the best 3 twice more.
-    log_ok = rows.size() == 1 + 12 + 10 + 1 && rows.front()[2] == "warmup" &&
-             rows.front()[3] == "3000000" && rows.front()[4] == "2.5" && threshold_rows == 1 &&
-             cycle_rows >= 1 && rows.back()[2] == "settled";
+    // the best 3 twice more, then where tuned the host routes (10 samples).
+    log_ok = rows.size() == 1 + 12 + 10 + (routes_tuned() ? 10u : 0u) + 1 &&
+             rows.front()[2] == "warmup" && rows.front()[3] == "3000000" &&
+             rows.front()[4] == "2.5" && threshold_rows == 1 && cycle_rows >= 1 &&
+             rows.back()[2] == "settled";
     why = std::to_string(rows.size()) + " rows";
     std::filesystem::remove(path);
   }

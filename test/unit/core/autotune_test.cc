@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -193,27 +194,28 @@ TEST_CASE("Steps are recognised by repeated names however the lists split them",
   REQUIRE(lines.size() == 1 + 1 + 14 + 9 + 1);  // Header, warm-up, samples, settled.
   CHECK(lines[0] == kLogHeader);
   const std::vector<std::string> warmup = fields_of(lines[1]);
-  REQUIRE(warmup.size() == 9);
+  REQUIRE(warmup.size() == 10);
   CHECK(warmup[0] == "0");
   CHECK(warmup[1] == "2");
   CHECK(warmup[2] == "warmup");
   CHECK(warmup[3] == "1048576");
   CHECK(warmup[4] == "1");
-  CHECK(std::stod(warmup[5]) == Approx(0.016));
-  CHECK(warmup[6] == "8000");
-  CHECK(warmup[7] == "500000");
-  CHECK(warmup[8] == "0");
+  CHECK(warmup[5].empty());  // The host transport is not the tuner's to choose here.
+  CHECK(std::stod(warmup[6]) == Approx(0.016));
+  CHECK(warmup[7] == "8000");
+  CHECK(warmup[8] == "500000");
+  CHECK(warmup[9] == "0");
   const std::vector<std::string> first = fields_of(lines[2]);
   CHECK(first[2] == "grid");
   CHECK(first[3] == "65536");
-  CHECK(first[7] == "500000");
-  CHECK(first[8] == "1");  // The only one measured so far: the best.
+  CHECK(first[8] == "500000");
+  CHECK(first[9] == "1");  // The only one measured so far: the best.
   const std::vector<std::string> cycle = fields_of(lines[16]);
   CHECK(cycle[2] == "cycle");
   CHECK(cycle[3] == "65536");
   CHECK(cycle[4] == "0");
   const std::vector<std::string> settled = fields_of(lines.back());
-  REQUIRE(settled.size() == 9);
+  REQUIRE(settled.size() == 10);
   CHECK(settled[0] == "24");
   CHECK(settled[1] == "48");
   CHECK(settled[2] == "settled");
@@ -221,8 +223,9 @@ TEST_CASE("Steps are recognised by repeated names however the lists split them",
   CHECK(settled[4] == "0");
   CHECK(settled[5].empty());
   CHECK(settled[6].empty());
-  CHECK(settled[7] == "500000");
-  CHECK(settled[8] == "1");
+  CHECK(settled[7].empty());
+  CHECK(settled[8] == "500000");
+  CHECK(settled[9] == "1");
   std::filesystem::remove(log);
 }
 
@@ -252,6 +255,75 @@ TEST_CASE("The tuner settles on the settings a closed-form job runs fastest at",
   CHECK(at.fusion_threshold_bytes == (4 << 20));
   CHECK(at.cycle_time_us == 5000);
   CHECK(tuner.steps() == (3 + 30 + 9) * 10);  // Steps completed when the last sample ended.
+}
+
+TEST_CASE("Where there is a host transport to choose, the tuner chooses it last, per size class",
+          "[autotune]") {
+  // The closed-form job above without its cycle-time term, plus 0.3 ms unless small
+  // collectives go over MPI and large ones over shared memory (routes 1), and 0.1 ms more if
+  // large ones go over MPI: best at routes 1, then 0, then 3 and 2.
+  const std::string log =
+      (std::filesystem::temp_directory_path() / "tutti_autotune_routes_test.csv").string();
+  Autotuner tuner({.threshold = {.start = 1 << 20},
+                   .cycle = {.start = 1000, .max_samples = 9},
+                   .tune_host_routes = true,
+                   .log_path = log});
+  Time now{};
+  TunedSettings at{.fusion_threshold_bytes = 1 << 20, .cycle_time_us = 1000, .host_routes = 0};
+  std::vector<std::int32_t> routes_seen;
+  for (int step = 0; step < 1000 && !tuner.settled(); ++step) {
+    for (std::uint64_t op = 0; op < 10; ++op) {
+      if (auto change = tuner.observe(ops({op}, 1000000), now)) {
+        CHECK(op == 0);
+        if (change->fusion_threshold_bytes >= 0)
+          at.fusion_threshold_bytes = change->fusion_threshold_bytes;
+        if (change->cycle_time_us >= 0) at.cycle_time_us = change->cycle_time_us;
+        if (change->host_routes >= 0) {
+          // Not before the threshold and the cycle time have settled.
+          CHECK(step >= (3 + 30 + 9) * 10);
+          at.host_routes = change->host_routes;
+          routes_seen.push_back(change->host_routes);
+        }
+      }
+    }
+    const double x = std::log2(static_cast<double>(at.fusion_threshold_bytes) / (4 << 20));
+    const double ms =
+        1 + 0.08 * x * x + (at.host_routes == 1 ? 0 : 0.3) + ((at.host_routes & 2) != 0 ? 0.1 : 0);
+    now += std::chrono::microseconds(static_cast<std::int64_t>(1000 * ms));
+  }
+  CHECK(tuner.settled());
+  CHECK(tuner.threshold() == (4 << 20));
+  CHECK(tuner.host_routes() == 1);
+  CHECK(at.host_routes == 1);
+  CHECK(tuner.steps() == (3 + 30 + 9 + 10) * 10);
+  // The lists carried each assignment other than the start's (0, which needs no change).
+  const std::set<std::int32_t> carried(routes_seen.begin(), routes_seen.end());
+  CHECK(carried.contains(1));
+  CHECK(carried.contains(2));
+  CHECK(carried.contains(3));
+  CHECK(host_routes_text(0) == "shm/shm");
+  CHECK(host_routes_text(1) == "mpi/shm");
+  CHECK(host_routes_text(2) == "shm/mpi");
+  CHECK(host_routes_text(3) == "mpi/mpi");
+
+  const std::vector<std::string> lines = lines_of(log);
+  REQUIRE(lines.size() == 1 + 3 + 30 + 9 + 10 + 1);  // Header, warm-up, samples, settled.
+  std::set<std::string> measured;
+  for (std::size_t i = 1 + 3 + 30 + 9; i + 1 < lines.size(); ++i) {
+    const std::vector<std::string> row = fields_of(lines[i]);
+    REQUIRE(row.size() == 10);
+    CHECK(row[2] == "transport");
+    CHECK(row[3] == "4194304");  // At the chosen threshold.
+    measured.insert(row[5]);
+  }
+  CHECK(measured == std::set<std::string>{"shm/shm", "mpi/shm", "shm/mpi", "mpi/mpi"});
+  CHECK(fields_of(lines[1])[5] == "shm/shm");  // The job starts with all on shared memory.
+  const std::vector<std::string> settled = fields_of(lines.back());
+  REQUIRE(settled.size() == 10);
+  CHECK(settled[2] == "settled");
+  CHECK(settled[5] == "mpi/shm");
+  CHECK(settled[9] == "1");
+  std::filesystem::remove(log);
 }
 
 TEST_CASE("Cycle times and thresholds the user set are candidates", "[autotune]") {

@@ -164,6 +164,31 @@ TEST_CASE("TUTTI_GRADIENT_GROUPING is auto, each or one", "[env]") {
   CHECK(config.status().message() == "TUTTI_GRADIENT_GROUPING='2' is not one of auto, each, one");
 }
 
+TEST_CASE("TUTTI_HOST_TRANSPORT names one transport, or one per size class", "[env]") {
+  struct Case {
+    const char* text;
+    ops::HostTransport transport;
+    ops::HostRoutes routes;  // Bit 0: up to 64 KiB over MPI; bit 1: larger ones.
+  };
+  for (const Case& c :
+       {Case{"auto", ops::HostTransport::Auto, 0}, Case{"shm", ops::HostTransport::Shm, 0},
+        Case{"mpi", ops::HostTransport::Mpi, 0}, Case{"shm/shm", ops::HostTransport::Shm, 0},
+        Case{"mpi/mpi", ops::HostTransport::Mpi, 0}, Case{"shm/mpi", ops::HostTransport::Shm, 2},
+        Case{"mpi/shm", ops::HostTransport::Shm, 1}}) {
+    ScopedEnv set("TUTTI_HOST_TRANSPORT", c.text);
+    Result<core::Config> config = core::Config::from_env();
+    INFO(c.text);
+    REQUIRE(config.ok());
+    CHECK(config.value().host_transport == c.transport);
+    CHECK(config.value().host_routes == c.routes);
+  }
+  ScopedEnv bad("TUTTI_HOST_TRANSPORT", "shm/nccl");
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message() ==
+        "TUTTI_HOST_TRANSPORT='shm/nccl' is not one of auto, shm, mpi, shm/mpi, mpi/shm");
+}
+
 TEST_CASE("Every knob is documented", "[env]") {
   for (const Knob& knob : knobs()) {
     CHECK_FALSE(knob.name.empty());

@@ -141,6 +141,7 @@ ResponseList random_responses(Rng& rng) {
       below(rng, 2) == 0 ? -1 : static_cast<std::int64_t>(rng() >> (1 + below(rng, 63)));
   list.cycle_time_us =
       below(rng, 2) == 0 ? -1 : static_cast<std::int64_t>(rng() >> (1 + below(rng, 63)));
+  list.host_routes = static_cast<std::int32_t>(below(rng, 5)) - 1;  // -1 to 3.
   return list;
 }
 
@@ -227,6 +228,7 @@ TEST_CASE("Random valid RequestLists and ResponseLists round-trip", "[codec][fuz
     CHECK(s.value().shutdown_after_error == responses.shutdown_after_error);
     CHECK(s.value().fusion_threshold_bytes == responses.fusion_threshold_bytes);
     CHECK(s.value().cycle_time_us == responses.cycle_time_us);
+    CHECK(s.value().host_routes == responses.host_routes);
   }
 }
 

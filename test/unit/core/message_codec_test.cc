@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/negotiation/message_codec.h"
 
+#include <cstdint>
+#include <cstring>
+#include <string>
+
 #include <catch2/catch.hpp>
 
 #include "test/unit/core/negotiation_fixtures.h"
@@ -54,6 +58,7 @@ ResponseList sample_responses() {
   list.shutdown_message = "stalled";
   list.fusion_threshold_bytes = std::int64_t{3} << 40;  // Beyond 32 bits.
   list.cycle_time_us = 2500;
+  list.host_routes = 2;
   return list;
 }
 
@@ -93,6 +98,7 @@ TEST_CASE("ResponseList round-trips, with hits carried as ids alone", "[codec]")
   CHECK(got.shutdown_message == "stalled");
   CHECK(got.fusion_threshold_bytes == std::int64_t{3} << 40);
   CHECK(got.cycle_time_us == 2500);
+  CHECK(got.host_routes == 2);
 }
 
 TEST_CASE("Autotuned settings travel with their list; -1 means no change", "[codec]") {
@@ -113,6 +119,30 @@ TEST_CASE("Autotuned settings travel with their list; -1 means no change", "[cod
     REQUIRE(bytes.size() > at + 8);
     CHECK(bytes.substr(at, 8) == std::string(8, '\xff'));  // -1, little-endian.
     bytes[at] = '\xfe';                                    // -2.
+    CHECK_FALSE(decode_response_list(bytes).ok());
+  }
+}
+
+TEST_CASE("Host routes travel with their list; -1 means no change, other values are corrupt",
+          "[codec]") {
+  for (std::int32_t value : {-1, 0, 1, 2, 3}) {
+    ResponseList list;
+    list.host_routes = value;
+    Result<ResponseList> decoded = decode_response_list(encode(list));
+    REQUIRE(decoded.ok());
+    CHECK(decoded.value().host_routes == value);
+  }
+  // The routes (4 bytes) follow the threshold and the cycle time (8 bytes each).
+  constexpr std::size_t kAt = 4 + 1 + 1 + 1 + 8 + 4 * 8 + 2 * 8;
+  for (std::int32_t bad : {-2, 4, 255}) {
+    ResponseList list;
+    list.host_routes = 1;
+    std::string bytes = encode(list);
+    REQUIRE(bytes.size() > kAt + 4);
+    std::int32_t there = 0;  // Native byte order, as the codec writes.
+    std::memcpy(&there, bytes.data() + kAt, sizeof there);
+    REQUIRE(there == 1);
+    std::memcpy(bytes.data() + kAt, &bad, sizeof bad);
     CHECK_FALSE(decode_response_list(bytes).ok());
   }
 }
