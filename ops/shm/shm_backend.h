@@ -27,8 +27,20 @@ namespace tutti::ops::shm {
 // then yields: wait_until() in shm_ring.cc): MPI's blocking collectives spin on a core, which
 // during an overlapped backward pass is the compute thread's (P9: ~30% slower steps on MPI). With
 // more ranks than cores a tiny op's latency is somewhat higher on shared memory than on MPI (which
-// yields when oversubscribed); `auto` still picks shared memory, since a size rule would have to
-// guess the machine.
+// yields when oversubscribed); `auto` still starts on shared memory, since a fixed size rule
+// would have to guess the machine: under TUTTI_AUTOTUNE the job measures instead (next Note).
+//
+// Note [Host transport by size]
+// Which transport is faster depends on the machine and the size (on a 2-core AMD VM one run
+// had MPI ahead at 16 and 64 MiB and shared memory ahead at 64 KiB), so a ShmBackend can send
+// each of two size classes of collective (ops::host_size_class: up to 64 KiB moved in total,
+// and larger) over the set's MPI backend instead: route_host(). The size is the bytes the
+// whole collective moves (every rank's blocks for the gathers), so it is the same on every
+// rank, and routes change only between response lists, on every rank at the same list, so
+// every rank takes the same transport for every collective. The autotuner chooses the routes
+// (Note [Autotune] in src/core/tuning/autotune.h, step 3); TUTTI_HOST_TRANSPORT=shm/mpi or
+// =mpi/shm fixes them. A fused reduction routed to MPI is packed by core as for any MPI set
+// (reduces_tensors() says no for that class).
 
 class ShmBackend final : public Backend {
  public:

@@ -62,8 +62,8 @@ TEST_CASE("Each size class runs where the route says, with the same results", "[
     shm->route_host(routes);
     for (std::size_t count : kCounts) {
       const std::size_t bytes = count * sizeof(float);
-      const std::string what = " routes " + std::to_string(routes) + " count " +
-                               std::to_string(count);
+      const std::string what =
+          " routes " + std::to_string(routes) + " count " + std::to_string(count);
       // Whether a fused reduction may be handed over unpacked follows the route too.
       if (shm->reduces_tensors(bytes) != on_ring(routes, bytes)) {
         routes_ok = false;
@@ -74,8 +74,8 @@ TEST_CASE("Each size class runs where the route says, with the same results", "[
       for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(me + 1 + i % 5);
       std::uint64_t before = shm->chunks_taken();
       // A failed call fails on every rank alike, so the rest still pair up.
-      calls_ok = calls_ok &&
-                 shm->allreduce(data.data(), count, DataType::Float32, ops::WireOp::Sum).ok();
+      calls_ok =
+          calls_ok && shm->allreduce(data.data(), count, DataType::Float32, ops::WireOp::Sum).ok();
       if ((shm->chunks_taken() != before) != on_ring(routes, bytes)) {
         routes_ok = false;
         failure += "allreduce" + what + ";";
@@ -98,7 +98,8 @@ TEST_CASE("Each size class runs where the route says, with the same results", "[
       // Allgather of `count` floats in all: rank r gives its share (the last rank the rest),
       // element j of the whole being j % 11; the class is the whole's.
       const std::vector<std::size_t> counts = [&] {
-        std::vector<std::size_t> c(static_cast<std::size_t>(n), count / static_cast<std::size_t>(n));
+        std::vector<std::size_t> c(static_cast<std::size_t>(n),
+                                   count / static_cast<std::size_t>(n));
         c.back() += count % static_cast<std::size_t>(n);
         return c;
       }();
