@@ -31,8 +31,8 @@ namespace tutti::ops::shm {
 // would have to guess the machine: under TUTTI_AUTOTUNE the job measures instead (next Note).
 //
 // Note [Host transport by size]
-// Which transport is faster depends on the machine and the size (on a 2-core AMD VM one run
-// had MPI ahead at 16 and 64 MiB and shared memory ahead at 64 KiB), so a ShmBackend can send
+// Which transport is faster depends on the machine and the size (on a 2-core AMD VM MPI was
+// ahead for single 16 and 64 MiB tensors, shared memory at 64 KiB), so a ShmBackend can send
 // each of two size classes of collective (ops::host_size_class: up to 64 KiB moved in total,
 // and larger) over the set's MPI backend instead: route_host(). The size is the bytes the
 // whole collective moves (every rank's blocks for the gathers), so it is the same on every
