@@ -59,7 +59,7 @@ Status ProcessSetTable::add(int id, const std::vector<int>& sorted_global_ranks)
   SetInfo info{.id = id, .ranks = intern(sorted_global_ranks), .set_rank = -1};
   info.set_rank = info.set_rank_of(transport_.topology().rank);
   if (host != nullptr) {
-    host->route_host(host_routes_);
+    if (host_routes_) host->route_host(*host_routes_);
     backends_[id].host = std::move(host);
   }
   detail::MutexLock lock(mutex_);

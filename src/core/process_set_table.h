@@ -18,6 +18,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -52,10 +53,7 @@ class ProcessSetTable {
   // `options` choose each set's host backend (the same on every rank).
   ProcessSetTable(ops::Transport& transport, int num_device_streams,
                   ops::BackendOptions options = {})
-      : transport_(transport),
-        num_device_streams_(num_device_streams),
-        options_(options),
-        host_routes_(options.host_routes) {}
+      : transport_(transport), num_device_streams_(num_device_streams), options_(options) {}
   ProcessSetTable(const ProcessSetTable&) = delete;
   ProcessSetTable& operator=(const ProcessSetTable&) = delete;
 
@@ -113,7 +111,9 @@ class ProcessSetTable {
   mutable detail::Mutex mutex_;
   std::map<int, SetInfo> infos_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, Backends> backends_;  // Communication thread only.
-  ops::HostRoutes host_routes_;  // The last route_host(), or the options'; communication thread.
+  // The last route_host(), which sets added later follow (before any, they start on
+  // options_.host_routes, as the transport creates them). Communication thread only.
+  std::optional<ops::HostRoutes> host_routes_;
 };
 
 }  // namespace tutti::core

@@ -170,8 +170,9 @@ std::optional<TunedSettings> Autotuner::observe(std::span<const SeenOp> ops,
     return std::nullopt;
   }
   TUTTI_LOG_DEBUG("autotune: TUTTI_FUSION_THRESHOLD=", threshold_bytes_,
-                  " TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000, " host transport ",
-                  host_routes_text(routes_), " from step ", steps_ + 1);
+                  " TUTTI_CYCLE_TIME=", static_cast<double>(cycle_us_) / 1000,
+                  options_.tune_host_routes ? " host transport " + host_routes_text(routes_) : "",
+                  " from step ", steps_ + 1);
   return TunedSettings{
       .fusion_threshold_bytes = threshold_bytes_ != threshold_before ? threshold_bytes_ : -1,
       .cycle_time_us = cycle_us_ != cycle_before ? cycle_us_ : -1,
