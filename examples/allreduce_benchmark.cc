@@ -44,6 +44,9 @@
 //                       --repeats interleaved rounds of P1 at the sweep's thresholds and the
 //                       tuned one; ends with "P1-autotune tuned_ms=... best_fixed_ms=...
 //                       ratio=... threshold=... steps=..."
+//   --stores            --device cpu only, instead of P1-P4: --repeats rounds of P1 (median of 20
+//                       steps) under TUTTI_SHM_STREAMING_STORES=0, 1 and auto, each round with
+//                       the cache-line round trip between ranks 0 and 1 (examples/p1_stores.h)
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
 // when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
 // CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
@@ -72,6 +75,7 @@
 #include "examples/machine_line.h"
 #include "examples/p10_hierarchical.h"
 #include "examples/p1_autotune.h"
+#include "examples/p1_stores.h"
 
 #if TUTTI_BENCHMARK_CUDA
 #include <cuda_runtime.h>
@@ -225,6 +229,7 @@ struct Options {
   bool p10 = false;
   std::int64_t p10_mb = 16;  // Largest single tensor of P10.
   bool autotune = false;     // --autotune: see run_autotune().
+  bool stores = false;       // --stores: see examples/p1_stores.h.
 };
 
 // "mpi,shm" -> {"mpi", "shm"}; false for a value other than auto, mpi, shm.
@@ -268,19 +273,22 @@ bool parse_options(int argc, char** argv, Options* options) {
       options->p10_mb = std::max(0, std::atoi(argv[++i]));
     } else if (arg == "--autotune") {
       options->autotune = true;
+    } else if (arg == "--stores") {
+      options->stores = true;
     } else {
       ok = false;
     }
   }
   if (ok && !((options->sweep || options->sweep_sizes || !options->transports.empty() ||
-               options->autotune) &&
+               options->autotune || options->stores) &&
               options->cuda))
     return true;
   if (world_rank() == 0) {
     std::fprintf(stderr,
                  "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
                  "[--kernel-repeats N] [--sweep-fusion] [--transport auto|mpi|shm[,...]] "
-                 "[--sweep-sizes] [--autotune] (the last four cpu only) [--p10 [--p10-mb N]]\n",
+                 "[--sweep-sizes] [--autotune] [--stores] (the last five cpu only) "
+                 "[--p10 [--p10-mb N]]\n",
                  argv[0]);
   }
   return false;
@@ -364,6 +372,10 @@ int run_host(const Options& options) {
                 grads.size(), total, total * 4.0 / 1e6, std::getenv("TUTTI_CACHE_CAPACITY"));
   }
 
+  if (options.stores) {
+    tutti::examples::run_p1_stores(views, repeats, 20);
+    return 0;
+  }
   const double best_raw = best_raw_pieces(flat, repeats);
   if (options.autotune) return tutti::examples::run_p1_autotune(views, repeats, best_raw, p1_tutti);
   if (options.sweep) {

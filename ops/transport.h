@@ -36,6 +36,11 @@ struct Topology {
 // (TUTTI_HOST_TRANSPORT; Note [Which host transport] in ops/shm/shm_backend.h).
 enum class HostTransport : std::uint8_t { Auto, Mpi, Shm };
 
+// How a rank of a shared-memory backend writes the chunks it stages for its peers
+// (TUTTI_SHM_STREAMING_STORES; Note [Streaming stores] in ops/shm/staging.h): chosen per
+// collective from measurements, ordinary stores always, or streaming stores always.
+enum class ShmStores : std::uint8_t { Auto, Cached, Streaming };
+
 // What a set's backend may use. The same on every rank (agreed settings).
 struct BackendOptions {
   HostTransport host_transport = HostTransport::Auto;
@@ -45,6 +50,8 @@ struct BackendOptions {
   // Which collectives run hierarchically on sets that span several hosts (ops/hierarchy.h);
   // transports without hosts ignore it.
   HierarchyOptions hierarchy;
+  // Each rank's own (a rank's stores change no result, so ranks may differ).
+  ShmStores shm_stores = ShmStores::Auto;
   // Filled by the transport, not by settings: this host runs more of the job's ranks than it
   // has CPUs, so a rank waiting on a peer in shared memory yields its CPU sooner (see
   // wait_until() in ops/shm/shm_ring.cc). The same on every rank of a host, which is all a

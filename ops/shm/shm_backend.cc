@@ -39,6 +39,17 @@ void copy(void* to, std::size_t to_offset, const void* from, std::size_t offset,
   if (bytes > 0) std::memcpy(at(to, to_offset), at(from, offset), bytes);
 }
 
+// copy() into a ring slot, with the stores the collective's StagingRun chose.
+void stage(void* slot, std::size_t slot_offset, const void* from, std::size_t offset,
+           std::size_t bytes, bool streaming) {
+  if (bytes == 0) return;
+  if (streaming) {
+    stream_copy(at(slot, slot_offset), at(from, offset), bytes);
+  } else {
+    std::memcpy(at(slot, slot_offset), at(from, offset), bytes);
+  }
+}
+
 // Bytes of a `total`-byte block in the round that starts at `done`, rounds being `round` long.
 std::size_t in_round(std::size_t total, std::size_t done, std::size_t round) {
   return total > done ? std::min(round, total - done) : 0;
@@ -155,6 +166,7 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
   const int me = rank();
   const bool keeps = root < 0 || root == me;  // This rank receives the result.
   sources_.resize(static_cast<std::size_t>(n));
+  const StagingRun run(staging_[kReduce], stream.total() * element);
   for (std::size_t begin = 0; begin < stream.total(); begin += chunk_elements) {
     const std::size_t length = std::min(chunk_elements, stream.total() - begin);
     const std::uint64_t chunk = ring_->take_chunk();
@@ -165,6 +177,8 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
                       std::byte* into = mine + to * element;
                       if (t.input == nullptr) {
                         std::memset(into, 0, count * element);
+                      } else if (run.streaming() && t.input_type == wire && t.prescale == 1.0) {
+                        stream_copy(into, at(t.input, from * element), count * element);
                       } else {
                         cpu::convert_scale(into, wire,
                                            at(t.input, from * element_size(t.input_type)),
@@ -226,11 +240,12 @@ Status ShmBackend::allgatherv(const void* input, void* output, std::span<const s
   if (my_bytes > 0 && at(output, offsets[static_cast<std::size_t>(me)]) != input) {
     std::memmove(at(output, offsets[static_cast<std::size_t>(me)]), input, my_bytes);
   }
+  const StagingRun run(staging_[kGather], offset);
   const std::size_t round = ring_->slot_bytes();
   for (std::size_t done = 0; done < largest; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
-    copy(ring_->slot(me, chunk), 0, input, done, in_round(my_bytes, done, round));
+    stage(ring_->slot(me, chunk), 0, input, done, in_round(my_bytes, done, round), run.streaming());
     ring_->publish(Counter::Staged, chunk);
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
@@ -265,12 +280,14 @@ Status ShmBackend::gatherv(const void* input, void* output, std::span<const std:
   if (me == root && my_bytes > 0 && at(output, offsets[static_cast<std::size_t>(me)]) != input) {
     std::memmove(at(output, offsets[static_cast<std::size_t>(me)]), input, my_bytes);
   }
+  const StagingRun run(staging_[kGather], offset);
   const std::size_t round = ring_->slot_bytes();
   for (std::size_t done = 0; done < largest; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
     if (me != root) {
-      copy(ring_->slot(me, chunk), 0, input, done, in_round(my_bytes, done, round));
+      stage(ring_->slot(me, chunk), 0, input, done, in_round(my_bytes, done, round),
+            run.streaming());
       ring_->publish(Counter::Staged, chunk);
       ring_->publish(Counter::Consumed, chunk);
       continue;
@@ -315,6 +332,7 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
       std::max<std::size_t>(1, ring_->slot_bytes() / static_cast<std::size_t>(n - 1) / kCacheLine) *
       kCacheLine;
   auto share_of = [root](int r) { return static_cast<std::size_t>(r < root ? r : r - 1); };
+  const StagingRun run(staging_[kScatter], offset);
   for (std::size_t done = 0; done < largest; done += share) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
@@ -322,8 +340,8 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
       for (int r = 0; r < n; ++r) {
         if (r == root) continue;
         const auto j = static_cast<std::size_t>(r);
-        copy(ring_->slot(me, chunk), share_of(r) * share, input, offsets[j] + done,
-             in_round(counts[j] * element, done, share));
+        stage(ring_->slot(me, chunk), share_of(r) * share, input, offsets[j] + done,
+              in_round(counts[j] * element, done, share), run.streaming());
       }
       ring_->publish(Counter::Staged, chunk);
     } else {
@@ -340,13 +358,14 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
 Status ShmBackend::broadcast(void* data, std::size_t count, DataType dtype, int root) {
   if (over_mpi(count * element_size(dtype))) return mpi_->broadcast(data, count, dtype, root);
   const std::size_t bytes = count * element_size(dtype);
+  const StagingRun run(staging_[kBroadcast], bytes);
   const std::size_t round = ring_->slot_bytes();
   for (std::size_t done = 0; done < bytes; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();
     const std::size_t piece = in_round(bytes, done, round);
     if (rank() == root) {
       ring_->wait_slot_free(chunk);
-      copy(ring_->slot(root, chunk), 0, data, done, piece);
+      stage(ring_->slot(root, chunk), 0, data, done, piece, run.streaming());
       ring_->publish(Counter::Staged, chunk);
     } else {
       ring_->wait(root, Counter::Staged, chunk);
@@ -380,14 +399,15 @@ Status ShmBackend::reducescatter(const void* input, void* output,
     largest = std::max(largest, recv_counts[static_cast<std::size_t>(r)]);
   }
   std::vector<const void*> sources(static_cast<std::size_t>(n));
+  const StagingRun run(staging_[kReduceScatter], offset * element);
   for (std::size_t done = 0; done < largest; done += share) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
     std::byte* mine = ring_->slot(me, chunk);
     for (int r = 0; r < n; ++r) {
       const auto j = static_cast<std::size_t>(r);
-      copy(mine, j * share * element, input, (offsets[j] + done) * element,
-           in_round(recv_counts[j], done, share) * element);
+      stage(mine, j * share * element, input, (offsets[j] + done) * element,
+            in_round(recv_counts[j], done, share) * element, run.streaming());
     }
     ring_->publish(Counter::Staged, chunk);
     ring_->wait_all(Counter::Staged, chunk);
@@ -400,6 +420,12 @@ Status ShmBackend::reducescatter(const void* input, void* output,
     ring_->publish(Counter::Consumed, chunk);
   }
   return Status();
+}
+
+std::uint64_t ShmBackend::streamed() const {
+  std::uint64_t total = 0;
+  for (const StagingChoice& choice : staging_) total += choice.streamed();
+  return total;
 }
 
 Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm,
@@ -421,7 +447,7 @@ Result<std::unique_ptr<Backend>> create_host_backend(mpi::MpiComm comm,
       std::unique_ptr<ShmRing> ring,
       ShmRing::create(comm.get(), kSlotBytes, kSlots, options.host_oversubscribed));
   auto backend = std::make_unique<ShmBackend>(std::make_unique<mpi::MpiBackend>(std::move(comm)),
-                                              std::move(ring));
+                                              std::move(ring), options.shm_stores);
   backend->route_host(options.host_routes);
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -6,13 +6,16 @@
 // Adasum). See Note [Which host transport].
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "ops/backend.h"
 #include "ops/mpi/mpi_comm.h"
 #include "ops/shm/shm_ring.h"
+#include "ops/shm/staging.h"
 #include "ops/transport.h"
 
 namespace tutti::ops::shm {
@@ -44,10 +47,13 @@ namespace tutti::ops::shm {
 
 class ShmBackend final : public Backend {
  public:
-  // `mpi` is the set's MPI backend; `ring` is over the same communicator. Communication
-  // thread only.
-  ShmBackend(std::unique_ptr<Backend> mpi, std::unique_ptr<ShmRing> ring)
-      : mpi_(std::move(mpi)), ring_(std::move(ring)) {}
+  // `mpi` is the set's MPI backend; `ring` is over the same communicator; `stores` how this
+  // rank stages chunks (Note [Streaming stores] in ops/shm/staging.h). Communication thread only.
+  ShmBackend(std::unique_ptr<Backend> mpi, std::unique_ptr<ShmRing> ring,
+             ShmStores stores = ShmStores::Auto)
+      : mpi_(std::move(mpi)), ring_(std::move(ring)) {
+    staging_.fill(StagingChoice(stores));
+  }
 
   std::string_view name() const override { return "shared memory"; }
   int rank() const override { return ring_->rank(); }
@@ -80,6 +86,8 @@ class ShmBackend final : public Backend {
   bool routes_host() const override { return true; }
   // The ring chunks collectives have used: what tells a test which transport ran.
   std::uint64_t chunks_taken() const { return ring_->chunks_taken(); }
+  // The collectives this rank staged with streaming stores: what tells a test which stores ran.
+  std::uint64_t streamed() const;
   void route_host(HostRoutes over_mpi) override { over_mpi_ = over_mpi & kAllHostRoutes; }
 
  private:
@@ -89,11 +97,15 @@ class ShmBackend final : public Backend {
   // allreduce_tensors (root -1: every rank receives) and reduce_tensors (the root alone).
   Status reduce_chunks(std::span<const FusedTensor> tensors, DataType wire, WireOp op, int root);
 
+  // The collective families, each with its own choice of stores: their costs per byte differ.
+  enum Family { kReduce, kGather, kBroadcast, kScatter, kReduceScatter, kFamilies };
+
   std::unique_ptr<Backend> mpi_;
   std::unique_ptr<ShmRing> ring_;     // Destroyed first: its window lives on mpi_'s communicator.
   std::vector<const void*> sources_;  // Reused by every reduction: no allocation per op.
   std::vector<std::byte> scratch_;    // Small allreduces' result (see allreduce_tensors).
   HostRoutes over_mpi_ = 0;           // Size classes that go over mpi_.
+  std::array<StagingChoice, kFamilies> staging_;
 };
 
 // The host backend of a set over `comm`: a ShmBackend when `options.host_transport` allows it,

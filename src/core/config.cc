@@ -14,7 +14,7 @@ Status refuse(const detail::KnobSource& source, std::string_view knob, std::stri
                                   setting ? setting->value : "", "' ", why));
 }
 
-// HIERARCHICAL_*: "auto" (the default) or a boolean (ops/hierarchy.h).
+// HIERARCHICAL_* (ops/hierarchy.h) and SHM_STREAMING_STORES: "auto" (the default) or a boolean.
 Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source,
                                           detail::KnobId<detail::KnobType::String> knob) {
   const std::string text = detail::knob_value(knob, source);
@@ -138,6 +138,11 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   TUTTI_ASSIGN_OR_RETURN(c.cache_capacity,
                          detail::knob_value(detail::knob::CACHE_CAPACITY, source));
   TUTTI_RETURN_IF_ERROR(parse_host_transport(source, &c));
+  TUTTI_ASSIGN_OR_RETURN(ops::HierarchyMode stores,
+                         hierarchy_mode(source, detail::knob::SHM_STREAMING_STORES));
+  c.shm_stores = stores == ops::HierarchyMode::Auto ? ops::ShmStores::Auto
+                 : stores == ops::HierarchyMode::On ? ops::ShmStores::Streaming
+                                                    : ops::ShmStores::Cached;
   c.timeline_path = detail::knob_value(detail::knob::TIMELINE, source);
   TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles,
                          detail::knob_value(detail::knob::TIMELINE_MARK_CYCLES, source));

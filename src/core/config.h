@@ -27,6 +27,8 @@ struct Config {
   // Size classes that go over MPI where host_transport is shared memory (TUTTI_HOST_TRANSPORT
   // =shm/mpi or =mpi/shm; autotune chooses them under auto).
   ops::HostRoutes host_routes = 0;
+  // SHM_STREAMING_STORES (Note [Streaming stores] in ops/shm/staging.h).
+  ops::ShmStores shm_stores = ops::ShmStores::Auto;
   std::string timeline_path;
   bool timeline_mark_cycles = detail::knob_default(detail::knob::TIMELINE_MARK_CYCLES);
   bool stall_check_disabled = detail::knob_default(detail::knob::STALL_CHECK_DISABLE);

@@ -189,6 +189,28 @@ TEST_CASE("TUTTI_HOST_TRANSPORT names one transport, or one per size class", "[e
         "TUTTI_HOST_TRANSPORT='shm/nccl' is not one of auto, shm, mpi, shm/mpi, mpi/shm");
 }
 
+TEST_CASE("TUTTI_SHM_STREAMING_STORES is auto or a boolean", "[env]") {
+  CHECK(core::Config::from_env().value().shm_stores == ops::ShmStores::Auto);
+  struct Case {
+    const char* text;
+    ops::ShmStores stores;
+  };
+  for (const Case& c : {Case{"auto", ops::ShmStores::Auto}, Case{"1", ops::ShmStores::Streaming},
+                        Case{"on", ops::ShmStores::Streaming}, Case{"0", ops::ShmStores::Cached},
+                        Case{"false", ops::ShmStores::Cached}}) {
+    ScopedEnv set("TUTTI_SHM_STREAMING_STORES", c.text);
+    Result<core::Config> config = core::Config::from_env();
+    INFO(c.text);
+    REQUIRE(config.ok());
+    CHECK(config.value().shm_stores == c.stores);
+  }
+  ScopedEnv bad("TUTTI_SHM_STREAMING_STORES", "sometimes");
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message() ==
+        "TUTTI_SHM_STREAMING_STORES='sometimes' is not auto, 1 (on) or 0 (off)");
+}
+
 TEST_CASE("Every knob is documented", "[env]") {
   for (const Knob& knob : knobs()) {
     CHECK_FALSE(knob.name.empty());

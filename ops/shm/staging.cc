@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ops/shm/staging.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace tutti::ops::shm {
+
+void stream_copy(void* to, const void* from, std::size_t bytes) {
+#if defined(__SSE2__)
+  auto* out = static_cast<std::byte*>(to);
+  const auto* in = static_cast<const std::byte*>(from);
+  // Streaming stores need 16-byte aligned destinations: the head up to the first boundary and
+  // the tail past the last whole 64-byte block take ordinary stores.
+  const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(out) % 16;
+  std::size_t head = misaligned == 0 ? 0 : 16 - misaligned;
+  if (head > bytes) head = bytes;
+  std::memcpy(out, in, head);
+  out += head;
+  in += head;
+  bytes -= head;
+  const std::size_t body = bytes / 64 * 64;
+  for (std::size_t i = 0; i < body; i += 64) {
+    for (std::size_t j = 0; j < 64; j += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + j),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + j)));
+    }
+  }
+  std::memcpy(out + body, in + body, bytes - body);
+  // Streaming stores are weakly ordered, even on x86: without the fence a peer could see the
+  // counter published next before the data.
+  _mm_sfence();
+#else
+  std::memcpy(to, from, bytes);
+#endif
+}
+
+bool StagingChoice::streaming(std::size_t bytes) {
+  bool streaming = false;
+  if (mode_ == ShmStores::Streaming) {
+    streaming = true;
+  } else if (mode_ == ShmStores::Auto && bytes >= kMeasuredBytes) {
+    const std::uint64_t n = measured_++;
+    if (cost_[0] == 0) {
+      streaming = false;  // Each kind is measured once first.
+    } else if (cost_[1] == 0) {
+      streaming = true;
+    } else {
+      const bool far = cost_[use_streaming_ ? 0 : 1] >= 2 * cost_[use_streaming_ ? 1 : 0];
+      const std::uint64_t period = far ? kFarExplorePeriod : kExplorePeriod;
+      streaming = n % period == 0 ? !use_streaming_ : use_streaming_;
+    }
+  }
+  if (streaming) ++streamed_;
+  return streaming;
+}
+
+void StagingChoice::record(bool streaming, std::size_t bytes, std::chrono::nanoseconds took) {
+  if (mode_ != ShmStores::Auto || bytes < kMeasuredBytes) return;
+  // Weight of a new sample of the kind in use: a few collectives' worth of memory, so that one
+  // disturbed collective (the rank descheduled) does not switch kinds.
+  constexpr double kWeight = 0.25;
+  const double per_byte =
+      std::max(1e-6, static_cast<double>(took.count()) / static_cast<double>(bytes));
+  double& cost = cost_[streaming ? 1 : 0];
+  cost = (cost == 0 || streaming != use_streaming_) ? per_byte : cost + kWeight * (per_byte - cost);
+  if (cost_[0] > 0 && cost_[1] > 0) use_streaming_ = cost_[1] < cost_[0];
+}
+
+}  // namespace tutti::ops::shm

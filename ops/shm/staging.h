@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// How a rank writes the data it stages in its ring slot for the peers to read: with ordinary
+// (cached) stores, or with streaming stores that bypass its cache, chosen per collective from
+// what the collectives take (Note [Streaming stores]). Communication thread only.
+//
+// Note [Streaming stores]
+// A peer reads a staged chunk from wherever its lines are. Written with ordinary stores they sit
+// dirty in the writer's cache, and each line moves cache to cache. Where the two CPUs share a
+// last-level cache that is the fastest path there is. Where they do not (the two vCPUs of a VM on
+// different dies or sockets of the host, a placement the host may change at any time) every
+// such transfer crosses the interconnect, and a 2-rank allreduce of ResNet-50's gradients took
+// 50-53 ms instead of 13 (allreduce_benchmark's P1 on an AMD EPYC VM, raw MPI 19-24 ms both ways;
+// a cache line's round trip between the two vCPUs was 60-90 ns in the fast placement and
+// 310-350 ns in the slow one). Streaming stores write the chunk to memory instead, so the peer
+// reads it from memory: in a two-thread model of the ring, 25-30 ms instead of 59-65 in the slow
+// placement, but 23-33 ms instead of 20-23 in the fast one. Neither wins everywhere and the
+// placement moves under a running job, so each collective family keeps the measured cost per
+// byte of each kind for its collectives of at least kMeasuredBytes, uses the cheaper one, and
+// every kExplorePeriod-th such collective (every kFarExplorePeriod-th where the other kind cost
+// twice as much) tries the other again, so that a change of placement is noticed within that
+// many collectives; one that makes the kind in use costlier is noticed at once. Smaller collectives are latency-bound and stage
+// with ordinary stores. The choice is local to a rank (it changes no result), yet ranks mostly
+// agree: they explore at the same collectives (they run the same ones in the same order) and
+// measure nearly the same times, since each waits for the others. TUTTI_SHM_STREAMING_STORES
+// fixes the choice (0: ordinary, 1: streaming).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/transport.h"
+
+namespace tutti::ops::shm {
+
+// Copies `bytes` from `from` to `to` (no overlap) with streaming stores where the CPU has them
+// (x86-64; elsewhere a plain memcpy), then orders them before any later store: a counter
+// published after it is seen after the data.
+void stream_copy(void* to, const void* from, std::size_t bytes);
+
+// One collective family's choice of stores (Note [Streaming stores]).
+class StagingChoice {
+ public:
+  // Collectives that move fewer bytes in total are not measured and stage with ordinary stores.
+  static constexpr std::size_t kMeasuredBytes = 512 * 1024;
+  // Every this many measured collectives, the kind not in use is measured again; four times
+  // as rarely while it was last measured at least twice as costly, so that a placement with
+  // a wide gap loses little to the tries.
+  static constexpr std::uint64_t kExplorePeriod = 32;
+  static constexpr std::uint64_t kFarExplorePeriod = 4 * kExplorePeriod;
+
+  explicit StagingChoice(ShmStores mode = ShmStores::Auto) : mode_(mode) {}
+
+  // Whether the next collective, moving `bytes` in total, stages with streaming stores.
+  bool streaming(std::size_t bytes);
+  // That collective's wall time. `streaming` is what streaming() answered for it.
+  void record(bool streaming, std::size_t bytes, std::chrono::nanoseconds took);
+  // Collectives staged with streaming stores so far.
+  std::uint64_t streamed() const { return streamed_; }
+
+ private:
+  ShmStores mode_;
+  std::uint64_t measured_ = 0;  // Measured collectives decided so far.
+  // Nanoseconds per byte of each kind (index: streaming), 0 until measured. The kind in use
+  // follows its collectives with a moving average; a sample of the other kind replaces its
+  // value, which is older than the placement it was measured in may be.
+  double cost_[2] = {0, 0};
+  bool use_streaming_ = false;
+  std::uint64_t streamed_ = 0;
+};
+
+// Chooses one collective's stores and, when it ends, records its time.
+class StagingRun {
+ public:
+  StagingRun(StagingChoice& choice, std::size_t bytes)
+      : choice_(choice),
+        bytes_(bytes),
+        streaming_(choice.streaming(bytes)),
+        start_(std::chrono::steady_clock::now()) {}
+  StagingRun(const StagingRun&) = delete;
+  StagingRun& operator=(const StagingRun&) = delete;
+  ~StagingRun() { choice_.record(streaming_, bytes_, std::chrono::steady_clock::now() - start_); }
+
+  bool streaming() const { return streaming_; }
+
+ private:
+  StagingChoice& choice_;
+  std::size_t bytes_;
+  bool streaming_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace tutti::ops::shm
