@@ -69,7 +69,13 @@ void StagingChoice::record(bool streaming, std::size_t bytes, std::chrono::nanos
       std::max(1e-6, static_cast<double>(took.count()) / static_cast<double>(bytes));
   double& cost = cost_[streaming ? 1 : 0];
   cost = (cost == 0 || streaming != use_streaming_) ? per_byte : cost + kWeight * (per_byte - cost);
-  if (cost_[0] > 0 && cost_[1] > 0) use_streaming_ = cost_[1] < cost_[0];
+  // The other kind takes over only when clearly cheaper: collectives of different make-up
+  // (many small tensors, pieces of one large one) and the wait for the last rank to arrive
+  // scatter the samples, and a switch on that noise would cost a kind's whole difference.
+  constexpr double kSwitchRatio = 0.8;
+  const double in_use = cost_[use_streaming_ ? 1 : 0];
+  const double other = cost_[use_streaming_ ? 0 : 1];
+  if (in_use > 0 && other > 0 && other < kSwitchRatio * in_use) use_streaming_ = !use_streaming_;
 }
 
 }  // namespace tutti::ops::shm

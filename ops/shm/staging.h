@@ -8,21 +8,24 @@
 // dirty in the writer's cache, and each line moves cache to cache. Where the two CPUs share a
 // last-level cache that is the fastest path there is. Where they do not (the two vCPUs of a VM on
 // different dies or sockets of the host, a placement the host may change at any time) every
-// such transfer crosses the interconnect, and a 2-rank allreduce of ResNet-50's gradients took
-// 50-53 ms instead of 13 (allreduce_benchmark's P1 on an AMD EPYC VM, raw MPI 19-24 ms both ways;
-// a cache line's round trip between the two vCPUs was 60-90 ns in the fast placement and
-// 310-350 ns in the slow one). Streaming stores write the chunk to memory instead, so the peer
-// reads it from memory: in a two-thread model of the ring, 25-30 ms instead of 59-65 in the slow
-// placement, but 23-33 ms instead of 20-23 in the fast one. Neither wins everywhere and the
-// placement moves under a running job, so each collective family keeps the measured cost per
-// byte of each kind for its collectives of at least kMeasuredBytes, uses the cheaper one, and
-// every kExplorePeriod-th such collective (every kFarExplorePeriod-th where the other kind cost
-// twice as much) tries the other again, so that a change of placement is noticed within that
-// many collectives; one that makes the kind in use costlier is noticed at once. Smaller collectives are latency-bound and stage
-// with ordinary stores. The choice is local to a rank (it changes no result), yet ranks mostly
-// agree: they explore at the same collectives (they run the same ones in the same order) and
-// measure nearly the same times, since each waits for the others. TUTTI_SHM_STREAMING_STORES
-// fixes the choice (0: ordinary, 1: streaming).
+// such transfer crosses the interconnect. On a 2-core AMD EPYC VM a cache line's round trip
+// between the two ranks took 83-96 ns in some periods and 303-372 ns in others, and a 2-rank
+// allreduce of ResNet-50's gradients (allreduce_benchmark's P1) 13 ms in the first and 48-53 ms
+// in the second, against raw MPI's 19-24 ms either way (raw MPI reads cold buffers from
+// memory). Streaming stores write the chunk to memory instead, so the peer reads it from
+// memory: P1 took 15 ms in the slow placement but 19 ms in the fast one (allreduce_benchmark
+// --stores prints both with the round trip). Neither wins everywhere and the placement moves
+// under a running job, so each collective family keeps the measured cost per byte of each kind
+// for its collectives of at least kMeasuredBytes and uses the cheaper one. The other takes over
+// only when it costs less than 0.8 times as much: collectives of different make-up and the
+// wait for the last rank to arrive scatter the samples. Every kExplorePeriod-th measured
+// collective (every kFarExplorePeriod-th where the other kind cost twice as much) tries the
+// other kind again, so a placement that makes the kind not in use the cheaper one is noticed
+// within that many collectives; one that makes the kind in use costlier is noticed at once.
+// Smaller collectives are latency-bound and stage with ordinary stores. The choice is local to
+// a rank (it changes no result), yet ranks mostly agree: they explore at the same collectives
+// (they run the same ones in the same order) and measure nearly the same times, since each
+// waits for the others. TUTTI_SHM_STREAMING_STORES fixes the choice (0: ordinary, 1: streaming).
 #pragma once
 
 #include <chrono>
