@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "examples/p1_stores.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include <mpi.h>
 
 namespace tutti::examples {
 namespace {

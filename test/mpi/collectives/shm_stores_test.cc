@@ -43,8 +43,7 @@ std::vector<std::size_t> shares(std::size_t total, int n) {
   return counts;
 }
 
-TEST_CASE("Every staging collective gives its closed form under each choice of stores",
-          "[shm]") {
+TEST_CASE("Every staging collective gives its closed form under each choice of stores", "[shm]") {
   const ShmStores stores = GENERATE(ShmStores::Cached, ShmStores::Streaming, ShmStores::Auto);
   std::unique_ptr<ops::Backend> backend = host_backend(stores);
   const int n = world_size();
@@ -66,8 +65,8 @@ TEST_CASE("Every staging collective gives its closed form under each choice of s
     // Allreduce (Sum): element i of rank r is r + 1 + i % 5.
     std::vector<float> data(count);
     for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(me + 1 + i % 5);
-    calls_ok = calls_ok && shm->allreduce(data.data(), count, DataType::Float32,
-                                          ops::WireOp::Sum).ok();
+    calls_ok =
+        calls_ok && shm->allreduce(data.data(), count, DataType::Float32, ops::WireOp::Sum).ok();
     for (std::size_t i = 0; i < count; ++i) {
       if (data[i] != static_cast<float>(n * (n + 1) / 2 + n * (i % 5))) {
         values_ok = false;
@@ -79,7 +78,8 @@ TEST_CASE("Every staging collective gives its closed form under each choice of s
     for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(me + 1 + i % 5);
     std::vector<float> reduced(count, -1.0f);
     calls_ok = calls_ok && shm->reduce(data.data(), reduced.data(), count, DataType::Float32,
-                                       ops::WireOp::Sum, 0).ok();
+                                       ops::WireOp::Sum, 0)
+                               .ok();
     for (std::size_t i = 0; i < count && me == 0; ++i) {
       if (reduced[i] != static_cast<float>(n * (n + 1) / 2 + n * (i % 5))) {
         values_ok = false;
@@ -108,8 +108,8 @@ TEST_CASE("Every staging collective gives its closed form under each choice of s
     calls_ok =
         calls_ok && shm->allgatherv(mine.data(), whole.data(), counts, DataType::Float32).ok();
     std::vector<float> gathered(count, -1.0f);
-    calls_ok = calls_ok &&
-               shm->gatherv(mine.data(), gathered.data(), counts, DataType::Float32, 0).ok();
+    calls_ok =
+        calls_ok && shm->gatherv(mine.data(), gathered.data(), counts, DataType::Float32, 0).ok();
     for (std::size_t j = 0; j < count; ++j) {
       if (whole[j] != static_cast<float>(j % 11) ||
           (me == 0 && gathered[j] != static_cast<float>(j % 11))) {
@@ -120,14 +120,15 @@ TEST_CASE("Every staging collective gives its closed form under each choice of s
     }
     // Scatter from rank 0 of the whole (j % 11): each rank gets its share back.
     std::vector<float> part(counts[static_cast<std::size_t>(me)], -1.0f);
-    calls_ok = calls_ok &&
-               shm->scatterv(whole.data(), counts, part.data(), DataType::Float32, 0).ok();
+    calls_ok =
+        calls_ok && shm->scatterv(whole.data(), counts, part.data(), DataType::Float32, 0).ok();
     // Reducescatter (Sum) of every rank's whole (j % 11 + r): rank r's share of the sums.
     std::vector<float> input(count);
     for (std::size_t j = 0; j < count; ++j) input[j] = static_cast<float>(j % 11 + me);
     std::vector<float> scattered(counts[static_cast<std::size_t>(me)], -1.0f);
     calls_ok = calls_ok && shm->reducescatter(input.data(), scattered.data(), counts,
-                                              DataType::Float32, ops::WireOp::Sum).ok();
+                                              DataType::Float32, ops::WireOp::Sum)
+                               .ok();
     for (std::size_t j = 0; j < part.size(); ++j) {
       const std::size_t at = first + j;
       if (part[j] != static_cast<float>(at % 11) ||

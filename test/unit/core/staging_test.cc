@@ -2,14 +2,14 @@
 // How a shared-memory rank stages its chunks (Note [Streaming stores] in ops/shm/staging.h):
 // stream_copy() against the bytes it was given, and StagingChoice against closed-form costs per
 // byte. The backend under each choice is tested in test/mpi/collectives/shm_stores_test.cc.
+#include "ops/shm/staging.h"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include <catch2/catch.hpp>
-
-#include "ops/shm/staging.h"
 
 namespace tutti::ops::shm {
 namespace {
