@@ -9,16 +9,16 @@
 // last-level cache that is the fastest path there is. Where they do not (the two vCPUs of a VM on
 // different dies or sockets of the host, a placement the host may change at any time) every
 // such transfer crosses the interconnect. On a 2-core AMD EPYC VM a cache line's round trip
-// between the two ranks took 83-96 ns in some periods and 303-372 ns in others, and a 2-rank
-// allreduce of ResNet-50's gradients (allreduce_benchmark's P1) 13 ms in the first and 48-53 ms
-// in the second, against raw MPI's 19-24 ms either way (raw MPI reads cold buffers from
-// memory). Streaming stores write the chunk to memory instead, so the peer reads it from
-// memory: P1 took 15 ms in the slow placement but 19 ms in the fast one (allreduce_benchmark
-// --stores prints both with the round trip). Neither wins everywhere and the placement moves
-// under a running job, so each collective family keeps the measured cost per byte of each kind
-// for its collectives of at least kMeasuredBytes and uses the cheaper one. The other takes over
-// only when it costs less than 0.8 times as much: collectives of different make-up and the
-// wait for the last rank to arrive scatter the samples. Every kExplorePeriod-th measured
+// between the two ranks took 81-93 ns in some periods and 302-571 ns in others, and a 2-rank
+// allreduce of ResNet-50's gradients (allreduce_benchmark's P1) 13 ms in the first and 50 ms
+// in the second (medians), against raw MPI's 19-24 ms either way (raw MPI reads cold buffers
+// from memory). Streaming stores write the chunk to memory instead, so the peer reads it from
+// memory: P1 took 15 ms in the slow placement but 20 ms in the fast one (allreduce_benchmark
+// --stores prints them with the round trip; README, "How it works"). Neither wins everywhere and
+// the placement moves under a running job, so each collective family keeps the measured cost per
+// byte of each kind for its collectives of at least kMeasuredBytes and uses the cheaper one. The
+// other takes over only when it costs less than 0.8 times as much: collectives of different make-up
+// and the wait for the last rank to arrive scatter the samples. Every kExplorePeriod-th measured
 // collective (every kFarExplorePeriod-th where the other kind cost twice as much) tries the
 // other kind again, so a placement that makes the kind not in use the cheaper one is noticed
 // within that many collectives; one that makes the kind in use costlier is noticed at once.
@@ -66,7 +66,7 @@ class StagingChoice {
   std::uint64_t measured_ = 0;  // Measured collectives decided so far.
   // Nanoseconds per byte of each kind (index: streaming), 0 until measured. The kind in use
   // follows its collectives with a moving average; a sample of the other kind replaces its
-  // value, which is older than the placement it was measured in may be.
+  // value, which may date from an earlier placement.
   double cost_[2] = {0, 0};
   bool use_streaming_ = false;
   std::uint64_t streamed_ = 0;
