@@ -42,11 +42,10 @@ void copy(void* to, std::size_t to_offset, const void* from, std::size_t offset,
 // copy() into a ring slot, with the stores the collective's StagingRun chose.
 void stage(void* slot, std::size_t slot_offset, const void* from, std::size_t offset,
            std::size_t bytes, bool streaming) {
-  if (bytes == 0) return;
-  if (streaming) {
+  if (streaming && bytes > 0) {
     stream_copy(at(slot, slot_offset), at(from, offset), bytes);
   } else {
-    std::memcpy(at(slot, slot_offset), at(from, offset), bytes);
+    copy(slot, slot_offset, from, offset, bytes);
   }
 }
 

@@ -44,7 +44,7 @@ bool StagingChoice::streaming(std::size_t bytes) {
   bool streaming = false;
   if (mode_ == ShmStores::Streaming) {
     streaming = true;
-  } else if (mode_ == ShmStores::Auto && bytes >= kMeasuredBytes) {
+  } else if (measures(bytes)) {
     const std::uint64_t n = measured_++;
     if (cost_[0] == 0) {
       streaming = false;  // Each kind is measured once first.
@@ -61,7 +61,7 @@ bool StagingChoice::streaming(std::size_t bytes) {
 }
 
 void StagingChoice::record(bool streaming, std::size_t bytes, std::chrono::nanoseconds took) {
-  if (mode_ != ShmStores::Auto || bytes < kMeasuredBytes) return;
+  if (!measures(bytes)) return;
   // Weight of a new sample of the kind in use: a few collectives' worth of memory, so that one
   // disturbed collective (the rank descheduled) does not switch kinds.
   constexpr double kWeight = 0.25;

@@ -56,6 +56,10 @@ class StagingChoice {
 
   // Whether the next collective, moving `bytes` in total, stages with streaming stores.
   bool streaming(std::size_t bytes);
+  // Whether a collective moving `bytes` in total is measured: record() ignores the others.
+  bool measures(std::size_t bytes) const {
+    return mode_ == ShmStores::Auto && bytes >= kMeasuredBytes;
+  }
   // That collective's wall time. `streaming` is what streaming() answered for it.
   void record(bool streaming, std::size_t bytes, std::chrono::nanoseconds took);
   // Collectives staged with streaming stores so far.
@@ -72,17 +76,22 @@ class StagingChoice {
   std::uint64_t streamed_ = 0;
 };
 
-// Chooses one collective's stores and, when it ends, records its time.
+// Chooses one collective's stores and, when it ends, records its time where the choice
+// measures it (reading no clock for the small collectives, whose latency counts).
 class StagingRun {
  public:
   StagingRun(StagingChoice& choice, std::size_t bytes)
       : choice_(choice),
         bytes_(bytes),
         streaming_(choice.streaming(bytes)),
-        start_(std::chrono::steady_clock::now()) {}
+        measured_(choice.measures(bytes)),
+        start_(measured_ ? std::chrono::steady_clock::now()
+                         : std::chrono::steady_clock::time_point{}) {}
   StagingRun(const StagingRun&) = delete;
   StagingRun& operator=(const StagingRun&) = delete;
-  ~StagingRun() { choice_.record(streaming_, bytes_, std::chrono::steady_clock::now() - start_); }
+  ~StagingRun() {
+    if (measured_) choice_.record(streaming_, bytes_, std::chrono::steady_clock::now() - start_);
+  }
 
   bool streaming() const { return streaming_; }
 
@@ -90,6 +99,7 @@ class StagingRun {
   StagingChoice& choice_;
   std::size_t bytes_;
   bool streaming_;
+  bool measured_;
   std::chrono::steady_clock::time_point start_;
 };
 
