@@ -69,10 +69,15 @@ void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted
   evicted->push_back(id);
 }
 
+std::optional<std::int32_t> RankCache::lookup(const Request& request,
+                                              std::uint64_t name_hash) const {
+  const Newest* newest = by_key_.find(OpKeyView{request.process_set_id, request.name}, name_hash);
+  if (newest == nullptr || !(newest->slot->request == request)) return std::nullopt;
+  return newest->id;
+}
+
 std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
-  auto it = by_key_.find(OpKeyView{request.process_set_id, request.name});
-  if (it == by_key_.end() || !(it->second.slot->request == request)) return std::nullopt;
-  return it->second.id;
+  return lookup(request, ByKey::hash_of(OpKeyView{request.process_set_id, request.name}));
 }
 
 const Response* RankCache::response(std::int32_t id) const {
@@ -83,16 +88,18 @@ const Response* RankCache::response(std::int32_t id) const {
 void RankCache::insert(std::int32_t id, const Request& request, const Response& response) {
   Slot& slot = entries_[id];
   slot = Slot{.request = request, .response = response};
-  by_key_.insert_or_assign(OpKey{request.process_set_id, request.name},
-                           Newest{.id = id, .slot = &slot});
+  const Newest newest{.id = id, .slot = &slot};
+  const auto [stored, inserted] = by_key_.insert(ByKey::hash_of(NewestKey()(newest)), newest);
+  if (!inserted) *stored = newest;  // Same key: the stored one's slot has the same name.
 }
 
 void RankCache::erase(std::int32_t id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
-  const Request& request = it->second.request;
-  auto key = by_key_.find(OpKeyView{request.process_set_id, request.name});
-  if (key != by_key_.end() && key->second.id == id) by_key_.erase(key);
+  const OpKeyView key{it->second.request.process_set_id, it->second.request.name};
+  const std::uint64_t hash = ByKey::hash_of(key);
+  if (const Newest* newest = by_key_.find(key, hash); newest != nullptr && newest->id == id)
+    by_key_.take(key, hash);
   entries_.erase(it);
 }
 

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/core/name_index.h"
 #include "src/core/op_key.h"
 #include "src/core/request.h"
 
@@ -73,6 +74,8 @@ class CoordinatorCache {
 class RankCache {
  public:
   // The id to send for `request`, if it equals the request cached under its name.
+  // `name_hash`: NameIndex's hash_of() its (set, name), which the queue's entry keeps.
+  std::optional<std::int32_t> lookup(const Request& request, std::uint64_t name_hash) const;
   std::optional<std::int32_t> lookup(const Request& request) const;
   // The response stored under `id`; null if unknown (a protocol error).
   const Response* response(std::int32_t id) const;
@@ -85,13 +88,20 @@ class RankCache {
     Response response;
   };
   // The newest id of each (set, name). Slots never move (unordered_map nodes are stable), so a
-  // lookup goes straight from the name to the cached request: one hash of the name per op.
+  // lookup goes straight from the name to the cached request: one probe per op, with the hash
+  // the queue computed (Note [Name index]).
   struct Newest {
     std::int32_t id = -1;
     const Slot* slot = nullptr;
   };
+  struct NewestKey {
+    OpKeyView operator()(const Newest& newest) const {
+      return OpKeyView{newest.slot->request.process_set_id, newest.slot->request.name};
+    }
+  };
+  using ByKey = NameIndex<Newest, NewestKey>;
   std::unordered_map<std::int32_t, Slot> entries_;
-  std::unordered_map<OpKey, Newest, OpKeyHash, OpKeyEqual> by_key_;
+  ByKey by_key_;
 };
 
 // "<set>:<name>", the key both caches file entries under.

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <tuple>
 
 #include "src/base/strings.h"
 
@@ -16,11 +15,6 @@ std::string lower(std::string_view text) {
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
-}
-
-// The queue's key for `entry`: it views the entry's own name.
-OpKeyView key_of(const Entry& entry) {
-  return OpKeyView{entry.request.process_set_id, entry.request.name};
 }
 
 // make_entry()'s one allocation.
@@ -43,37 +37,26 @@ std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entr
 }
 
 Status TensorQueue::push(std::shared_ptr<Entry> entry) {
+  using Index = decltype(in_flight_);
   bool notify = false;
+  Request& request = entry->request;
+  // Hashed outside the lock, except an automatic name, which is chosen under it.
+  if (!request.name.empty())
+    entry->name_hash = Index::hash_of(OpKeyView{request.process_set_id, request.name});
   {
     detail::MutexLock lock(mutex_);
     if (!closed_.ok()) return closed_;
-    Request& request = entry->request;
     if (request.name.empty()) {
       // See Note [Automatic names].
       request.name = detail::str_cat(lower(to_string(request.op)), ".noname.",
                                      unnamed_counts_[request.process_set_id]++);
+      entry->name_hash = Index::hash_of(OpKeyView{request.process_set_id, request.name});
     }
-    InFlight::iterator it;
-    bool inserted = false;
-    if (spare_.empty()) {
-      std::tie(it, inserted) = in_flight_.try_emplace(key_of(*entry), entry);
-    } else {
-      InFlight::node_type node = std::move(spare_.back());
-      spare_.pop_back();
-      node.key() = key_of(*entry);
-      node.mapped() = entry;
-      auto result = in_flight_.insert(std::move(node));
-      it = result.position;
-      inserted = result.inserted;
-      if (!inserted) {
-        result.node.mapped() = nullptr;
-        spare_.push_back(std::move(result.node));
-      }
-    }
+    const auto [stored, inserted] = in_flight_.insert(entry->name_hash, entry);
     if (!inserted) {
       return invalid_argument(detail::str_cat(
           "an op named '", request.name, "' is already in flight (",
-          to_string(it->second->request.op), "); wait for it before reusing the name"));
+          to_string((*stored)->request.op), "); wait for it before reusing the name"));
     }
     // Under the lock: sequence numbers follow the order drain_new() hands ops on in.
     entry->sequence = next_sequence_[request.process_set_id]++;
@@ -103,13 +86,10 @@ void TensorQueue::drain_new(std::vector<std::shared_ptr<Entry>>* into) {
 }
 
 std::shared_ptr<Entry> TensorQueue::take(int process_set_id, std::string_view name) {
+  const OpKeyView key{process_set_id, name};
+  const std::uint64_t hash = decltype(in_flight_)::hash_of(key);  // Outside the lock.
   detail::MutexLock lock(mutex_);
-  auto it = in_flight_.find(OpKeyView{process_set_id, name});
-  if (it == in_flight_.end()) return nullptr;
-  InFlight::node_type node = in_flight_.extract(it);
-  std::shared_ptr<Entry> entry = std::move(node.mapped());
-  spare_.push_back(std::move(node));
-  return entry;
+  return in_flight_.take(key, hash);
 }
 
 void TensorQueue::skip_automatic_name(int process_set_id, const std::string& name) {
@@ -128,23 +108,20 @@ void TensorQueue::skip_automatic_name(int process_set_id, const std::string& nam
 std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
   detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> taken;
-  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-    if (it->first.process_set_id != process_set_id) {
-      ++it;
-      continue;
-    }
-    taken.push_back(std::move(it->second));
-    it = in_flight_.erase(it);
-  }
+  in_flight_.take_if(
+      [&](const std::shared_ptr<Entry>& entry) {
+        return entry->request.process_set_id == process_set_id;
+      },
+      [&](std::shared_ptr<Entry>&& entry) { taken.push_back(std::move(entry)); });
   return taken;
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::with_cache_hit(std::int32_t id) const {
   detail::MutexLock lock(mutex_);
   std::vector<std::shared_ptr<Entry>> found;
-  for (const auto& [key, entry] : in_flight_) {
+  in_flight_.for_each([&](const std::shared_ptr<Entry>& entry) {
     if (entry->cache_hit == id) found.push_back(entry);
-  }
+  });
   return found;
 }
 
@@ -158,9 +135,8 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
   {
     detail::MutexLock lock(mutex_);
     if (closed_.ok()) closed_ = status;
-    for (auto& [key, entry] : in_flight_) pending.push_back(std::move(entry));
+    in_flight_.for_each([&](const std::shared_ptr<Entry>& entry) { pending.push_back(entry); });
     in_flight_.clear();
-    spare_.clear();
     new_.clear();
   }
   cv_.notify_all();

@@ -13,7 +13,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "ops/device_ops.h"
@@ -21,6 +20,7 @@
 #include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/core/flight_recorder.h"
+#include "src/core/name_index.h"
 #include "src/core/op_key.h"
 #include "src/core/op_state.h"
 #include "src/core/request.h"
@@ -40,6 +40,9 @@ struct Entry {
   std::shared_ptr<detail::OpState> state;
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
+  // The hash of (set, name) that push() filed the entry under (Note [Name index]), for the
+  // response cache's lookup to reuse.
+  std::uint64_t name_hash = 0;
   // CUDA ops: the submitting thread's current stream at the call, which Tutti's stream waits
   // for before the op's device work (Note [Stream ordering] in ops/cuda/stream.h). Null once
   // that wait is enqueued, and for CPU ops.
@@ -103,12 +106,14 @@ class TensorQueue {
   bool woken_ TUTTI_GUARDED_BY(mutex_) = false;
   Status closed_ TUTTI_GUARDED_BY(mutex_);  // OK while open.
   std::vector<std::shared_ptr<Entry>> new_ TUTTI_GUARDED_BY(mutex_);
-  // Keyed by the entry's own (set, name), which stays unchanged while it is in the table.
-  using InFlight = std::unordered_map<OpKeyView, std::shared_ptr<Entry>, OpKeyHash, OpKeyEqual>;
-  InFlight in_flight_ TUTTI_GUARDED_BY(mutex_);
-  // Nodes of taken entries, reused by push(): ops of a steady workload then allocate no table
-  // memory (the queue keeps as many nodes as ops were ever in flight at once).
-  std::vector<InFlight::node_type> spare_ TUTTI_GUARDED_BY(mutex_);
+  // Keyed by the entry's own (set, name), which stays unchanged while it is in the table. A
+  // steady workload allocates no table memory: the index only grows.
+  struct EntryKey {
+    OpKeyView operator()(const std::shared_ptr<Entry>& entry) const {
+      return OpKeyView{entry->request.process_set_id, entry->request.name};
+    }
+  };
+  NameIndex<std::shared_ptr<Entry>, EntryKey> in_flight_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, std::uint64_t> unnamed_counts_ TUTTI_GUARDED_BY(mutex_);
   std::map<int, std::int64_t> next_sequence_ TUTTI_GUARDED_BY(mutex_);  // By process set.
 };

@@ -22,7 +22,7 @@ std::optional<RequestList> RequestSender::take_new() {
   RequestList list;
   list.cache_hits.reserve(entries_.size());
   for (const std::shared_ptr<Entry>& entry : entries_) {
-    if (std::optional<std::int32_t> id = cache_.lookup(entry->request)) {
+    if (std::optional<std::int32_t> id = cache_.lookup(entry->request, entry->name_hash)) {
       entry->cache_hit = *id;
       list.cache_hits.push_back(*id);
     } else {

@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+// An open-addressing table from (process set, name) to a small value that knows its own key, for
+// the tables every op looks up by name (the queue's ops in flight, the rank's response cache).
+//
+// Note [Name index]
+// P3 (10,000 tiny named ops per step) spent a third of its communication thread in
+// std::unordered_map lookups by name: the bucket, then the node, then the key's string, each a
+// cache miss on a table of 10,000 ops, and a string compare on every hit. Here a lookup reads
+// one array slot holding the key's 64-bit hash beside the value; only on an equal hash does it
+// compare the names (the value gives its key: the table stores no strings of its own), so a
+// lookup costs one probe and the one compare that confirms the match, and inserting a name that
+// is absent compares no strings at all. The caller computes the hash once (hash_of()) and may
+// keep it: the queue stores it in the op's entry and the response cache reuses it.
+// Linear probing over a power-of-two array kept at most half full; erasing shifts the rest of
+// the probe run back, so there are no tombstones and lookups stay short whatever the churn.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "src/core/op_key.h"
+
+namespace tutti::core {
+
+// `KeyOf` is a functor: OpKeyView operator()(const T&) const. Not thread-safe: the owner locks.
+template <class T, class KeyOf>
+class NameIndex {
+ public:
+  // The hash find() and insert() take for `key`. Never 0 (0 marks an empty slot).
+  static std::uint64_t hash_of(OpKeyView key) {
+    const std::uint64_t hash = OpKeyHash()(key);
+    return hash == 0 ? 1 : hash;
+  }
+
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+  // The value stored under `key` (whose hash is `hash`), or null. Valid until the next insert
+  // or erase.
+  T* find(OpKeyView key, std::uint64_t hash) {
+    return const_cast<T*>(std::as_const(*this).find(key, hash));
+  }
+  const T* find(OpKeyView key, std::uint64_t hash) const {
+    if (size_ == 0) return nullptr;
+    const std::size_t at = slot_of(key, hash);
+    return slots_[at].hash == 0 ? nullptr : &slots_[at].value;
+  }
+
+  // Stores `value` under its key, whose hash is `hash`, unless the key is there already.
+  // Returns the stored value (the old one if present) and whether `value` was inserted.
+  std::pair<T*, bool> insert(std::uint64_t hash, T value) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    const std::size_t at = slot_of(KeyOf()(value), hash);
+    if (slots_[at].hash != 0) return {&slots_[at].value, false};
+    slots_[at].hash = hash;
+    slots_[at].value = std::move(value);
+    ++size_;
+    return {&slots_[at].value, true};
+  }
+
+  // Removes and returns the value under `key`, or T{} if there is none.
+  T take(OpKeyView key, std::uint64_t hash) {
+    if (size_ == 0) return T{};
+    const std::size_t at = slot_of(key, hash);
+    if (slots_[at].hash == 0) return T{};
+    T value = std::move(slots_[at].value);
+    erase_slot(at);
+    return value;
+  }
+
+  // Removes every value for which `pred(value)` holds, passing it to `out(T&&)` first.
+  template <class Pred, class Out>
+  void take_if(Pred&& pred, Out&& out) {
+    // Erasing moves later members of the probe run back into the hole, so the slot is looked
+    // at again after an erase. Nothing moves from an unvisited slot to a visited one: a run
+    // that wraps past the end moves values from the array's start (visited, kept) to its end.
+    for (std::size_t at = 0; at < slots_.size() && size_ > 0;) {
+      if (slots_[at].hash != 0 && pred(std::as_const(slots_[at].value))) {
+        out(std::move(slots_[at].value));
+        erase_slot(at);
+      } else {
+        ++at;
+      }
+    }
+  }
+
+  // Calls `visit(const T&)` for every value, in no particular order.
+  template <class Visit>
+  void for_each(Visit&& visit) const {
+    for (const Slot& slot : slots_) {
+      if (slot.hash != 0) visit(slot.value);
+    }
+  }
+
+  void clear() {
+    slots_.clear();
+    size_ = 0;
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t hash = 0;  // 0: empty.
+    T value{};
+  };
+
+  std::size_t home(std::uint64_t hash) const { return hash & (slots_.size() - 1); }
+
+  // The slot holding `key`, or the empty slot where it would go. slots_ is not empty.
+  std::size_t slot_of(OpKeyView key, std::uint64_t hash) const {
+    const std::size_t mask = slots_.size() - 1;
+    std::size_t at = home(hash);
+    for (; slots_[at].hash != 0; at = (at + 1) & mask) {
+      if (slots_[at].hash == hash && OpKeyEqual()(KeyOf()(slots_[at].value), key)) return at;
+    }
+    return at;
+  }
+
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    slots_ = std::vector<Slot>(std::max<std::size_t>(64, old.size() * 2));
+    const std::size_t mask = slots_.size() - 1;
+    for (Slot& slot : old) {
+      if (slot.hash == 0) continue;
+      std::size_t at = home(slot.hash);
+      while (slots_[at].hash != 0) at = (at + 1) & mask;
+      slots_[at] = std::move(slot);
+    }
+  }
+
+  // Empties slot `at` and moves later members of its probe run back (backward-shift deletion).
+  void erase_slot(std::size_t at) {
+    const std::size_t mask = slots_.size() - 1;
+    slots_[at] = Slot{};
+    --size_;
+    for (std::size_t next = (at + 1) & mask; slots_[next].hash != 0; next = (next + 1) & mask) {
+      const std::size_t start = home(slots_[next].hash);
+      // The value at `next` stays if its home lies cyclically within (at, next].
+      const bool stays = at <= next ? (at < start && start <= next) : (at < start || start <= next);
+      if (stays) continue;
+      slots_[at] = std::move(slots_[next]);
+      slots_[next] = Slot{};
+      at = next;
+    }
+  }
+
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace tutti::core
