@@ -13,10 +13,10 @@ std::string cache_key(int process_set_id, const std::string& name) {
 }
 
 CoordinatorCache::Slot* CoordinatorCache::touch(std::int32_t id) {
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return nullptr;
-  lru_.splice(lru_.begin(), lru_, it->second.lru);
-  return &it->second;
+  Slot* slot = entries_.find(id);
+  if (slot == nullptr) return nullptr;
+  lru_.splice(lru_.begin(), lru_, slot->lru);
+  return slot;
 }
 
 const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
@@ -44,28 +44,28 @@ std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* ev
   const std::int32_t id = next_id_++;
   OpKey owned{entry.process_set_id, entry.name};
   lru_.push_front(id);
-  entries_.emplace(
-      id, Slot{.entry = std::make_shared<const Entry>(std::move(entry)), .lru = lru_.begin()});
+  entries_[id] =
+      Slot{.entry = std::make_shared<const Entry>(std::move(entry)), .lru = lru_.begin()};
   by_key_.insert_or_assign(std::move(owned), id);
   return id;
 }
 
 void CoordinatorCache::erase_set(int process_set_id, std::vector<std::int32_t>* evicted) {
   std::vector<std::int32_t> ids;
-  for (const auto& [id, slot] : entries_) {
+  entries_.for_each([&](std::int32_t id, const Slot& slot) {
     if (slot.entry->process_set_id == process_set_id) ids.push_back(id);
-  }
+  });
   for (std::int32_t id : ids) erase(id, evicted);
 }
 
 void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted) {
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return;
-  const Entry& entry = *it->second.entry;
+  Slot* slot = entries_.find(id);
+  if (slot == nullptr) return;
+  const Entry& entry = *slot->entry;
   auto key = by_key_.find(OpKeyView{entry.process_set_id, entry.name});
   if (key != by_key_.end() && key->second == id) by_key_.erase(key);
-  lru_.erase(it->second.lru);
-  entries_.erase(it);
+  lru_.erase(slot->lru);
+  entries_.erase(id);
   evicted->push_back(id);
 }
 
@@ -81,12 +81,14 @@ std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
 }
 
 const Response* RankCache::response(std::int32_t id) const {
-  auto it = entries_.find(id);
-  return it == entries_.end() ? nullptr : &it->second.response;
+  const std::unique_ptr<Slot>* slot = entries_.find(id);
+  return slot == nullptr ? nullptr : &(*slot)->response;
 }
 
 void RankCache::insert(std::int32_t id, const Request& request, const Response& response) {
-  Slot& slot = entries_[id];
+  std::unique_ptr<Slot>& owned = entries_[id];
+  if (owned == nullptr) owned = std::make_unique<Slot>();
+  Slot& slot = *owned;
   slot = Slot{.request = request, .response = response};
   const Newest newest{.id = id, .slot = &slot};
   const auto [stored, inserted] = by_key_.insert(ByKey::hash_of(NewestKey()(newest)), newest);
@@ -94,13 +96,13 @@ void RankCache::insert(std::int32_t id, const Request& request, const Response& 
 }
 
 void RankCache::erase(std::int32_t id) {
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return;
-  const OpKeyView key{it->second.request.process_set_id, it->second.request.name};
+  const std::unique_ptr<Slot>* slot = entries_.find(id);
+  if (slot == nullptr) return;
+  const OpKeyView key{(*slot)->request.process_set_id, (*slot)->request.name};
   const std::uint64_t hash = ByKey::hash_of(key);
   if (const Newest* newest = by_key_.find(key, hash); newest != nullptr && newest->id == id)
     by_key_.take(key, hash);
-  entries_.erase(it);
+  entries_.erase(id);
 }
 
 }  // namespace tutti::core

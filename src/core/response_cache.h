@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/core/id_index.h"
 #include "src/core/name_index.h"
 #include "src/core/op_key.h"
 #include "src/core/request.h"
@@ -66,7 +67,7 @@ class CoordinatorCache {
     std::shared_ptr<const Entry> entry;  // Never null.
     std::list<std::int32_t>::iterator lru;
   };
-  std::unordered_map<std::int32_t, Slot> entries_;
+  IdIndex<Slot> entries_;
   std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;
 };
 
@@ -87,7 +88,7 @@ class RankCache {
     Request request;
     Response response;
   };
-  // The newest id of each (set, name). Slots never move (unordered_map nodes are stable), so a
+  // The newest id of each (set, name). Slots never move (each is an allocation of its own), so a
   // lookup goes straight from the name to the cached request: one probe per op, with the hash
   // the queue computed (Note [Name index]).
   struct Newest {
@@ -100,7 +101,7 @@ class RankCache {
     }
   };
   using ByKey = NameIndex<Newest, NewestKey>;
-  std::unordered_map<std::int32_t, Slot> entries_;
+  IdIndex<std::unique_ptr<Slot>> entries_;  // Never null. Slots stay put: Newest points to them.
   ByKey by_key_;
 };
 

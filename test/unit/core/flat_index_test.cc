@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+// NameIndex and IdIndex against std::map, the oracle, under random inserts and erases (erasing
+// shifts probe runs back, which is where open addressing goes wrong), and with names whose
+// hashes collide.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "src/core/id_index.h"
+#include "src/core/name_index.h"
+
+namespace tutti::core {
+namespace {
+
+struct Named {
+  int set = 0;
+  std::string name;
+  int value = 0;
+};
+
+struct NamedKey {
+  OpKeyView operator()(const std::shared_ptr<Named>& named) const {
+    return OpKeyView{named->set, named->name};
+  }
+};
+
+using Index = NameIndex<std::shared_ptr<Named>, NamedKey>;
+
+// Every key of `oracle` is found with its value, and the index holds nothing else.
+void check_same(const Index& index, const std::map<std::pair<int, std::string>, int>& oracle) {
+  REQUIRE(index.size() == oracle.size());
+  for (const auto& [key, value] : oracle) {
+    const OpKeyView view{key.first, key.second};
+    const std::shared_ptr<Named>* found = index.find(view, Index::hash_of(view));
+    REQUIRE(found != nullptr);
+    CHECK((*found)->value == value);
+  }
+  std::size_t visited = 0;
+  index.for_each([&](const std::shared_ptr<Named>& named) {
+    ++visited;
+    CHECK(oracle.count({named->set, named->name}) == 1);
+  });
+  CHECK(visited == oracle.size());
+}
+
+TEST_CASE("NameIndex agrees with std::map under random inserts, takes and take_if", "[index]") {
+  std::mt19937 random(7);
+  Index index;
+  std::map<std::pair<int, std::string>, int> oracle;
+  for (int step = 0; step < 20000; ++step) {
+    const int set = static_cast<int>(random() % 3);
+    const std::string name = "t." + std::to_string(random() % 500);
+    const OpKeyView key{set, name};
+    const std::uint64_t hash = Index::hash_of(key);
+    if (random() % 2 == 0) {
+      auto [stored, inserted] = index.insert(hash, std::make_shared<Named>(Named{set, name, step}));
+      const bool absent = oracle.count({set, name}) == 0;
+      REQUIRE(inserted == absent);
+      if (absent) oracle[{set, name}] = step;
+      CHECK((*stored)->value == oracle[{set, name}]);
+    } else {
+      std::shared_ptr<Named> taken = index.take(key, hash);
+      auto it = oracle.find({set, name});
+      REQUIRE((taken != nullptr) == (it != oracle.end()));
+      if (taken != nullptr) {
+        CHECK(taken->value == it->second);
+        oracle.erase(it);
+      }
+    }
+    if (step % 5000 == 4999) {
+      const int doomed = step % 3;
+      std::size_t out = 0;
+      index.take_if([&](const std::shared_ptr<Named>& named) { return named->set == doomed; },
+                    [&](std::shared_ptr<Named>&& named) {
+                      CHECK(named->set == doomed);
+                      ++out;
+                    });
+      std::size_t expected = 0;
+      for (auto it = oracle.begin(); it != oracle.end();) {
+        if (it->first.first == doomed) {
+          it = oracle.erase(it);
+          ++expected;
+        } else {
+          ++it;
+        }
+      }
+      CHECK(out == expected);
+    }
+  }
+  check_same(index, oracle);
+}
+
+// Every name is filed under the same hash: lookups must still tell them apart by name.
+TEST_CASE("NameIndex tells names apart whose hashes are equal", "[index]") {
+  Index index;
+  constexpr std::uint64_t kSame = 12345;
+  for (int i = 0; i < 40; ++i)
+    REQUIRE(index.insert(kSame, std::make_shared<Named>(Named{0, "n" + std::to_string(i), i}))
+                .second);
+  CHECK_FALSE(index.insert(kSame, std::make_shared<Named>(Named{0, "n7", 99})).second);
+  CHECK(index.find(OpKeyView{0, "n7"}, kSame)->get()->value == 7);
+  CHECK(index.find(OpKeyView{1, "n7"}, kSame) == nullptr);
+  CHECK(index.find(OpKeyView{0, "n7"}, kSame + 1) == nullptr);
+  for (int i = 0; i < 40; i += 2) REQUIRE(index.take(OpKeyView{0, "n" + std::to_string(i)}, kSame));
+  for (int i = 0; i < 40; ++i) {
+    const std::shared_ptr<Named>* found = index.find(OpKeyView{0, "n" + std::to_string(i)}, kSame);
+    CHECK((found != nullptr) == (i % 2 == 1));
+  }
+  CHECK(index.size() == 20);
+}
+
+TEST_CASE("IdIndex agrees with std::map under random inserts and erases", "[index]") {
+  std::mt19937 random(11);
+  IdIndex<int> index;
+  std::map<std::int32_t, int> oracle;
+  for (int step = 0; step < 50000; ++step) {
+    // A sliding window of ids, as the coordinator hands them out, plus a few long-lived ones.
+    const std::int32_t id = random() % 8 == 0 ? static_cast<std::int32_t>(random() % 16)
+                                              : step / 4 + static_cast<std::int32_t>(random() % 300);
+    if (random() % 3 != 0) {
+      index[id] = step;
+      oracle[id] = step;
+    } else {
+      CHECK(index.erase(id) == (oracle.erase(id) == 1));
+    }
+  }
+  REQUIRE(index.size() == oracle.size());
+  for (const auto& [id, value] : oracle) {
+    REQUIRE(index.find(id) != nullptr);
+    CHECK(*index.find(id) == value);
+  }
+  std::size_t visited = 0;
+  index.for_each([&](std::int32_t id, int value) {
+    ++visited;
+    CHECK(oracle.at(id) == value);
+  });
+  CHECK(visited == oracle.size());
+  CHECK_FALSE(index.contains(1000000));
+}
+
+}  // namespace
+}  // namespace tutti::core
