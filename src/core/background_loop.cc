@@ -77,7 +77,8 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
       }
       const auto idle = std::chrono::duration_cast<microseconds>(now - idle_since);
       if (idle < kSpinTime && detail::app_threads_waiting()) {
-        std::this_thread::yield();
+        if (!parts_.poll_without_yield)
+          std::this_thread::yield();  // Note [Waiting on a shared CPU].
         continue;
       }
       // A message partly received completes only while the plane is polled.

@@ -9,11 +9,13 @@
 namespace tutti::detail {
 namespace {
 
-std::atomic<int> app_waiters{0};  // See app_threads_waiting().
+std::atomic<int> app_waiters{0};     // See app_threads_waiting().
+std::atomic<bool> wait_spins{true};  // See set_wait_spins().
 
 }  // namespace
 
 bool app_threads_waiting() { return app_waiters.load(std::memory_order_relaxed) > 0; }
+void set_wait_spins(bool spins) { wait_spins.store(spins, std::memory_order_relaxed); }
 
 // complete() and wait() are a Dekker pair on (done_, sleepers_), both sequentially consistent:
 // complete() stores done_ then reads sleepers_; a sleeper counts itself in sleepers_ (under the
@@ -34,10 +36,14 @@ Status OpState::wait() const {
   if (done()) return status_;
   // While this thread waits, the communication thread polls without pause (Note [The cycle]).
   app_waiters.fetch_add(1, std::memory_order_relaxed);
-  // A short spin first: a small op finishes within microseconds, and a futex sleep and
-  // wake-up would double its latency.
-  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
-  while (!done() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+  // A short spin first where the communication thread has a CPU of its own: a small op
+  // finishes within microseconds, and a futex sleep and wake-up would double its latency.
+  // Where the two share a CPU the spin only takes turns with the thread it waits for, so this
+  // thread sleeps at once (Note [Waiting on a shared CPU] in background_loop.h).
+  if (wait_spins.load(std::memory_order_relaxed)) {
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+    while (!done() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+  }
   if (!done()) {
     MutexLock lock(mutex_);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);

@@ -57,6 +57,11 @@ class OpState {
 // is, the communication thread does not spin between cycles, so that it yields the core to the
 // application's computation (an overlapped backward pass); see Note [The cycle]. Any thread.
 bool app_threads_waiting();
+// Whether OpState::wait() spins briefly before it sleeps: true (the default) where the
+// communication thread has a CPU of its own, false where it shares one with the application's
+// threads (Note [Waiting on a shared CPU] in background_loop.h). Set by the session at start,
+// for the whole process. Any thread.
+void set_wait_spins(bool spins);
 
 // The back door from core into Handle, whose constructor from an OpState is private.
 struct HandleAccess {

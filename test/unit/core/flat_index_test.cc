@@ -2,12 +2,12 @@
 // NameIndex and IdIndex against std::map, the oracle, under random inserts and erases (erasing
 // shifts probe runs back, which is where open addressing goes wrong), and with names whose
 // hashes collide.
-#include <catch2/catch.hpp>
-
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+
+#include <catch2/catch.hpp>
 
 #include "src/core/id_index.h"
 #include "src/core/name_index.h"
@@ -98,8 +98,8 @@ TEST_CASE("NameIndex tells names apart whose hashes are equal", "[index]") {
   Index index;
   constexpr std::uint64_t kSame = 12345;
   for (int i = 0; i < 40; ++i)
-    REQUIRE(index.insert(kSame, std::make_shared<Named>(Named{0, "n" + std::to_string(i), i}))
-                .second);
+    REQUIRE(
+        index.insert(kSame, std::make_shared<Named>(Named{0, "n" + std::to_string(i), i})).second);
   CHECK_FALSE(index.insert(kSame, std::make_shared<Named>(Named{0, "n7", 99})).second);
   CHECK(index.find(OpKeyView{0, "n7"}, kSame)->get()->value == 7);
   CHECK(index.find(OpKeyView{1, "n7"}, kSame) == nullptr);
@@ -118,8 +118,9 @@ TEST_CASE("IdIndex agrees with std::map under random inserts and erases", "[inde
   std::map<std::int32_t, int> oracle;
   for (int step = 0; step < 50000; ++step) {
     // A sliding window of ids, as the coordinator hands them out, plus a few long-lived ones.
-    const std::int32_t id = random() % 8 == 0 ? static_cast<std::int32_t>(random() % 16)
-                                              : step / 4 + static_cast<std::int32_t>(random() % 300);
+    const std::int32_t id = random() % 8 == 0
+                                ? static_cast<std::int32_t>(random() % 16)
+                                : step / 4 + static_cast<std::int32_t>(random() % 300);
     if (random() % 3 != 0) {
       index[id] = step;
       oracle[id] = step;
