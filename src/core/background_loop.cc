@@ -43,7 +43,8 @@ BackgroundLoop::BackgroundLoop(Parts parts)
                  .timeline = &parts.timeline,
                  .recorder = &parts.recorder},
                 static_cast<std::size_t>(parts.config.fusion_threshold_bytes)),
-      sender_(parts.queue, executor_.cache(), parts.config.cycle_time, parts.config.desync_check) {
+      sender_(parts.queue, executor_.cache(), parts.config.cycle_time, parts.config.desync_check,
+              parts.shares_cpu) {
   if (rank_ == 0) {
     coordinator_.emplace(parts.config, parts.sets, &parts.timeline, parts.plane.size());
   }

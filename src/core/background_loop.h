@@ -98,8 +98,9 @@ class BackgroundLoop {
     Timeline& timeline;
     FlightRecorder& recorder;
     const Config& config;
-    // While an application thread waits, poll without yielding the CPU between cycles (Note
-    // [Waiting on a shared CPU]).
+    // The application's threads run on this thread's CPU (Note [Waiting on a shared CPU]).
+    bool shares_cpu = false;
+    // While an application thread waits, poll without yielding the CPU between cycles.
     bool poll_without_yield = false;
   };
   explicit BackgroundLoop(Parts parts);

@@ -62,6 +62,7 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .timeline = timeline_,
              .recorder = *recorder_,
              .config = config_,
+             .shares_cpu = threads_share_cpu(transport_->topology(), config_),
              .poll_without_yield = threads_share_cpu(transport_->topology(), config_) &&
                                    !ranks_exceed_cpus(transport_->topology())}) {
   detail::set_wait_spins(!threads_share_cpu(transport_->topology(), config_));

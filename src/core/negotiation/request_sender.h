@@ -21,9 +21,15 @@ class RequestSender {
   // `queue` and `cache` (the response executor's, read here) must outlive the sender.
   // `send_sequences`: each list carries its requests' sequence numbers, for the desync check
   // (TUTTI_DEBUG=DETAIL, Note [Desync check] in negotiation/desync_check.h).
+  // `shares_cpu`: the submitting threads run on this thread's CPU (Note [Batching on a shared
+  // CPU] in request_sender.cc).
   RequestSender(TensorQueue& queue, const RankCache& cache, std::chrono::microseconds cycle_time,
-                bool send_sequences = false)
-      : queue_(queue), cache_(cache), cycle_time_(cycle_time), send_sequences_(send_sequences) {}
+                bool send_sequences = false, bool shares_cpu = false)
+      : queue_(queue),
+        cache_(cache),
+        cycle_time_(cycle_time),
+        send_sequences_(send_sequences),
+        shares_cpu_(shares_cpu) {}
 
   // The ops submitted since the last call, as one list (cache ids for the ops the cache
   // knows), or nothing if there are none or this rank's last message was sent. Batches while
@@ -45,6 +51,7 @@ class RequestSender {
   const RankCache& cache_;
   std::chrono::microseconds cycle_time_;
   const bool send_sequences_;
+  const bool shares_cpu_;
   bool last_sent_ = false;
   std::vector<std::shared_ptr<Entry>> entries_;  // take_new()'s batch; empty between calls.
 };
