@@ -44,7 +44,7 @@ BackgroundLoop::BackgroundLoop(Parts parts)
                  .recorder = &parts.recorder},
                 static_cast<std::size_t>(parts.config.fusion_threshold_bytes)),
       sender_(parts.queue, executor_.cache(), parts.config.cycle_time, parts.config.desync_check,
-              parts.shares_cpu) {
+              parts.sharing.shares_cpu) {
   if (rank_ == 0) {
     coordinator_.emplace(parts.config, parts.sets, &parts.timeline, parts.plane.size());
   }
@@ -78,7 +78,7 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
       }
       const auto idle = std::chrono::duration_cast<microseconds>(now - idle_since);
       if (idle < kSpinTime && detail::app_threads_waiting()) {
-        if (!parts_.poll_without_yield)
+        if (!parts_.sharing.poll_without_yield)
           std::this_thread::yield();  // Note [Waiting on a shared CPU].
         continue;
       }

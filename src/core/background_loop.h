@@ -72,6 +72,7 @@
 #include "src/common/status.h"
 #include "src/core/completer.h"
 #include "src/core/config.h"
+#include "src/core/cpu_sharing.h"
 #include "src/core/execution/device_path.h"
 #include "src/core/execution/p2p_engine.h"
 #include "src/core/execution/response_executor.h"
@@ -98,10 +99,7 @@ class BackgroundLoop {
     Timeline& timeline;
     FlightRecorder& recorder;
     const Config& config;
-    // The application's threads run on this thread's CPU (Note [Waiting on a shared CPU]).
-    bool shares_cpu = false;
-    // While an application thread waits, poll without yielding the CPU between cycles.
-    bool poll_without_yield = false;
+    CpuSharing sharing;  // Note [Waiting on a shared CPU].
   };
   explicit BackgroundLoop(Parts parts);
 
@@ -114,6 +112,7 @@ class BackgroundLoop {
   const std::optional<Status>& shutdown_reason() const { return executor_.shutdown(); }
   // Whether that reason was an error rather than every rank's shutdown().
   bool stopped_after_error() const { return executor_.shutdown_after_error(); }
+  const CpuSharing& sharing() const { return parts_.sharing; }
 
  private:
   bool is_coordinator() const { return coordinator_.has_value(); }

@@ -5,38 +5,16 @@
 #include <sched.h>
 
 #include <numeric>
-#include <thread>
 
 #include "ops/transport.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
+#include "src/core/cpu_sharing.h"
 #include "src/core/op_state.h"
 #include "src/core/start_handshake.h"
 #include "tutti/cuda.h"
 
 namespace tutti::core {
-namespace {
-
-// Whether this rank's communication thread shares a CPU with its application threads (Note
-// [Waiting on a shared CPU] in background_loop.h): the process may run on one CPU only (mpirun
-// binds each of a few ranks to a core), or the host runs at least as many ranks as it has
-// cores. Not where TUTTI_THREAD_AFFINITY gives the thread a CPU of its own.
-bool threads_share_cpu(const ops::Topology& topology, const Config& config) {
-  if (!config.thread_affinity.empty()) return false;
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) < 2) return true;
-  return topology.cores_shared;
-}
-
-// Whether this host runs more of the job's ranks than it has CPUs: then a rank's CPU time is
-// what its peers need to answer it.
-bool ranks_exceed_cpus(const ops::Topology& topology) {
-  const unsigned cpus = std::thread::hardware_concurrency();
-  return cpus != 0 && static_cast<unsigned>(topology.local_size) > cpus;
-}
-
-}  // namespace
 
 Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
     : config_(std::move(config)),
@@ -62,10 +40,9 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .timeline = timeline_,
              .recorder = *recorder_,
              .config = config_,
-             .shares_cpu = threads_share_cpu(transport_->topology(), config_),
-             .poll_without_yield = threads_share_cpu(transport_->topology(), config_) &&
-                                   !ranks_exceed_cpus(transport_->topology())}) {
-  detail::set_wait_spins(!threads_share_cpu(transport_->topology(), config_));
+             .sharing = this_process_cpu_sharing(transport_->topology(),
+                                                 !config_.thread_affinity.empty())}) {
+  detail::set_wait_spins(!loop_.sharing().shares_cpu);
   const ops::Topology& where = transport_->topology();
   recorder_->set_context({.job = config_.job_id,
                           .rank = where.rank,

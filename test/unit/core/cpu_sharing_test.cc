@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// decide_cpu_sharing(): when a rank's threads count as sharing a CPU (Note [Waiting on a shared
+// CPU] in background_loop.h), from the facts a session sees at its start.
+#include "src/core/cpu_sharing.h"
+
+#include <catch2/catch.hpp>
+
+namespace tutti::core {
+namespace {
+
+ops::Topology host(int local_size, bool cores_shared) {
+  ops::Topology topology;
+  topology.size = local_size;
+  topology.local_size = local_size;
+  topology.cores_shared = cores_shared;
+  return topology;
+}
+
+TEST_CASE("A rank bound to one core shares it and polls without yielding", "[sharing]") {
+  // mpirun -n 2 on a 16-core host binds each rank to a core.
+  const CpuSharing sharing = decide_cpu_sharing(1, 16, host(2, false), false);
+  CHECK(sharing.shares_cpu);
+  CHECK(sharing.poll_without_yield);
+}
+
+TEST_CASE("A rank free to run on several of many CPUs shares none", "[sharing]") {
+  const CpuSharing sharing = decide_cpu_sharing(16, 16, host(2, false), false);
+  CHECK_FALSE(sharing.shares_cpu);
+  CHECK_FALSE(sharing.poll_without_yield);
+}
+
+TEST_CASE("As many ranks as CPUs share them; more ranks than CPUs still yield", "[sharing]") {
+  const CpuSharing even = decide_cpu_sharing(2, 2, host(2, true), false);
+  CHECK(even.shares_cpu);
+  CHECK(even.poll_without_yield);
+  const CpuSharing over = decide_cpu_sharing(2, 2, host(4, true), false);
+  CHECK(over.shares_cpu);
+  CHECK_FALSE(over.poll_without_yield);
+  // Unknown CPU counts decide nothing by themselves.
+  const CpuSharing unknown = decide_cpu_sharing(0, 0, host(4, false), false);
+  CHECK_FALSE(unknown.shares_cpu);
+}
+
+TEST_CASE("A communication thread pinned by TUTTI_THREAD_AFFINITY has a CPU of its own",
+          "[sharing]") {
+  const CpuSharing sharing = decide_cpu_sharing(1, 2, host(4, true), true);
+  CHECK_FALSE(sharing.shares_cpu);
+  CHECK_FALSE(sharing.poll_without_yield);
+}
+
+}  // namespace
+}  // namespace tutti::core
