@@ -78,8 +78,11 @@ class RankCache {
   // `name_hash`: NameIndex's hash_of() its (set, name), which the queue's entry keeps.
   std::optional<std::int32_t> lookup(const Request& request, std::uint64_t name_hash) const;
   std::optional<std::int32_t> lookup(const Request& request) const;
-  // The response stored under `id`; null if unknown (a protocol error).
-  const Response* response(std::int32_t id) const;
+  // Starts loading what lookup(request, name_hash) reads first (NameIndex::prefetch()).
+  void prefetch(std::uint64_t name_hash) const { by_key_.prefetch(name_hash); }
+  // The response stored under `id`; null if unknown (a protocol error). `name_hash`, if not
+  // null, receives NameIndex's hash of its (set, name).
+  const Response* response(std::int32_t id, std::uint64_t* name_hash = nullptr) const;
   void insert(std::int32_t id, const Request& request, const Response& response);
   void erase(std::int32_t id);
 
@@ -87,6 +90,7 @@ class RankCache {
   struct Slot {
     Request request;
     Response response;
+    std::uint64_t name_hash = 0;
   };
   // The newest id of each (set, name). Slots never move (each is an allocation of its own), so a
   // lookup goes straight from the name to the cached request: one probe per op, with the hash

@@ -92,6 +92,22 @@ std::shared_ptr<Entry> TensorQueue::take(int process_set_id, std::string_view na
   return in_flight_.take(key, hash);
 }
 
+void TensorQueue::take_all(std::span<Take> takes) {
+  // Bounded so that a long list does not keep submitting threads waiting on the lock.
+  constexpr std::size_t kPerLock = 256;
+  constexpr std::size_t kPrefetchAhead = 8;
+  for (std::size_t begin = 0; begin < takes.size(); begin += kPerLock) {
+    const std::size_t end = std::min(takes.size(), begin + kPerLock);
+    detail::MutexLock lock(mutex_);
+    for (std::size_t i = begin; i < std::min(end, begin + kPrefetchAhead); ++i)
+      in_flight_.prefetch(takes[i].hash);
+    for (std::size_t i = begin; i < end; ++i) {
+      if (i + kPrefetchAhead < end) in_flight_.prefetch(takes[i + kPrefetchAhead].hash);
+      takes[i].entry = in_flight_.take(takes[i].key, takes[i].hash);
+    }
+  }
+}
+
 void TensorQueue::skip_automatic_name(int process_set_id, const std::string& name) {
   constexpr std::string_view kMarker = ".noname.";
   const std::size_t at = name.rfind(kMarker);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,15 @@ class TensorQueue {
   void drain_new(std::vector<std::shared_ptr<Entry>>* into) TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns the in-flight entry, or null.
   std::shared_ptr<Entry> take(int process_set_id, std::string_view name) TUTTI_EXCLUDES(mutex_);
+  // One op for take_all(): its key, the key's hash (NameIndex::hash_of()), and what it took.
+  struct Take {
+    OpKeyView key;
+    std::uint64_t hash = 0;
+    std::shared_ptr<Entry> entry;  // Filled in: the in-flight entry, or null.
+  };
+  // Communication thread. take() for each of `takes`, in order: a response list's ops, taken
+  // a few hundred per lock and with their index slots prefetched (Note [Name index]).
+  void take_all(std::span<Take> takes) TUTTI_EXCLUDES(mutex_);
   // Communication thread. A member that joined executes ops it never submitted; when one
   // carries an automatic name "<op>.noname.<n>", the set's counter moves past n, so that this
   // rank's next unnamed op matches the others' after the join (see Note [Join] in

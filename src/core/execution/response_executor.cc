@@ -28,13 +28,26 @@ ResponseExecutor::ResponseExecutor(Parts parts, std::size_t fusion_threshold_byt
 std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
   std::vector<Work> works;
   works.reserve(list.responses.size());
+  // First each op's response (the cached one for a hit) and its key in the queue, then the
+  // queue's entries all at once (TensorQueue::take_all()), then the rest op by op.
+  responses_.resize(list.responses.size());
+  takes_.resize(list.responses.size());
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
     const Response* response = &list.responses[i];
+    std::uint64_t hash = 0;
     if (list.hit[i]) {
-      response = cache_.response(list.cache_ids[i]);
+      response = cache_.response(list.cache_ids[i], &hash);
       TUTTI_CHECK(response != nullptr, "cache id ", list.cache_ids[i], " is unknown here");
     }
-    std::shared_ptr<Entry> entry = parts_.queue.take(response->process_set_id, response->name);
+    const OpKeyView key{response->process_set_id, response->name};
+    responses_[i] = response;
+    takes_[i] = TensorQueue::Take{
+        .key = key, .hash = list.hit[i] ? hash : name_hash(key), .entry = nullptr};
+  }
+  parts_.queue.take_all(takes_);
+  for (std::size_t i = 0; i < list.responses.size(); ++i) {
+    const Response* response = responses_[i];
+    std::shared_ptr<Entry> entry = std::move(takes_[i].entry);
     if (!list.hit[i] && list.cache_ids[i] >= 0) {
       // Every rank stores every cached response, members of its set or not: hits are sent
       // to every rank, and each must resolve them. A non-member never looks its request up.
@@ -63,6 +76,8 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
     }
     works.push_back(Work{.response = response, .entry = std::move(entry)});
   }
+  takes_.clear();  // Keeps the buffers for the next list.
+  responses_.clear();
   if (parts_.recorder != nullptr)
     parts_.recorder->update_all(works, work_record_id, OpPhase::Negotiated);
   return works;

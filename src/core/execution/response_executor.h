@@ -72,6 +72,9 @@ class ResponseExecutor {
   HostMover host_mover_;
   std::optional<Status> shutdown_;
   bool shutdown_after_error_ = false;
+  // prepare()'s buffers, kept between lists.
+  std::vector<const Response*> responses_;
+  std::vector<TensorQueue::Take> takes_;
 };
 
 }  // namespace tutti::core

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/negotiation/request_sender.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "src/core/op_state.h"
@@ -39,7 +40,15 @@ std::optional<RequestList> RequestSender::take_new() {
   }
   RequestList list;
   list.cache_hits.reserve(entries_.size());
-  for (const std::shared_ptr<Entry>& entry : entries_) {
+  // Each lookup's first read misses the cache on a large index: start the one kPrefetchAhead
+  // entries on while this one is looked up.
+  constexpr std::size_t kPrefetchAhead = 8;
+  for (std::size_t i = 0; i < std::min(kPrefetchAhead, entries_.size()); ++i)
+    cache_.prefetch(entries_[i]->name_hash);
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const std::shared_ptr<Entry>& entry = entries_[i];
+    if (i + kPrefetchAhead < entries_.size())
+      cache_.prefetch(entries_[i + kPrefetchAhead]->name_hash);
     if (std::optional<std::int32_t> id = cache_.lookup(entry->request, entry->name_hash)) {
       entry->cache_hit = *id;
       list.cache_hits.push_back(*id);
