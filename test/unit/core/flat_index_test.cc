@@ -2,6 +2,7 @@
 // NameIndex and IdIndex against std::map, the oracle, under random inserts and erases (erasing
 // shifts probe runs back, which is where open addressing goes wrong), and with names whose
 // hashes collide.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <random>
@@ -140,6 +141,26 @@ TEST_CASE("IdIndex agrees with std::map under random inserts and erases", "[inde
   });
   CHECK(visited == oracle.size());
   CHECK_FALSE(index.contains(1000000));
+}
+
+TEST_CASE("IdIndex keeps a sliding window of consecutive ids, as a churning cache has", "[index]") {
+  // The window is one long run of slots (Note [Id index]); every erase must keep the rest
+  // findable, and ids that wrap around the table must not shadow each other.
+  IdIndex<std::int32_t> index;
+  constexpr std::int32_t kWindow = 1000;
+  for (std::int32_t id = 0; id < 20000; ++id) {
+    index[id] = id * 3;
+    if (id >= kWindow) REQUIRE(index.erase(id - kWindow));
+    if (id % 997 == 0) {
+      for (std::int32_t live = std::max(0, id - kWindow + 1); live <= id; ++live) {
+        REQUIRE(index.find(live) != nullptr);
+        REQUIRE(*index.find(live) == live * 3);
+      }
+      CHECK(index.find(id - kWindow) == nullptr);
+      CHECK(index.find(id + 1) == nullptr);
+    }
+  }
+  CHECK(index.size() == static_cast<std::size_t>(kWindow));
 }
 
 }  // namespace
