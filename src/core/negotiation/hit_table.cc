@@ -18,52 +18,25 @@ bool HitTable::Pending::has(int set_rank) const {
   return word < high.size() && ((high[word] >> (set_rank % kWordBits)) & 1);
 }
 
-std::size_t HitTable::home(std::int32_t id) const {
-  // Fibonacci hashing: ids are mostly consecutive, and the product's high bits spread them.
-  const std::uint64_t spread =
-      static_cast<std::uint64_t>(static_cast<std::uint32_t>(id)) * 0x9e3779b97f4a7c15ULL;
-  return static_cast<std::size_t>(spread >> 32) & (index_.size() - 1);
-}
-
-std::size_t HitTable::slot_of(std::int32_t id) const {
-  const std::size_t mask = index_.size() - 1;
-  std::size_t slot = home(id);
-  for (; index_[slot] != 0; slot = (slot + 1) & mask) {
-    if (records_[index_[slot] - 1].id == id) return slot;
-  }
-  return slot;
-}
-
 HitTable::Pending* HitTable::find(std::int32_t id) {
-  if (live_ == 0) return nullptr;
-  const std::uint32_t at = index_[slot_of(id)];
-  return at == 0 ? nullptr : &records_[at - 1];
-}
-
-void HitTable::grow() {
-  std::vector<std::uint32_t> old = std::move(index_);
-  index_.assign(std::max<std::size_t>(64, old.size() * 2), 0);
-  for (std::uint32_t at : old) {
-    if (at != 0) index_[slot_of(records_[at - 1].id)] = at;
-  }
+  const std::uint32_t* at = index_.find(id);
+  return at == nullptr ? nullptr : &records_[*at];
 }
 
 HitTable::Pending& HitTable::start(std::int32_t id,
                                    std::shared_ptr<const CoordinatorCache::Entry> op, int size,
                                    Clock::time_point first_seen) {
   TUTTI_CHECK(id >= 0, "cache id ", id, " is negative");
-  if (2 * (live_ + 1) > index_.size()) grow();
-  const std::size_t slot = slot_of(id);
-  TUTTI_CHECK(index_[slot] == 0, "cache id ", id, " is already pending");
+  TUTTI_CHECK(!index_.contains(id), "cache id ", id, " is already pending");
   std::uint32_t at = 0;
   if (free_.empty()) {
-    records_.emplace_back();
     at = static_cast<std::uint32_t>(records_.size());
+    records_.emplace_back();
   } else {
-    at = free_.back() + 1;
+    at = free_.back();
     free_.pop_back();
   }
-  Pending& pending = records_[at - 1];
+  Pending& pending = records_[at];
   pending.id = id;
   pending.op = std::move(op);
   pending.size = size;
@@ -72,7 +45,7 @@ HitTable::Pending& HitTable::start(std::int32_t id,
   pending.queued = false;
   pending.low = 0;
   pending.high.clear();
-  index_[slot] = at;
+  index_[id] = at;
   ++live_;
   return pending;
 }
@@ -93,11 +66,11 @@ bool HitTable::add(Pending& pending, int set_rank) {
 }
 
 HitTable::Pending HitTable::take(std::int32_t id) {
-  TUTTI_CHECK(live_ > 0, "cache id ", id, " is not pending");
-  std::size_t slot = slot_of(id);
-  const std::uint32_t at = index_[slot];
-  TUTTI_CHECK(at != 0, "cache id ", id, " is not pending");
-  Pending& record = records_[at - 1];
+  const std::uint32_t* found = index_.find(id);
+  TUTTI_CHECK(found != nullptr, "cache id ", id, " is not pending");
+  const std::uint32_t at = *found;
+  index_.erase(id);
+  Pending& record = records_[at];
   Pending pending{.id = record.id,
                   .op = std::move(record.op),
                   .size = record.size,
@@ -107,22 +80,8 @@ HitTable::Pending HitTable::take(std::int32_t id) {
                   .low = record.low,
                   .high = record.high};  // Copied: the record keeps its buffer for reuse.
   record.id = -1;
-  free_.push_back(at - 1);
+  free_.push_back(at);
   --live_;
-  // Backward-shift deletion: move later entries of the probe run into the hole, so that
-  // lookups never need tombstones.
-  const std::size_t mask = index_.size() - 1;
-  index_[slot] = 0;
-  for (std::size_t next = (slot + 1) & mask; index_[next] != 0; next = (next + 1) & mask) {
-    const std::size_t start_at = home(records_[index_[next] - 1].id);
-    // Move the entry if its home is not cyclically within (slot, next].
-    const bool stays = slot <= next ? (slot < start_at && start_at <= next)
-                                    : (slot < start_at || start_at <= next);
-    if (stays) continue;
-    index_[slot] = index_[next];
-    index_[next] = 0;
-    slot = next;
-  }
   return pending;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "src/core/id_index.h"
 #include "src/core/response_cache.h"
 
 namespace tutti::core {
@@ -59,20 +60,14 @@ class HitTable {
   }
 
  private:
-  // Where the probe for `id` starts in index_.
-  std::size_t home(std::int32_t id) const;
-  // The slot of `id` in index_ (holding it, or the empty slot where it would go).
-  std::size_t slot_of(std::int32_t id) const;
-  void grow();
-
   // Records, live ones with id >= 0; freed ones are reused (a step's worth of records is taken
   // and started again each step, so steady state allocates nothing here).
   std::vector<Pending> records_;
   std::vector<std::uint32_t> free_;
   std::size_t live_ = 0;
-  // Open addressing with linear probing over ids: record index + 1, 0 = empty. A power of two
-  // at most half full. A std::unordered_map cost three times the instructions per op (P3).
-  std::vector<std::uint32_t> index_;
+  // Each pending id's record index (Note [Id index] in id_index.h). A std::unordered_map cost
+  // three times the instructions per op (P3).
+  IdIndex<std::uint32_t> index_;
 };
 
 }  // namespace tutti::core
