@@ -20,13 +20,15 @@ using std::chrono::microseconds;
 // Idle policy: while an application thread waits on an op, spin this long after the last work
 // (the answer it waits for may come any moment, and its core is idle anyway); otherwise, and
 // after that, sleep with a timeout that grows with the idle time up to a cap: short while ops
-// are in flight, long when nothing is (an idle job then wakes ~200 times/s). Not spinning
+// are in flight, long when nothing is (an idle job then wakes ~100 times/s: each wake-up costs
+// some 20 us of CPU on a VM, a context switch and a poll of MPI, and at 5 ms P4 read 0.7-1.1 %
+// on the 2-core AMD EPYC VM). Not spinning
 // while nobody waits leaves the core to the application's computation: during an overlapped
 // backward pass the hooks' submissions each wake this thread, and spinning after each took
 // the core from backward() on machines without spare cores.
 constexpr microseconds kSpinTime{50};
 constexpr microseconds kBusyCap{200};
-constexpr microseconds kIdleCap{5000};
+constexpr microseconds kIdleCap{10000};
 constexpr microseconds kP2PSpinTime{2000};
 // The coordinator waits this long for every rank's last message.
 constexpr std::chrono::seconds kShutdownAnswerTimeout{10};
