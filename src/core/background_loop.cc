@@ -21,8 +21,8 @@ using std::chrono::microseconds;
 // (the answer it waits for may come any moment, and its core is idle anyway); otherwise, and
 // after that, sleep with a timeout that grows with the idle time up to a cap: short while ops
 // are in flight, long when nothing is (an idle job then wakes ~100 times/s: each wake-up costs
-// some 20 us of CPU on a VM, a context switch and a poll of MPI, and at 5 ms P4 read 0.7-1.1 %
-// on the 2-core AMD EPYC VM). Not spinning
+// some 20 us of CPU on a VM, a context switch and a poll of MPI: P4 read 0.7-1.1 % on the
+// 2-core AMD EPYC VM with a 5 ms cap, 0.4-0.5 % with this one). Not spinning
 // while nobody waits leaves the core to the application's computation: during an overlapped
 // backward pass the hooks' submissions each wake this thread, and spinning after each took
 // the core from backward() on machines without spare cores.
