@@ -3,6 +3,7 @@
 #include "src/core/session.h"
 
 #include <algorithm>
+#include <latch>
 #include <random>
 #include <string>
 #include <vector>
@@ -157,14 +158,23 @@ TEST_CASE("Sessions run reduce, gather and scatter: only the root receives", "[s
 }
 
 TEST_CASE("A name already in flight is refused by submit", "[session]") {
+  // Each rank first submits an op that the other submits only later, so that it is surely in
+  // flight when its name comes again (an op both submit at once may complete in between).
   std::vector<int> refused(2, 0);
+  std::latch both_tried(2);
   with_sessions(2, [&](core::Session& session, int rank) {
-    float x = 1.0f;
-    auto first = allreduce_entry("dup", TensorView(&x, {1}));
+    float mine = 1.0f;
+    float theirs = 1.0f;
+    const std::string own = "dup." + std::to_string(rank);
+    auto first = allreduce_entry(own, TensorView(&mine, {1}));
     const bool submitted = session.submit(first).ok();
-    const Status second = session.submit(allreduce_entry("dup", TensorView(&x, {1})));
-    refused[static_cast<std::size_t>(rank)] =
-        submitted && second.code() == ErrorCode::InvalidArgument && first->state->wait().ok();
+    const Status second = session.submit(allreduce_entry(own, TensorView(&mine, {1})));
+    both_tried.arrive_and_wait();
+    auto other = allreduce_entry("dup." + std::to_string(1 - rank), TensorView(&theirs, {1}));
+    const bool other_done = session.submit(other).ok() && other->state->wait().ok();
+    refused[static_cast<std::size_t>(rank)] = submitted &&
+                                              second.code() == ErrorCode::InvalidArgument &&
+                                              first->state->wait().ok() && other_done;
   });
   CHECK(refused == std::vector<int>{1, 1});
 }
