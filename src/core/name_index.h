@@ -9,7 +9,7 @@
 // one array slot holding the key's 64-bit hash beside the value; only on an equal hash does it
 // compare the names (the value gives its key: the table stores no strings of its own), so a
 // lookup costs one probe and the one compare that confirms the match, and inserting a name that
-// is absent compares no strings at all. The caller computes the hash once (hash_of()) and may
+// is absent compares no strings at all. The caller computes the hash once (name_hash()) and may
 // keep it: the queue stores it in the op's entry and the response cache reuses it.
 // Linear probing over a power-of-two array kept at most half full; erasing shifts the rest of
 // the probe run back, so there are no tombstones and lookups stay short whatever the churn.
@@ -35,8 +35,6 @@ inline std::uint64_t name_hash(OpKeyView key) {
 template <class T, class KeyOf>
 class NameIndex {
  public:
-  static std::uint64_t hash_of(OpKeyView key) { return name_hash(key); }
-
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 

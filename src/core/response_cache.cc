@@ -77,7 +77,7 @@ std::optional<std::int32_t> RankCache::lookup(const Request& request,
 }
 
 std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
-  return lookup(request, ByKey::hash_of(OpKeyView{request.process_set_id, request.name}));
+  return lookup(request, name_hash(OpKeyView{request.process_set_id, request.name}));
 }
 
 const Response* RankCache::response(std::int32_t id, std::uint64_t* name_hash) const {
@@ -93,7 +93,7 @@ void RankCache::insert(std::int32_t id, const Request& request, const Response& 
   Slot& slot = *owned;
   slot = Slot{.request = request,
               .response = response,
-              .name_hash = ByKey::hash_of(OpKeyView{request.process_set_id, request.name})};
+              .name_hash = name_hash(OpKeyView{request.process_set_id, request.name})};
   const Newest newest{.id = id, .slot = &slot};
   const auto [stored, inserted] = by_key_.insert(slot.name_hash, newest);
   if (!inserted) *stored = newest;  // Same key: the stored one's slot has the same name.
@@ -103,7 +103,7 @@ void RankCache::erase(std::int32_t id) {
   const std::unique_ptr<Slot>* slot = entries_.find(id);
   if (slot == nullptr) return;
   const OpKeyView key{(*slot)->request.process_set_id, (*slot)->request.name};
-  const std::uint64_t hash = ByKey::hash_of(key);
+  const std::uint64_t hash = name_hash(key);
   if (const Newest* newest = by_key_.find(key, hash); newest != nullptr && newest->id == id)
     by_key_.take(key, hash);
   entries_.erase(id);

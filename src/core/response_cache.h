@@ -75,7 +75,7 @@ class CoordinatorCache {
 class RankCache {
  public:
   // The id to send for `request`, if it equals the request cached under its name.
-  // `name_hash`: NameIndex's hash_of() its (set, name), which the queue's entry keeps.
+  // `name_hash`: name_hash() of its (set, name), which the queue's entry keeps.
   std::optional<std::int32_t> lookup(const Request& request, std::uint64_t name_hash) const;
   std::optional<std::int32_t> lookup(const Request& request) const;
   // Starts loading what lookup(request, name_hash) reads first (NameIndex::prefetch()).

@@ -37,12 +37,11 @@ std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entr
 }
 
 Status TensorQueue::push(std::shared_ptr<Entry> entry) {
-  using Index = decltype(in_flight_);
   bool notify = false;
   Request& request = entry->request;
   // Hashed outside the lock, except an automatic name, which is chosen under it.
   if (!request.name.empty())
-    entry->name_hash = Index::hash_of(OpKeyView{request.process_set_id, request.name});
+    entry->name_hash = name_hash(OpKeyView{request.process_set_id, request.name});
   {
     detail::MutexLock lock(mutex_);
     if (!closed_.ok()) return closed_;
@@ -50,7 +49,7 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
       // See Note [Automatic names].
       request.name = detail::str_cat(lower(to_string(request.op)), ".noname.",
                                      unnamed_counts_[request.process_set_id]++);
-      entry->name_hash = Index::hash_of(OpKeyView{request.process_set_id, request.name});
+      entry->name_hash = name_hash(OpKeyView{request.process_set_id, request.name});
     }
     const auto [stored, inserted] = in_flight_.insert(entry->name_hash, entry);
     if (!inserted) {
@@ -87,7 +86,7 @@ void TensorQueue::drain_new(std::vector<std::shared_ptr<Entry>>* into) {
 
 std::shared_ptr<Entry> TensorQueue::take(int process_set_id, std::string_view name) {
   const OpKeyView key{process_set_id, name};
-  const std::uint64_t hash = decltype(in_flight_)::hash_of(key);  // Outside the lock.
+  const std::uint64_t hash = name_hash(key);  // Outside the lock.
   detail::MutexLock lock(mutex_);
   return in_flight_.take(key, hash);
 }

@@ -78,7 +78,7 @@ class TensorQueue {
   void drain_new(std::vector<std::shared_ptr<Entry>>* into) TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns the in-flight entry, or null.
   std::shared_ptr<Entry> take(int process_set_id, std::string_view name) TUTTI_EXCLUDES(mutex_);
-  // One op for take_all(): its key, the key's hash (NameIndex::hash_of()), and what it took.
+  // One op for take_all(): its key, the key's hash (name_hash()), and what it took.
   struct Take {
     OpKeyView key;
     std::uint64_t hash = 0;
