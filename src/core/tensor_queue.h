@@ -33,8 +33,10 @@ struct Entry {
   Request request;
   // One view in place: nearly every op has one tensor (grouped ops spill to the heap).
   base::InlineVector<TensorView, 1> inputs;
-  base::InlineVector<TensorView, 1> outputs;  // Same as inputs for in-place ops; empty when core
-                                              // allocates.
+  // Where the results go, one view per input; empty for in-place ops (`in_place`: output(t) is
+  // inputs[t]) and where core allocates the results. Read them through output().
+  base::InlineVector<TensorView, 1> outputs;
+  bool in_place = false;
   // The state the op's Handle shares. In an entry from make_entry() it lives in the entry's own
   // allocation and this pointer does not own it (the entry keeps it alive): hand out
   // handle_state(), never a copy of this pointer, to anything that may outlive the entry.
@@ -53,6 +55,9 @@ struct Entry {
   // coordinator is told of them: the flight recorder's sequence number, and what the desync
   // check compares (Note [Desync check] in negotiation/desync_check.h).
   std::int64_t sequence = 0;
+
+  // The view the op writes its `t`-th result into.
+  const TensorView& output(std::size_t t) const { return in_place ? inputs[t] : outputs[t]; }
 };
 
 // An Entry with its OpState in one allocation (the API's ops make one per call).

@@ -10,6 +10,7 @@
 #include "ops/device_ops.h"
 #include "ops/registry.h"
 #include "src/base/strings.h"
+#include "src/common/check.h"
 #include "src/common/throw.h"
 #include "src/core/op_state.h"
 #include "src/core/own_ops.h"
@@ -52,6 +53,18 @@ struct Submission {
 
   // By value: a caller done with its views moves them in (a view's shape is a heap vector).
   void add(TensorView input, TensorView output) {
+    TUTTI_CHECK(!entry->in_place, "an op mixes in-place and separate outputs");
+    add_input(std::move(input));
+    entry->outputs.push_back(std::move(output));
+  }
+  // A tensor the op writes its result into (Entry::in_place): no copy of the view, whose shape
+  // would be one more allocation per op.
+  void add_in_place(TensorView tensor) {
+    TUTTI_CHECK(entry->outputs.empty(), "an op mixes in-place and separate outputs");
+    entry->in_place = true;
+    add_input(std::move(tensor));
+  }
+  void add_input(TensorView input) {
     core::Request& request = entry->request;
     if (!entry->inputs.empty() && input.device().kind != request.device) {
       invalid(str_cat(to_string(request.op), " '", request.name, "' mixes CPU and CUDA tensors"));
@@ -60,7 +73,6 @@ struct Submission {
     request.device = input.device().kind;
     request.tensors.push_back(core::TensorSpec{.dtype = input.dtype(), .shape = input.shape()});
     entry->inputs.push_back(std::move(input));
-    entry->outputs.push_back(std::move(output));
   }
   void reserve(std::size_t tensors) {
     entry->request.tensors.reserve(tensors);
@@ -129,8 +141,7 @@ Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> output
     TensorView& input = inputs[i];
     check_reduce(submission.entry->request.name, input, options, Collective::Allreduce);
     if (outputs.empty()) {
-      TensorView output = input;
-      submission.add(std::move(input), std::move(output));
+      submission.add_in_place(std::move(input));
       continue;
     }
     TensorView& output = outputs[i];
@@ -208,7 +219,7 @@ Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string nam
     check_reduce(submission.name(), input, options, Collective::Reducescatter);
     if (input.dim() == 0)
       invalid(str_cat("REDUCESCATTER '", submission.name(), "' of a 0-d tensor"));
-    submission.add(input, input);
+    submission.add_in_place(input);
   }
   core::Request& request = submission.entry->request;
   request.reduce_op = options.op;
@@ -301,7 +312,7 @@ Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name,
   for (const TensorView& input : inputs) {
     if (input.dim() == 0)
       invalid(str_cat("ALLGATHER '", submission.entry->request.name, "' of a 0-d tensor"));
-    submission.add(input, input);
+    submission.add_in_place(input);
   }
   return submission.submit();
 }
@@ -316,7 +327,7 @@ Handle broadcast_impl(TensorView tensor, int root_rank, std::string name, Proces
                     ")"));
   }
   submission.entry->request.root_rank = root_rank;
-  submission.add(tensor, tensor);
+  submission.add_in_place(tensor);
   return submission.submit();
 }
 
@@ -329,7 +340,7 @@ Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits, std::s
   Submission submission(Collective::Alltoall, std::move(name), set.id());
   check_splits(Collective::Alltoall, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
-  submission.add(input, input);
+  submission.add_in_place(input);
   return submission.submit();
 }
 
@@ -424,7 +435,7 @@ std::vector<std::string> allgather_bytes(std::string_view bytes, const std::stri
                                          ProcessSet set, bool own) {
   auto gather = [&](TensorView input, const std::string& part) {
     Submission submission(Collective::Allgather, name + part, set.id(), own);
-    submission.add(input, input);
+    submission.add_in_place(input);
     Handle handle = submission.submit();
     handle.wait();
     return handle.output();
@@ -487,7 +498,7 @@ Handle reduce_async(TensorView tensor, int root_rank, std::string name, ReduceOp
   request.prescale = options.prescale_factor;
   request.postscale = options.postscale_factor;
   request.root_rank = root_rank;
-  submission.add(tensor, tensor);  // In place on the root; only read elsewhere.
+  submission.add_in_place(tensor);  // In place on the root; only read elsewhere.
   return submission.submit();
 }
 
@@ -496,7 +507,7 @@ Handle gather_async(TensorView input, int root_rank, std::string name, ProcessSe
   check_root(submission, root_rank, set.id());
   if (input.dim() == 0) invalid(str_cat("GATHER '", submission.name(), "' of a 0-d tensor"));
   submission.entry->request.root_rank = root_rank;
-  submission.add(input, input);
+  submission.add_in_place(input);
   return submission.submit();
 }
 
@@ -513,7 +524,7 @@ Handle scatter_async(TensorView input, int root_rank, std::vector<std::int64_t> 
   }
   check_splits(Collective::Scatter, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
-  submission.add(input, input);
+  submission.add_in_place(input);
   return submission.submit();
 }
 

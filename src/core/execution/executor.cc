@@ -52,7 +52,7 @@ Status unpack(std::span<Work> batch, DataType wire, const std::byte* buffer, Mov
     for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
       const std::size_t n = count_of(work.response->tensors[t]);
       if (work.entry != nullptr) {
-        const TensorView& output = work.entry->outputs[t];
+        const TensorView& output = work.entry->output(t);
         mover.copy(
             copy_of(output.data(), output.dtype(), buffer + offset * wire_bytes, wire, n, f));
       }
@@ -175,7 +175,7 @@ bool lone_in_wire_dtype(std::span<const Work> batch, DataType wire) {
 // same memory and unscaled); returns its element count.
 std::size_t prescaled_into_output(const Work& work, Mover& mover) {
   const TensorView& input = work.entry->inputs[0];
-  const TensorView& output = work.entry->outputs[0];
+  const TensorView& output = work.entry->output(0);
   const std::size_t count = static_cast<std::size_t>(input.num_elements());
   const double prescale = work.response->prescale;
   if (output.data() != input.data() || prescale != 1.0) {
@@ -191,7 +191,7 @@ std::size_t prescaled_into_output(const Work& work, Mover& mover) {
 // 100 MB would cost two extra passes over memory, a separate scaling pass one.
 Status Executor::allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover) {
   const Response& response = *work.response;
-  const TensorView& output = work.entry->outputs[0];
+  const TensorView& output = work.entry->output(0);
   const DataType dtype = output.dtype();
   const std::size_t count = prescaled_into_output(work, mover);
   const double factor = output_factor(response, backend.size());
@@ -252,7 +252,7 @@ Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire, ops::Ba
       ops::FusedTensor tensor{.count = count_of(response.tensors[t])};
       if (work.entry != nullptr) {  // A joined rank adds zeros and keeps nothing.
         const TensorView& input = work.entry->inputs[t];
-        const TensorView& output = work.entry->outputs[t];
+        const TensorView& output = work.entry->output(t);
         tensor.input = input.data();
         tensor.input_type = input.dtype();
         tensor.prescale = response.prescale;
@@ -285,7 +285,7 @@ Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mov
 // size (a 2^31-element float32 Adasum then needs the tensor's 8 GiB per rank and little more).
 Status Executor::adasum_in_place(Work& work, ops::Backend& backend, Mover& mover) {
   const Response& response = *work.response;
-  const TensorView& output = work.entry->outputs[0];
+  const TensorView& output = work.entry->output(0);
   const DataType dtype = output.dtype();
   const std::size_t count = prescaled_into_output(work, mover);
   TUTTI_RETURN_IF_ERROR(mover.flush());
@@ -318,8 +318,8 @@ Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mov
           tensor.input_type = input.dtype();
           tensor.prescale = response.prescale;
           if (is_root) {
-            tensor.output = work.entry->outputs[t].data();
-            tensor.output_type = work.entry->outputs[t].dtype();
+            tensor.output = work.entry->output(t).data();
+            tensor.output_type = work.entry->output(t).dtype();
             tensor.factor = output_factor(response, backend.size());
           }
         }

@@ -103,6 +103,7 @@ Status ResponseExecutor::execute(ResponseList list) {
   Status fault;
   for (const std::vector<std::size_t>& indices : plan_fusion(items, fusion_threshold_bytes_)) {
     std::vector<Work> batch;
+    batch.reserve(indices.size());
     for (std::size_t i : indices) batch.push_back(std::move(works[i]));  // Each index once.
     // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
     bool deferred = false;

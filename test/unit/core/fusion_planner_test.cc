@@ -32,6 +32,15 @@ TEST_CASE("Rooted items of one key fuse only with the same root", "[fusion]") {
   CHECK(plan_fusion(items, 100) == Batches{{0, 2}, {1, 3}, {4}});
 }
 
+TEST_CASE("A run of one key continues in the batch it left open around full and lone items",
+          "[fusion]") {
+  // The planner finds a run's batch without a lookup; an overflow, an item over the threshold
+  // and another key in between must still land each item where the rules put it.
+  const std::vector<FusionItem> items = {{1, 40}, {1, 40}, {1, 40}, {1, 500},
+                                         {1, 10}, {2, 10}, {1, 10}};
+  CHECK(plan_fusion(items, 100) == Batches{{0, 1}, {2, 4, 6}, {3}, {5}});
+}
+
 TEST_CASE("Empty input gives no batches", "[fusion]") { CHECK(plan_fusion({}, 100).empty()); }
 
 }  // namespace
