@@ -64,6 +64,8 @@ struct Submission {
     entry->in_place = true;
     add_input(std::move(tensor));
   }
+  // A tensor the op reads, whose results core allocates (allgather, alltoall, gather,
+  // reducescatter, scatter): no output view.
   void add_input(TensorView input) {
     core::Request& request = entry->request;
     if (!entry->inputs.empty() && input.device().kind != request.device) {
@@ -219,7 +221,7 @@ Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string nam
     check_reduce(submission.name(), input, options, Collective::Reducescatter);
     if (input.dim() == 0)
       invalid(str_cat("REDUCESCATTER '", submission.name(), "' of a 0-d tensor"));
-    submission.add_in_place(input);
+    submission.add_input(input);
   }
   core::Request& request = submission.entry->request;
   request.reduce_op = options.op;
@@ -312,7 +314,7 @@ Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name,
   for (const TensorView& input : inputs) {
     if (input.dim() == 0)
       invalid(str_cat("ALLGATHER '", submission.entry->request.name, "' of a 0-d tensor"));
-    submission.add_in_place(input);
+    submission.add_input(input);
   }
   return submission.submit();
 }
@@ -340,7 +342,7 @@ Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits, std::s
   Submission submission(Collective::Alltoall, std::move(name), set.id());
   check_splits(Collective::Alltoall, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
-  submission.add_in_place(input);
+  submission.add_input(input);
   return submission.submit();
 }
 
@@ -435,7 +437,7 @@ std::vector<std::string> allgather_bytes(std::string_view bytes, const std::stri
                                          ProcessSet set, bool own) {
   auto gather = [&](TensorView input, const std::string& part) {
     Submission submission(Collective::Allgather, name + part, set.id(), own);
-    submission.add_in_place(input);
+    submission.add_input(input);
     Handle handle = submission.submit();
     handle.wait();
     return handle.output();
@@ -507,7 +509,7 @@ Handle gather_async(TensorView input, int root_rank, std::string name, ProcessSe
   check_root(submission, root_rank, set.id());
   if (input.dim() == 0) invalid(str_cat("GATHER '", submission.name(), "' of a 0-d tensor"));
   submission.entry->request.root_rank = root_rank;
-  submission.add_in_place(input);
+  submission.add_input(input);
   return submission.submit();
 }
 
@@ -524,7 +526,7 @@ Handle scatter_async(TensorView input, int root_rank, std::vector<std::int64_t> 
   }
   check_splits(Collective::Scatter, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
-  submission.add_in_place(input);
+  submission.add_input(input);
   return submission.submit();
 }
 
