@@ -76,10 +76,11 @@ struct Submission {
     request.tensors.push_back(core::TensorSpec{.dtype = input.dtype(), .shape = input.shape()});
     entry->inputs.push_back(std::move(input));
   }
-  void reserve(std::size_t tensors) {
+  // `outputs`: the op has output views of its own (not in place).
+  void reserve(std::size_t tensors, bool outputs) {
     entry->request.tensors.reserve(tensors);
     entry->inputs.reserve(tensors);
-    entry->outputs.reserve(tensors);
+    if (outputs) entry->outputs.reserve(tensors);
   }
 
   // A CUDA device this process sees, and the one this rank's other ops use.
@@ -138,7 +139,7 @@ Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> output
                       const ReduceOptions& options, bool grouped) {
   Submission submission(Collective::Allreduce, std::move(name), options.process_set.id());
   if (grouped && inputs.empty()) invalid("grouped_allreduce_async needs at least one tensor");
-  submission.reserve(inputs.size());
+  submission.reserve(inputs.size(), /*outputs=*/!outputs.empty());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TensorView& input = inputs[i];
     check_reduce(submission.entry->request.name, input, options, Collective::Allreduce);
