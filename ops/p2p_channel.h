@@ -21,7 +21,8 @@
 
 namespace tutti::ops {
 
-// Communication thread only.
+// One thread at a time: the one running the P2PEngine's step (the communication thread, or an
+// application thread driving the engine under its lock).
 class P2PChannel {
  public:
   using Id = std::uint64_t;

@@ -16,6 +16,8 @@ class TUTTI_CAPABILITY("mutex") Mutex {
  public:
   void lock() TUTTI_ACQUIRE() { mutex_.lock(); }
   void unlock() TUTTI_RELEASE() { mutex_.unlock(); }
+  // Takes the lock if it is free; true if it did.
+  bool try_lock() TUTTI_TRY_ACQUIRE(true) { return mutex_.try_lock(); }
 
  private:
   friend class CondVar;

@@ -23,6 +23,8 @@
 #define TUTTI_EXCLUDES(...) TUTTI_THREAD_ANNOTATION_(locks_excluded(__VA_ARGS__))
 // On a function: it takes these locks and returns holding them.
 #define TUTTI_ACQUIRE(...) TUTTI_THREAD_ANNOTATION_(acquire_capability(__VA_ARGS__))
+// On a function: it takes these locks if it returns `result`, and returns holding them then.
+#define TUTTI_TRY_ACQUIRE(...) TUTTI_THREAD_ANNOTATION_(try_acquire_capability(__VA_ARGS__))
 // On a function: it releases these locks, which the caller held.
 #define TUTTI_RELEASE(...) TUTTI_THREAD_ANNOTATION_(release_capability(__VA_ARGS__))
 // On a function: it returns a reference to this lock (for annotations naming it).

@@ -4,10 +4,13 @@
 // Note [Threading model]
 // A session's threads, and what each may touch:
 //  - application threads call the public API: they validate arguments, read the process-set
-//    table, push entries on the TensorQueue and wait on handles. They never call MPI.
+//    table, push entries on the TensorQueue and wait on handles. They make no MPI call of the
+//    collectives; they may run the point-to-point stage's step under its lock (Note [A
+//    waiting thread drives point-to-point] in execution/p2p_engine.h).
 //  - "tutti-comm", the communication thread (one per session, started by Session::create,
 //    joined by Session::stop): makes every MPI and NCCL call of the collectives and owns
-//    the stages below, the backends and the movers.
+//    the stages below (the point-to-point stage shared as just said), the backends and the
+//    movers.
 //  - "tutti-device" (CUDA ops only; DeviceCompletions): polls device events and completes
 //    device ops through the Completer.
 //  - "tutti-timeline" (while a timeline is open): writes the file; the others only format
@@ -26,7 +29,8 @@
 //     3. ResponseExecutor (every rank): runs each ResponseList in order: cache -> work ->
 //        fusion plan -> executor -> Completer.
 //   Beside them, point-to-point ops skip negotiation: P2PQueue --> P2PEngine --> Completer,
-//   stepped once per cycle (Note [P2P stage] in p2p_engine.h). While any is in flight the
+//   stepped once per cycle unless a waiting application thread steps it (Notes [P2P stage]
+//   and [A waiting thread drives point-to-point] in p2p_engine.h). While any is in flight the
 //   loop keeps polling instead of sleeping (a peer's message may come any moment): for
 //   kP2PSpinTime after the last progress, and however long an application thread waits,
 //   since MPI moves a large message only while it is polled and says nothing until the whole

@@ -15,6 +15,8 @@ struct CpuSharing {
   // While an application thread waits, the loop polls without yielding the CPU: it shares
   // one, and the host has no more ranks than CPUs (else the CPU it kept is one a peer needs).
   bool poll_without_yield = false;
+  // The host runs more ranks than it has CPUs: a thread that spins keeps a CPU a peer needs.
+  bool ranks_exceed_cpus = false;
 };
 
 // `allowed_cpus`: the CPUs this process may run on (sched_getaffinity; 0 if unknown);

@@ -11,6 +11,11 @@ namespace {
 
 std::atomic<int> app_waiters{0};     // See app_threads_waiting().
 std::atomic<bool> wait_spins{true};  // See set_wait_spins().
+// How long wait() drives an op itself before it leaves it to the communication thread (Note [A
+// waiting thread drives point-to-point] in execution/p2p_engine.h): long enough for a small
+// message's round trip on a loaded host, short enough that a wait for a late peer soon costs
+// no CPU beyond the communication thread's own polling.
+constexpr std::chrono::microseconds kDriveTime{200};
 
 }  // namespace
 
@@ -32,8 +37,22 @@ void OpState::complete(Status status) {
   cv_.notify_all();
 }
 
+bool OpState::poll() const {
+  if (done()) return true;
+  if (std::shared_ptr<Driver> by = driver.lock()) by->drive();
+  return done();
+}
+
 Status OpState::wait() const {
   if (done()) return status_;
+  // Not counted in app_waiters: the communication thread need not poll for this thread while
+  // it drives the op itself.
+  if (std::shared_ptr<Driver> by = driver.lock()) {
+    const auto drive_until = std::chrono::steady_clock::now() + kDriveTime;
+    while (!done() && std::chrono::steady_clock::now() < drive_until) by->drive();
+    if (done()) return status_;
+    by->hand_back();
+  }
   // While this thread waits, the communication thread polls without pause (Note [The cycle]).
   app_waiters.fetch_add(1, std::memory_order_relaxed);
   // A short spin first where the communication thread has a CPU of its own: a small op

@@ -18,6 +18,19 @@ class Completer;
 
 namespace tutti::detail {
 
+// Progress that a thread waiting on an op may make itself rather than wait for the thread that
+// runs the op (Note [A waiting thread drives point-to-point] in execution/p2p_engine.h).
+class Driver {
+ public:
+  virtual ~Driver() = default;
+  // Makes what progress it can without blocking, or nothing if another thread is at it. Any
+  // thread.
+  virtual void drive() = 0;
+  // The waiting thread stops driving and sleeps: the op's own thread takes it on at once. Any
+  // thread.
+  virtual void hand_back() = 0;
+};
+
 // What an op produced besides its Status.
 struct OpResults {
   Tensor output;                              // allgather, alltoall, reducescatter
@@ -34,10 +47,16 @@ struct OpResults {
 class OpState {
  public:
   bool done() const { return done_.load(std::memory_order_acquire); }
+  // done(), after one step of the op's driver if it has one (as MPI_Test makes progress).
+  // Never blocks. Any thread.
+  bool poll() const;
   // Any thread. Blocks until the op is complete; returns its Status.
   Status wait() const TUTTI_EXCLUDES(mutex_);
 
   OpResults results;
+  // Set at submission, before any thread can wait on the op, if a waiting thread may drive it
+  // (Note [A waiting thread drives point-to-point] in execution/p2p_engine.h).
+  std::weak_ptr<Driver> driver;
 
  private:
   friend class core::Completer;  // The one place ops are completed (Note [Completion]).

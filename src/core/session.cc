@@ -30,18 +30,21 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .hierarchy = config_.hierarchy,
              .shm_stores = config_.shm_stores}),
       device_(sets_, completer_, transport_->topology()),
-      p2p_(transport_->take_p2p_channel(), p2p_queue_, completer_, config_),
+      sharing_(this_process_cpu_sharing(transport_->topology(), !config_.thread_affinity.empty())),
+      p2p_(std::make_shared<P2PEngine>(
+          transport_->take_p2p_channel(), p2p_queue_, completer_, config_,
+          transport_->topology().threads_multiple && !sharing_.ranks_exceed_cpus,
+          [this] { queue_.wake(); })),
       loop_({.plane = transport_->control_plane(),
              .queue = queue_,
              .sets = sets_,
              .device = device_,
-             .p2p = p2p_,
+             .p2p = *p2p_,
              .completer = completer_,
              .timeline = timeline_,
              .recorder = *recorder_,
              .config = config_,
-             .sharing = this_process_cpu_sharing(transport_->topology(),
-                                                 !config_.thread_affinity.empty())}) {
+             .sharing = sharing_}) {
   detail::set_wait_spins(!loop_.sharing().shares_cpu);
   const ops::Topology& where = transport_->topology();
   recorder_->set_context({.job = config_.job_id,
@@ -139,8 +142,17 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
 
 Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
   if (loop_done_.load()) return Status(ErrorCode::ShutDown, "Tutti has shut down");
+  if (p2p_->drivable()) {
+    for (P2POpEntry& op : ops) op.entry->state->driver = p2p_;
+  }
   // As submit(): finish() closes the queue, so a racing push is refused or failed there.
   TUTTI_RETURN_IF_ERROR(p2p_queue_.push(std::move(ops)));
+  // This thread starts the ops itself, and wakes the loop only if some are left in flight
+  // (Note [A waiting thread drives point-to-point]).
+  if (p2p_->drivable()) {
+    p2p_->drive();
+    if (!p2p_->busy() && p2p_queue_.empty()) return Status();
+  }
   queue_.wake();
   return Status();
 }
@@ -194,7 +206,7 @@ void Session::finish(const Status& status) {
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.
   completer_.complete(queue_.close(refused), pending);
-  p2p_.finish(pending);
+  p2p_->finish(pending);
   ops::ControlPlane& plane = transport_->control_plane();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (!plane.sends_done() && std::chrono::steady_clock::now() < deadline)

@@ -97,7 +97,10 @@ class Session {
   ProcessSetTable sets_;
   DevicePath device_;
   P2PQueue p2p_queue_;
-  P2PEngine p2p_;                              // Communication thread only.
+  const CpuSharing sharing_;  // Note [Waiting on a shared CPU] in background_loop.h.
+  // Shared with the point-to-point ops that a waiting thread may drive (Note [A waiting thread
+  // drives point-to-point] in execution/p2p_engine.h).
+  std::shared_ptr<P2PEngine> p2p_;
   BackgroundLoop loop_;                        // Communication thread only.
   std::optional<SignalDumper> signal_dumper_;  // While the flight recorder records.
 

@@ -235,7 +235,7 @@ Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string nam
 
 Handle::Handle(std::shared_ptr<detail::OpState> state) : state_(std::move(state)) {}
 
-bool Handle::poll() const { return state_ == nullptr || state_->done(); }
+bool Handle::poll() const { return state_ == nullptr || state_->poll(); }
 
 void Handle::await() const {
   if (state_ == nullptr) invalid("this Handle refers to no op (it was default-constructed)");

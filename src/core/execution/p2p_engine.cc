@@ -46,6 +46,11 @@ std::vector<P2POpEntry> P2PQueue::drain() {
   return out;
 }
 
+bool P2PQueue::empty() {
+  detail::MutexLock lock(mutex_);
+  return new_.empty();
+}
+
 std::vector<P2POpEntry> P2PQueue::close(const Status& status) {
   detail::MutexLock lock(mutex_);
   closed_ = status;
@@ -55,8 +60,14 @@ std::vector<P2POpEntry> P2PQueue::close(const Status& status) {
 }
 
 P2PEngine::P2PEngine(std::unique_ptr<ops::P2PChannel> channel, P2PQueue& queue,
-                     const Completer& completer, const Config& config)
-    : channel_(std::move(channel)), queue_(queue), completer_(completer), config_(config) {}
+                     const Completer& completer, const Config& config, bool drivable,
+                     std::function<void()> wake_loop)
+    : channel_(std::move(channel)),
+      queue_(queue),
+      completer_(completer),
+      config_(config),
+      drivable_(drivable),
+      wake_loop_(std::move(wake_loop)) {}
 
 int P2PEngine::channel_tag(int set_id, int tag) {
   const std::int64_t t = std::int64_t{set_id} * (kMaxUserTag + 1) + tag;
@@ -76,11 +87,54 @@ void P2PEngine::complete(P2POpEntry& op, const Status& status) {
 }
 
 Status P2PEngine::progress(Clock::time_point now, bool* did_work) {
+  // Held: an application thread is running a step (Note [A waiting thread drives
+  // point-to-point]).
+  if (!mutex_.try_lock()) return Status();
+  Status status = deferred_.ok() ? step(now, did_work) : std::exchange(deferred_, Status());
+  mutex_.unlock();
+  return status;
+}
+
+void P2PEngine::drive() {
+  if (!mutex_.try_lock()) return;
+  if (!finished_ && deferred_.ok()) {
+    bool did_work = false;
+    // The caller's poll() never throws; the loop turns its own exceptions into a stop too.
+    try {
+      deferred_ = step(Clock::now(), &did_work);
+    } catch (const std::exception& e) {
+      deferred_ =
+          Status(ErrorCode::Internal,
+                 str_cat("point-to-point progress on an application thread failed: ", e.what()));
+    }
+    if (!deferred_.ok()) wake_loop_();
+  }
+  mutex_.unlock();
+}
+
+void P2PEngine::hand_back() {
+  detail::MutexLock lock(mutex_);
+  if (!finished_) wake_loop_();
+}
+
+Status P2PEngine::step(Clock::time_point now, bool* did_work) {
+  Status status = advance(now, did_work);
+  busy_.store(!waiting_.empty() || !active_.empty(), std::memory_order_release);
+  return status;
+}
+
+Status P2PEngine::advance(Clock::time_point now, bool* did_work) {
   for (P2POpEntry& op : queue_.drain()) {
     *did_work = true;
     TUTTI_RETURN_IF_ERROR(start(std::move(op)));
   }
   if (channel_ == nullptr) return Status();
+  TUTTI_RETURN_IF_ERROR(match_waiting(did_work));
+  TUTTI_RETURN_IF_ERROR(complete_finished(did_work));
+  return check_stalls(now);
+}
+
+Status P2PEngine::match_waiting(bool* did_work) {
   // Oldest receive first: it gets the earlier of two messages both could take. A receive
   // that found nothing blocks the later ones that could take what it waits for (a message
   // may arrive between two probes), so those wait for the next cycle.
@@ -103,17 +157,20 @@ Status P2PEngine::progress(Clock::time_point now, bool* did_work) {
     *did_work = true;
     it = waiting_.erase(it);
   }
-  if (!active_.empty()) {
-    TUTTI_ASSIGN_OR_RETURN(const std::vector<ops::P2PChannel::Id> done, channel_->completed());
-    for (const ops::P2PChannel::Id id : done) {
-      auto it = active_.find(id);
-      if (it == active_.end()) continue;
-      *did_work = true;
-      complete(it->second.op, it->second.status);
-      active_.erase(it);
-    }
+  return Status();
+}
+
+Status P2PEngine::complete_finished(bool* did_work) {
+  if (active_.empty()) return Status();
+  TUTTI_ASSIGN_OR_RETURN(const std::vector<ops::P2PChannel::Id> done, channel_->completed());
+  for (const ops::P2PChannel::Id id : done) {
+    auto it = active_.find(id);
+    if (it == active_.end()) continue;
+    *did_work = true;
+    complete(it->second.op, it->second.status);
+    active_.erase(it);
   }
-  return check_stalls(now);
+  return Status();
 }
 
 Status P2PEngine::start(P2POpEntry op) {
@@ -188,33 +245,36 @@ Status P2PEngine::check_stalls(Clock::time_point now) {
       std::chrono::seconds(1), config_.stall_check_time / 4 + std::chrono::milliseconds(1));
   if (now - last_stall_check_ < period) return Status();
   last_stall_check_ = now;
-  const auto inspect = [&](P2POpEntry& op) -> Status {
-    const Clock::duration waited = now - op.entry->submitted;
-    const double seconds = std::chrono::duration<double>(waited).count();
-    if (config_.stall_shutdown_time.count() > 0 && waited > config_.stall_shutdown_time) {
-      return Status(ErrorCode::Stalled,
-                    str_cat(describe(op), " found no match within ", seconds,
-                            " s (TUTTI_STALL_SHUTDOWN_TIME_SECONDS); Tutti stops"));
-    }
-    if (waited > config_.stall_check_time && !warned_[op.entry.get()]) {
-      warned_[op.entry.get()] = true;
-      TUTTI_LOG_WARNING(describe(op), " has waited ", seconds,
-                        " s for its peer (TUTTI_STALL_CHECK_TIME_SECONDS)");
-    }
-    return Status();
-  };
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-    const Status stalled = inspect(*it);
+    const Status stalled = inspect(*it, now);
     if (!stalled.ok()) return stalled;  // finish() fails it, and the rest, with `stalled`.
   }
   for (auto it = active_.begin(); it != active_.end(); ++it) {
-    const Status stalled = inspect(it->second.op);
+    const Status stalled = inspect(it->second.op, now);
     if (!stalled.ok()) return stalled;  // finish() fails it, and the rest, with `stalled`.
   }
   return Status();
 }
 
+Status P2PEngine::inspect(P2POpEntry& op, Clock::time_point now) {
+  const Clock::duration waited = now - op.entry->submitted;
+  const double seconds = std::chrono::duration<double>(waited).count();
+  if (config_.stall_shutdown_time.count() > 0 && waited > config_.stall_shutdown_time) {
+    return Status(ErrorCode::Stalled,
+                  str_cat(describe(op), " found no match within ", seconds,
+                          " s (TUTTI_STALL_SHUTDOWN_TIME_SECONDS); Tutti stops"));
+  }
+  if (waited > config_.stall_check_time && !warned_[op.entry.get()]) {
+    warned_[op.entry.get()] = true;
+    TUTTI_LOG_WARNING(describe(op), " has waited ", seconds,
+                      " s for its peer (TUTTI_STALL_CHECK_TIME_SECONDS)");
+  }
+  return Status();
+}
+
 void P2PEngine::finish(const Status& status) {
+  detail::MutexLock lock(mutex_);
+  finished_ = true;
   if (channel_ != nullptr) channel_->abandon();
   for (P2POpEntry& op : queue_.close(Status(ErrorCode::ShutDown, "Tutti has shut down"))) {
     complete(op, status);
@@ -223,6 +283,8 @@ void P2PEngine::finish(const Status& status) {
   waiting_.clear();
   for (auto& [id, active] : active_) complete(active.op, status);
   active_.clear();
+  busy_.store(false, std::memory_order_release);
+  channel_.reset();
 }
 
 }  // namespace tutti::core

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -119,6 +120,43 @@ TEST_CASE("messages per (sender, tag) arrive in order; tags interleave", "[p2p]"
     }
   }
   CHECK(all_ranks(ok));
+}
+
+// Note [A waiting thread drives point-to-point]: threads in wait() run the engine's step
+// beside each other and beside the communication thread, which runs a stream of allreduces
+// meanwhile. Each thread keeps its own ring of ping-pongs under its own tag, sizes crossing
+// the inline limit, and every message must land in order and whole.
+TEST_CASE("threads that wait drive the stage together, beside collectives", "[p2p]") {
+  Session session;
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 150;
+  std::vector<int> bad(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &bad] {
+      for (int i = 0; i < kRounds; ++i) {
+        const std::size_t n = i % 3 == 0 ? 1000 : 1;
+        std::vector<float> out(n, value(world_rank(), t, i));
+        std::vector<float> in(n, -1.0f);
+        const auto count = static_cast<std::int64_t>(n);
+        Handle r = irecv(TensorView(in.data(), {count}), left(), t);
+        send(TensorView(out.data(), {count}), right(), t);
+        r.wait();
+        for (const float v : in) bad[static_cast<std::size_t>(t)] += v != value(left(), t, i);
+      }
+    });
+  }
+  // Sum over ranks of (rank + 1) * (i + 1): (i + 1) * size * (size + 1) / 2.
+  int wrong_sums = 0;
+  const int size = world_size();
+  for (int i = 0; i < 100; ++i) {
+    float x = static_cast<float>((world_rank() + 1) * (i + 1));
+    allreduce(TensorView(&x, {1}), "drive." + std::to_string(i), {.op = ReduceOp::Sum});
+    wrong_sums += x != static_cast<float>((i + 1) * size * (size + 1) / 2);
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(all_ranks(wrong_sums == 0));
+  for (int t = 0; t < kThreads; ++t) CHECK(all_ranks(bad[static_cast<std::size_t>(t)] == 0));
 }
 
 TEST_CASE("any_source keeps each sender's order", "[p2p]") {

@@ -21,6 +21,7 @@ TEST_CASE("A rank bound to one core shares it and polls without yielding", "[sha
   const CpuSharing sharing = decide_cpu_sharing(1, 16, host(2, false), false);
   CHECK(sharing.shares_cpu);
   CHECK(sharing.poll_without_yield);
+  CHECK_FALSE(sharing.ranks_exceed_cpus);
 }
 
 TEST_CASE("A rank free to run on several of many CPUs shares none", "[sharing]") {
@@ -33,9 +34,11 @@ TEST_CASE("As many ranks as CPUs share them; more ranks than CPUs still yield", 
   const CpuSharing even = decide_cpu_sharing(2, 2, host(2, true), false);
   CHECK(even.shares_cpu);
   CHECK(even.poll_without_yield);
+  CHECK_FALSE(even.ranks_exceed_cpus);
   const CpuSharing over = decide_cpu_sharing(2, 2, host(4, true), false);
   CHECK(over.shares_cpu);
   CHECK_FALSE(over.poll_without_yield);
+  CHECK(over.ranks_exceed_cpus);
   // Unknown CPU counts decide nothing by themselves.
   const CpuSharing unknown = decide_cpu_sharing(0, 0, host(4, false), false);
   CHECK_FALSE(unknown.shares_cpu);
@@ -46,6 +49,8 @@ TEST_CASE("A communication thread pinned by TUTTI_THREAD_AFFINITY has a CPU of i
   const CpuSharing sharing = decide_cpu_sharing(1, 2, host(4, true), true);
   CHECK_FALSE(sharing.shares_cpu);
   CHECK_FALSE(sharing.poll_without_yield);
+  // Pinned or not, four ranks on two CPUs are too many to spin.
+  CHECK(sharing.ranks_exceed_cpus);
 }
 
 }  // namespace
