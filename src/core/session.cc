@@ -147,13 +147,12 @@ Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
   }
   // As submit(): finish() closes the queue, so a racing push is refused or failed there.
   TUTTI_RETURN_IF_ERROR(p2p_queue_.push(std::move(ops)));
-  // This thread starts the ops itself, and wakes the loop only if some are left in flight
-  // (Note [A waiting thread drives point-to-point]).
-  if (p2p_->drivable()) {
-    p2p_->drive();
-    if (!p2p_->busy() && p2p_queue_.empty()) return Status();
-  }
-  queue_.wake();
+  // This thread starts the ops itself; its step wakes the loop if some are left in flight
+  // (Note [A waiting thread drives point-to-point]). If another thread holds the engine, the
+  // ops are still queued, or that thread's step took them and wakes the loop as this one's
+  // would.
+  if (p2p_->drivable()) p2p_->drive();
+  if (!p2p_->drivable() || !p2p_queue_.empty()) queue_.wake();
   return Status();
 }
 

@@ -99,6 +99,7 @@ void P2PEngine::drive() {
   if (!mutex_.try_lock()) return;
   if (!finished_ && deferred_.ok()) {
     bool did_work = false;
+    started_ = false;
     // The caller's poll() never throws; the loop turns its own exceptions into a stop too.
     try {
       deferred_ = step(Clock::now(), &did_work);
@@ -107,7 +108,9 @@ void P2PEngine::drive() {
           Status(ErrorCode::Internal,
                  str_cat("point-to-point progress on an application thread failed: ", e.what()));
     }
-    if (!deferred_.ok()) wake_loop_();
+    // The loop may be asleep, not knowing of the ops this step started (perhaps other
+    // threads' ops) that are still in flight: nobody else may drive them.
+    if (!deferred_.ok() || (started_ && busy())) wake_loop_();
   }
   mutex_.unlock();
 }
@@ -126,6 +129,7 @@ Status P2PEngine::step(Clock::time_point now, bool* did_work) {
 Status P2PEngine::advance(Clock::time_point now, bool* did_work) {
   for (P2POpEntry& op : queue_.drain()) {
     *did_work = true;
+    started_ = true;
     TUTTI_RETURN_IF_ERROR(start(std::move(op)));
   }
   if (channel_ == nullptr) return Status();

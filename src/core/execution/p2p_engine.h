@@ -108,8 +108,9 @@ class P2PEngine final : public detail::Driver {
   bool busy() const { return busy_.load(std::memory_order_acquire); }
   // Whether application threads may drive the engine.
   bool drivable() const { return drivable_; }
-  // Application threads (detail::Driver): one step if the lock is free; an error is kept for
-  // the communication thread's next progress(), which is woken for it. Nothing after finish().
+  // Application threads (detail::Driver): one step if the lock is free. The communication
+  // thread is woken when the step started ops that are still in flight, and for an error,
+  // which is kept for its next progress(). Nothing after finish().
   void drive() override TUTTI_EXCLUDES(mutex_);
   // Wakes the communication thread, which polls for the op a thread stopped driving.
   void hand_back() override TUTTI_EXCLUDES(mutex_);
@@ -153,6 +154,7 @@ class P2PEngine final : public detail::Driver {
   Clock::time_point last_stall_check_ TUTTI_GUARDED_BY(mutex_){};
   Status deferred_ TUTTI_GUARDED_BY(mutex_);  // A driving thread's error, for progress().
   bool finished_ TUTTI_GUARDED_BY(mutex_) = false;
+  bool started_ TUTTI_GUARDED_BY(mutex_) = false;  // The last step took ops from the queue.
   std::atomic<bool> busy_{false};  // waiting_ or active_ non-empty, as of the last step.
 };
 
