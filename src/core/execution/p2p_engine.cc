@@ -90,27 +90,28 @@ Status P2PEngine::progress(Clock::time_point now, bool* did_work) {
   // Held: an application thread is running a step (Note [A waiting thread drives
   // point-to-point]).
   if (!mutex_.try_lock()) return Status();
-  Status status = deferred_.ok() ? step(now, did_work) : std::exchange(deferred_, Status());
+  if (failed_.ok()) failed_ = step(now, did_work);
+  Status status = failed_;
   mutex_.unlock();
   return status;
 }
 
 void P2PEngine::drive() {
   if (!mutex_.try_lock()) return;
-  if (!finished_ && deferred_.ok()) {
+  if (!finished_ && failed_.ok()) {
     bool did_work = false;
     started_ = false;
     // The caller's poll() never throws; the loop turns its own exceptions into a stop too.
     try {
-      deferred_ = step(Clock::now(), &did_work);
+      failed_ = step(Clock::now(), &did_work);
     } catch (const std::exception& e) {
-      deferred_ =
+      failed_ =
           Status(ErrorCode::Internal,
                  str_cat("point-to-point progress on an application thread failed: ", e.what()));
     }
     // The loop may be asleep, not knowing of the ops this step started (perhaps other
     // threads' ops) that are still in flight: nobody else may drive them.
-    if (!deferred_.ok() || (started_ && busy())) wake_loop_();
+    if (!failed_.ok() || (started_ && busy())) wake_loop_();
   }
   mutex_.unlock();
 }

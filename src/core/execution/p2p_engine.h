@@ -102,7 +102,8 @@ class P2PEngine final : public detail::Driver {
   // Communication thread. One step, unless an application thread is running one: new ops,
   // arrived headers, completed transfers, stalls. Sets *did_work when anything moved. Returns
   // Stalled when an op waited past the shutdown limit (the loop then stops, and finish() fails
-  // that op with it), or a communication error, a driving thread's included.
+  // that op with it), or a communication error, a driving thread's included; once one is
+  // returned, every later call returns it without a step.
   Status progress(Clock::time_point now, bool* did_work) TUTTI_EXCLUDES(mutex_);
   // Whether ops are in flight (the loop keeps polling then). Any thread.
   bool busy() const { return busy_.load(std::memory_order_acquire); }
@@ -110,7 +111,7 @@ class P2PEngine final : public detail::Driver {
   bool drivable() const { return drivable_; }
   // Application threads (detail::Driver): one step if the lock is free. The communication
   // thread is woken when the step started ops that are still in flight, and for an error,
-  // which is kept for its next progress(). Nothing after finish().
+  // which its progress() then returns. Nothing after an error or finish().
   void drive() override TUTTI_EXCLUDES(mutex_);
   // Wakes the communication thread, which polls for the op a thread stopped driving.
   void hand_back() override TUTTI_EXCLUDES(mutex_);
@@ -152,7 +153,8 @@ class P2PEngine final : public detail::Driver {
   std::map<ops::P2PChannel::Id, Active> active_ TUTTI_GUARDED_BY(mutex_);  // In progress.
   std::map<const Entry*, bool> warned_ TUTTI_GUARDED_BY(mutex_);           // Reported as stalled.
   Clock::time_point last_stall_check_ TUTTI_GUARDED_BY(mutex_){};
-  Status deferred_ TUTTI_GUARDED_BY(mutex_);  // A driving thread's error, for progress().
+  // The first error a step met, on any thread: progress() returns it, and no step runs after.
+  Status failed_ TUTTI_GUARDED_BY(mutex_);
   bool finished_ TUTTI_GUARDED_BY(mutex_) = false;
   bool started_ TUTTI_GUARDED_BY(mutex_) = false;  // The last step took ops from the queue.
   std::atomic<bool> busy_{false};  // waiting_ or active_ non-empty, as of the last step.

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// P2PEngine's sharing between threads (Note [A waiting thread drives point-to-point] in
+// src/core/execution/p2p_engine.h), on a scripted channel: a driving thread starts and completes
+// ops and wakes the loop only for what stays in flight; its errors reach the loop's progress();
+// the loop skips a step while another thread runs one; nothing is driven after finish().
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "ops/p2p_channel.h"
+#include "src/core/completer.h"
+#include "src/core/config.h"
+#include "src/core/execution/p2p_engine.h"
+#include "src/core/op_state.h"
+
+namespace tutti::core {
+namespace {
+
+// A channel whose sends complete at once and whose headers never arrive, unless told
+// otherwise. Counts its calls; `gate` (if set) holds take_header() until opened.
+class ScriptedChannel final : public ops::P2PChannel {
+ public:
+  struct Script {
+    std::atomic<int> sends{0};
+    std::atomic<int> header_probes{0};
+    std::atomic<bool> destroyed{false};
+    Status header_error;  // take_header() fails with it if not OK.
+    // take_header() waits while `gate_closed` (then counts `inside_gate`).
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool gate_closed = false;
+    std::atomic<bool> inside_gate{false};
+  };
+
+  explicit ScriptedChannel(Script& script) : script_(script) {}
+  ~ScriptedChannel() override { script_.destroyed = true; }
+
+  int max_tag() const override { return 1 << 24; }
+  Result<Id> start_send(int, int, std::string, const void*, std::size_t) override {
+    ++script_.sends;
+    done_.push_back(next_);
+    return next_++;
+  }
+  Result<std::optional<Header>> take_header(int, int) override {
+    ++script_.header_probes;
+    {
+      std::unique_lock<std::mutex> lock(script_.mutex);
+      script_.inside_gate = true;
+      script_.cv.wait(lock, [&] { return !script_.gate_closed; });
+      script_.inside_gate = false;
+    }
+    if (!script_.header_error.ok()) return script_.header_error;
+    return std::optional<Header>();
+  }
+  Result<Id> start_receive(int, int, void*, std::size_t) override { return next_++; }
+  Result<std::vector<Id>> completed() override {
+    std::vector<Id> done;
+    done.swap(done_);
+    return done;
+  }
+  bool active(Id) const override { return false; }
+  void abandon() override {}
+
+ private:
+  Script& script_;
+  Id next_ = 1;
+  std::vector<Id> done_;
+};
+
+struct Fixture {
+  ScriptedChannel::Script script;
+  P2PQueue queue;
+  Completer completer{nullptr};
+  Config config;
+  std::atomic<int> wakes{0};
+  std::shared_ptr<P2PEngine> engine;
+  std::vector<float> data = std::vector<float>(4, 1.0f);
+
+  Fixture() {
+    engine = std::make_shared<P2PEngine>(std::make_unique<ScriptedChannel>(script), queue,
+                                         completer, config, /*drivable=*/true, [this] { ++wakes; });
+  }
+
+  // A queued send (or receive) of `data` to (from) rank 1, tag 0; returns its state.
+  std::shared_ptr<detail::OpState> push(bool send) {
+    P2POpEntry op{.send = send,
+                  .peer = 1,
+                  .tag = 0,
+                  .set_id = 0,
+                  .channel_tag = P2PEngine::channel_tag(0, 0),
+                  .entry = std::make_shared<Entry>()};
+    op.entry->inputs.push_back(TensorView(data.data(), {4}));
+    op.entry->state = std::make_shared<detail::OpState>();
+    op.entry->submitted = std::chrono::steady_clock::now();
+    std::shared_ptr<detail::OpState> state = op.entry->state;
+    std::vector<P2POpEntry> ops;
+    ops.push_back(std::move(op));
+    REQUIRE(queue.push(std::move(ops)).ok());
+    return state;
+  }
+};
+
+TEST_CASE("A driven step starts and completes a send without waking the loop", "[p2p]") {
+  Fixture f;
+  std::shared_ptr<detail::OpState> send = f.push(true);
+  f.engine->drive();
+  CHECK(f.script.sends == 1);
+  CHECK(send->done());
+  CHECK(send->wait().ok());
+  CHECK_FALSE(f.engine->busy());
+  CHECK(f.wakes == 0);
+}
+
+TEST_CASE("A driven step that leaves a receive in flight wakes the loop once", "[p2p]") {
+  Fixture f;
+  std::shared_ptr<detail::OpState> receive = f.push(false);
+  f.engine->drive();
+  CHECK(f.script.header_probes == 1);
+  CHECK_FALSE(receive->done());
+  CHECK(f.engine->busy());
+  CHECK(f.wakes == 1);
+  // Later steps start nothing new: the loop already knows.
+  f.engine->drive();
+  CHECK(f.script.header_probes == 2);
+  CHECK(f.wakes == 1);
+  f.engine->hand_back();
+  CHECK(f.wakes == 2);
+  f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
+  CHECK(receive->wait().code() == ErrorCode::ShutDown);
+}
+
+TEST_CASE("An error a driving thread meets stops the loop through its next progress()", "[p2p]") {
+  Fixture f;
+  f.script.header_error = Status(ErrorCode::Communication, "scripted failure");
+  f.push(false);
+  f.engine->drive();
+  CHECK(f.wakes == 1);
+  bool did_work = false;
+  const Status first = f.engine->progress(std::chrono::steady_clock::now(), &did_work);
+  CHECK(first.code() == ErrorCode::Communication);
+  CHECK(first.message() == "scripted failure");
+  // No step runs after it, on any thread, until the loop has stopped.
+  const int probes = f.script.header_probes;
+  f.engine->drive();
+  CHECK(f.engine->progress(std::chrono::steady_clock::now(), &did_work).code() ==
+        ErrorCode::Communication);
+  CHECK(f.script.header_probes == probes);
+}
+
+TEST_CASE("The loop skips its step while another thread runs one", "[p2p]") {
+  Fixture f;
+  f.push(false);
+  {
+    std::lock_guard<std::mutex> lock(f.script.mutex);
+    f.script.gate_closed = true;
+  }
+  std::thread driver([&] { f.engine->drive(); });
+  while (!f.script.inside_gate) std::this_thread::yield();
+  bool did_work = false;
+  CHECK(f.engine->progress(std::chrono::steady_clock::now(), &did_work).ok());
+  CHECK_FALSE(did_work);
+  CHECK(f.script.header_probes == 1);  // The driver's probe only.
+  {
+    std::lock_guard<std::mutex> lock(f.script.mutex);
+    f.script.gate_closed = false;
+  }
+  f.script.cv.notify_all();
+  driver.join();
+  CHECK(f.engine->progress(std::chrono::steady_clock::now(), &did_work).ok());
+  CHECK(f.script.header_probes == 2);
+}
+
+TEST_CASE("After finish() the engine drives nothing and holds no channel", "[p2p]") {
+  Fixture f;
+  std::shared_ptr<detail::OpState> queued = f.push(true);
+  f.engine->finish(Status(ErrorCode::Stalled, "stopped"));
+  CHECK(queued->wait().code() == ErrorCode::Stalled);
+  CHECK(f.script.destroyed);
+  f.engine->drive();
+  f.engine->hand_back();
+  CHECK(f.script.sends == 0);
+  CHECK(f.wakes == 0);
+}
+
+}  // namespace
+}  // namespace tutti::core
