@@ -3,6 +3,8 @@
 // src/core/execution/p2p_engine.h), on a scripted channel: a driving thread starts and completes
 // ops and wakes the loop only for what stays in flight; its errors reach the loop's progress();
 // the loop skips a step while another thread runs one; nothing is driven after finish().
+#include "src/core/execution/p2p_engine.h"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,7 +20,6 @@
 #include "ops/p2p_channel.h"
 #include "src/core/completer.h"
 #include "src/core/config.h"
-#include "src/core/execution/p2p_engine.h"
 #include "src/core/op_state.h"
 
 namespace tutti::core {
