@@ -5,7 +5,7 @@
 
 namespace tutti::core {
 
-bool Completer::finish(Entry& entry, const Status& status, bool record) const {
+void Completer::complete(Entry& entry, const Status& status, bool record) const {
   if (timeline_ != nullptr && timeline_->enabled()) {
     timeline_->op_end(entry.request.name, status.ok() ? "OK" : status.message());
   }
@@ -13,26 +13,12 @@ bool Completer::finish(Entry& entry, const Status& status, bool record) const {
     recorder_->update(entry.record, status.ok() ? OpPhase::Done : OpPhase::Failed, {},
                       status.message());
   }
-  return entry.state->finish(status);
-}
-
-void Completer::complete(Entry& entry, const Status& status, bool record) const {
-  if (finish(entry, status, record)) entry.state->wake();
+  entry.state->complete(status);
 }
 
 void Completer::complete(std::span<const std::shared_ptr<Entry>> entries,
                          const Status& status) const {
-  Batch batch(*this);
-  for (const std::shared_ptr<Entry>& entry : entries) batch.complete(entry, status);
-}
-
-void Completer::Batch::complete(const std::shared_ptr<Entry>& entry, const Status& status,
-                                bool record) {
-  if (completer_.finish(*entry, status, record)) to_wake_.push_back(handle_state(entry));
-}
-
-Completer::Batch::~Batch() {
-  for (const std::shared_ptr<detail::OpState>& state : to_wake_) state->wake();
+  for (const std::shared_ptr<Entry>& entry : entries) complete(*entry, status);
 }
 
 }  // namespace tutti::core

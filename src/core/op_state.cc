@@ -22,20 +22,17 @@ constexpr std::chrono::microseconds kDriveTime{200};
 bool app_threads_waiting() { return app_waiters.load(std::memory_order_relaxed) > 0; }
 void set_wait_spins(bool spins) { wait_spins.store(spins, std::memory_order_relaxed); }
 
-// finish() and wait() are a Dekker pair on (done_, sleepers_), both sequentially consistent:
-// finish() stores done_ then reads sleepers_; a sleeper counts itself in sleepers_ (under the
+// complete() and wait() are a Dekker pair on (done_, sleepers_), both sequentially consistent:
+// complete() stores done_ then reads sleepers_; a sleeper counts itself in sleepers_ (under the
 // lock) then reads done_. At least one of them sees the other's store, so either the sleeper
-// finds done_ set and does not sleep, or finish() sees it and wake() notifies under the lock (which
+// finds done_ set and does not sleep, or complete() sees it and notifies under the lock (which
 // the sleeper holds from its check until cv_.wait() releases it, so the notification cannot fall
 // between the two).
-bool OpState::finish(Status status) {
+void OpState::complete(Status status) {
   TUTTI_CHECK(!done(), "an op was completed twice");
   status_ = std::move(status);
   done_.store(true, std::memory_order_seq_cst);
-  return sleepers_.load(std::memory_order_seq_cst) != 0;
-}
-
-void OpState::wake() const {
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
   { MutexLock lock(mutex_); }
   cv_.notify_all();
 }

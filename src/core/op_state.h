@@ -60,16 +60,12 @@ class OpState {
 
  private:
   friend class core::Completer;  // The one place ops are completed (Note [Completion]).
-  // Makes the op done with `status`; true if a thread sleeps (or is about to) in wait(), which
-  // wake() must then wake. Apart so that a batch can wake its sleepers after its last op
-  // (Note [Waking a batch at its end] in completer.h).
-  [[nodiscard]] bool finish(Status status);
-  void wake() const TUTTI_EXCLUDES(mutex_);
+  void complete(Status status) TUTTI_EXCLUDES(mutex_);
 
   std::atomic<bool> done_{false};
-  // Threads asleep (or about to sleep) in wait(): wake() takes the lock and notifies, only
+  // Threads asleep (or about to sleep) in wait(): complete() takes the lock and notifies only
   // when there are some, so that completing the thousands of ops nobody waits for yet (a step's
-  // gradients, waited for later) costs two atomic operations each. See finish().
+  // gradients, waited for later) costs two atomic operations each. See complete().
   mutable std::atomic<int> sleepers_{0};
   Status status_;  // Written once before done_ is set; read after.
   mutable Mutex mutex_;

@@ -114,9 +114,8 @@ Status ResponseExecutor::execute(ResponseList list) {
                                     status.ok() ? OpPhase::Done : OpPhase::Failed, {},
                                     status.message());
       }
-      Completer::Batch completions(parts_.completer);
       for (Work& work : batch) {
-        if (work.entry != nullptr) completions.complete(work.entry, status, /*record=*/false);
+        if (work.entry != nullptr) parts_.completer.complete(*work.entry, status, /*record=*/false);
       }
     }
     if (!status.ok() && status.code() == ErrorCode::Communication) fault = status;
