@@ -30,6 +30,9 @@ constexpr microseconds kSpinTime{50};
 constexpr microseconds kBusyCap{200};
 constexpr microseconds kIdleCap{10000};
 constexpr microseconds kP2PSpinTime{2000};
+// While an application thread runs the cycles, the loop looks in this often anyway (a stop
+// request; a stream of overlapping drivers): Note [A waiting thread runs the cycle].
+constexpr microseconds kDrivenWatch{1000};
 // The coordinator waits this long for every rank's last message.
 constexpr std::chrono::seconds kShutdownAnswerTimeout{10};
 
@@ -63,46 +66,16 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
     tuner_.emplace(std::move(options));
   }
   Status status;
-  Clock::time_point idle_since = Clock::now();
   try {
-    while (status.ok() && !executor_.shutdown()) {
-      if (stop_requested.load() && !sender_.last_sent()) {
-        status = stop_here(Status());
-        continue;
-      }
-      bool did_work = false;
-      status = cycle(&did_work);
-      const Clock::time_point now = Clock::now();
-      if (did_work) {
-        idle_since = now;
-        parts_.timeline.mark_cycle();
-        continue;
-      }
-      const auto idle = std::chrono::duration_cast<microseconds>(now - idle_since);
-      if (idle < kSpinTime && detail::app_threads_waiting()) {
-        if (!parts_.sharing.poll_without_yield)
-          std::this_thread::yield();  // Note [Waiting on a shared CPU].
-        continue;
-      }
-      // A message partly received completes only while the plane is polled.
-      if (parts_.plane.receiving()) {
-        std::this_thread::yield();
-        continue;
-      }
-      // Point-to-point ops in flight: poll on for a while (ping-pong latency), and for as
-      // long as an application thread waits. A large message moves only while both ends poll
-      // (MPI pipelines it in fragments when it cannot copy it in one go), and its progress is
-      // invisible until it completes, so `idle` grows during a healthy transfer: napping then
-      // cut the bandwidth to a fragment per nap (Note [The cycle]).
-      if (parts_.p2p.busy() && (idle < kP2PSpinTime || detail::app_threads_waiting())) {
-        std::this_thread::yield();
-        continue;
-      }
-      const microseconds cap = parts_.queue.empty() && !parts_.p2p.busy() ? kIdleCap : kBusyCap;
-      parts_.queue.wait_for_work(std::clamp(idle / 8, microseconds{10}, cap));
-    }
+    // LoopDriver::drive() calls it under the cycle lock, which the analysis cannot follow
+    // through the std::function.
+    parts_.driver.attach([this](bool* in_flight)
+                             TUTTI_NO_THREAD_SAFETY_ANALYSIS { return driven_cycle(in_flight); });
+    status = run_cycles(stop_requested);
+    parts_.driver.detach();  // Nothing runs a cycle from here on.
     if (status.ok()) status = finish_handshake();
   } catch (const std::exception& e) {
+    parts_.driver.detach();
     status =
         Status(ErrorCode::Internal, str_cat("Tutti's communication thread failed: ", e.what()));
   }
@@ -117,6 +90,89 @@ Status BackgroundLoop::run(const std::atomic<bool>& stop_requested) {
       static_cast<void>(finish_handshake());
     }
   }
+  return status;
+}
+
+Status BackgroundLoop::run_cycles(const std::atomic<bool>& stop_requested) {
+  for (;;) {
+    // Note [A waiting thread runs the cycle] in loop_driver.h.
+    if (parts_.driver.driven()) parts_.driver.sleep_while_driven(kDrivenWatch);
+    Pause pause;
+    {
+      detail::MutexLock lock(parts_.driver.cycle_mutex());
+      std::optional<Status> end;
+      try {
+        end = step(stop_requested, &pause);
+      } catch (const std::exception& e) {
+        end =
+            Status(ErrorCode::Internal, str_cat("Tutti's communication thread failed: ", e.what()));
+      }
+      if (end) {
+        // Before the lock is let go: no driver may run a cycle after the loop's last (after a
+        // fault, the peers are in an unknown state).
+        parts_.driver.stop_driving();
+        return *end;
+      }
+    }
+    // Outside the lock, which a driver may be waiting for.
+    if (pause.yield) std::this_thread::yield();
+    if (pause.nap > microseconds{0}) parts_.queue.wait_for_work(pause.nap);
+  }
+}
+
+std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_requested, Pause* pause) {
+  TUTTI_RETURN_IF_ERROR(parts_.driver.failure());
+  if (executor_.shutdown()) return Status();
+  if (stop_requested.load() && !sender_.last_sent()) {
+    TUTTI_RETURN_IF_ERROR(stop_here(Status()));
+    return std::nullopt;
+  }
+  bool did_work = false;
+  TUTTI_RETURN_IF_ERROR(cycle(&did_work));
+  const Clock::time_point now = Clock::now();
+  if (did_work) {
+    last_work_ = now;
+    parts_.timeline.mark_cycle();
+    return std::nullopt;
+  }
+  const auto idle = std::chrono::duration_cast<microseconds>(now - last_work_);
+  if (idle < kSpinTime && detail::app_threads_waiting()) {
+    // Note [Waiting on a shared CPU].
+    pause->yield = !parts_.sharing.poll_without_yield;
+  } else if (parts_.plane.receiving()) {
+    // A message partly received completes only while the plane is polled.
+    pause->yield = true;
+  } else if (parts_.p2p.busy() && (idle < kP2PSpinTime || detail::app_threads_waiting())) {
+    // Point-to-point ops in flight: poll on for a while (ping-pong latency), and for as long
+    // as an application thread waits. A large message moves only while both ends poll (MPI
+    // pipelines it in fragments when it cannot copy it in one go), and its progress is
+    // invisible until it completes, so `idle` grows during a healthy transfer: napping then
+    // cut the bandwidth to a fragment per nap (Note [The cycle]).
+    pause->yield = true;
+  } else {
+    const microseconds cap = parts_.queue.empty() && !parts_.p2p.busy() ? kIdleCap : kBusyCap;
+    pause->nap = std::clamp(idle / 8, microseconds{10}, cap);
+  }
+  return std::nullopt;
+}
+
+Status BackgroundLoop::driven_cycle(bool* in_flight) {
+  Status status;
+  // Not after the bye: the loop ends on it (and the driver's let_go() wakes it to).
+  if (!executor_.shutdown()) {
+    try {
+      bool did_work = false;
+      status = cycle(&did_work);
+      if (did_work) {
+        last_work_ = Clock::now();  // The loop's idle policy counts from here.
+        parts_.timeline.mark_cycle();
+      }
+    } catch (const std::exception& e) {
+      status = Status(ErrorCode::Internal,
+                      str_cat("a cycle on an application thread failed: ", e.what()));
+    }
+  }
+  *in_flight = executor_.shutdown() || !parts_.queue.empty() || parts_.p2p.busy();
   return status;
 }
 
@@ -165,7 +221,8 @@ void BackgroundLoop::adopt_cycle_time(const ResponseList& list) {
 }
 
 Status BackgroundLoop::send_new(bool* did_work) {
-  std::optional<RequestList> list = sender_.take_new();
+  // A driving thread waits on its op; nothing is gained by letting it submit more.
+  std::optional<RequestList> list = sender_.take_new(/*batch_by_yielding=*/!parts_.driver.driven());
   if (!list) return Status();
   *did_work = true;
   if (!is_coordinator()) return parts_.plane.send(0, encode(*list));

@@ -4,13 +4,17 @@
 // Note [Threading model]
 // A session's threads, and what each may touch:
 //  - application threads call the public API: they validate arguments, read the process-set
-//    table, push entries on the TensorQueue and wait on handles. They make no MPI call of the
-//    collectives; they may run the point-to-point stage's step under its lock (Note [A
-//    waiting thread drives point-to-point] in execution/p2p_engine.h).
+//    table, push entries on the TensorQueue and wait on handles. A thread that waits may run
+//    the point-to-point stage's step under its lock (Note [A waiting thread drives
+//    point-to-point] in execution/p2p_engine.h), and, where MPI allows it and no device is
+//    used, the whole cycle under the cycle lock (Note [A waiting thread runs the cycle] in
+//    loop_driver.h).
 //  - "tutti-comm", the communication thread (one per session, started by Session::create,
-//    joined by Session::stop): makes every MPI and NCCL call of the collectives and owns
-//    the stages below (the point-to-point stage shared as just said), the backends and the
-//    movers.
+//    joined by Session::stop): runs the cycle, so makes every MPI and NCCL call of the
+//    collectives that no waiting thread makes, and owns the stages below, the backends and the
+//    movers. It holds the cycle lock around each cycle, so the stages belong to whichever
+//    thread holds that lock; what it does between cycles (the idle policy, the stop request,
+//    the shutdown handshake) is its own.
 //  - "tutti-device" (CUDA ops only; DeviceCompletions): polls device events and completes
 //    device ops through the Completer.
 //  - "tutti-timeline" (while a timeline is open): writes the file; the others only format
@@ -82,6 +86,7 @@
 #include "src/core/execution/device_path.h"
 #include "src/core/execution/p2p_engine.h"
 #include "src/core/execution/response_executor.h"
+#include "src/core/loop_driver.h"
 #include "src/core/negotiation/coordinator_stage.h"
 #include "src/core/negotiation/request_sender.h"
 #include "src/core/process_set_table.h"
@@ -91,7 +96,8 @@
 
 namespace tutti::core {
 
-// Communication thread only (built by Session::create before the thread starts).
+// Communication thread only (built by Session::create before the thread starts), except the
+// cycles a waiting thread runs through Parts::driver.
 class BackgroundLoop {
  public:
   // Everything the loop works with; all of it must outlive the loop.
@@ -101,6 +107,9 @@ class BackgroundLoop {
     ProcessSetTable& sets;
     DevicePath& device;
     P2PEngine& p2p;  // Point-to-point ops: Note [P2P stage] in p2p_engine.h.
+    // Its cycle lock, and the waiting threads that run cycles (Note [A waiting thread runs the
+    // cycle] in loop_driver.h).
+    LoopDriver& driver;
     const Completer& completer;
     Timeline& timeline;
     FlightRecorder& recorder;
@@ -123,7 +132,21 @@ class BackgroundLoop {
  private:
   bool is_coordinator() const { return coordinator_.has_value(); }
   // One cycle; *did_work tells the idle policy whether anything moved.
-  Status cycle(bool* did_work);
+  Status cycle(bool* did_work) TUTTI_REQUIRES(parts_.driver.cycle_mutex());
+  // One cycle on an application thread (LoopDriver::drive()); *in_flight: whether ops are left
+  // in flight after it.
+  Status driven_cycle(bool* in_flight) TUTTI_REQUIRES(parts_.driver.cycle_mutex());
+  // The loop's body until the job stops, each cycle under the cycle lock.
+  Status run_cycles(const std::atomic<bool>& stop_requested);
+  // What the loop does between two steps, outside the cycle lock: nothing, yield, or nap.
+  struct Pause {
+    bool yield = false;
+    std::chrono::microseconds nap{0};
+  };
+  // One step of the loop: the stop request, or a cycle and the idle policy after it (into
+  // *pause). Returns how the loop ends (OK: the job stopped), or nothing to go on.
+  std::optional<Status> step(const std::atomic<bool>& stop_requested, Pause* pause)
+      TUTTI_REQUIRES(parts_.driver.cycle_mutex());
   Status receive(bool* did_work);
   Status send_new(bool* did_work);
   // Rank 0: sends `list` to every other rank, then executes it here. With autotune, the list
@@ -142,6 +165,9 @@ class BackgroundLoop {
   RequestSender sender_;                         // Reads executor_'s cache.
   std::optional<CoordinatorStage> coordinator_;  // Rank 0 only.
   std::optional<Autotuner> tuner_;               // Rank 0 with TUTTI_AUTOTUNE=1 only.
+  // When a cycle, the loop's or a driver's, last did work: the idle policy's clock.
+  std::chrono::steady_clock::time_point last_work_ TUTTI_GUARDED_BY(parts_.driver.cycle_mutex()) =
+      std::chrono::steady_clock::now();
 };
 
 }  // namespace tutti::core

@@ -39,7 +39,7 @@ void OpState::complete(Status status) {
 
 bool OpState::poll() const {
   if (done()) return true;
-  if (std::shared_ptr<Driver> by = driver.lock()) by->drive();
+  if (std::shared_ptr<Driver> by = driver.lock()) by->poll();
   return done();
 }
 
@@ -47,14 +47,20 @@ Status OpState::wait() const {
   if (done()) return status_;
   // Not counted in app_waiters: the communication thread need not poll for this thread while
   // it drives the op itself.
-  if (std::shared_ptr<Driver> by = driver.lock()) {
+  const std::shared_ptr<Driver> by = driver.lock();
+  if (by) {
+    by->take_over();
     const auto drive_until = std::chrono::steady_clock::now() + kDriveTime;
     while (!done() && std::chrono::steady_clock::now() < drive_until) by->drive();
-    if (done()) return status_;
-    by->hand_back();
+    if (done()) {
+      by->let_go();
+      return status_;
+    }
   }
   // While this thread waits, the communication thread polls without pause (Note [The cycle]).
+  // Counted before the hand-back, so that the loop it wakes sees a waiter.
   app_waiters.fetch_add(1, std::memory_order_relaxed);
+  if (by) by->hand_back();
   // A short spin first where the communication thread has a CPU of its own: a small op
   // finishes within microseconds, and a futex sleep and wake-up would double its latency.
   // Where the two share a CPU the spin only takes turns with the thread it waits for, so this

@@ -19,15 +19,22 @@ class Completer;
 namespace tutti::detail {
 
 // Progress that a thread waiting on an op may make itself rather than wait for the thread that
-// runs the op (Note [A waiting thread drives point-to-point] in execution/p2p_engine.h).
+// runs the op (Notes [A waiting thread drives point-to-point] in execution/p2p_engine.h and [A
+// waiting thread runs the cycle] in loop_driver.h).
+// A waiting thread calls take_over(), then drive() until its op is done or its time is up,
+// then let_go() or hand_back(). Any thread.
 class Driver {
  public:
   virtual ~Driver() = default;
-  // Makes what progress it can without blocking, or nothing if another thread is at it. Any
-  // thread.
+  // The thread starts driving.
+  virtual void take_over() {}
+  // Makes what progress it can, or nothing if another thread is at it.
   virtual void drive() = 0;
-  // The waiting thread stops driving and sleeps: the op's own thread takes it on at once. Any
-  // thread.
+  // Handle::poll()'s step, which must not block: drive() unless the driver says otherwise.
+  virtual void poll() { drive(); }
+  // The thread's op is done: it stops driving and goes on.
+  virtual void let_go() {}
+  // The thread stops driving and sleeps: the op's own thread takes it on at once.
   virtual void hand_back() = 0;
 };
 
@@ -47,8 +54,8 @@ struct OpResults {
 class OpState {
  public:
   bool done() const { return done_.load(std::memory_order_acquire); }
-  // done(), after one step of the op's driver if it has one (as MPI_Test makes progress).
-  // Never blocks. Any thread.
+  // done(), after one step of the op's driver if it has one (as MPI_Test makes progress:
+  // Driver::poll()). Never blocks. Any thread.
   bool poll() const;
   // Any thread. Blocks until the op is complete; returns its Status.
   Status wait() const TUTTI_EXCLUDES(mutex_);

@@ -6,6 +6,7 @@
 
 #include <numeric>
 
+#include "ops/device_ops.h"
 #include "ops/transport.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
@@ -35,11 +36,18 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
           transport_->take_p2p_channel(), p2p_queue_, completer_, config_,
           transport_->topology().threads_multiple && !sharing_.ranks_exceed_cpus,
           [this] { queue_.wake(); })),
+      // No device: its ops stay on the communication thread (Note [A waiting thread runs the
+      // cycle] in loop_driver.h).
+      loop_driver_(std::make_shared<LoopDriver>(transport_->topology().threads_multiple &&
+                                                    !sharing_.ranks_exceed_cpus &&
+                                                    ops::device_ops().device_count() == 0,
+                                                [this] { queue_.wake(); })),
       loop_({.plane = transport_->control_plane(),
              .queue = queue_,
              .sets = sets_,
              .device = device_,
              .p2p = *p2p_,
+             .driver = *loop_driver_,
              .completer = completer_,
              .timeline = timeline_,
              .recorder = *recorder_,
@@ -135,6 +143,7 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
         entry->ready,
         ops::device_ops().record_ready(cuda::current_stream(), entry->inputs.front().device()));
   }
+  if (loop_driver_->enabled()) entry->state->driver = loop_driver_;
   // A push racing with the loop's end is either refused or failed by finish(): close() takes
   // the queue's lock too.
   return queue_.push(std::move(entry));

@@ -101,7 +101,10 @@ class Session {
   // Shared with the point-to-point ops that a waiting thread may drive (Note [A waiting thread
   // drives point-to-point] in execution/p2p_engine.h).
   std::shared_ptr<P2PEngine> p2p_;
-  BackgroundLoop loop_;                        // Communication thread only.
+  // Shared with the collectives that a waiting thread may run the cycle for (Note [A waiting
+  // thread runs the cycle] in loop_driver.h).
+  std::shared_ptr<LoopDriver> loop_driver_;
+  BackgroundLoop loop_;  // Communication thread only, but for the cycles loop_driver_ runs.
   std::optional<SignalDumper> signal_dumper_;  // While the flight recorder records.
 
   std::atomic<std::uint64_t> set_changes_{0};

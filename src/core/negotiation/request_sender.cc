@@ -21,7 +21,7 @@ namespace tutti::core {
 // without the yield, 8.1-8.7 ms with it, and about 500 context switches per step on the
 // coordinator; P2 unchanged (the lone op's submitter waits at once).
 
-std::optional<RequestList> RequestSender::take_new() {
+std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
   // A rank's last message is its last (Note [Shutdown handshake]); ops still queued then are
   // failed when the session ends.
   if (last_sent_) return std::nullopt;
@@ -36,7 +36,8 @@ std::optional<RequestList> RequestSender::take_new() {
   for (std::size_t before = 0; entries_.size() > before && Clock::now() < deadline;) {
     before = entries_.size();
     // See Note [Batching on a shared CPU].
-    if (shares_cpu_ && !detail::app_threads_waiting()) std::this_thread::yield();
+    if (batch_by_yielding && shares_cpu_ && !detail::app_threads_waiting())
+      std::this_thread::yield();
     queue_.drain_new(&entries_);
   }
   RequestList list;

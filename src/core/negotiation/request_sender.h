@@ -35,7 +35,9 @@ class RequestSender {
   // knows), or nothing if there are none or this rank's last message was sent. Batches while
   // ops keep arriving (each drain of the queue finds more), at most the cycle time: a training
   // step submits many at once, and a lone op goes out at once.
-  std::optional<RequestList> take_new();
+  // `batch_by_yielding`: whether it may yield to let submitters go on (Note [Batching on a
+  // shared CPU] in request_sender.cc); false on a thread that drives the loop.
+  std::optional<RequestList> take_new(bool batch_by_yielding = true);
   // The full requests of this rank's ops in flight that were sent as the cache hits `ids`,
   // which the coordinator no longer knows; nothing once the last message was sent.
   std::optional<RequestList> take_resend(std::span<const std::int32_t> ids);
