@@ -76,6 +76,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <optional>
 
 #include "ops/control_plane.h"
