@@ -17,6 +17,18 @@
 
 namespace tutti::core {
 
+namespace {
+
+// Whether application threads may make the communication thread's MPI calls while they wait
+// (Notes [A waiting thread drives point-to-point] in execution/p2p_engine.h and [A waiting
+// thread runs the cycle] in loop_driver.h): MPI must allow it, and their spinning must not
+// keep a CPU that a peer rank needs.
+bool waiting_threads_may_drive(const ops::Topology& topology, const CpuSharing& sharing) {
+  return topology.threads_multiple && !sharing.ranks_exceed_cpus;
+}
+
+}  // namespace
+
 Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
     : config_(std::move(config)),
       transport_(std::move(transport)),
@@ -34,14 +46,13 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
       sharing_(this_process_cpu_sharing(transport_->topology(), !config_.thread_affinity.empty())),
       p2p_(std::make_shared<P2PEngine>(
           transport_->take_p2p_channel(), p2p_queue_, completer_, config_,
-          transport_->topology().threads_multiple && !sharing_.ranks_exceed_cpus,
-          [this] { queue_.wake(); })),
+          waiting_threads_may_drive(transport_->topology(), sharing_), [this] { queue_.wake(); })),
       // No device: its ops stay on the communication thread (Note [A waiting thread runs the
       // cycle] in loop_driver.h).
-      loop_driver_(std::make_shared<LoopDriver>(transport_->topology().threads_multiple &&
-                                                    !sharing_.ranks_exceed_cpus &&
-                                                    ops::device_ops().device_count() == 0,
-                                                [this] { queue_.wake(); })),
+      loop_driver_(std::make_shared<LoopDriver>(
+          waiting_threads_may_drive(transport_->topology(), sharing_) &&
+              ops::device_ops().device_count() == 0,
+          [this] { queue_.wake(); })),
       loop_({.plane = transport_->control_plane(),
              .queue = queue_,
              .sets = sets_,
