@@ -11,10 +11,11 @@ namespace {
 
 std::atomic<int> app_waiters{0};     // See app_threads_waiting().
 std::atomic<bool> wait_spins{true};  // See set_wait_spins().
-// How long wait() drives an op itself before it leaves it to the communication thread (Note [A
-// waiting thread drives point-to-point] in execution/p2p_engine.h): long enough for a small
-// message's round trip on a loaded host, short enough that a wait for a late peer soon costs
-// no CPU beyond the communication thread's own polling.
+// How long wait() drives an op itself before it leaves it to the communication thread (Notes [A
+// waiting thread drives point-to-point] in execution/p2p_engine.h and [A waiting thread runs
+// the cycle] in loop_driver.h): long enough for a small op's round trip on a loaded host,
+// short enough that a wait for a late peer soon costs no CPU beyond the communication
+// thread's own polling.
 constexpr std::chrono::microseconds kDriveTime{200};
 
 }  // namespace
