@@ -20,6 +20,7 @@
 #include "src/core/flight_recorder.h"
 #include "src/core/process_set_table.h"
 #include "src/core/signal_dump.h"
+#include "src/core/sigpipe_guard.h"
 #include "src/core/tensor_queue.h"
 #include "src/core/timeline.h"
 
@@ -86,6 +87,9 @@ class Session {
   // Declared in dependency order: each member is built from those above it and destroyed
   // before them.
   const Config config_;
+  // Before the transport: SIGPIPE stays ignored until the transport is gone (Note [SIGPIPE
+  // while a session runs] in sigpipe_guard.h).
+  const SigpipeGuard sigpipe_guard_;
   std::unique_ptr<ops::Transport> transport_;
   // Lent to src/rpc (see rpc_plane()); its own communicator, used by the RPC agent's thread.
   std::unique_ptr<ops::ControlPlane> rpc_plane_;

@@ -25,6 +25,9 @@ sem_t& dump_requests() {
 
 volatile std::sig_atomic_t terminating = 0;  // SIGTERM arrived: dump, then end.
 
+// How long a rank that dumped on SIGTERM lives on before it ends (Note [Dump on SIGUSR1]).
+constexpr std::chrono::milliseconds kSigtermLinger(250);
+
 extern "C" void request_dump(int signal) {
   const int saved = errno;  // A handler must leave errno as it found it.
   if (signal == SIGTERM) terminating = 1;
@@ -102,7 +105,9 @@ void SignalDumper::run() {
     else
       TUTTI_LOG_ERROR(why, ": ", dumped.message());
     if (terminate) {
-      // Ends the process as the first SIGTERM would have (Note [Dump on SIGUSR1]).
+      // Ends the process as the first SIGTERM would have, once the host's other ranks have
+      // had time to dump too (Note [Dump on SIGUSR1]).
+      std::this_thread::sleep_for(kSigtermLinger);
       restore_default(SIGTERM);
       raise(SIGTERM);
     }

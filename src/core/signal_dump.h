@@ -15,6 +15,16 @@
 // raises SIGTERM again, so the process ends with the status it would have had (mpirun's
 // SIGKILL a few seconds later ends one whose dump hangs).
 //
+// Between the dump and that raise it waits kSigtermLinger (250 ms), for the other ranks of its
+// host. Open MPI's daemon sends SIGTERM to all of its local ranks, then sleep()s a second
+// before it sends SIGKILL (orte/mca/odls, 4.1); but the SIGCHLD of the first rank to exit cuts
+// that sleep short. So the first rank to dump and die had the daemon kill its siblings while
+// they were still writing theirs: on the 2-core VM with two busy processes beside the job, a
+// sibling's dump thread woke 2.7 ms after its SIGTERM, when the first rank had already ended,
+// and was killed before it had opened its file. A dump takes well under a millisecond once its
+// thread runs. (This and SIGPIPE, Note [SIGPIPE while a session runs] in sigpipe_guard.h, lost
+// a rank's dump in 8 of 91 runs of the cluster test "fault crash" there; none in 110 since.)
+//
 // Each handler is installed only where the signal still has its default action (an
 // application's own handler is left alone, and then that signal dumps nothing), and the
 // default is restored when the session ends.

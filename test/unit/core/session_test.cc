@@ -3,6 +3,7 @@
 #include "src/core/session.h"
 
 #include <algorithm>
+#include <csignal>
 #include <latch>
 #include <random>
 #include <string>
@@ -190,6 +191,19 @@ TEST_CASE("Stopping one rank fails the other's pending op with ShutDown", "[sess
     code = static_cast<int>(submitted.ok() ? lonely->state->wait().code() : submitted.code());
   });
   CHECK(code == static_cast<int>(ErrorCode::ShutDown));
+}
+
+void (*sigpipe_handler())(int) {
+  struct sigaction current = {};
+  sigaction(SIGPIPE, nullptr, &current);
+  return current.sa_handler;
+}
+
+TEST_CASE("A session ignores SIGPIPE while it runs", "[session][sigpipe]") {
+  // Note [SIGPIPE while a session runs] in src/core/sigpipe_guard.h.
+  REQUIRE(sigpipe_handler() == SIG_DFL);
+  with_sessions(2, [&](core::Session&, int) { CHECK(sigpipe_handler() == SIG_IGN); });
+  CHECK(sigpipe_handler() == SIG_DFL);
 }
 
 }  // namespace
