@@ -14,6 +14,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "src/base/dtype.h"
 #include "src/common/check.h"
 
 namespace tutti::ops::cpu {
@@ -80,7 +81,8 @@ void convert_scale(void* destination, DataType destination_type, const void* sou
                    DataType source_type, std::size_t count, double factor) {
   if (count == 0) return;
   if (destination_type == source_type && factor == 1.0) {
-    if (destination != source) std::memcpy(destination, source, count * element_size(source_type));
+    if (destination != source)
+      std::memcpy(destination, source, count * tutti::detail::element_bytes(source_type));
     return;
   }
   with_type(source_type, [&](auto s) {

@@ -11,6 +11,7 @@
 #include "ops/mpi/mpi_backend.h"
 #include "ops/mpi/mpi_error.h"
 #include "ops/shm/reduce.h"
+#include "src/base/dtype.h"
 
 namespace tutti::ops::shm {
 namespace {
@@ -59,7 +60,7 @@ std::size_t in_round(std::size_t total, std::size_t done, std::size_t round) {
 std::size_t total_bytes(std::span<const std::size_t> counts, DataType dtype) {
   std::size_t elements = 0;
   for (std::size_t count : counts) elements += count;
-  return elements * element_size(dtype);
+  return elements * tutti::detail::element_bytes(dtype);
 }
 
 // Where `rank`'s share of a chunk of `length` elements starts (rank == size: its end).
@@ -105,19 +106,20 @@ class Stream {
 // converted and scaled.
 void unpack(const Stream& stream, std::size_t begin, std::size_t end, const std::byte* reduced,
             DataType wire) {
-  const std::size_t element = element_size(wire);
+  const std::size_t element = tutti::detail::element_bytes(wire);
   stream.for_each(
       begin, end, [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
         if (t.output == nullptr) return;
-        cpu::convert_scale(at(t.output, from * element_size(t.output_type)), t.output_type,
-                           reduced + to * element, wire, count, t.factor);
+        cpu::convert_scale(at(t.output, from * tutti::detail::element_bytes(t.output_type)),
+                           t.output_type, reduced + to * element, wire, count, t.factor);
       });
 }
 
 }  // namespace
 
 Status ShmBackend::allreduce(void* data, std::size_t count, DataType dtype, WireOp op) {
-  if (over_mpi(count * element_size(dtype))) return mpi_->allreduce(data, count, dtype, op);
+  if (over_mpi(count * tutti::detail::element_bytes(dtype)))
+    return mpi_->allreduce(data, count, dtype, op);
   const FusedTensor tensor{
       .input = data, .input_type = dtype, .output = data, .output_type = dtype, .count = count};
   return allreduce_tensors({&tensor, 1}, dtype, op);
@@ -131,7 +133,7 @@ Status ShmBackend::allreduce_tensors(std::span<const FusedTensor> tensors, DataT
 
 Status ShmBackend::reduce(const void* input, void* output, std::size_t count, DataType dtype,
                           WireOp op, int root) {
-  if (over_mpi(count * element_size(dtype)))
+  if (over_mpi(count * tutti::detail::element_bytes(dtype)))
     return mpi_->reduce(input, output, count, dtype, op, root);
   const FusedTensor tensor{.input = input,
                            .input_type = dtype,
@@ -157,7 +159,7 @@ Status ShmBackend::reduce_tensors(std::span<const FusedTensor> tensors, DataType
 Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType wire, WireOp op,
                                  int root) {
   const Stream stream(tensors);
-  const std::size_t element = element_size(wire);
+  const std::size_t element = tutti::detail::element_bytes(wire);
   const std::size_t chunk_elements = ring_->slot_bytes() / element;
   const std::size_t align = std::max<std::size_t>(1, kCacheLine / element);
   const bool whole = stream.total() * element <= kWholeChunkBytes;
@@ -179,9 +181,10 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
                       } else if (run.streaming() && t.input_type == wire && t.prescale == 1.0) {
                         stream_copy(into, at(t.input, from * element), count * element);
                       } else {
-                        cpu::convert_scale(into, wire,
-                                           at(t.input, from * element_size(t.input_type)),
-                                           t.input_type, count, t.prescale);
+                        cpu::convert_scale(
+                            into, wire,
+                            at(t.input, from * tutti::detail::element_bytes(t.input_type)),
+                            t.input_type, count, t.prescale);
                       }
                     });
     ring_->publish(Counter::Staged, chunk);
@@ -223,7 +226,7 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
 Status ShmBackend::allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                               DataType dtype) {
   if (over_mpi(total_bytes(counts, dtype))) return mpi_->allgatherv(input, output, counts, dtype);
-  const std::size_t element = element_size(dtype);
+  const std::size_t element = tutti::detail::element_bytes(dtype);
   const int n = size();
   const int me = rank();
   std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
@@ -264,7 +267,7 @@ Status ShmBackend::gatherv(const void* input, void* output, std::span<const std:
                            DataType dtype, int root) {
   if (over_mpi(total_bytes(counts, dtype)))
     return mpi_->gatherv(input, output, counts, dtype, root);
-  const std::size_t element = element_size(dtype);
+  const std::size_t element = tutti::detail::element_bytes(dtype);
   const int n = size();
   const int me = rank();
   std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
@@ -310,7 +313,7 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
                             DataType dtype, int root) {
   if (over_mpi(total_bytes(counts, dtype)))
     return mpi_->scatterv(input, counts, output, dtype, root);
-  const std::size_t element = element_size(dtype);
+  const std::size_t element = tutti::detail::element_bytes(dtype);
   const int n = size();
   const int me = rank();
   std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
@@ -355,8 +358,9 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
 
 // The root stages a slot at a time; the others copy it out.
 Status ShmBackend::broadcast(void* data, std::size_t count, DataType dtype, int root) {
-  if (over_mpi(count * element_size(dtype))) return mpi_->broadcast(data, count, dtype, root);
-  const std::size_t bytes = count * element_size(dtype);
+  if (over_mpi(count * tutti::detail::element_bytes(dtype)))
+    return mpi_->broadcast(data, count, dtype, root);
+  const std::size_t bytes = count * tutti::detail::element_bytes(dtype);
   const StagingRun run(staging_[kBroadcast], bytes);
   const std::size_t round = ring_->slot_bytes();
   for (std::size_t done = 0; done < bytes; done += round) {
@@ -382,7 +386,7 @@ Status ShmBackend::reducescatter(const void* input, void* output,
                                  WireOp op) {
   if (over_mpi(total_bytes(recv_counts, dtype)))
     return mpi_->reducescatter(input, output, recv_counts, dtype, op);
-  const std::size_t element = element_size(dtype);
+  const std::size_t element = tutti::detail::element_bytes(dtype);
   const int n = size();
   const int me = rank();
   // Elements per share, whole cache lines of them.

@@ -3,10 +3,13 @@
 // one) then cost no allocation of their own (per-op allocations dominated P3, issue 12).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
 #include <new>
+#include <span>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -23,6 +26,9 @@ class InlineVector {
  public:
   InlineVector() = default;
   InlineVector(std::initializer_list<T> values) { append(values.begin(), values.end()); }
+  explicit InlineVector(std::span<const T> values) { append(values.begin(), values.end()); }
+  // Implicit, as a copy: core fills in place what callers hand over as std::vector.
+  InlineVector(const std::vector<T>& values) { append(values.begin(), values.end()); }
   InlineVector(const InlineVector& other) { append(other.begin(), other.end()); }
   InlineVector(InlineVector&& other) noexcept { take(other); }
   InlineVector& operator=(const InlineVector& other) {
@@ -60,6 +66,13 @@ class InlineVector {
   const T& front() const { return data()[0]; }
   T& back() { return data()[size() - 1]; }
   const T& back() const { return data()[size() - 1]; }
+  // Bounds-checked, as std::vector::at: throws std::out_of_range.
+  const T& at(std::size_t i) const {
+    if (i >= size()) throw std::out_of_range("InlineVector::at");
+    return data()[i];
+  }
+  // A std::vector of the elements (for the APIs that take one).
+  std::vector<T> to_vector() const { return std::vector<T>(begin(), end()); }
 
   void reserve(std::size_t n) {
     if (n > N && !on_heap_) spill(n);
@@ -74,6 +87,30 @@ class InlineVector {
     T* slot = ::new (static_cast<void*>(local() + count_)) T(std::forward<Args>(args)...);
     ++count_;
     return *slot;
+  }
+  // `n` elements: the first ones kept, new ones value-initialized (zero for numbers).
+  void resize(std::size_t n) {
+    if (n < size()) {
+      if (on_heap_) {
+        heap_.resize(n);
+      } else {
+        std::destroy(local() + n, local() + count_);
+        count_ = n;
+      }
+      return;
+    }
+    reserve(n);
+    while (size() < n) emplace_back();
+  }
+  void assign(std::span<const T> values) {
+    clear();
+    append(values.begin(), values.end());
+  }
+  friend bool operator==(const InlineVector& a, const InlineVector& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+  friend bool operator==(const InlineVector& a, const std::vector<T>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
   }
   // Leaves the vector empty and in place (a spilled one keeps its heap buffer).
   void clear() {

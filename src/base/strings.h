@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -19,7 +20,7 @@ std::string str_cat(const Args&... args) {
 }
 
 // "[17, 3]"
-inline std::string shape_string(const std::vector<std::int64_t>& shape) {
+inline std::string shape_string(std::span<const std::int64_t> shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";

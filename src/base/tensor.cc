@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "src/base/device_memory.h"
+#include "src/base/shape.h"
 #include "src/base/strings.h"
 
 namespace tutti {
@@ -51,11 +52,8 @@ bool is_floating(DataType dtype) {
          dtype == DataType::Float64;
 }
 
-namespace {
-
-// num_elements() of a shape with a non-positive dimension or too many elements: the errors,
-// or 0 when a dimension is 0.
-[[gnu::noinline]] std::int64_t checked_num_elements(const Shape& shape) {
+// The errors, or 0 when a dimension is 0.
+std::int64_t detail::checked_num_elements(std::span<const std::int64_t> shape) {
   for (std::int64_t d : shape) {
     if (d < 0) {
       throw Error(ErrorCode::InvalidArgument,
@@ -76,16 +74,7 @@ namespace {
   return count;
 }
 
-}  // namespace
-
-std::int64_t num_elements(const Shape& shape) {
-  // The usual shape in one tight pass: the runtime counts elements several times per op.
-  std::int64_t product = 1;
-  for (std::int64_t d : shape) {
-    if (d <= 0 || __builtin_mul_overflow(product, d, &product)) return checked_num_elements(shape);
-  }
-  return product;
-}
+std::int64_t num_elements(const Shape& shape) { return detail::num_elements(shape); }
 
 TensorView::TensorView(void* data, DataType dtype, Shape shape, Device device)
     : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {

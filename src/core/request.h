@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/base/inline_vector.h"
 #include "tutti/collectives.h"
 #include "tutti/error.h"
 #include "tutti/tensor.h"
@@ -42,12 +43,19 @@ inline constexpr std::string_view kJoinName = "tutti.join";
 // "ALLREDUCE", "ALLGATHER", ... as in error messages and the timeline.
 std::string_view to_string(Collective op);
 
+// A tensor's dims as negotiated. Up to four live in place: a submission copies its tensor's
+// shape here, and a heap vector would be one more allocation and free per op (P3).
+using Dims = base::InlineVector<std::int64_t, 4>;
+
 // The dtype and shape of one tensor of an op (several for grouped ops).
 struct TensorSpec {
   DataType dtype = DataType::Float32;
-  Shape shape;
+  Dims shape;
   friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };
+
+// An op's tensor specs. Nearly every op has one, kept in place for the same reason as Dims.
+using TensorSpecs = base::InlineVector<TensorSpec, 1>;
 
 // One rank's submission of one op (a grouped op is one Request with several tensors).
 struct Request {
@@ -64,7 +72,7 @@ struct Request {
   std::vector<std::int64_t> splits;
   // One spec per tensor. Scatter: the root's input; a non-root's carries only the dtype (its
   // shape is empty: API.md ignores the view a non-root passes).
-  std::vector<TensorSpec> tensors;
+  TensorSpecs tensors;
   std::vector<int> set_ranks;  // AddProcessSet: the global ranks of the new set, as given.
   int target_set_id = -1;      // RemoveProcessSet: the set to remove.
   friend bool operator==(const Request&, const Request&) = default;
@@ -72,6 +80,9 @@ struct Request {
 
 // The coordinator's verdict on one op, identical on every rank of the set.
 struct Response {
+  // Not `= default`: a response list holds an empty Response for every cache hit, and
+  // value-initializing one (resize(), emplace_back()) would then zero all of it first.
+  Response() {}  // NOLINT(modernize-use-equals-default)
   int process_set_id = 0;
   std::string name;
   Collective op = Collective::Allreduce;
@@ -81,7 +92,7 @@ struct Response {
   double postscale = 1.0;
   int root_rank = -1;
   // As agreed (allgather, gather: the first submitter's spec; scatter: the root's input).
-  std::vector<TensorSpec> tensors;
+  TensorSpecs tensors;
   // Allgather, Gather: dim 0 of every set rank for each tensor, tensor-major
   // (rows[t * set_size + r]; 0 for a joined rank). Empty for other ops.
   std::vector<std::int64_t> rows;

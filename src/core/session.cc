@@ -116,6 +116,7 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
   std::vector<int> everyone(static_cast<std::size_t>(session->topology().size));
   std::iota(everyone.begin(), everyone.end(), 0);
   TUTTI_RETURN_IF_ERROR(session->sets_.add(0, everyone));
+  TUTTI_ASSIGN_OR_RETURN(session->global_set_, session->sets_.find(0));
   session->recorder_->set_process_sets(session->sets_.membership());
   if (!session->config_.timeline_path.empty()) {
     // Rank 0 already opened the file once in the handshake, so this fails only if the file

@@ -47,8 +47,11 @@ class Session {
   // Any thread. Queues point-to-point ops (all or none; checks are the caller's); ShutDown
   // once stopped.
   Status submit_p2p(std::vector<P2POpEntry> ops);
-  // Any thread. The set, or InvalidArgument if unknown.
-  Result<SetInfo> process_set(int id) const { return sets_.find(id); }
+  // Any thread. The set, or InvalidArgument if unknown. The global set, which every op of most
+  // programs names, without the table's lock.
+  Result<SetInfo> process_set(int id) const {
+    return id == 0 ? Result<SetInfo>(global_set_) : sets_.find(id);
+  }
   // Any thread. See DevicePath::claim().
   Status claim_device(Device device) { return device_.claim(device); }
   // Any thread. Numbers this rank's add_process_set()/remove_process_set() calls (0, 1, ...),
@@ -99,6 +102,7 @@ class Session {
   Completer completer_;
   TensorQueue queue_;
   ProcessSetTable sets_;
+  SetInfo global_set_;  // Set 0: filed before the communication thread starts, never removed.
   DevicePath device_;
   P2PQueue p2p_queue_;
   const CpuSharing sharing_;  // Note [Waiting on a shared CPU] in background_loop.h.

@@ -73,7 +73,7 @@ struct Submission {
     }
     if (input.device().kind == Device::Kind::CUDA) check_device(input.device());
     request.device = input.device().kind;
-    request.tensors.push_back(core::TensorSpec{.dtype = input.dtype(), .shape = input.shape()});
+    request.tensors.emplace_back(input.dtype(), input.shape());
     entry->inputs.push_back(std::move(input));
   }
   // `outputs`: the op has output views of its own (not in place).

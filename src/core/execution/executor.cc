@@ -4,12 +4,11 @@
 
 #include <algorithm>
 
+#include "src/base/dtype.h"
 #include "src/common/check.h"
 
 namespace tutti::core {
 namespace {
-
-bool is_integer(DataType dtype) { return !is_floating(dtype) && dtype != DataType::Bool; }
 
 // The reduction part of a fusion key: a wire op, or Adasum (which must not fuse with Sum).
 std::uint64_t reduction_code(ReduceOp op) {
@@ -20,7 +19,7 @@ std::uint64_t reduction_code(ReduceOp op) {
 // tensor after tensor, and returns the element counts.
 Result<std::vector<std::size_t>> pack(std::span<Work> batch, DataType wire, std::byte* buffer,
                                       Mover& mover) {
-  const std::size_t wire_bytes = element_size(wire);
+  const std::size_t wire_bytes = tutti::detail::element_bytes(wire);
   std::vector<std::size_t> counts;
   std::size_t offset = 0;
   for (const Work& work : batch) {
@@ -45,7 +44,7 @@ Result<std::vector<std::size_t>> pack(std::span<Work> batch, DataType wire, std:
 template <class Factor>
 Status unpack(std::span<Work> batch, DataType wire, const std::byte* buffer, Mover& mover,
               Factor factor) {
-  const std::size_t wire_bytes = element_size(wire);
+  const std::size_t wire_bytes = tutti::detail::element_bytes(wire);
   std::size_t offset = 0;
   for (const Work& work : batch) {
     const double f = factor(*work.response);
@@ -71,13 +70,6 @@ std::size_t total_count(std::span<Work> batch) {
 }
 
 }  // namespace
-
-DataType wire_dtype(DataType dtype, ReduceOp op, double prescale, double postscale) {
-  if (dtype == DataType::Float16 || dtype == DataType::BFloat16) return DataType::Float32;
-  const bool scaled = op == ReduceOp::Average || prescale != 1.0 || postscale != 1.0;
-  if (is_integer(dtype) && scaled) return DataType::Float64;
-  return dtype;
-}
 
 ops::WireOp wire_op(ReduceOp op) {
   switch (op) {
@@ -131,14 +123,15 @@ std::size_t fusion_bytes(const Response& response) {
       const TensorSpec& spec = response.tensors[t];
       for (std::size_t r = 0; r < size; ++r) {
         bytes += static_cast<std::size_t>(response.rows[t * size + r]) * row_count(spec) *
-                 element_size(spec.dtype);
+                 tutti::detail::element_bytes(spec.dtype);
       }
     }
     return bytes;
   }
   for (const TensorSpec& spec : response.tensors) {
-    bytes += count_of(spec) * element_size(wire_dtype(spec.dtype, response.reduce_op,
-                                                      response.prescale, response.postscale));
+    bytes += count_of(spec) *
+             tutti::detail::element_bytes(
+                 wire_dtype(spec.dtype, response.reduce_op, response.prescale, response.postscale));
   }
   return bytes;
 }
@@ -195,7 +188,7 @@ Status Executor::allreduce_in_place(Work& work, ops::Backend& backend, Mover& mo
   const DataType dtype = output.dtype();
   const std::size_t count = prescaled_into_output(work, mover);
   const double factor = output_factor(response, backend.size());
-  const std::size_t element = element_size(dtype);
+  const std::size_t element = tutti::detail::element_bytes(dtype);
   const std::size_t piece =
       mover.piece_bytes() == 0 ? count : std::max<std::size_t>(1, mover.piece_bytes() / element);
   auto* data = static_cast<std::byte*>(output.data());
@@ -220,7 +213,7 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& 
   const Response& first = *batch.front().response;
   if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend, mover);
   const DataType wire = batch_wire_dtype(batch);
-  if (backend.reduces_tensors(total_count(batch) * element_size(wire))) {
+  if (backend.reduces_tensors(total_count(batch) * tutti::detail::element_bytes(wire))) {
     mark(batch, "ALLREDUCE");
     return allreduce_tensors(batch, wire, backend);
   }
@@ -230,7 +223,8 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& 
   }
   mark(batch, "FUSION_PACK");
   const std::size_t total = total_count(batch);
-  TUTTI_ASSIGN_OR_RETURN(std::byte * buffer, mover.scratch(total * element_size(wire)));
+  TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
+                         mover.scratch(total * tutti::detail::element_bytes(wire)));
   TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover).status());
   mark(batch, "ALLREDUCE");
   TUTTI_RETURN_IF_ERROR(backend.allreduce(buffer, total, wire, wire_op(first.reduce_op)));
@@ -274,7 +268,7 @@ Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mov
     return adasum_in_place(batch.front(), backend, mover);
   }
   TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
-                         mover.scratch(total_count(batch) * element_size(wire)));
+                         mover.scratch(total_count(batch) * tutti::detail::element_bytes(wire)));
   TUTTI_ASSIGN_OR_RETURN(std::vector<std::size_t> counts, pack(batch, wire, buffer, mover));
   TUTTI_RETURN_IF_ERROR(backend.adasum(buffer, counts, wire));
   return unpack(batch, wire, buffer, mover,
@@ -306,7 +300,7 @@ Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mov
   const DataType wire = batch_wire_dtype(batch);
   const ops::WireOp op = wire_op(first.reduce_op);
   const std::size_t total = total_count(batch);
-  if (backend.reduces_tensors(total * element_size(wire))) {
+  if (backend.reduces_tensors(total * tutti::detail::element_bytes(wire))) {
     std::vector<ops::FusedTensor> tensors;
     for (const Work& work : batch) {
       const Response& response = *work.response;
@@ -334,7 +328,8 @@ Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mov
     return reduce_in_place(batch.front(), backend, mover, root_set_rank);
   }
   mark(batch, "FUSION_PACK");
-  TUTTI_ASSIGN_OR_RETURN(std::byte * buffer, mover.scratch(total * element_size(wire)));
+  TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
+                         mover.scratch(total * tutti::detail::element_bytes(wire)));
   TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover).status());
   mark(batch, "REDUCE");
   TUTTI_RETURN_IF_ERROR(backend.reduce(buffer, buffer, total, wire, op, root_set_rank));
@@ -354,7 +349,7 @@ Status Executor::reduce_in_place(Work& work, ops::Backend& backend, Mover& mover
   const TensorView& tensor = work.entry->inputs[0];
   const DataType dtype = tensor.dtype();
   const std::size_t count = static_cast<std::size_t>(tensor.num_elements());
-  const std::size_t element = element_size(dtype);
+  const std::size_t element = tutti::detail::element_bytes(dtype);
   const std::size_t piece =
       mover.piece_bytes() == 0 ? count : std::max<std::size_t>(1, mover.piece_bytes() / element);
   const ops::WireOp op = wire_op(response.reduce_op);
@@ -397,7 +392,7 @@ Status Executor::broadcast(Work& work, ops::Backend& backend, Mover& mover, int 
     // A joined member (never the root: the coordinator refuses that) receives into scratch.
     void* data = work.entry != nullptr ? work.entry->inputs[t].data() : nullptr;
     if (data == nullptr) {
-      TUTTI_ASSIGN_OR_RETURN(data, mover.scratch(count * element_size(spec.dtype)));
+      TUTTI_ASSIGN_OR_RETURN(data, mover.scratch(count * tutti::detail::element_bytes(spec.dtype)));
     }
     TUTTI_RETURN_IF_ERROR(backend.broadcast(data, count, spec.dtype, root_set_rank));
   }

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "src/base/dtype.h"
+#include "src/base/shape.h"
 #include "src/common/status.h"
 #include "src/core/execution/mover.h"
 #include "src/core/request.h"
@@ -35,7 +37,13 @@ struct Work {
 
 // The dtype an allreduce travels in: float32 for float16/bfloat16, float64 for integers that
 // are averaged or scaled (API.md: computed in double, then truncated), else its own.
-DataType wire_dtype(DataType dtype, ReduceOp op, double prescale, double postscale);
+// Inline: fusion asks it for every tensor of every batch.
+inline DataType wire_dtype(DataType dtype, ReduceOp op, double prescale, double postscale) {
+  if (dtype == DataType::Float16 || dtype == DataType::BFloat16) return DataType::Float32;
+  const bool integer = !detail::floating(dtype) && dtype != DataType::Bool;
+  const bool scaled = op == ReduceOp::Average || prescale != 1.0 || postscale != 1.0;
+  return integer && scaled ? DataType::Float64 : dtype;
+}
 ops::WireOp wire_op(ReduceOp op);
 
 // Which responses may fuse (equal non-zero keys; see Note [Fusion rules]) and how many bytes
@@ -45,7 +53,7 @@ std::size_t fusion_bytes(const Response& response);
 
 // Elements of one tensor, and of one row (the dims after the first; 1 for a 1-d tensor).
 inline std::size_t count_of(const TensorSpec& spec) {
-  return static_cast<std::size_t>(num_elements(spec.shape));
+  return static_cast<std::size_t>(detail::num_elements(spec.shape));
 }
 inline std::size_t row_count(const TensorSpec& spec) {
   std::size_t count = 1;

@@ -10,7 +10,7 @@ namespace tutti::core {
 namespace {
 
 Shape with_rows(const TensorSpec& spec, std::int64_t rows) {
-  Shape shape = spec.shape;
+  Shape shape = spec.shape.to_vector();
   shape.at(0) = rows;
   return shape;
 }

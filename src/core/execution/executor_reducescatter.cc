@@ -21,7 +21,7 @@ std::size_t first_row(std::int64_t n, std::size_t size, std::size_t r) {
 }
 
 Shape with_rows(const TensorSpec& spec, std::size_t rows) {
-  Shape shape = spec.shape;
+  Shape shape = spec.shape.to_vector();
   shape.at(0) = static_cast<std::int64_t>(rows);
   return shape;
 }

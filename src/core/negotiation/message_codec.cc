@@ -16,21 +16,34 @@ constexpr std::uint32_t kResponseMagic = 0x54525350;  // "TRSP"
 constexpr std::uint64_t kMaxCount = 1u << 28;
 constexpr int kErrorCodeCount = static_cast<int>(ErrorCode::Timeout) + 1;
 
-void put_specs(ByteWriter& w, const std::vector<TensorSpec>& specs) {
+// A shape as ByteWriter::put_vector writes a vector: the count, then the dims.
+void put_dims(ByteWriter& w, const Dims& dims) {
+  w.put<std::uint64_t>(dims.size());
+  w.put_bytes(dims.data(), dims.size() * sizeof(std::int64_t));
+}
+
+bool get_dims(ByteReader& r, Dims* dims) {
+  std::size_t n = 0;
+  if (!r.get_count(&n, sizeof(std::int64_t))) return false;
+  dims->resize(n);
+  return r.get_bytes(dims->data(), n * sizeof(std::int64_t));
+}
+
+void put_specs(ByteWriter& w, const TensorSpecs& specs) {
   w.put<std::uint64_t>(specs.size());
   for (const TensorSpec& spec : specs) {
     w.put(static_cast<std::uint8_t>(spec.dtype));
-    w.put_vector(spec.shape);
+    put_dims(w, spec.shape);
   }
 }
 
-bool get_specs(ByteReader& r, std::vector<TensorSpec>* specs) {
+bool get_specs(ByteReader& r, TensorSpecs* specs) {
   std::size_t n = 0;
   if (!r.get_count(&n, 9)) return false;  // A dtype byte and a shape length at least.
   specs->resize(n);
   for (TensorSpec& spec : *specs) {
     if (!r.get_enum(&spec.dtype, static_cast<int>(DataType::Bool) + 1)) return false;
-    if (!r.get_vector(&spec.shape)) return false;
+    if (!get_dims(r, &spec.shape)) return false;
   }
   return true;
 }

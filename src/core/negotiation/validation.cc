@@ -17,8 +17,8 @@ std::string_view device_name(Device::Kind kind) {
   return kind == Device::Kind::CPU ? "CPU" : "CUDA";
 }
 
-std::string dims_after_first(const Shape& shape) {
-  return shape_string(Shape(shape.begin() + (shape.empty() ? 0 : 1), shape.end()));
+std::string dims_after_first(std::span<const std::int64_t> shape) {
+  return shape_string(shape.subspan(shape.empty() ? 0 : 1));
 }
 
 // The error text of API.md: "Mismatched ALLREDUCE tensor shapes for 'x': rank 0 sent [17, 3],

@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "ops/backend.h"
+#include "src/base/shape.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
 
@@ -36,7 +37,8 @@ std::uint64_t step_key(const Response& response) {
 std::uint64_t bytes_of(const Response& response) {
   std::uint64_t bytes = 0;
   for (const TensorSpec& spec : response.tensors) {
-    bytes += static_cast<std::uint64_t>(num_elements(spec.shape)) * element_size(spec.dtype);
+    bytes +=
+        static_cast<std::uint64_t>(detail::num_elements(spec.shape)) * element_size(spec.dtype);
   }
   return bytes;
 }

@@ -3,8 +3,11 @@
 // every element constructed exactly once (a counting element type checks it).
 #include "src/base/inline_vector.h"
 
+#include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -89,6 +92,48 @@ TEST_CASE("InlineVector assigns from a list and reserves past N", "[inline_vecto
     CHECK(Counted::live == 4);
   }
   CHECK(Counted::live == 0);
+}
+
+// What TensorSpec's Dims and TensorSpecs use: resize, assign, at, equality with each other and
+// with a std::vector, and construction from one.
+TEST_CASE("InlineVector resizes, assigns and compares like std::vector", "[inline_vector]") {
+  const std::size_t n = GENERATE(0u, 2u, 3u, 6u);  // Around N = 3.
+  std::vector<std::string> expected;
+  for (std::size_t i = 0; i < n; ++i) expected.push_back(long_text(static_cast<int>(i)));
+  const InlineVector<std::string, 3> from_vector = expected;
+  CHECK(from_vector == expected);
+  CHECK(std::vector<std::string>(from_vector.begin(), from_vector.end()) == expected);
+  CHECK(from_vector.to_vector() == expected);
+
+  InlineVector<std::string, 3> v(std::span<const std::string>(expected.data(), expected.size()));
+  CHECK(v == from_vector);
+  v.resize(n + 2);  // Grows with empty strings, across N for n = 2.
+  CHECK(v.size() == n + 2);
+  CHECK(v[n].empty());
+  CHECK(v[n + 1].empty());
+  CHECK_FALSE(v == from_vector);
+  v.resize(n);
+  CHECK(v == expected);
+  v.resize(1);
+  CHECK(v.size() == 1);
+  if (n > 0) CHECK(v.at(0) == expected[0]);
+  CHECK_THROWS_AS(v.at(1), std::out_of_range);
+
+  v.assign(std::span<const std::string>(expected.data(), expected.size()));
+  CHECK(v == expected);
+  if (n > 0) {
+    InlineVector<std::string, 3> other = v;
+    other.back() += "!";
+    CHECK_FALSE(other == v);  // Same size, one element differs.
+  }
+}
+
+TEST_CASE("InlineVector of numbers value-initializes what resize adds", "[inline_vector]") {
+  InlineVector<std::int64_t, 4> dims{7, 8};
+  dims.resize(6);  // Past N: onto the heap.
+  CHECK(dims == std::vector<std::int64_t>{7, 8, 0, 0, 0, 0});
+  dims.resize(1);
+  CHECK(dims == std::vector<std::int64_t>{7});
 }
 
 }  // namespace

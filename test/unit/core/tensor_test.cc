@@ -5,10 +5,14 @@
 
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
+#include <utility>
 
 #include <catch2/catch.hpp>
 
+#include "src/base/dtype.h"
+#include "src/base/shape.h"
 #include "test/support/error_of.h"
 
 using namespace tutti;
@@ -59,4 +63,38 @@ TEST_CASE("a TensorView refuses shapes that overflow, in elements or in bytes", 
   CHECK(error_of([&] {
           Tensor(DataType::Float64, {std::int64_t{1} << 61, 2});
         }) == ErrorCode::InvalidArgument);
+}
+
+// Core's inline versions (src/base/shape.h, src/base/dtype.h), which the per-op paths use in
+// place of the public calls: the same answers and errors as above, over any contiguous dims.
+TEST_CASE("detail::num_elements counts dims held in place like num_elements", "[tensor]") {
+  const std::int64_t in_place[] = {3, 4, 5};
+  CHECK(detail::num_elements(in_place) == 60);
+  CHECK(detail::num_elements(std::span<const std::int64_t>()) == 1);
+  const std::int64_t zero[] = {kMax, 0, kMax};
+  CHECK(detail::num_elements(zero) == 0);
+  const std::int64_t overflow[] = {std::int64_t{1} << 62, 4};
+  CHECK(error_of([&] { detail::num_elements(overflow); }) == ErrorCode::InvalidArgument);
+  const std::int64_t negative[] = {2, -1};
+  std::string message;
+  CHECK(error_of([&] { detail::num_elements(negative); }, &message) == ErrorCode::InvalidArgument);
+  CHECK(message == "negative dimension in shape [2, -1]");
+}
+
+TEST_CASE("detail::element_bytes and detail::floating agree with the DataType table", "[tensor]") {
+  // API.md's sizes, spelled out rather than taken from element_size().
+  const std::pair<DataType, std::size_t> sizes[] = {
+      {DataType::UInt8, 1},   {DataType::Int8, 1},     {DataType::UInt16, 2},
+      {DataType::Int16, 2},   {DataType::Int32, 4},    {DataType::Int64, 8},
+      {DataType::Float16, 2}, {DataType::BFloat16, 2}, {DataType::Float32, 4},
+      {DataType::Float64, 8}, {DataType::Bool, 1}};
+  for (const auto& [dtype, bytes] : sizes) {
+    CAPTURE(to_string(dtype));
+    CHECK(detail::element_bytes(dtype) == bytes);
+    const bool floating = dtype == DataType::Float16 || dtype == DataType::BFloat16 ||
+                          dtype == DataType::Float32 || dtype == DataType::Float64;
+    CHECK(detail::floating(dtype) == floating);
+  }
+  CHECK(error_of([] { detail::element_bytes(static_cast<DataType>(42)); }) ==
+        ErrorCode::InvalidArgument);
 }
