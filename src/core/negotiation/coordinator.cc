@@ -240,8 +240,12 @@ ResponseList Coordinator::take_ready() {
 }
 
 void Coordinator::take_hit(std::int32_t id, Decided& decided, ResponseList& list) {
-  HitTable::Pending hit = hits_.take(id);
-  auto set_it = states_.find(hit.op->process_set_id);
+  const HitTable::Pending* hit = hits_.find(id);
+  TUTTI_CHECK(hit != nullptr, "cache id ", id, " is not pending");
+  const int count = hit->count;
+  const Clock::time_point first_seen = hit->first_seen;
+  const std::shared_ptr<const CoordinatorCache::Entry> op = hits_.take_op(id);
+  auto set_it = states_.find(op->process_set_id);
   if (set_it == states_.end()) return;  // Removed earlier in this list; ranks fail it locally.
   SetState& set = set_it->second;
   // As for a named op whose members all sent the same id (take_ready()); receive() marked the
@@ -252,12 +256,12 @@ void Coordinator::take_hit(std::int32_t id, Decided& decided, ResponseList& list
     list.hit.push_back(1);
     return;
   }
-  Pending pending{.requests = hit.op->requests,
-                  .count = hit.count,
+  Pending pending{.requests = op->requests,
+                  .count = count,
                   .common_hit = id,
-                  .first_seen = hit.first_seen,
+                  .first_seen = first_seen,
                   .queued = true};
-  respond(hit.op->process_set_id, set, hit.op->name, pending, decided, list);
+  respond(op->process_set_id, set, op->name, pending, decided, list);
 }
 
 void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pending& pending,

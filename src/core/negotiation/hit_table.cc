@@ -85,6 +85,18 @@ HitTable::Pending HitTable::take(std::int32_t id) {
   return pending;
 }
 
+std::shared_ptr<const CoordinatorCache::Entry> HitTable::take_op(std::int32_t id) {
+  const std::uint32_t* found = index_.find(id);
+  TUTTI_CHECK(found != nullptr, "cache id ", id, " is not pending");
+  const std::uint32_t at = *found;
+  index_.erase(id);
+  Pending& record = records_[at];
+  record.id = -1;
+  free_.push_back(at);
+  --live_;
+  return std::move(record.op);
+}
+
 std::vector<std::int32_t> HitTable::ids() const {
   std::vector<std::int32_t> result;
   result.reserve(live_);

@@ -49,6 +49,9 @@ class HitTable {
   bool add(Pending& pending, int set_rank);
   // Removes and returns the record of `id`, which must exist.
   Pending take(std::int32_t id);
+  // Removes the record of `id`, which must exist, handing back only what it stood for: take()
+  // without the copy of the record (the coordinator's replay of a counted hit, once per op).
+  std::shared_ptr<const CoordinatorCache::Entry> take_op(std::int32_t id);
   // The ids of every record, in no particular order.
   std::vector<std::int32_t> ids() const;
   // Calls `visit(const Pending&)` for every record, in no particular order.

@@ -272,6 +272,28 @@ TEST_CASE("The hit table keeps a bit per member, past 64 ranks too", "[hits]") {
   CHECK(table.add(next, 0));
 }
 
+TEST_CASE("take_op removes a record and hands back what it stood for", "[hits]") {
+  HitTable table;
+  auto op = std::make_shared<const CoordinatorCache::Entry>(
+      CoordinatorCache::Entry{.process_set_id = 3, .name = "w", .requests = {}, .response = {}});
+  table.start(5, op, 2, t0);
+  table.start(6, nullptr, 2, t0);
+  const std::shared_ptr<const CoordinatorCache::Entry> taken = table.take_op(5);
+  CHECK(taken == op);
+  CHECK(op.use_count() == 2);  // `op` and `taken`: the table let go of its reference.
+  CHECK(table.find(5) == nullptr);
+  REQUIRE(table.find(6) != nullptr);
+  CHECK(table.ids() == std::vector<std::int32_t>{6});
+  // The freed record is reused, fresh.
+  HitTable::Pending& next = table.start(9, nullptr, 2, t0);
+  CHECK(next.count == 0);
+  CHECK(next.op == nullptr);
+  CHECK_FALSE(table.add(next, 1));
+  table.take_op(6);
+  table.take_op(9);
+  CHECK(table.empty());
+}
+
 TEST_CASE("The hit table finds what it holds through growth and deletions", "[hits]") {
   // Against a std::map: ids in runs (as caches hand them out) and scattered, records taken in
   // an order unrelated to their insertion, so that probe runs wrap and shift.

@@ -92,7 +92,7 @@ void fill_common(Rng& rng, M& m) {
   m.tensors.resize(below(rng, 3));
   for (TensorSpec& spec : m.tensors) {
     spec.dtype = static_cast<DataType>(below(rng, static_cast<int>(DataType::Bool) + 1));
-    spec.shape = random_vector<std::int64_t>(rng, 3);
+    spec.shape = random_vector<std::int64_t>(rng, 6);
   }
   m.splits = random_vector<std::int64_t>(rng, 3);
   m.set_ranks = random_vector<int>(rng, 3);

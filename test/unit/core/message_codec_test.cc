@@ -26,8 +26,10 @@ RequestList sample_requests() {
   request.postscale = 4.0;
   request.root_rank = 3;
   request.splits = {1, 0, 5};
+  // Three tensors and a 6-d shape: past what TensorSpecs and Dims keep in place.
   request.tensors = {TensorSpec{.dtype = DataType::BFloat16, .shape = {6, 2}},
-                     TensorSpec{.dtype = DataType::Int64, .shape = {}}};
+                     TensorSpec{.dtype = DataType::Int64, .shape = {}},
+                     TensorSpec{.dtype = DataType::Float32, .shape = {1, 2, 3, 4, 5, 6}}};
   list.requests.push_back(request);
   list.requests.push_back(named(""));
   list.sequences = {12, 13};  // The desync check's (TUTTI_DEBUG=DETAIL).
