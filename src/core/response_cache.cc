@@ -80,20 +80,24 @@ std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
   return lookup(request, name_hash(OpKeyView{request.process_set_id, request.name}));
 }
 
-const Response* RankCache::response(std::int32_t id, std::uint64_t* name_hash) const {
+const Response* RankCache::response(std::int32_t id, std::uint64_t* name_hash,
+                                    ResponseFacts* facts) const {
   const std::unique_ptr<Slot>* slot = entries_.find(id);
   if (slot == nullptr) return nullptr;
   if (name_hash != nullptr) *name_hash = (*slot)->name_hash;
+  if (facts != nullptr) *facts = (*slot)->facts;
   return &(*slot)->response;
 }
 
-void RankCache::insert(std::int32_t id, const Request& request, const Response& response) {
+void RankCache::insert(std::int32_t id, const Request& request, const Response& response,
+                       ResponseFacts facts) {
   std::unique_ptr<Slot>& owned = entries_[id];
   if (owned == nullptr) owned = std::make_unique<Slot>();
   Slot& slot = *owned;
   slot = Slot{.request = request,
               .response = response,
-              .name_hash = name_hash(OpKeyView{request.process_set_id, request.name})};
+              .name_hash = name_hash(OpKeyView{request.process_set_id, request.name}),
+              .facts = facts};
   const Newest newest{.id = id, .slot = &slot};
   const auto [stored, inserted] = by_key_.insert(slot.name_hash, newest);
   if (!inserted) *stored = newest;  // Same key: the stored one's slot has the same name.

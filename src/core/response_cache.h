@@ -71,6 +71,13 @@ class CoordinatorCache {
   std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;
 };
 
+// What the executor derives from a response (its fusion key and bytes), kept with the cached
+// response so that a hit does not derive it again: a few hundred instructions per op in P3.
+struct ResponseFacts {
+  std::uint64_t fusion_key = 0;
+  std::size_t fusion_bytes = 0;
+};
+
 // Rank side. Communication thread only.
 class RankCache {
  public:
@@ -81,9 +88,12 @@ class RankCache {
   // Starts loading what lookup(request, name_hash) reads first (NameIndex::prefetch()).
   void prefetch(std::uint64_t name_hash) const { by_key_.prefetch(name_hash); }
   // The response stored under `id`; null if unknown (a protocol error). `name_hash`, if not
-  // null, receives NameIndex's hash of its (set, name).
-  const Response* response(std::int32_t id, std::uint64_t* name_hash = nullptr) const;
-  void insert(std::int32_t id, const Request& request, const Response& response);
+  // null, receives NameIndex's hash of its (set, name); `facts`, if not null, what insert()
+  // was given.
+  const Response* response(std::int32_t id, std::uint64_t* name_hash = nullptr,
+                           ResponseFacts* facts = nullptr) const;
+  void insert(std::int32_t id, const Request& request, const Response& response,
+              ResponseFacts facts = {});
   void erase(std::int32_t id);
 
  private:
@@ -91,6 +101,7 @@ class RankCache {
     Request request;
     Response response;
     std::uint64_t name_hash = 0;
+    ResponseFacts facts;
   };
   // The newest id of each (set, name). Slots never move (each is an allocation of its own), so a
   // lookup goes straight from the name to the cached request: one probe per op, with the hash

@@ -33,6 +33,10 @@ namespace tutti::core {
 struct Work {
   const Response* response = nullptr;
   std::shared_ptr<Entry> entry;
+  // fusion_key() and fusion_bytes() of `response` (bytes SIZE_MAX for key 0: never fused),
+  // derived once per cached response (ResponseFacts in response_cache.h).
+  std::uint64_t fusion_key = 0;
+  std::size_t fusion_bytes = 0;
 };
 
 // The dtype an allreduce travels in: float32 for float16/bfloat16, float64 for integers that

@@ -11,6 +11,13 @@
 namespace tutti::core {
 namespace {
 
+// What fusion needs of a response (ResponseFacts), derived once per cached response.
+ResponseFacts derive(const Response& response) {
+  const std::uint64_t key = fusion_key(response);
+  return ResponseFacts{.fusion_key = key,
+                       .fusion_bytes = key == 0 ? SIZE_MAX : fusion_bytes(response)};
+}
+
 // A work's flight-recorder id; -1 for a joined rank's work, which has no entry.
 std::int64_t work_record_id(const Work& work) {
   return work.entry != nullptr ? work.entry->record : -1;
@@ -31,13 +38,16 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
   // First each op's response (the cached one for a hit) and its key in the queue, then the
   // queue's entries all at once (TensorQueue::take_all()), then the rest op by op.
   responses_.resize(list.responses.size());
+  facts_.resize(list.responses.size());
   takes_.resize(list.responses.size());
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
     const Response* response = &list.responses[i];
     std::uint64_t hash = 0;
     if (list.hit[i]) {
-      response = cache_.response(list.cache_ids[i], &hash);
+      response = cache_.response(list.cache_ids[i], &hash, &facts_[i]);
       TUTTI_CHECK(response != nullptr, "cache id ", list.cache_ids[i], " is unknown here");
+    } else {
+      facts_[i] = derive(*response);
     }
     const OpKeyView key{response->process_set_id, response->name};
     responses_[i] = response;
@@ -54,14 +64,20 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
       Request placeholder;
       placeholder.process_set_id = response->process_set_id;
       placeholder.name = response->name;
-      cache_.insert(list.cache_ids[i], entry != nullptr ? entry->request : placeholder, *response);
+      cache_.insert(list.cache_ids[i], entry != nullptr ? entry->request : placeholder, *response,
+                    facts_[i]);
     }
     if (entry == nullptr) {
       // Not a member of the set, or a member that joined without submitting the op: it
       // still takes part in the collective (see Note [Join] in negotiation/coordinator.h).
       if (is_absent_member(*response)) {
         parts_.queue.skip_automatic_name(response->process_set_id, response->name);
-        if (response->ok) works.push_back(Work{.response = response, .entry = nullptr});
+        if (response->ok) {
+          works.push_back(Work{.response = response,
+                               .entry = nullptr,
+                               .fusion_key = facts_[i].fusion_key,
+                               .fusion_bytes = facts_[i].fusion_bytes});
+        }
       }
       continue;
     }
@@ -74,10 +90,14 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
       parts_.timeline->op_start(response->name, to_string(response->op), to_string(spec.dtype),
                                 detail::shape_string(spec.shape));
     }
-    works.push_back(Work{.response = response, .entry = std::move(entry)});
+    works.push_back(Work{.response = response,
+                         .entry = std::move(entry),
+                         .fusion_key = facts_[i].fusion_key,
+                         .fusion_bytes = facts_[i].fusion_bytes});
   }
   takes_.clear();  // Keeps the buffers for the next list.
   responses_.clear();
+  facts_.clear();
   if (parts_.recorder != nullptr)
     parts_.recorder->update_all(works, work_record_id, OpPhase::Negotiated);
   return works;
@@ -95,10 +115,8 @@ Status ResponseExecutor::execute(ResponseList list) {
   std::vector<FusionItem> items;
   items.reserve(works.size());
   for (const Work& work : works) {
-    const std::uint64_t key = fusion_key(*work.response);
-    items.push_back(FusionItem{.key = key,
-                               .bytes = key == 0 ? SIZE_MAX : fusion_bytes(*work.response),
-                               .root = work.response->root_rank});
+    items.push_back(FusionItem{
+        .key = work.fusion_key, .bytes = work.fusion_bytes, .root = work.response->root_rank});
   }
   Status fault;
   for (const std::vector<std::size_t>& indices : plan_fusion(items, fusion_threshold_bytes_)) {

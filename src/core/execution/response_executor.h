@@ -74,6 +74,7 @@ class ResponseExecutor {
   bool shutdown_after_error_ = false;
   // prepare()'s buffers, kept between lists.
   std::vector<const Response*> responses_;
+  std::vector<ResponseFacts> facts_;
   std::vector<TensorQueue::Take> takes_;
 };
 
