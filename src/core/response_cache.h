@@ -12,6 +12,7 @@
 // full request; ops whose hits were filed before their id was evicted are negotiated afresh.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -73,9 +74,10 @@ class CoordinatorCache {
 
 // What the executor derives from a response (its fusion key and bytes), kept with the cached
 // response so that a hit does not derive it again: a few hundred instructions per op in P3.
+// The default, key 0 and SIZE_MAX bytes, fuses with nothing (Note [Fusion rules]).
 struct ResponseFacts {
   std::uint64_t fusion_key = 0;
-  std::size_t fusion_bytes = 0;
+  std::size_t fusion_bytes = SIZE_MAX;
 };
 
 // Rank side. Communication thread only.

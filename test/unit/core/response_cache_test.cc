@@ -59,5 +59,24 @@ TEST_CASE("The rank cache answers only identical requests", "[cache]") {
   CHECK(cache.response(7) == nullptr);
 }
 
+TEST_CASE("The rank cache hands back a response's facts and name hash with it", "[cache]") {
+  RankCache cache;
+  Request request = named("w");
+  Response response;
+  response.name = "w";
+  cache.insert(3, request, response, ResponseFacts{.fusion_key = 42, .fusion_bytes = 12});
+  cache.insert(4, named("v"), response);  // No facts given.
+  ResponseFacts facts;
+  std::uint64_t hash = 0;
+  REQUIRE(cache.response(3, &hash, &facts) != nullptr);
+  CHECK(facts.fusion_key == 42);
+  CHECK(facts.fusion_bytes == 12);
+  CHECK(hash == name_hash(OpKeyView{request.process_set_id, request.name}));
+  // The default fuses with nothing: key 0, and more bytes than any threshold.
+  REQUIRE(cache.response(4, nullptr, &facts) != nullptr);
+  CHECK(facts.fusion_key == 0);
+  CHECK(facts.fusion_bytes == SIZE_MAX);
+}
+
 }  // namespace
 }  // namespace tutti::core
