@@ -73,7 +73,10 @@ struct Submission {
     }
     if (input.device().kind == Device::Kind::CUDA) check_device(input.device());
     request.device = input.device().kind;
-    request.tensors.emplace_back(input.dtype(), input.shape());
+    // Filled in place: a TensorSpec built aside would be moved in, and its dims with it.
+    core::TensorSpec& spec = request.tensors.emplace_back();
+    spec.dtype = input.dtype();
+    spec.shape.assign(input.shape());
     entry->inputs.push_back(std::move(input));
   }
   // `outputs`: the op has output views of its own (not in place).
