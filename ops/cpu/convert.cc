@@ -14,7 +14,6 @@
 #include <limits>
 #include <type_traits>
 
-#include "src/base/dtype.h"
 #include "src/common/check.h"
 
 namespace tutti::ops::cpu {
@@ -77,14 +76,8 @@ void with_type(DataType dtype, F&& f) {
 
 }  // namespace
 
-void convert_scale(void* destination, DataType destination_type, const void* source,
-                   DataType source_type, std::size_t count, double factor) {
-  if (count == 0) return;
-  if (destination_type == source_type && factor == 1.0) {
-    if (destination != source)
-      std::memcpy(destination, source, count * tutti::detail::element_bytes(source_type));
-    return;
-  }
+void convert_elements(void* destination, DataType destination_type, const void* source,
+                      DataType source_type, std::size_t count, double factor) {
   with_type(source_type, [&](auto s) {
     with_type(destination_type, [&](auto d) {
       using S = decltype(s);

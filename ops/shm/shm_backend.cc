@@ -110,12 +110,6 @@ void unpack(const Stream& stream, std::size_t begin, std::size_t end, const std:
   stream.for_each(
       begin, end, [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
         if (t.output == nullptr) return;
-        if (t.output_type == wire && t.factor == 1.0) {
-          // convert_scale()'s own first case, without its call: a fused batch of tiny tensors
-          // (P3) comes here once per tensor.
-          std::memcpy(at(t.output, from * element), reduced + to * element, count * element);
-          return;
-        }
         cpu::convert_scale(at(t.output, from * tutti::detail::element_bytes(t.output_type)),
                            t.output_type, reduced + to * element, wire, count, t.factor);
       });
@@ -184,13 +178,8 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
                       std::byte* into = mine + to * element;
                       if (t.input == nullptr) {
                         std::memset(into, 0, count * element);
-                      } else if (t.input_type == wire && t.prescale == 1.0) {
-                        // As in unpack(): no call of convert_scale() for a plain copy.
-                        if (run.streaming()) {
-                          stream_copy(into, at(t.input, from * element), count * element);
-                        } else {
-                          std::memcpy(into, at(t.input, from * element), count * element);
-                        }
+                      } else if (run.streaming() && t.input_type == wire && t.prescale == 1.0) {
+                        stream_copy(into, at(t.input, from * element), count * element);
                       } else {
                         cpu::convert_scale(
                             into, wire,
