@@ -132,10 +132,13 @@ struct RequestList {
 // A message from the coordinator to every rank (or to one rank, for `resend`).
 struct ResponseList {
   std::vector<Response> responses;
-  // For each response: the cache id it was stored under, or -1. A response that is a pure
-  // cache hit travels as an empty Response with only `hit` set; see ResponseCache.
+  // For each response: the cache id it was stored under, or -1; for a run of cache hits, the
+  // first id of the run.
   std::vector<std::int32_t> cache_ids;
-  std::vector<std::uint8_t> hit;      // 1 where responses[i] is to be taken from the cache.
+  // For each response: 0 where it was negotiated; n > 0 where it is an empty Response standing
+  // for n ops, the cache hits on ids cache_ids[i] .. cache_ids[i] + n - 1, executed in that order
+  // (Note [Hit fast path] in negotiation/coordinator.h; see also response_cache.h).
+  std::vector<std::int32_t> hit;
   std::vector<std::int32_t> evicted;  // Cache ids to forget (before inserting new ones).
   std::vector<std::int32_t> resend;   // Cache hits the coordinator no longer knows: resend.
   bool shutdown = false;              // The job is stopping; see `shutdown_code`.

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/response_cache.h"
 
+#include <utility>
+
 #include "src/base/strings.h"
 
 namespace tutti::core {
@@ -27,6 +29,15 @@ const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
 std::shared_ptr<const CoordinatorCache::Entry> CoordinatorCache::use(std::int32_t id) {
   const Slot* slot = touch(id);
   return slot == nullptr ? nullptr : slot->entry;
+}
+
+std::shared_ptr<const CoordinatorCache::Entry> CoordinatorCache::peek(std::int32_t id) const {
+  const Slot* slot = entries_.find(id);
+  return slot == nullptr ? nullptr : slot->entry;
+}
+
+std::vector<std::shared_ptr<const CoordinatorCache::Entry>> CoordinatorCache::take_evicted() {
+  return std::exchange(evicted_, {});
 }
 
 std::optional<std::int32_t> CoordinatorCache::id_of(OpKeyView key) const {
@@ -65,6 +76,7 @@ void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted
   auto key = by_key_.find(OpKeyView{entry.process_set_id, entry.name});
   if (key != by_key_.end() && key->second == id) by_key_.erase(key);
   lru_.erase(slot->lru);
+  evicted_.push_back(std::move(slot->entry));
   entries_.erase(id);
   evicted->push_back(id);
 }

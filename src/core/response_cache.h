@@ -48,12 +48,17 @@ class CoordinatorCache {
   std::shared_ptr<const Entry> use(std::int32_t id);
   // Whether `id` is cached. Not marked as used.
   bool contains(std::int32_t id) const { return entries_.contains(id); }
+  // As use(), not marked as used.
+  std::shared_ptr<const Entry> peek(std::int32_t id) const;
   // The id cached for (set, name), if any.
   std::optional<std::int32_t> id_of(OpKeyView key) const;
   // Stores a negotiated op and returns its new id. Ids of the same name and of the least
   // recently used entries beyond the capacity are appended to `evicted`.
   std::int32_t insert(Entry entry, std::vector<std::int32_t>* evicted);
   void erase_set(int process_set_id, std::vector<std::int32_t>* evicted);
+  // The entries of the ids appended to `evicted` since the last call, in the same order: the
+  // coordinator's pending hits on an evicted id still need its requests.
+  std::vector<std::shared_ptr<const Entry>> take_evicted();
   std::size_t size() const { return entries_.size(); }
 
  private:
@@ -70,6 +75,7 @@ class CoordinatorCache {
   };
   IdIndex<Slot> entries_;
   std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;
+  std::vector<std::shared_ptr<const Entry>> evicted_;  // See take_evicted().
 };
 
 // What the executor derives from a response (its fusion key and bytes), kept with the cached

@@ -33,38 +33,53 @@ ResponseExecutor::ResponseExecutor(Parts parts, std::size_t fusion_threshold_byt
 }
 
 std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
+  // A run of cache hits is one entry of the list and many ops (Note [Hit fast path]).
+  std::size_t ops = 0;
+  for (std::size_t i = 0; i < list.responses.size(); ++i)
+    ops += list.hit[i] > 0 ? static_cast<std::size_t>(list.hit[i]) : 1;
   std::vector<Work> works;
-  works.reserve(list.responses.size());
-  // First each op's response (the cached one for a hit) and its key in the queue, then the
-  // queue's entries all at once (TensorQueue::take_all()), then the rest op by op.
-  responses_.resize(list.responses.size());
-  facts_.resize(list.responses.size());
-  takes_.resize(list.responses.size());
+  works.reserve(ops);
+  // First each op's response (the cached one for a hit), the id to cache it under, and its key
+  // in the queue; then the queue's entries all at once (TensorQueue::take_all()); then the
+  // rest op by op.
+  responses_.resize(ops);
+  facts_.resize(ops);
+  takes_.resize(ops);
+  inserts_.resize(ops);
+  std::size_t op = 0;
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
-    const Response* response = &list.responses[i];
-    std::uint64_t hash = 0;
-    if (list.hit[i]) {
-      response = cache_.response(list.cache_ids[i], &hash, &facts_[i]);
-      TUTTI_CHECK(response != nullptr, "cache id ", list.cache_ids[i], " is unknown here");
-    } else {
-      facts_[i] = derive(*response);
+    if (list.hit[i] == 0) {
+      const Response& response = list.responses[i];
+      const OpKeyView key{response.process_set_id, response.name};
+      responses_[op] = &response;
+      facts_[op] = derive(response);
+      takes_[op] = TensorQueue::Take{.key = key, .hash = name_hash(key), .entry = nullptr};
+      inserts_[op++] = list.cache_ids[i];
+      continue;
     }
-    const OpKeyView key{response->process_set_id, response->name};
-    responses_[i] = response;
-    takes_[i] = TensorQueue::Take{
-        .key = key, .hash = list.hit[i] ? hash : name_hash(key), .entry = nullptr};
+    for (std::int32_t k = 0; k < list.hit[i]; ++k) {
+      const std::int32_t id = list.cache_ids[i] + k;
+      std::uint64_t hash = 0;
+      const Response* response = cache_.response(id, &hash, &facts_[op]);
+      TUTTI_CHECK(response != nullptr, "cache id ", id, " is unknown here");
+      responses_[op] = response;
+      takes_[op] = TensorQueue::Take{.key = OpKeyView{response->process_set_id, response->name},
+                                     .hash = hash,
+                                     .entry = nullptr};
+      inserts_[op++] = -1;
+    }
   }
   parts_.queue.take_all(takes_);
-  for (std::size_t i = 0; i < list.responses.size(); ++i) {
+  for (std::size_t i = 0; i < ops; ++i) {
     const Response* response = responses_[i];
     std::shared_ptr<Entry> entry = std::move(takes_[i].entry);
-    if (!list.hit[i] && list.cache_ids[i] >= 0) {
+    if (inserts_[i] >= 0) {
       // Every rank stores every cached response, members of its set or not: hits are sent
       // to every rank, and each must resolve them. A non-member never looks its request up.
       Request placeholder;
       placeholder.process_set_id = response->process_set_id;
       placeholder.name = response->name;
-      cache_.insert(list.cache_ids[i], entry != nullptr ? entry->request : placeholder, *response,
+      cache_.insert(inserts_[i], entry != nullptr ? entry->request : placeholder, *response,
                     facts_[i]);
     }
     if (entry == nullptr) {
@@ -98,6 +113,7 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
   takes_.clear();  // Keeps the buffers for the next list.
   responses_.clear();
   facts_.clear();
+  inserts_.clear();
   if (parts_.recorder != nullptr)
     parts_.recorder->update_all(works, work_record_id, OpPhase::Negotiated);
   return works;

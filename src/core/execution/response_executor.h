@@ -72,10 +72,11 @@ class ResponseExecutor {
   HostMover host_mover_;
   std::optional<Status> shutdown_;
   bool shutdown_after_error_ = false;
-  // prepare()'s buffers, kept between lists.
+  // prepare()'s buffers, one element per op, kept between lists.
   std::vector<const Response*> responses_;
   std::vector<ResponseFacts> facts_;
   std::vector<TensorQueue::Take> takes_;
+  std::vector<std::int32_t> inserts_;  // The cache id to file the op's response under, or -1.
 };
 
 }  // namespace tutti::core

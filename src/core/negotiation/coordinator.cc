@@ -51,37 +51,81 @@ Coordinator::SetState* Coordinator::state(int id) {
 
 void Coordinator::receive(int global_rank, RequestList list, Clock::time_point now,
                           std::vector<std::int32_t>* resend) {
-  for (std::int32_t id : list.cache_hits) {
-    // Counted already: the id is still cached (an eviction moves its counted hits to the
-    // named bookkeeping), and counting is still right (Note [Hit fast path]).
-    if (HitTable::Pending* hit = hits_.find(id); hit != nullptr) {
-      SetState* set = state(hit->op->process_set_id);
-      TUTTI_CHECK(set != nullptr, "counted hits of unknown set ", hit->op->process_set_id);
-      count_hit(*hit, *set, member_rank(*set, global_rank, id), now);
+  const std::vector<std::int32_t>& ids = list.cache_hits;
+  for (std::size_t i = 0; i < ids.size();) {
+    std::size_t j = i + 1;
+    while (j < ids.size() && static_cast<std::int64_t>(ids[j]) == ids[j - 1] + std::int64_t{1}) ++j;
+    receive_hits(global_rank, ids[i], static_cast<std::int32_t>(j - i), now, resend);
+    i = j;
+  }
+  for (Request& request : list.requests) {
+    // Other members' counted hits on this op join this request by name (Note [Hit fast path]).
+    if (!hits_.empty()) {
+      if (std::optional<std::int32_t> id = cache_.id_of({request.process_set_id, request.name}))
+        hit_to_named(*id, *cache_.peek(*id));
+    }
+    file(global_rank, std::make_shared<const Request>(std::move(request)), -1, now);
+  }
+}
+
+void Coordinator::receive_hits(int global_rank, std::int32_t first, std::int32_t count,
+                               Clock::time_point now, std::vector<std::int32_t>* resend) {
+  const std::int32_t end = first + count;
+  for (std::int32_t at = first; at < end;) {
+    HitTable::Run* run = hits_.find_from(at);
+    if (run == nullptr || run->first > at) {
+      const std::int32_t gap_end = run == nullptr ? end : std::min(end, run->first);
+      start_hits(global_rank, at, gap_end, now, resend);
+      at = gap_end;
       continue;
     }
-    std::shared_ptr<const CoordinatorCache::Entry> entry = cache_.use(id);
+    // Counted already: the ids are still cached (an eviction takes its id out of its run), and
+    // counting is still right (Note [Hit fast path]). Count exactly [at, end) of the run.
+    if (run->first < at) run = &hits_.split(*run, at);
+    if (run->end() > end) hits_.split(*run, end);
+    SetState* set = state(run->process_set_id);
+    TUTTI_CHECK(set != nullptr, "counted hits of unknown set ", run->process_set_id);
+    count_hit(*run, *set, member_rank(*set, global_rank, at), now);
+    at = run->end();
+  }
+}
+
+void Coordinator::start_hits(int global_rank, std::int32_t first, std::int32_t end,
+                             Clock::time_point now, std::vector<std::int32_t>* resend) {
+  // The countable ids since `from`, all of `from_set`, become one run when the stretch ends.
+  std::int32_t from = first;
+  SetState* from_set = nullptr;
+  int from_rank = -1;
+  const auto close = [&](std::int32_t at) {
+    if (from_set != nullptr && at > from) {
+      count_hit(hits_.start(from, at - from, from_set->info.id, from_set->info.size(), now),
+                *from_set, from_rank, now);
+    }
+    from_set = nullptr;
+  };
+  for (std::int32_t id = first; id < end; ++id) {
+    const CoordinatorCache::Entry* entry = cache_.find(id);
     if (entry == nullptr) {
+      close(id);
       resend->push_back(id);
       continue;
     }
     SetState* set = state(entry->process_set_id);
     TUTTI_CHECK(set != nullptr, "cache entry of unknown set ", entry->process_set_id);
     const int set_rank = member_rank(*set, global_rank, id);
-    if (can_count(*set, *entry)) {
-      count_hit(hits_.start(id, std::move(entry), set->info.size(), now), *set, set_rank, now);
-    } else {
+    if (!can_count(*set, *entry)) {
+      close(id);
       file(global_rank, entry->requests[static_cast<std::size_t>(set_rank)], id, now);
+      continue;
+    }
+    if (set != from_set) {
+      close(id);
+      from = id;
+      from_set = set;
+      from_rank = set_rank;
     }
   }
-  for (Request& request : list.requests) {
-    // Other members' counted hits on this op join this request by name (Note [Hit fast path]).
-    if (!hits_.empty()) {
-      if (std::optional<std::int32_t> id = cache_.id_of({request.process_set_id, request.name}))
-        hit_to_named(*id);
-    }
-    file(global_rank, std::make_shared<const Request>(std::move(request)), -1, now);
-  }
+  close(end);
 }
 
 int Coordinator::member_rank(const SetState& set, int global_rank, std::int32_t id) {
@@ -98,26 +142,27 @@ bool Coordinator::can_count(const SetState& set, const CoordinatorCache::Entry& 
   return set.pending.empty() || !set.pending.contains(op.name);
 }
 
-void Coordinator::count_hit(HitTable::Pending& hit, SetState& set, int set_rank,
+void Coordinator::count_hit(HitTable::Run& run, SetState& set, int set_rank,
                             Clock::time_point now) {
   set.last_submission = now;  // A hit is never a join: joins are not cached.
-  if (hits_.add(hit, set_rank)) {
-    hit.queued = true;
-    ready_.push_back(Ready{.process_set_id = set.info.id, .name = {}, .hit = hit.id});
+  if (hits_.add(run, set_rank)) {
+    run.queued = true;
+    ready_.push_back(
+        Ready{.process_set_id = set.info.id, .name = {}, .hit = run.first, .hits = run.count});
   }
 }
 
-void Coordinator::hit_to_named(std::int32_t id) {
-  const HitTable::Pending* found = hits_.find(id);
+void Coordinator::hit_to_named(std::int32_t id, const CoordinatorCache::Entry& op) {
+  const HitTable::Run* found = hits_.find(id);
   // Every member sent it: take_ready() decides it (replayed, or negotiated from the requests).
   if (found == nullptr || found->queued) return;
-  const HitTable::Pending hit = hits_.take(id);
-  const int set_id = hit.op->process_set_id;
+  const HitTable::Run hit = hits_.take_id(id);
+  const int set_id = hit.process_set_id;
   auto set_it = states_.find(set_id);
   if (set_it == states_.end()) return;  // The set was removed; its ranks fail the op.
   SetState& set = set_it->second;
   TUTTI_CHECK(set.info.size() == hit.size, "process set ", set_id, " changed size");
-  Pending& pending = set.pending[hit.op->name];
+  Pending& pending = set.pending[op.name];
   if (pending.requests.empty()) {
     pending.requests.assign(static_cast<std::size_t>(hit.size), nullptr);
     pending.first_seen = hit.first_seen;
@@ -125,15 +170,25 @@ void Coordinator::hit_to_named(std::int32_t id) {
   for (int r = 0; r < hit.size; ++r) {
     if (!hit.has(r)) continue;
     std::shared_ptr<const Request>& slot = pending.requests[static_cast<std::size_t>(r)];
-    TUTTI_CHECK(slot == nullptr, "set rank ", r, " submitted '", hit.op->name, "' twice");
-    slot = hit.op->requests[static_cast<std::size_t>(r)];
+    TUTTI_CHECK(slot == nullptr, "set rank ", r, " submitted '", op.name, "' twice");
+    slot = op.requests[static_cast<std::size_t>(r)];
     pending.common_hit = (pending.common_hit == -2 || pending.common_hit == id) ? id : -1;
     ++pending.count;
   }
   if (!pending.queued && is_ready(set, pending)) {
     pending.queued = true;
-    ready_.push_back(Ready{.process_set_id = set_id, .name = hit.op->name, .hit = -1});
+    ready_.push_back(Ready{.process_set_id = set_id, .name = op.name, .hit = -1});
   }
+}
+
+void Coordinator::evicted_hit(std::int32_t id, std::shared_ptr<const CoordinatorCache::Entry> op) {
+  const HitTable::Run* found = hits_.find(id);
+  if (found == nullptr) return;
+  if (found->queued) {
+    orphans_[id] = std::move(op);
+    return;
+  }
+  hit_to_named(id, *op);
 }
 
 bool Coordinator::is_ready(const SetState& set, const Pending& pending) {
@@ -177,9 +232,13 @@ void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, 
 void Coordinator::join(int set_id, SetState& set, int global_rank) {
   // Readiness now depends on who has joined, which only the named bookkeeping knows.
   if (!hits_.empty()) {
-    for (std::int32_t id : hits_.ids()) {
-      if (hits_.find(id)->op->process_set_id == set_id) hit_to_named(id);
-    }
+    std::vector<std::int32_t> ids;
+    hits_.for_each([&](const HitTable::Run& run) {
+      if (run.queued || run.process_set_id != set_id) return;
+      for (std::int32_t id = run.first; id < run.end(); ++id) ids.push_back(id);
+    });
+    // Every id of a run not yet ready is cached (an eviction takes its id out of its run).
+    for (std::int32_t id : ids) hit_to_named(id, *cache_.peek(id));
   }
   const std::size_t set_rank = static_cast<std::size_t>(set.info.set_rank_of(global_rank));
   if (!set.joined[set_rank]) ++set.joined_count;
@@ -202,8 +261,6 @@ void Coordinator::join(int set_id, SetState& set, int global_rank) {
 
 ResponseList Coordinator::take_ready() {
   ResponseList list;
-  list.evicted = std::move(evicted_);
-  evicted_.clear();
   // ready_ gets the buffer of the previous list back, so that a steady stream of ops does not
   // grow a new vector each cycle.
   taking_.swap(ready_);
@@ -213,7 +270,7 @@ ResponseList Coordinator::take_ready() {
   Decided decided;
   for (Ready& item : taking_) {
     if (item.hit >= 0) {
-      take_hit(item.hit, decided, list);
+      take_hits(item, decided, list);
       continue;
     }
     auto set_it = states_.find(item.process_set_id);
@@ -228,9 +285,7 @@ ResponseList Coordinator::take_ready() {
     if (pending.common_hit >= 0 && set.joined_count == 0 &&
         cache_.find(pending.common_hit) != nullptr) {
       // Every member sent the same cache id: replay the cached response.
-      list.responses.emplace_back();
-      list.cache_ids.push_back(pending.common_hit);
-      list.hit.push_back(1);
+      append_hit(list, pending.common_hit);
       continue;
     }
     respond(item.process_set_id, set, item.name, pending, decided, list);
@@ -239,29 +294,54 @@ ResponseList Coordinator::take_ready() {
   return list;
 }
 
-void Coordinator::take_hit(std::int32_t id, Decided& decided, ResponseList& list) {
-  const HitTable::Pending* hit = hits_.find(id);
-  TUTTI_CHECK(hit != nullptr, "cache id ", id, " is not pending");
-  const int count = hit->count;
-  const Clock::time_point first_seen = hit->first_seen;
-  const std::shared_ptr<const CoordinatorCache::Entry> op = hits_.take_op(id);
-  auto set_it = states_.find(op->process_set_id);
-  if (set_it == states_.end()) return;  // Removed earlier in this list; ranks fail it locally.
-  SetState& set = set_it->second;
-  // As for a named op whose members all sent the same id (take_ready()); receive() marked the
-  // id as used.
-  if (set.joined_count == 0 && cache_.contains(id)) {
-    list.responses.emplace_back();
-    list.cache_ids.push_back(id);
-    list.hit.push_back(1);
+void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& list) {
+  const HitTable::Run* run = hits_.find(item.hit);
+  TUTTI_CHECK(run != nullptr && run->first == item.hit && run->count == item.hits,
+              "no ready run of cache ids at ", item.hit);
+  const int set_id = run->process_set_id;
+  const int members = run->members;
+  const Clock::time_point first_seen = run->first_seen;
+  const std::int32_t end = run->end();
+  auto set_it = states_.find(set_id);
+  // The run stays in the table while its ops are decided: an insert on the way may evict its
+  // later ids, whose entries are then kept aside (evicted_hit()).
+  for (std::int32_t id = item.hit; id < end; ++id) {
+    std::shared_ptr<const CoordinatorCache::Entry> orphan;
+    if (!orphans_.empty()) {
+      if (auto it = orphans_.find(id); it != orphans_.end()) {
+        orphan = std::move(it->second);
+        orphans_.erase(it);
+      }
+    }
+    if (set_it == states_.end()) continue;  // Removed earlier in this list; ranks fail it locally.
+    SetState& set = set_it->second;
+    // As for a named op whose members all sent the same id (take_ready()); receive() marked the
+    // id as used.
+    if (set.joined_count == 0 && cache_.contains(id)) {
+      append_hit(list, id);
+      continue;
+    }
+    const std::shared_ptr<const CoordinatorCache::Entry> op =
+        orphan != nullptr ? std::move(orphan) : cache_.peek(id);
+    TUTTI_CHECK(op != nullptr, "ready cache id ", id, " lost what it stood for");
+    Pending pending{.requests = op->requests,
+                    .count = members,
+                    .common_hit = id,
+                    .first_seen = first_seen,
+                    .queued = true};
+    respond(set_id, set, op->name, pending, decided, list);
+  }
+  hits_.take(item.hit);
+}
+
+void Coordinator::append_hit(ResponseList& list, std::int32_t id) {
+  if (!list.hit.empty() && list.hit.back() > 0 && list.cache_ids.back() + list.hit.back() == id) {
+    ++list.hit.back();
     return;
   }
-  Pending pending{.requests = op->requests,
-                  .count = count,
-                  .common_hit = id,
-                  .first_seen = first_seen,
-                  .queued = true};
-  respond(op->process_set_id, set, op->name, pending, decided, list);
+  list.responses.emplace_back();
+  list.cache_ids.push_back(id);
+  list.hit.push_back(1);
 }
 
 void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pending& pending,
@@ -281,7 +361,11 @@ void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pe
   list.hit.push_back(0);
   // Hits still being counted on an evicted id must be findable by name from now on: the
   // members that have not sent theirs will send full requests (Note [Hit fast path]).
-  for (std::size_t i = evicted_before; i < list.evicted.size(); ++i) hit_to_named(list.evicted[i]);
+  std::vector<std::shared_ptr<const CoordinatorCache::Entry>> gone = cache_.take_evicted();
+  TUTTI_CHECK(gone.size() == list.evicted.size() - evicted_before,
+              "the cache's evicted entries went astray");
+  for (std::size_t i = 0; i < gone.size(); ++i)
+    evicted_hit(list.evicted[evicted_before + i], std::move(gone[i]));
 }
 
 Response Coordinator::decide(int set_id, SetState& set, const std::string& name, Pending& pending,
@@ -369,21 +453,25 @@ std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
       result.push_back(std::move(stall));
     }
   }
-  // Counted hits (Note [Hit fast path]): no member of their set has joined.
-  hits_.for_each([&](const HitTable::Pending& hit) {
-    if (hit.queued || now - hit.first_seen < after) return;
-    auto set_it = states_.find(hit.op->process_set_id);
+  // Counted hits (Note [Hit fast path]): no member of their set has joined, and every id of a
+  // run not yet ready is cached.
+  hits_.for_each([&](const HitTable::Run& run) {
+    if (run.queued || now - run.first_seen < after) return;
+    auto set_it = states_.find(run.process_set_id);
     if (set_it == states_.end()) return;
     const SetState& set = set_it->second;
-    Stall stall{.process_set_id = hit.op->process_set_id,
-                .name = hit.op->name,
-                .missing = {},
-                .waited = now - hit.first_seen};
-    for (int r = 0; r < hit.size; ++r) {
-      if (!hit.has(r) && !set.joined[static_cast<std::size_t>(r)])
-        stall.missing.push_back(set.info.global_rank_of(r));
+    std::vector<int> missing;
+    for (int r = 0; r < run.size; ++r) {
+      if (!run.has(r) && !set.joined[static_cast<std::size_t>(r)])
+        missing.push_back(set.info.global_rank_of(r));
     }
-    result.push_back(std::move(stall));
+    for (std::int32_t id = run.first; id < run.end(); ++id) {
+      const std::shared_ptr<const CoordinatorCache::Entry> op = cache_.peek(id);
+      result.push_back(Stall{.process_set_id = run.process_set_id,
+                             .name = op != nullptr ? op->name : str_cat("cache id ", id),
+                             .missing = missing,
+                             .waited = now - run.first_seen});
+    }
   });
   std::sort(result.begin(), result.end(),
             [](const Stall& a, const Stall& b) { return a.waited > b.waited; });

@@ -51,20 +51,27 @@
 // Note [Hit fast path]
 // In steady state every member sends the same cache id for an op, and filing each of them under
 // the op's name (a request pointer per rank, a map entry and a name copy per op) costs more than
-// the collective of a tiny tensor. So the coordinator counts hits per cache id instead
-// (HitTable): a bit per member, and the op is ready, in the same readiness order, when the count
-// reaches the set's size. A counted op moves to the named bookkeeping of step 2 (with the
-// cached request of each member counted so far) whenever a hit no longer says enough:
+// the collective of a tiny tensor. So the coordinator counts hits instead (HitTable), and counts
+// them per run of consecutive ids: the ops of a step are cached in the order they first became
+// ready, and the ranks submit them in that order again, so a rank's list of hits is mostly a
+// few runs of ascending ids (P3: 10,000 ops a step in a few dozen runs). A run is one set's ops
+// that the same members have sent, with a bit per member; it is cut where a member's run
+// starts or ends inside it, and it is ready, as a whole and in the same readiness order, when
+// every member has sent it. Its ops then travel to the ranks as one entry of the response list
+// (ResponseList::hit). Only the first member's hits on an id are looked at one by one (is the
+// id cached, of which set, may it be counted); the other members' runs are counted per run.
+// An op leaves its run for the named bookkeeping of step 2 (with the cached request of each
+// member counted so far) whenever a hit no longer says enough:
 //  - a member sends a full request under the same name (its request differs from the cached
 //    one, or its cache lost the id): the op is then negotiated from the requests;
 //  - a member of its set joins (Note [Join]): readiness then depends on who has joined;
 //  - its id is evicted (by an insert or a set's removal) before every member sent it; with the
 //    id gone, later members send full requests, which must find the others' by name.
 // Hits go to the named bookkeeping directly while the op's name is pending there, while a
-// member of the set has joined, and while the timeline records negotiation spans. An op every
-// member has sent as the id stays counted until take_ready(): it is replayed if the id is still
-// cached and no member has joined, else negotiated afresh from the requests the id stood for
-// (the record holds them, the cache entry may be gone). The stall inspector sees counted ops
+// member of the set has joined, and while the timeline records negotiation spans. A run every
+// member has sent stays whole until take_ready(): each of its ids is replayed if it is still
+// cached and no member has joined, else negotiated afresh from the requests it stood for (an
+// id evicted meanwhile keeps its entry aside for that). The stall inspector sees counted ops
 // like named ones, missing ranks being the members whose bit is not set.
 //
 // Note [Same decision on every rank]
@@ -108,7 +115,7 @@ class Coordinator {
   // does not exist (any more), are dropped: the rank's own call refused them or failed them.
   void receive(int global_rank, RequestList list, Clock::time_point now,
                std::vector<std::int32_t>* resend);
-  bool has_ready() const { return !ready_.empty() || !evicted_.empty(); }
+  bool has_ready() const { return !ready_.empty(); }
   // The ready responses in readiness order, with cache bookkeeping (step 3). Set changes among
   // them are decided here (numbering new sets); the caller must execute the list on this rank
   // before filing further requests, so that the table knows the change.
@@ -148,11 +155,13 @@ class Coordinator {
     std::set<int> removed;
   };
 
-  // An op in readiness order: a name pending in its set, or (`hit` >= 0) a counted cache hit.
+  // An op in readiness order: a name pending in its set, or (`hit` >= 0) a run of counted cache
+  // hits, ids [hit, hit + hits).
   struct Ready {
     int process_set_id = 0;
-    std::string name;  // Empty for a counted hit.
+    std::string name;  // Empty for a run of hits.
     std::int32_t hit = -1;
+    std::int32_t hits = 0;
   };
 
   // The negotiation state of set `id`, created from the table on first use; null if the set
@@ -162,15 +171,27 @@ class Coordinator {
             Clock::time_point now);
   // Whether a hit on `op` may be counted (Note [Hit fast path]) rather than filed by name.
   bool can_count(const SetState& set, const CoordinatorCache::Entry& op) const;
-  // Counts set rank `set_rank`'s hit on `hit` (Note [Hit fast path]).
-  void count_hit(HitTable::Pending& hit, SetState& set, int set_rank, Clock::time_point now);
+  // Files `global_rank`'s hits on cache ids [first, first + count) (Note [Hit fast path]).
+  void receive_hits(int global_rank, std::int32_t first, std::int32_t count, Clock::time_point now,
+                    std::vector<std::int32_t>* resend);
+  // receive_hits() of ids [first, end), none of which is counted yet: counted in new runs where
+  // they may be, else filed by name or answered with "resend".
+  void start_hits(int global_rank, std::int32_t first, std::int32_t end, Clock::time_point now,
+                  std::vector<std::int32_t>* resend);
+  // Counts set rank `set_rank`'s hits on `run` (Note [Hit fast path]).
+  void count_hit(HitTable::Run& run, SetState& set, int set_rank, Clock::time_point now);
   // `global_rank`'s set rank in `set`, which its cache hit `id` belongs to (TUTTI_CHECK).
   static int member_rank(const SetState& set, int global_rank, std::int32_t id);
-  // Moves the counted hits on `id`, unless every member has sent it, to the named bookkeeping;
-  // drops them if their set is gone.
-  void hit_to_named(std::int32_t id);
-  // take_ready() of a counted hit: replayed, or negotiated afresh.
-  void take_hit(std::int32_t id, Decided& decided, ResponseList& list);
+  // Moves the counted hits on `id`, which stands for `op`, to the named bookkeeping, unless
+  // every member has sent it; drops them if their set is gone.
+  void hit_to_named(std::int32_t id, const CoordinatorCache::Entry& op);
+  // `id`, which stood for `op`, was evicted: its counted hits move to the named bookkeeping,
+  // or, if every member has sent it, `op` is kept for take_ready() (orphans_).
+  void evicted_hit(std::int32_t id, std::shared_ptr<const CoordinatorCache::Entry> op);
+  // take_ready() of a run of counted hits: each id replayed, or negotiated afresh.
+  void take_hits(const Ready& item, Decided& decided, ResponseList& list);
+  // Appends a replay of cache id `id` to `list`, in the run of its last entry if it continues it.
+  static void append_hit(ResponseList& list, std::int32_t id);
   // Decides one ready op, files it in the cache if cacheable, and appends it to `list`; ids it
   // evicts move their counted hits to the named bookkeeping.
   void respond(int set_id, SetState& set, const std::string& name, Pending& pending,
@@ -193,10 +214,11 @@ class Coordinator {
   std::map<int, SetState> states_;
   SetState* last_state_ = nullptr;  // state()'s last answer: ops come in runs of one set.
   HitTable hits_;                   // Counted cache hits (Note [Hit fast path]).
-  std::vector<Ready> ready_;        // In readiness order.
-  std::vector<Ready> taking_;       // take_ready()'s list of ready_; empty between calls.
-  std::vector<std::int32_t> evicted_;
-  int next_set_id_ = 1;  // Sets are numbered 1, 2, ... in decision order, here only.
+  // What the ids of ready runs that were evicted before take_ready() stood for.
+  std::unordered_map<std::int32_t, std::shared_ptr<const CoordinatorCache::Entry>> orphans_;
+  std::vector<Ready> ready_;   // In readiness order.
+  std::vector<Ready> taking_;  // take_ready()'s list of ready_; empty between calls.
+  int next_set_id_ = 1;        // Sets are numbered 1, 2, ... in decision order, here only.
 };
 
 }  // namespace tutti::core

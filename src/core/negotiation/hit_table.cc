@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/negotiation/hit_table.h"
 
-#include <algorithm>
+#include <utility>
 
 #include "src/common/check.h"
 
@@ -12,96 +12,80 @@ constexpr int kWordBits = 64;
 
 }  // namespace
 
-bool HitTable::Pending::has(int set_rank) const {
+bool HitTable::Run::has(int set_rank) const {
   if (set_rank < kWordBits) return (low >> set_rank) & 1;
   const std::size_t word = static_cast<std::size_t>(set_rank / kWordBits - 1);
   return word < high.size() && ((high[word] >> (set_rank % kWordBits)) & 1);
 }
 
-HitTable::Pending* HitTable::find(std::int32_t id) {
-  const std::uint32_t* at = index_.find(id);
-  return at == nullptr ? nullptr : &records_[*at];
+HitTable::Run* HitTable::find(std::int32_t id) {
+  Run* run = find_from(id);
+  return run != nullptr && run->first <= id ? run : nullptr;
 }
 
-HitTable::Pending& HitTable::start(std::int32_t id,
-                                   std::shared_ptr<const CoordinatorCache::Entry> op, int size,
-                                   Clock::time_point first_seen) {
-  TUTTI_CHECK(id >= 0, "cache id ", id, " is negative");
-  TUTTI_CHECK(!index_.contains(id), "cache id ", id, " is already pending");
-  std::uint32_t at = 0;
-  if (free_.empty()) {
-    at = static_cast<std::uint32_t>(records_.size());
-    records_.emplace_back();
-  } else {
-    at = free_.back();
-    free_.pop_back();
+HitTable::Run* HitTable::find_from(std::int32_t id) {
+  auto it = runs_.upper_bound(id);  // The first run that starts after `id`.
+  if (it != runs_.begin()) {
+    Run& before = std::prev(it)->second;
+    if (id < before.end()) return &before;
   }
-  Pending& pending = records_[at];
-  pending.id = id;
-  pending.op = std::move(op);
-  pending.size = size;
-  pending.count = 0;
-  pending.first_seen = first_seen;
-  pending.queued = false;
-  pending.low = 0;
-  pending.high.clear();
-  index_[id] = at;
-  ++live_;
-  return pending;
+  return it == runs_.end() ? nullptr : &it->second;
 }
 
-bool HitTable::add(Pending& pending, int set_rank) {
-  TUTTI_CHECK(set_rank >= 0 && set_rank < pending.size, "set rank ", set_rank, " outside a set of ",
-              pending.size);
-  TUTTI_CHECK(!pending.has(set_rank), "set rank ", set_rank, " sent cache id ", pending.id,
-              " twice");
+HitTable::Run& HitTable::start(std::int32_t first, std::int32_t count, int process_set_id, int size,
+                               Clock::time_point first_seen) {
+  TUTTI_CHECK(first >= 0 && count > 0, "cache ids ", first, " + ", count, " are no run");
+  const Run* next = find_from(first);
+  TUTTI_CHECK(next == nullptr || next->first >= first + static_cast<std::int64_t>(count),
+              "cache ids from ", first, " are already pending");
+  auto [it, inserted] = runs_.try_emplace(first);
+  Run& run = it->second;
+  run.first = first;
+  run.count = count;
+  run.process_set_id = process_set_id;
+  run.size = size;
+  run.first_seen = first_seen;
+  return run;
+}
+
+HitTable::Run& HitTable::split(Run& run, std::int32_t at) {
+  TUTTI_CHECK(run.first < at && at < run.end(), "cache id ", at, " does not split run ", run.first,
+              " + ", run.count);
+  Run& rest = runs_.try_emplace(at, run).first->second;
+  rest.first = at;
+  rest.count = run.end() - at;
+  run.count = at - run.first;
+  return rest;
+}
+
+bool HitTable::add(Run& run, int set_rank) {
+  TUTTI_CHECK(set_rank >= 0 && set_rank < run.size, "set rank ", set_rank, " outside a set of ",
+              run.size);
+  TUTTI_CHECK(!run.has(set_rank), "set rank ", set_rank, " sent cache id ", run.first, " twice");
   if (set_rank < kWordBits) {
-    pending.low |= std::uint64_t{1} << set_rank;
+    run.low |= std::uint64_t{1} << set_rank;
   } else {
     const std::size_t word = static_cast<std::size_t>(set_rank / kWordBits - 1);
-    if (pending.high.size() <= word) pending.high.resize(word + 1, 0);
-    pending.high[word] |= std::uint64_t{1} << (set_rank % kWordBits);
+    if (run.high.size() <= word) run.high.resize(word + 1, 0);
+    run.high[word] |= std::uint64_t{1} << (set_rank % kWordBits);
   }
-  return ++pending.count == pending.size;
+  return ++run.members == run.size;
 }
 
-HitTable::Pending HitTable::take(std::int32_t id) {
-  const std::uint32_t* found = index_.find(id);
-  TUTTI_CHECK(found != nullptr, "cache id ", id, " is not pending");
-  const std::uint32_t at = *found;
-  index_.erase(id);
-  Pending& record = records_[at];
-  Pending pending{.id = record.id,
-                  .op = std::move(record.op),
-                  .size = record.size,
-                  .count = record.count,
-                  .first_seen = record.first_seen,
-                  .queued = record.queued,
-                  .low = record.low,
-                  .high = record.high};  // Copied: the record keeps its buffer for reuse.
-  record.id = -1;
-  free_.push_back(at);
-  --live_;
-  return pending;
+HitTable::Run HitTable::take(std::int32_t first) {
+  auto it = runs_.find(first);
+  TUTTI_CHECK(it != runs_.end(), "no run of cache ids starts at ", first);
+  Run run = std::move(it->second);
+  runs_.erase(it);
+  return run;
 }
 
-std::shared_ptr<const CoordinatorCache::Entry> HitTable::take_op(std::int32_t id) {
-  const std::uint32_t* found = index_.find(id);
-  TUTTI_CHECK(found != nullptr, "cache id ", id, " is not pending");
-  const std::uint32_t at = *found;
-  index_.erase(id);
-  Pending& record = records_[at];
-  record.id = -1;
-  free_.push_back(at);
-  --live_;
-  return std::move(record.op);
-}
-
-std::vector<std::int32_t> HitTable::ids() const {
-  std::vector<std::int32_t> result;
-  result.reserve(live_);
-  for_each([&](const Pending& pending) { result.push_back(pending.id); });
-  return result;
+HitTable::Run HitTable::take_id(std::int32_t id) {
+  Run* run = find(id);
+  TUTTI_CHECK(run != nullptr, "cache id ", id, " is not pending");
+  if (run->first < id) run = &split(*run, id);
+  if (run->count > 1) split(*run, id + 1);
+  return take(id);
 }
 
 }  // namespace tutti::core

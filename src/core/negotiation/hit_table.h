@@ -1,16 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// The coordinator's fast path for cache hits: ops that the members have so far sent only as one
-// cache id, counted per id instead of filed per name. See Note [Hit fast path] in
-// negotiation/coordinator.h.
+// The coordinator's fast path for cache hits: ops that the members have so far sent only as
+// cache ids, counted per run of consecutive ids instead of filed per name. See Note [Hit fast
+// path] in negotiation/coordinator.h.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
+#include <map>
 #include <vector>
-
-#include "src/core/id_index.h"
-#include "src/core/response_cache.h"
 
 namespace tutti::core {
 
@@ -19,58 +16,56 @@ class HitTable {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // One op that members sent as cache id `id`.
-  struct Pending {
-    std::int32_t id = -1;
-    // What the id stands for (set, name, every member's request). Shared with the cache, so it
-    // outlives an eviction of the id: the op is then negotiated from these requests.
-    std::shared_ptr<const CoordinatorCache::Entry> op;
-    int size = 0;   // Members of the set.
-    int count = 0;  // Members that sent the id.
+  // Cache ids [first, first + count), ops of one process set that the same members have sent.
+  // Runs never overlap.
+  struct Run {
+    std::int32_t first = 0;
+    std::int32_t count = 0;
+    int process_set_id = 0;
+    int size = 0;     // Members of the set.
+    int members = 0;  // Members that sent the run.
     Clock::time_point first_seen;
     bool queued = false;  // Every member sent it: in the coordinator's ready list.
-    // Which set ranks sent the id, a bit each: ranks 0-63 here, the rest (large sets only) in
-    // `high`, so that records of sets up to 64 ranks allocate nothing.
+    // Which set ranks sent the run, a bit each: ranks 0-63 here, the rest (large sets only) in
+    // `high`, so that runs of sets up to 64 ranks allocate nothing but their node.
     std::uint64_t low = 0;
     std::vector<std::uint64_t> high;
 
+    std::int32_t end() const { return first + count; }
     bool has(int set_rank) const;
   };
 
-  bool empty() const { return live_ == 0; }
-  // The record of `id`, or null. Records stay where they are until take(), but start() may move
-  // them: pointers and references are valid until the next start().
-  Pending* find(std::int32_t id);
-  // A new record for `id` (which has none), standing for `op`, a set of `size` members.
-  Pending& start(std::int32_t id, std::shared_ptr<const CoordinatorCache::Entry> op, int size,
-                 Clock::time_point first_seen);
-  // Counts set rank `set_rank`'s hit on `pending`; true when every member has sent it. A rank
-  // that sends the same pending id twice is a bug (TUTTI_CHECK).
-  bool add(Pending& pending, int set_rank);
-  // Removes and returns the record of `id`, which must exist.
-  Pending take(std::int32_t id);
-  // Removes the record of `id`, which must exist, handing back only what it stood for: take()
-  // without the copy of the record (the coordinator's replay of a counted hit, once per op).
-  std::shared_ptr<const CoordinatorCache::Entry> take_op(std::int32_t id);
-  // The ids of every record, in no particular order.
-  std::vector<std::int32_t> ids() const;
-  // Calls `visit(const Pending&)` for every record, in no particular order.
+  bool empty() const { return runs_.empty(); }
+  // The run holding `id`, or null. Runs stay where they are until taken (a split leaves the
+  // first part in place), so pointers and references stay valid until then.
+  Run* find(std::int32_t id);
+  // The run holding `id`, or else the first run after it; null if neither.
+  Run* find_from(std::int32_t id);
+  // A new run of ids [first, first + count) (none of which is in a run) of set
+  // `process_set_id`, which has `size` members, sent by no member yet.
+  Run& start(std::int32_t first, std::int32_t count, int process_set_id, int size,
+             Clock::time_point first_seen);
+  // Cuts `run` before `at` (run.first < at < run.end()): `run` keeps the ids before it, and the
+  // returned run, a copy of its state, holds the rest.
+  Run& split(Run& run, std::int32_t at);
+  // Counts set rank `set_rank`'s hits on every id of `run`; true when every member has sent
+  // them. A rank that sends a pending id twice is a bug (TUTTI_CHECK).
+  bool add(Run& run, int set_rank);
+  // Removes and returns the run that starts at `first`, which must exist.
+  Run take(std::int32_t first);
+  // Removes `id` from its run, which must exist (splitting the run around it), and returns
+  // what is left for `id` alone: a run of one id.
+  Run take_id(std::int32_t id);
+  // Calls `visit(const Run&)` for every run, in order of ids.
   template <class Visit>
   void for_each(Visit&& visit) const {
-    for (const Pending& pending : records_) {
-      if (pending.id >= 0) visit(pending);
-    }
+    for (const auto& [first, run] : runs_) visit(run);
   }
 
  private:
-  // Records, live ones with id >= 0; freed ones are reused (a step's worth of records is taken
-  // and started again each step, so steady state allocates nothing here).
-  std::vector<Pending> records_;
-  std::vector<std::uint32_t> free_;
-  std::size_t live_ = 0;
-  // Each pending id's record index (Note [Id index] in id_index.h). A std::unordered_map cost
-  // three times the instructions per op (P3).
-  IdIndex<std::uint32_t> index_;
+  // By first id. A node per run: a step's worth of ops travels in a few runs per rank, so
+  // the tree stays small, and its nodes never move.
+  std::map<std::int32_t, Run> runs_;
 };
 
 }  // namespace tutti::core

@@ -145,7 +145,7 @@ std::string encode(const ResponseList& list) {
   w.put<std::int32_t>(list.host_routes);
   w.put<std::uint64_t>(list.responses.size());
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
-    if (i < list.hit.size() && list.hit[i]) continue;  // A hit carries no body.
+    if (i < list.hit.size() && list.hit[i] > 0) continue;  // Hits carry no body.
     const Response& response = list.responses[i];
     put_common(w, response);
     w.put_vector(response.rows);
@@ -180,8 +180,13 @@ Result<ResponseList> decode_response_list(std::string_view bytes) {
   if (list.cache_ids.size() != count || list.hit.size() != count) return corrupt("response");
   list.responses.resize(count);
   for (std::size_t i = 0; i < count; ++i) {
-    if (list.hit[i] > 1) return corrupt("response");
-    if (list.hit[i]) continue;
+    if (list.hit[i] < 0) return corrupt("response");
+    if (list.hit[i] > 0) {
+      // A run of hits names ids that exist: from 0, and not past the largest id.
+      const std::int64_t last = std::int64_t{list.cache_ids[i]} + list.hit[i] - 1;
+      if (list.cache_ids[i] < 0 || last > INT32_MAX) return corrupt("response");
+      continue;
+    }
     Response& response = list.responses[i];
     std::uint8_t ok = 0;
     std::int32_t last = 0;

@@ -63,14 +63,19 @@ std::string host_routes_text(std::int64_t routes) {
 std::vector<SeenOp> seen_ops(const ResponseList& list, const RankCache& cache) {
   std::vector<SeenOp> ops;
   ops.reserve(list.responses.size());
+  const auto see = [&](const Response& response) {
+    if (response.ok) ops.push_back(SeenOp{.key = step_key(response), .bytes = bytes_of(response)});
+  };
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
-    const Response* response = &list.responses[i];
-    if (i < list.hit.size() && list.hit[i]) {
-      response = cache.response(list.cache_ids[i]);
-      if (response == nullptr) continue;  // The executor will stop on this; nothing to count.
+    const std::int32_t hits = i < list.hit.size() ? list.hit[i] : 0;
+    if (hits == 0) {
+      see(list.responses[i]);
+      continue;
     }
-    if (!response->ok) continue;
-    ops.push_back(SeenOp{.key = step_key(*response), .bytes = bytes_of(*response)});
+    for (std::int32_t k = 0; k < hits; ++k) {
+      // An unknown id stops the executor; nothing to count.
+      if (const Response* response = cache.response(list.cache_ids[i] + k)) see(*response);
+    }
   }
   return ops;
 }

@@ -41,7 +41,7 @@ TEST_CASE("An op is ready once every member has submitted it, in readiness order
   CHECK(names(list) == std::vector<std::string>{"b", "a"});
   CHECK(list.responses[0].ok);
   CHECK(list.responses[0].tensors[0].shape == Shape{2});
-  CHECK(list.hit == std::vector<std::uint8_t>{0, 0});
+  CHECK(list.hit == std::vector<std::int32_t>{0, 0});
   CHECK(resend.empty());
   CHECK_FALSE(c.has_ready());
 }
@@ -97,7 +97,7 @@ TEST_CASE("A scatter takes the root's shape and splits; a disputed dtype or root
   c.receive(2, list_of({}, {list.cache_ids[0]}), t0, &resend);
   list = c.take_ready();
   REQUIRE(list.responses.size() == 1);
-  CHECK(list.hit == std::vector<std::uint8_t>{0});
+  CHECK(list.hit == std::vector<std::int32_t>{0});
   CHECK(list.responses[0].splits == std::vector<std::int64_t>{3, 3, 0});
   // A member naming another dtype, then another root.
   c.receive(0, list_of({scatter(1, 0, DataType::Float32, {}, {})}), t0, &resend);
@@ -160,7 +160,7 @@ TEST_CASE("Cache ids from every rank replay the response; a stale id is sent bac
   // Round two: both ranks send the id only.
   for (int r : {0, 1}) c.receive(r, list_of({}, {id}), t0, &resend);
   const ResponseList replay = c.take_ready();
-  CHECK(replay.hit == std::vector<std::uint8_t>{1});
+  CHECK(replay.hit == std::vector<std::int32_t>{1});
   CHECK(replay.cache_ids == std::vector<std::int32_t>{id});
   // Another name takes the only slot: `a`'s id is evicted, and a later hit on it is resent.
   for (int r : {0, 1}) c.receive(r, list_of({allreduce("b", {4})}), t0, &resend);

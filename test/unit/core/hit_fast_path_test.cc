@@ -5,6 +5,7 @@
 // stall inspector. Expected lists are written out from the protocol's rules: cache ids count from 0
 // in insertion order.
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <memory>
 #include <random>
@@ -70,10 +71,106 @@ TEST_CASE("Counted hits are ready in readiness order and replayed", "[coordinato
   const std::vector<std::int32_t> expected =
       size == 1 ? std::vector<std::int32_t>{2, 1, 0} : std::vector<std::int32_t>{0, 2, 1};
   CHECK(list.cache_ids == expected);
-  CHECK(list.hit == std::vector<std::uint8_t>{1, 1, 1});
+  CHECK(list.hit == std::vector<std::int32_t>{1, 1, 1});
   CHECK(list.evicted.empty());
   CHECK(resend.empty());
   CHECK_FALSE(c.has_ready());
+}
+
+TEST_CASE("Runs of hits cut differently by each rank are replayed as runs, in readiness order",
+          "[coordinator][hits]") {
+  Job job(3);
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::string> names;
+  for (int i = 0; i < 10; ++i) names.push_back("t" + std::to_string(i));
+  const std::vector<std::int32_t> ids = warm(c, 3, names);
+  REQUIRE(ids == std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  std::vector<std::int32_t> resend;
+  c.receive(0, hits(ids), t0, &resend);
+  c.receive(1, hits({0, 1, 2, 3, 4}), t0, &resend);
+  c.receive(1, hits({5, 6, 7, 8, 9}), t0, &resend);
+  CHECK_FALSE(c.has_ready());
+  // Rank 2 completes 3-4 and 5-9, then 0-2: ids 3-9 are ready before 0-2.
+  c.receive(2, hits({3, 4, 5, 6, 7, 8, 9}), t0, &resend);
+  c.receive(2, hits({0, 1, 2}), t0, &resend);
+  const ResponseList list = c.take_ready();
+  CHECK(list.cache_ids == std::vector<std::int32_t>{3, 0});
+  CHECK(list.hit == std::vector<std::int32_t>{7, 3});
+  CHECK(list.responses.size() == 2);
+  CHECK(list.evicted.empty());
+  CHECK(resend.empty());
+}
+
+TEST_CASE("A full request for one id of a run takes that id out; the rest stay counted",
+          "[coordinator][hits]") {
+  Job job(2);
+  Coordinator c(job.sets, 16, nullptr);
+  const std::vector<std::int32_t> ids = warm(c, 2, {"a", "b", "c"});
+  std::vector<std::int32_t> resend;
+  c.receive(0, hits(ids), t0, &resend);                    // One run, 0-2.
+  c.receive(1, full({allreduce("b", {4})}), t0, &resend);  // b as before, in full.
+  c.receive(1, hits({0, 2}), t0, &resend);
+  const ResponseList list = c.take_ready();
+  // b re-cached under id 3 (evicting its old id), then the hits on 0 and on 2.
+  CHECK(list.cache_ids == std::vector<std::int32_t>{3, 0, 2});
+  CHECK(list.hit == std::vector<std::int32_t>{0, 1, 1});
+  CHECK(list.evicted == std::vector<std::int32_t>{1});
+  REQUIRE(list.responses.size() == 3);
+  CHECK(list.responses[0].name == "b");
+  CHECK(list.responses[0].ok);
+}
+
+TEST_CASE("Ids of a ready run evicted by the list that replays it are negotiated afresh",
+          "[coordinator][hits][cache]") {
+  // Capacity 3: d's insert evicts the least recently used of a, b, c (0, 1, 2); then each of
+  // them, negotiated again from the requests it stood for, evicts the next.
+  Job job(2);
+  Coordinator c(job.sets, 3, nullptr);
+  const std::vector<std::int32_t> ids = warm(c, 2, {"a", "b", "c"});
+  std::vector<std::int32_t> resend;
+  for (int r : {0, 1}) c.receive(r, full({allreduce("d", {1})}), t0, &resend);
+  for (int r : {0, 1}) c.receive(r, hits(ids), t0, &resend);
+  const ResponseList list = c.take_ready();
+  REQUIRE(list.responses.size() == 4);
+  const std::vector<std::string> names = {"d", "a", "b", "c"};
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    CHECK(list.responses[i].name == names[i]);
+    CHECK(list.responses[i].ok);
+  }
+  CHECK(list.responses[1].tensors[0].shape == Shape{4});
+  CHECK(list.hit == std::vector<std::int32_t>{0, 0, 0, 0});
+  CHECK(list.cache_ids == std::vector<std::int32_t>{3, 4, 5, 6});
+  CHECK(list.evicted == std::vector<std::int32_t>{0, 1, 2, 3});
+  CHECK_FALSE(c.has_ready());
+}
+
+TEST_CASE("An eviction inside a run still being counted sends that id to its name",
+          "[coordinator][hits][cache]") {
+  // Capacity 4: a, b, c (0-2) are cached; rank 0's hits on them are one run. d fits, then e's
+  // insert evicts a, the least recently used.
+  Job job(2);
+  Coordinator c(job.sets, 4, nullptr);
+  const std::vector<std::int32_t> ids = warm(c, 2, {"a", "b", "c"});
+  std::vector<std::int32_t> resend;
+  c.receive(0, hits(ids), t0, &resend);
+  for (int r : {0, 1}) c.receive(r, full({allreduce("d", {1}), allreduce("e", {1})}), t0, &resend);
+  const ResponseList first = c.take_ready();
+  CHECK(first.cache_ids == std::vector<std::int32_t>{3, 4});
+  CHECK(first.evicted == std::vector<std::int32_t>{0});
+  // Rank 1 applied the eviction: a goes in full and finds rank 0's hit by name (its shape
+  // differs, so the op fails, and nothing is cached to evict b or c); b and c are still
+  // counted, and replayed.
+  c.receive(1, full({allreduce("a", {5})}), t0, &resend);
+  c.receive(1, hits({1, 2}), t0, &resend);
+  const ResponseList second = c.take_ready();
+  REQUIRE(second.responses.size() == 2);
+  CHECK(second.responses[0].name == "a");
+  CHECK(second.responses[0].error_message ==
+        "Mismatched ALLREDUCE tensor shapes for 'a': rank 0 sent [4], rank 1 sent [5]");
+  CHECK(second.hit == std::vector<std::int32_t>{0, 2});
+  CHECK(second.cache_ids == std::vector<std::int32_t>{-1, 1});
+  CHECK(second.evicted.empty());
+  CHECK(resend.empty());
 }
 
 TEST_CASE("A full request for a counted name negotiates the op from every request",
@@ -90,7 +187,7 @@ TEST_CASE("A full request for a counted name negotiates the op from every reques
   REQUIRE(c.has_ready());
   const ResponseList list = c.take_ready();
   REQUIRE(list.responses.size() == 1);
-  CHECK(list.hit == std::vector<std::uint8_t>{0});
+  CHECK(list.hit == std::vector<std::int32_t>{0});
   CHECK(list.cache_ids == std::vector<std::int32_t>{-1});
   CHECK(list.responses[0].error_code == ErrorCode::Mismatch);
   CHECK(list.responses[0].error_message ==
@@ -110,12 +207,12 @@ TEST_CASE("A full request equal to the cached one re-caches the op under a new i
   REQUIRE(list.responses.size() == 1);
   CHECK(list.responses[0].ok);
   CHECK(list.responses[0].name == "a");
-  CHECK(list.hit == std::vector<std::uint8_t>{0});
+  CHECK(list.hit == std::vector<std::int32_t>{0});
   CHECK(list.cache_ids == std::vector<std::int32_t>{a + 1});
   CHECK(list.evicted == std::vector<std::int32_t>{a});  // The name's old id.
   // The new id is counted again.
   for (int r : {0, 1}) c.receive(r, hits({a + 1}), t0, &resend);
-  CHECK(c.take_ready().hit == std::vector<std::uint8_t>{1});
+  CHECK(c.take_ready().hit == std::vector<std::int32_t>{1});
 }
 
 TEST_CASE("A join while hits are counted releases the op with the joined rank absent",
@@ -138,7 +235,7 @@ TEST_CASE("A join while hits are counted releases the op with the joined rank ab
     CHECK(response.ok);
     CHECK(response.joined == std::vector<int>{1});
   }
-  CHECK(released.hit == std::vector<std::uint8_t>{0, 0});
+  CHECK(released.hit == std::vector<std::int32_t>{0, 0});
   CHECK(released.cache_ids == std::vector<std::int32_t>{-1, -1});  // Shaped by a join.
   // While rank 1 has joined, hits are filed by name and released without it.
   c.receive(0, hits({ids[0]}), t0, &resend);
@@ -154,7 +251,7 @@ TEST_CASE("A join while hits are counted releases the op with the joined rank ab
   CHECK(done.responses[0].last_joined_rank == 2);
   // Everyone is back: hits are counted and replayed again.
   for (int r = 0; r < 3; ++r) c.receive(r, hits({ids[1]}), t0, &resend);
-  CHECK(c.take_ready().hit == std::vector<std::uint8_t>{1});
+  CHECK(c.take_ready().hit == std::vector<std::int32_t>{1});
   CHECK(resend.empty());
 }
 
@@ -171,7 +268,7 @@ TEST_CASE("An op whose hits are all in when a member joins is negotiated afresh"
   c.receive(1, full({join_request()}), t0, &resend);
   const ResponseList list = c.take_ready();
   REQUIRE(list.responses.size() == 1);
-  CHECK(list.hit == std::vector<std::uint8_t>{0});
+  CHECK(list.hit == std::vector<std::int32_t>{0});
   CHECK(list.responses[0].ok);
   CHECK(list.responses[0].name == "g");
   CHECK(list.responses[0].joined.empty());
@@ -196,7 +293,7 @@ TEST_CASE("An eviction while hits are counted: later members' full requests find
   REQUIRE(second.responses.size() == 1);
   CHECK(second.responses[0].ok);
   CHECK(second.responses[0].name == "a");
-  CHECK(second.hit == std::vector<std::uint8_t>{0});
+  CHECK(second.hit == std::vector<std::int32_t>{0});
   CHECK(second.cache_ids == std::vector<std::int32_t>{a + 2});
   CHECK(second.evicted == std::vector<std::int32_t>{a + 1});
   CHECK(resend.empty());
@@ -218,7 +315,7 @@ TEST_CASE("An id evicted in the list that would replay it is negotiated afresh",
   CHECK(list.responses[1].name == "a");
   CHECK(list.responses[1].ok);
   CHECK(list.responses[1].tensors[0].shape == Shape{4});
-  CHECK(list.hit == std::vector<std::uint8_t>{0, 0});
+  CHECK(list.hit == std::vector<std::int32_t>{0, 0});
   CHECK(list.cache_ids == std::vector<std::int32_t>{a + 1, a + 2});
   CHECK(list.evicted == std::vector<std::int32_t>{a, a + 1});
 }
@@ -249,88 +346,129 @@ TEST_CASE("Stalls name the missing ranks of counted hits", "[coordinator][hits][
 TEST_CASE("The hit table keeps a bit per member, past 64 ranks too", "[hits]") {
   HitTable table;
   const int size = 130;
-  HitTable::Pending& pending = table.start(7, nullptr, size, t0);
+  HitTable::Run& run = table.start(7, 3, 0, size, t0);
   int completed_at = -1;
   for (int r = size - 1; r >= 0; --r) {
-    if (table.add(pending, r)) completed_at = r;
+    if (table.add(run, r)) completed_at = r;
     if (r == 64) {
-      CHECK(pending.has(129));
-      CHECK(pending.has(64));
-      CHECK_FALSE(pending.has(63));
-      CHECK(pending.count == size - 64);
+      CHECK(run.has(129));
+      CHECK(run.has(64));
+      CHECK_FALSE(run.has(63));
+      CHECK(run.members == size - 64);
     }
   }
   CHECK(completed_at == 0);
-  const HitTable::Pending taken = table.take(7);
-  CHECK(taken.count == size);
+  const HitTable::Run taken = table.take(7);
+  CHECK(taken.members == size);
+  CHECK(taken.count == 3);
   CHECK(table.empty());
-  // A taken record's node is reused.
-  HitTable::Pending& next = table.start(8, nullptr, 2, t0);
-  CHECK(next.count == 0);
+  HitTable::Run& next = table.start(8, 1, 0, 2, t0);
+  CHECK(next.members == 0);
   CHECK_FALSE(next.has(0));
   CHECK_FALSE(table.add(next, 1));
   CHECK(table.add(next, 0));
 }
 
-TEST_CASE("take_op removes a record and hands back what it stood for", "[hits]") {
+TEST_CASE("Splitting a run and taking one id keep each part's members", "[hits]") {
   HitTable table;
-  auto op = std::make_shared<const CoordinatorCache::Entry>(
-      CoordinatorCache::Entry{.process_set_id = 3, .name = "w", .requests = {}, .response = {}});
-  table.start(5, op, 2, t0);
-  table.start(6, nullptr, 2, t0);
-  const std::shared_ptr<const CoordinatorCache::Entry> taken = table.take_op(5);
-  CHECK(taken == op);
-  CHECK(op.use_count() == 2);  // `op` and `taken`: the table let go of its reference.
-  CHECK(table.find(5) == nullptr);
-  REQUIRE(table.find(6) != nullptr);
-  CHECK(table.ids() == std::vector<std::int32_t>{6});
-  // The freed record is reused, fresh.
-  HitTable::Pending& next = table.start(9, nullptr, 2, t0);
-  CHECK(next.count == 0);
-  CHECK(next.op == nullptr);
-  CHECK_FALSE(table.add(next, 1));
-  table.take_op(6);
-  table.take_op(9);
-  CHECK(table.empty());
+  HitTable::Run& run = table.start(10, 10, 4, 3, t0);  // Ids 10-19 of set 4.
+  CHECK_FALSE(table.add(run, 2));
+  HitTable::Run& tail = table.split(run, 15);
+  CHECK(run.first == 10);
+  CHECK(run.count == 5);
+  CHECK(tail.first == 15);
+  CHECK(tail.count == 5);
+  CHECK(tail.process_set_id == 4);
+  CHECK(tail.has(2));
+  CHECK(tail.members == 1);
+  CHECK_FALSE(table.add(tail, 0));  // Counted on 15-19 only.
+  CHECK_FALSE(table.find(12)->has(0));
+  CHECK(table.find(17)->has(0));
+  CHECK(table.find(9) == nullptr);
+  CHECK(table.find(20) == nullptr);
+  CHECK(table.find_from(9) == &run);
+  CHECK(table.find_from(20) == nullptr);
+  const HitTable::Run one = table.take_id(12);
+  CHECK(one.first == 12);
+  CHECK(one.count == 1);
+  CHECK(one.has(2));
+  CHECK(table.find(12) == nullptr);
+  CHECK(table.find_from(12)->first == 13);
+  CHECK(table.find(11)->count == 2);  // 10-11.
+  CHECK(table.find(14)->count == 2);  // 13-14.
+  std::vector<std::pair<std::int32_t, std::int32_t>> runs;
+  table.for_each([&](const HitTable::Run& r) { runs.emplace_back(r.first, r.count); });
+  CHECK(runs == std::vector<std::pair<std::int32_t, std::int32_t>>{{10, 2}, {13, 2}, {15, 5}});
 }
 
-TEST_CASE("The hit table finds what it holds through growth and deletions", "[hits]") {
-  // Against a std::map: ids in runs (as caches hand them out) and scattered, records taken in
-  // an order unrelated to their insertion, so that probe runs wrap and shift.
+TEST_CASE("The hit table counts like a table of ids under random runs", "[hits]") {
+  // Against a map of id -> members' bits: runs started on free ids, members counted on any
+  // stretch of pending ids (cut as the coordinator cuts them), single ids and whole runs taken.
   HitTable table;
-  std::map<std::int32_t, int> reference;  // id -> size given to start().
+  std::map<std::int32_t, std::uint64_t> reference;
   std::mt19937 random(12);
-  for (int round = 0; round < 2000; ++round) {
-    const bool add = reference.size() < 5 || (reference.size() < 700 && random() % 3 != 0);
-    if (add) {
-      std::int32_t id = 0;
-      do {
-        id = random() % 2 == 0 ? static_cast<std::int32_t>(random() % 1000)
-                               : static_cast<std::int32_t>(random() % 100000);
-      } while (reference.contains(id));
-      const int size = 1 + static_cast<int>(random() % 5);
-      table.start(id, nullptr, size, t0);
-      reference[id] = size;
-    } else {
-      auto it = reference.begin();
-      std::advance(it, static_cast<long>(random() % reference.size()));
-      const HitTable::Pending taken = table.take(it->first);
-      CHECK(taken.id == it->first);
-      CHECK(taken.size == it->second);
-      reference.erase(it);
-    }
-    if (round % 97 == 0) {
-      for (const auto& [id, size] : reference) {
-        const HitTable::Pending* found = table.find(id);
-        REQUIRE(found != nullptr);
-        CHECK(found->size == size);
+  constexpr int kSize = 5;
+  constexpr std::int32_t kIds = 400;
+  for (int round = 0; round < 3000; ++round) {
+    const std::int32_t first = static_cast<std::int32_t>(random() % kIds);
+    const std::int32_t count = 1 + static_cast<std::int32_t>(random() % 30);
+    const std::int32_t end = std::min(kIds, first + count);
+    switch (random() % 4) {
+      case 0: {  // Start runs on the free ids of [first, end).
+        for (std::int32_t id = first; id < end;) {
+          if (reference.contains(id)) {
+            ++id;
+            continue;
+          }
+          std::int32_t stop = id;
+          while (stop < end && !reference.contains(stop)) ++stop;
+          table.start(id, stop - id, 0, kSize, t0);
+          for (std::int32_t k = id; k < stop; ++k) reference[k] = 0;
+          id = stop;
+        }
+        break;
       }
-      CHECK(table.find(-5 + 0) == nullptr);
-      std::vector<std::int32_t> ids = table.ids();
-      std::sort(ids.begin(), ids.end());
-      std::vector<std::int32_t> expected;
-      for (const auto& [id, size] : reference) expected.push_back(id);
-      CHECK(ids == expected);
+      case 1: {  // A member's hits on the pending ids of [first, end) that it has not sent.
+        const int rank = static_cast<int>(random() % kSize);
+        for (std::int32_t id = first; id < end; ++id) {
+          HitTable::Run* run = table.find(id);
+          if (run == nullptr || run->has(rank)) continue;
+          if (run->first < id) run = &table.split(*run, id);
+          if (run->count > 1) table.split(*run, id + 1);
+          table.add(*run, rank);
+          reference[id] |= std::uint64_t{1} << rank;
+        }
+        break;
+      }
+      case 2: {  // Take one id.
+        if (!reference.contains(first)) break;
+        const HitTable::Run one = table.take_id(first);
+        CHECK(one.count == 1);
+        CHECK(one.low == reference[first]);
+        reference.erase(first);
+        break;
+      }
+      default: {  // Take the run holding `first`, whole.
+        const HitTable::Run* run = table.find(first);
+        if (run == nullptr) break;
+        const HitTable::Run taken = table.take(run->first);
+        for (std::int32_t id = taken.first; id < taken.end(); ++id) {
+          REQUIRE(reference.contains(id));
+          CHECK(reference[id] == taken.low);
+          reference.erase(id);
+        }
+      }
+    }
+    if (round % 50 == 0) {
+      for (std::int32_t id = 0; id < kIds; ++id) {
+        const HitTable::Run* run = table.find(id);
+        REQUIRE((run != nullptr) == reference.contains(id));
+        if (run == nullptr) continue;
+        CHECK(run->first <= id);
+        CHECK(id < run->end());
+        CHECK(run->low == reference[id]);
+        CHECK(run->members == std::popcount(run->low));
+      }
     }
   }
   CHECK(table.empty() == reference.empty());

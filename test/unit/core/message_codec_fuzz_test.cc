@@ -121,9 +121,11 @@ ResponseList random_responses(Rng& rng) {
   list.responses.resize(count);
   list.cache_ids = random_vector<std::int32_t>(rng, 0);
   for (std::size_t i = 0; i < count; ++i) {
-    list.cache_ids.push_back(static_cast<std::int32_t>(rng()));
-    list.hit.push_back(static_cast<std::uint8_t>(below(rng, 2)));
-    if (list.hit.back()) continue;  // A hit travels as its id alone.
+    // A run of hits names existing ids: from 0, not past the largest.
+    list.hit.push_back(static_cast<std::int32_t>(below(rng, 3)));
+    list.cache_ids.push_back(list.hit.back() > 0 ? static_cast<std::int32_t>(below(rng, 1 << 30))
+                                                 : static_cast<std::int32_t>(rng()));
+    if (list.hit.back() > 0) continue;  // Hits travel as their ids alone.
     Response& response = list.responses[i];
     fill_common(rng, response);
     response.rows = random_vector<std::int64_t>(rng, 3);

@@ -49,9 +49,9 @@ ResponseList sample_responses() {
   full.error_code = ErrorCode::Mismatch;
   full.error_message = "Mismatched ...";
   full.last_joined_rank = 2;
-  list.responses = {full, Response{}};
-  list.cache_ids = {5, 9};
-  list.hit = {0, 1};
+  list.responses = {full, Response{}, Response{}};
+  list.cache_ids = {5, 9, 20};
+  list.hit = {0, 1, 300};  // Hits on id 9, and on ids 20 to 319.
   list.evicted = {1, 2};
   list.resend = {8};
   list.shutdown = true;
@@ -101,6 +101,24 @@ TEST_CASE("ResponseList round-trips, with hits carried as ids alone", "[codec]")
   CHECK(got.fusion_threshold_bytes == std::int64_t{3} << 40);
   CHECK(got.cycle_time_us == 2500);
   CHECK(got.host_routes == 2);
+}
+
+TEST_CASE("A run of hits that names no ids is a corrupt message", "[codec]") {
+  // A negative count; a negative first id; a run past the largest id.
+  const std::vector<std::pair<std::int32_t, std::int32_t>> bad = {
+      {5, -1}, {-1, 1}, {INT32_MAX, 2}, {INT32_MAX - 9, 11}};
+  for (const auto& [first, count] : bad) {
+    ResponseList list;
+    list.responses.resize(1);
+    list.cache_ids = {first};
+    list.hit = {count};
+    CHECK_FALSE(decode_response_list(encode(list)).ok());
+  }
+  ResponseList last;  // Up to the largest id is fine.
+  last.responses.resize(1);
+  last.cache_ids = {INT32_MAX - 9};
+  last.hit = {10};
+  CHECK(decode_response_list(encode(last)).ok());
 }
 
 TEST_CASE("Autotuned settings travel with their list; -1 means no change", "[codec]") {

@@ -146,6 +146,40 @@ TEST_CASE("A cached response is filed on every rank and replayed by id", "[execu
   CHECK(ok == std::vector<int>{1, 1});
 }
 
+TEST_CASE("A run of hits replays each cached op of its ids", "[executor][cache]") {
+  const int size = GENERATE(2, 3);
+  std::vector<int> ok(static_cast<std::size_t>(size), 0);
+  with_ranks(size, [&](Rank& rank, int r) {
+    const float value = static_cast<float>(r + 1);
+    std::vector<float> a(3, value), b(1, value), c(2, value), d(4, value);
+    for (const auto& [name, data] : {std::pair{"a", &a}, {"b", &b}, {"c", &c}})
+      rank.submit(name, *data);
+    bool good = rank.executor
+                    .execute(responses_of({allreduce_response("a", 3, ReduceOp::Sum),
+                                           allreduce_response("b", 1, ReduceOp::Average),
+                                           allreduce_response("c", 2, ReduceOp::Sum)},
+                                          {20, 21, 22}))
+                    .ok();
+    // Again, with a new op d negotiated between two runs: hits on 21-22, d, a hit on 20.
+    for (std::vector<float>* data : {&a, &b, &c, &d}) data->assign(data->size(), value);
+    auto ea = rank.submit("a", a);
+    auto eb = rank.submit("b", b);
+    auto ec = rank.submit("c", c);
+    auto ed = rank.submit("d", d);
+    ResponseList list = responses_of(
+        {Response{}, allreduce_response("d", 4, ReduceOp::Sum), Response{}}, {21, 23, 20});
+    list.hit = {2, 0, 1};
+    good = good && rank.executor.execute(std::move(list)).ok();
+    for (const auto& entry : {ea, eb, ec, ed}) good = good && entry->state->wait().ok();
+    const float sum = static_cast<float>(size * (size + 1) / 2);  // Σ (r + 1)
+    good = good && a == std::vector<float>(3, sum) && c == std::vector<float>(2, sum) &&
+           d == std::vector<float>(4, sum) && b == std::vector<float>(1, sum / size);
+    good = good && rank.executor.cache().response(23) != nullptr;
+    ok[static_cast<std::size_t>(r)] = good;
+  });
+  CHECK(ok == std::vector<int>(static_cast<std::size_t>(size), 1));
+}
+
 TEST_CASE("A joined member adds zeros without an entry of its own", "[executor][join]") {
   std::vector<int> ok(3, 0);
   with_ranks(3, [&](Rank& rank, int r) {
