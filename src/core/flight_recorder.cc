@@ -81,7 +81,7 @@ std::int64_t FlightRecorder::submitted(const Request& request, std::int64_t sequ
   else
     slot.shape.assign(request.tensors.front().shape.begin(), request.tensors.front().shape.end());
   slot.phase = OpPhase::Submitted;
-  slot.backend.clear();
+  slot.backend = nullptr;
   slot.error.clear();
   slot.submitted_s = now;
   slot.negotiated_s = slot.executing_s = slot.finished_s = -1;
@@ -93,10 +93,18 @@ void FlightRecorder::update(std::int64_t id, OpPhase phase, std::string_view bac
   if (id < 0) return;
   const double now = now_s();
   detail::MutexLock lock(mutex_);
-  apply(id, phase, now, backend, error);
+  apply(id, phase, now, intern(backend), error);
 }
 
-void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::string_view backend,
+const std::string* FlightRecorder::intern(std::string_view name) {
+  if (name.empty()) return nullptr;
+  for (const std::unique_ptr<const std::string>& known : backend_names_) {
+    if (*known == name) return known.get();
+  }
+  return backend_names_.emplace_back(std::make_unique<const std::string>(name)).get();
+}
+
+void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, const std::string* backend,
                            std::string_view error) {
   if (id < 0) return;
   Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
@@ -107,12 +115,13 @@ void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::stri
     case OpPhase::Negotiated: slot.negotiated_s = now; break;
     case OpPhase::Executing:
       slot.executing_s = now;
-      slot.backend.assign(backend);
+      slot.backend = backend;
       break;
     case OpPhase::Done:
     case OpPhase::Failed:
       slot.finished_s = now;
-      slot.error.assign(error);
+      // submitted() cleared it, and a record finishes once.
+      if (!error.empty()) slot.error.assign(error);
       break;
   }
 }
@@ -169,7 +178,7 @@ void FlightRecorder::append_json(std::string& out, const Slot& slot) const {
   out += ", \"state\": \"";
   out += to_string(slot.phase);
   out += "\", \"backend\": ";
-  detail::append_json_string(out, slot.backend);
+  detail::append_json_string(out, slot.backend != nullptr ? *slot.backend : std::string_view{});
   const std::pair<const char*, double> times[] = {{"submitted_s", slot.submitted_s},
                                                   {"negotiated_s", slot.negotiated_s},
                                                   {"executing_s", slot.executing_s},

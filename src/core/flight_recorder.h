@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,7 +67,8 @@ class FlightRecorder {
     if (!enabled()) return;
     const double now = now_s();
     detail::MutexLock lock(mutex_);
-    for (const auto& item : items) apply(id_of(item), phase, now, backend, error);
+    const std::string* name = intern(backend);
+    for (const auto& item : items) apply(id_of(item), phase, now, name, error);
   }
 
   // The ring, oldest first.
@@ -96,7 +98,7 @@ class FlightRecorder {
     OpPhase phase = OpPhase::Submitted;
     std::string name;
     Shape shape;
-    std::string backend;
+    const std::string* backend = nullptr;  // intern()ed; null until the op executes.
     std::string error;
     // Seconds since the recorder started; -1 until reached.
     double submitted_s = -1, negotiated_s = -1, executing_s = -1, finished_s = -1;
@@ -104,14 +106,19 @@ class FlightRecorder {
 
   double now_s() const;
   double seconds_at(Clock::time_point at) const;
-  // update()'s change of one slot, at time `now`.
-  void apply(std::int64_t id, OpPhase phase, double now, std::string_view backend,
+  // update()'s change of one slot, at time `now`; `backend` as intern() gives it.
+  void apply(std::int64_t id, OpPhase phase, double now, const std::string* backend,
              std::string_view error) TUTTI_REQUIRES(mutex_);
+  // The recorder's copy of backend name `name`, made once per name (a job has a few); null for
+  // an empty name. A slot then holds a pointer, not a copy: an op's record costs no string copy
+  // as it starts executing.
+  const std::string* intern(std::string_view name) TUTTI_REQUIRES(mutex_);
   void append_json(std::string& out, const Slot& slot) const;
 
   const std::size_t capacity_;
   const Clock::time_point origin_ = Clock::now();
   mutable detail::Mutex mutex_;
+  std::vector<std::unique_ptr<const std::string>> backend_names_ TUTTI_GUARDED_BY(mutex_);
   std::vector<Slot> slots_ TUTTI_GUARDED_BY(mutex_);
   std::int64_t next_id_ TUTTI_GUARDED_BY(mutex_) = 0;
   DumpContext context_ TUTTI_GUARDED_BY(mutex_);

@@ -110,6 +110,10 @@ void Coordinator::start_hits(int global_rank, std::int32_t first, std::int32_t e
       resend->push_back(id);
       continue;
     }
+    // The stretch's set, and this rank's place in it, once per stretch.
+    if (from_set != nullptr && entry->process_set_id == from_set->info.id &&
+        can_count(*from_set, *entry))
+      continue;
     SetState* set = state(entry->process_set_id);
     TUTTI_CHECK(set != nullptr, "cache entry of unknown set ", entry->process_set_id);
     const int set_rank = member_rank(*set, global_rank, id);
@@ -285,7 +289,7 @@ ResponseList Coordinator::take_ready() {
     if (pending.common_hit >= 0 && set.joined_count == 0 &&
         cache_.find(pending.common_hit) != nullptr) {
       // Every member sent the same cache id: replay the cached response.
-      append_hit(list, pending.common_hit);
+      append_hits(list, pending.common_hit, 1);
       continue;
     }
     respond(item.process_set_id, set, item.name, pending, decided, list);
@@ -303,6 +307,13 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
   const Clock::time_point first_seen = run->first_seen;
   const std::int32_t end = run->end();
   auto set_it = states_.find(set_id);
+  // Every id of a ready run is still cached unless an eviction set it aside (evicted_hit()):
+  // without such orphans and joined members, the whole run is replayed.
+  if (set_it != states_.end() && set_it->second.joined_count == 0 && orphans_.empty()) {
+    append_hits(list, item.hit, item.hits);
+    hits_.take(item.hit);
+    return;
+  }
   // The run stays in the table while its ops are decided: an insert on the way may evict its
   // later ids, whose entries are then kept aside (evicted_hit()).
   for (std::int32_t id = item.hit; id < end; ++id) {
@@ -318,7 +329,7 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
     // As for a named op whose members all sent the same id (take_ready()); receive() marked the
     // id as used.
     if (set.joined_count == 0 && cache_.contains(id)) {
-      append_hit(list, id);
+      append_hits(list, id, 1);
       continue;
     }
     const std::shared_ptr<const CoordinatorCache::Entry> op =
@@ -334,14 +345,15 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
   hits_.take(item.hit);
 }
 
-void Coordinator::append_hit(ResponseList& list, std::int32_t id) {
-  if (!list.hit.empty() && list.hit.back() > 0 && list.cache_ids.back() + list.hit.back() == id) {
-    ++list.hit.back();
+void Coordinator::append_hits(ResponseList& list, std::int32_t first, std::int32_t count) {
+  if (!list.hit.empty() && list.hit.back() > 0 &&
+      list.cache_ids.back() + list.hit.back() == first) {
+    list.hit.back() += count;
     return;
   }
   list.responses.emplace_back();
-  list.cache_ids.push_back(id);
-  list.hit.push_back(1);
+  list.cache_ids.push_back(first);
+  list.hit.push_back(count);
 }
 
 void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pending& pending,

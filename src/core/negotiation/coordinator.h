@@ -190,8 +190,9 @@ class Coordinator {
   void evicted_hit(std::int32_t id, std::shared_ptr<const CoordinatorCache::Entry> op);
   // take_ready() of a run of counted hits: each id replayed, or negotiated afresh.
   void take_hits(const Ready& item, Decided& decided, ResponseList& list);
-  // Appends a replay of cache id `id` to `list`, in the run of its last entry if it continues it.
-  static void append_hit(ResponseList& list, std::int32_t id);
+  // Appends replays of cache ids [first, first + count) to `list`, in the run of its last entry
+  // if they continue it.
+  static void append_hits(ResponseList& list, std::int32_t first, std::int32_t count);
   // Decides one ready op, files it in the cache if cacheable, and appends it to `list`; ids it
   // evicts move their counted hits to the named bookkeeping.
   void respond(int set_id, SetState& set, const std::string& name, Pending& pending,
