@@ -3,6 +3,7 @@
 // message codec turns lists of them into bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -77,6 +78,30 @@ struct Request {
   int target_set_id = -1;      // RemoveProcessSet: the set to remove.
   friend bool operator==(const Request&, const Request&) = default;
 };
+
+// Whether `a` and `b` are equal but for their (set, name), which the caller has found equal
+// already: the rank's cache reaches its request through them (RankCache::lookup()). Request's ==
+// without its string comparison, on the path of every op.
+inline bool equal_but_key(const Request& a, const Request& b) {
+  // Names every member: one added to Request fails to compile here until it is compared below.
+  [[maybe_unused]] const auto& [set, name, op, device, reduce_op, prescale, postscale, root_rank,
+                                splits, tensors, set_ranks, target_set_id] = a;
+  if (a.op != b.op || a.device != b.device || a.reduce_op != b.reduce_op ||
+      a.prescale != b.prescale || a.postscale != b.postscale || a.root_rank != b.root_rank ||
+      a.target_set_id != b.target_set_id || a.tensors.size() != b.tensors.size() ||
+      a.splits != b.splits || a.set_ranks != b.set_ranks) {
+    return false;
+  }
+  for (std::size_t t = 0; t < a.tensors.size(); ++t) {
+    const TensorSpec& x = a.tensors.data()[t];
+    const TensorSpec& y = b.tensors.data()[t];
+    if (x.dtype != y.dtype || x.shape.size() != y.shape.size() ||
+        !std::equal(x.shape.data(), x.shape.data() + x.shape.size(), y.shape.data())) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // The coordinator's verdict on one op, identical on every rank of the set.
 struct Response {

@@ -84,7 +84,8 @@ void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted
 std::optional<std::int32_t> RankCache::lookup(const Request& request,
                                               std::uint64_t name_hash) const {
   const Newest* newest = by_key_.find(OpKeyView{request.process_set_id, request.name}, name_hash);
-  if (newest == nullptr || !(newest->slot->request == request)) return std::nullopt;
+  // The index matched (set, name).
+  if (newest == nullptr || !equal_but_key(newest->slot->request, request)) return std::nullopt;
   return newest->id;
 }
 

@@ -59,6 +59,60 @@ TEST_CASE("The rank cache answers only identical requests", "[cache]") {
   CHECK(cache.response(7) == nullptr);
 }
 
+TEST_CASE("The rank cache tells a request from the cached one by any field but its key",
+          "[cache]") {
+  // One change to each field of Request (the list mirrors its declaration); a rank sends the
+  // cache id only for an identical request.
+  Request base = named("w");
+  base.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = {3, 2}}};
+  base.splits = {1, 2};
+  base.set_ranks = {0, 1};
+  const std::vector<void (*)(Request&)> changes = {
+      [](Request& r) { r.op = Collective::Broadcast; },
+      [](Request& r) { r.device = Device::Kind::CUDA; },
+      [](Request& r) { r.reduce_op = ReduceOp::Max; },
+      [](Request& r) { r.prescale = 0.5; },
+      [](Request& r) { r.postscale = 2.0; },
+      [](Request& r) { r.root_rank = 1; },
+      [](Request& r) {
+        r.splits = {2, 1};
+      },
+      [](Request& r) { r.splits.clear(); },
+      [](Request& r) { r.tensors[0].dtype = DataType::Float64; },
+      [](Request& r) {
+        r.tensors[0].shape = {2, 3};
+      },
+      [](Request& r) {
+        r.tensors[0].shape = {3, 2, 1};
+      },
+      [](Request& r) {
+        r.tensors[0].shape = {3, 2, 1, 1, 1};
+      },  // Past the in-place dims.
+      [](Request& r) { r.tensors.push_back(r.tensors[0]); },
+      [](Request& r) { r.tensors.clear(); },
+      [](Request& r) { r.set_ranks = {1}; },
+      [](Request& r) { r.target_set_id = 3; },
+  };
+  RankCache cache;
+  cache.insert(7, base, Response{});
+  CHECK(cache.lookup(base) == std::optional<std::int32_t>(7));
+  CHECK(equal_but_key(base, base));
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    Request changed = base;
+    changes[i](changed);
+    INFO("change " << i);
+    CHECK_FALSE(changed == base);
+    CHECK_FALSE(equal_but_key(changed, base));
+    CHECK_FALSE(cache.lookup(changed).has_value());
+  }
+  // The key is the index's to compare: another name or set is another entry.
+  Request renamed = base;
+  renamed.name = "v";
+  renamed.process_set_id = 2;
+  CHECK(equal_but_key(renamed, base));
+  CHECK_FALSE(cache.lookup(renamed).has_value());
+}
+
 TEST_CASE("The rank cache hands back a response's facts and name hash with it", "[cache]") {
   RankCache cache;
   Request request = named("w");
