@@ -295,6 +295,8 @@ ResponseList Coordinator::take_ready() {
     respond(item.process_set_id, set, item.name, pending, decided, list);
   }
   taking_.clear();
+  // Every ready run was taken, and with it what its evicted ids stood for.
+  TUTTI_CHECK(orphans_.empty(), orphans_.size(), " evicted ids of ready runs were left behind");
   return list;
 }
 
@@ -343,6 +345,12 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
     respond(set_id, set, op->name, pending, decided, list);
   }
   hits_.take(item.hit);
+  // An insert above may also have evicted ids of this run decided before it (the op's own old
+  // id among them): nothing is left to decide for them.
+  if (!orphans_.empty()) {
+    std::erase_if(orphans_,
+                  [&](const auto& kept) { return kept.first >= item.hit && kept.first < end; });
+  }
 }
 
 void Coordinator::append_hits(ResponseList& list, std::int32_t first, std::int32_t count) {
