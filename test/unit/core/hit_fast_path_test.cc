@@ -173,6 +173,118 @@ TEST_CASE("An eviction inside a run still being counted sends that id to its nam
   CHECK(resend.empty());
 }
 
+// What a rank knows of the response cache: the lists it executed (inserts, then evictions).
+struct RankView {
+  std::map<std::string, std::int32_t> id_of;  // The newest id of each name.
+  std::map<std::int32_t, std::string> name_of;
+};
+
+TEST_CASE("Hits cut into random runs, with evictions and resends, complete every op once a step",
+          "[coordinator][hits][cache]") {
+  // Each step every rank submits the same ops in the same order, as hits where its view of the
+  // cache has the name and in full otherwise, in batches cut at random; the batches of the
+  // ranks interleave at random, and lists are taken at random points and applied to every
+  // rank's view. A small capacity makes evictions (of counted and of ready runs) and resends.
+  const int seed = GENERATE(range(0, 24));
+  std::mt19937 random(static_cast<unsigned>(seed));
+  const int size = 2 + seed % 3;
+  const std::int64_t capacity =
+      std::vector<std::int64_t>{6, 19, 64}[static_cast<std::size_t>(seed % 7 % 3)];
+  constexpr int kOps = 25;
+  Job job(size);
+  Coordinator c(job.sets, capacity, nullptr);
+  std::vector<RankView> views(static_cast<std::size_t>(size));
+  std::vector<std::string> names;
+  for (int i = 0; i < kOps; ++i) names.push_back("t" + std::to_string(i));
+  for (int step = 0; step < 8; ++step) {
+    std::map<std::string, int> sent;       // Ranks that sent each op this step.
+    std::map<std::string, int> completed;  // Times each op completed this step.
+    const auto take = [&] {
+      const ResponseList list = c.take_ready();
+      REQUIRE(list.hit.size() == list.responses.size());
+      const auto complete = [&](const std::string& name) {
+        CHECK(sent[name] == size);  // Never before every rank sent it.
+        ++completed[name];
+      };
+      for (std::size_t i = 0; i < list.responses.size(); ++i) {
+        for (std::int32_t k = 0; k < list.hit[i]; ++k) {
+          const auto known = views[0].name_of.find(list.cache_ids[i] + k);
+          REQUIRE(known != views[0].name_of.end());  // Every rank has the id it replays.
+          complete(known->second);
+        }
+        if (list.hit[i] == 0) {
+          CHECK(list.responses[i].ok);
+          complete(list.responses[i].name);
+        }
+      }
+      for (RankView& view : views) {  // Inserts, then evictions.
+        for (std::size_t i = 0; i < list.responses.size(); ++i) {
+          if (list.hit[i] != 0 || list.cache_ids[i] < 0) continue;
+          view.name_of[list.cache_ids[i]] = list.responses[i].name;
+          view.id_of[list.responses[i].name] = list.cache_ids[i];
+        }
+        for (std::int32_t id : list.evicted) {
+          const std::string name = view.name_of.at(id);
+          view.name_of.erase(id);
+          if (view.id_of.at(name) == id) view.id_of.erase(name);
+        }
+      }
+    };
+    // Each rank's batches: the ops in order, hits and requests, cut at random. What each hit
+    // stands for, as the rank's queued entry knows it even once the id is evicted.
+    std::vector<std::vector<RequestList>> batches(static_cast<std::size_t>(size));
+    std::map<std::int32_t, std::string> hit_names;
+    for (int r = 0; r < size; ++r) {
+      const RankView& view = views[static_cast<std::size_t>(r)];
+      RequestList batch;
+      for (const std::string& name : names) {
+        if (auto it = view.id_of.find(name); it != view.id_of.end()) {
+          batch.cache_hits.push_back(it->second);
+          hit_names[it->second] = name;
+        } else {
+          batch.requests.push_back(allreduce(name, {4}));
+        }
+        if (random() % 6 == 0)
+          batches[static_cast<std::size_t>(r)].push_back(std::exchange(batch, {}));
+      }
+      batches[static_cast<std::size_t>(r)].push_back(std::move(batch));
+      std::reverse(batches[static_cast<std::size_t>(r)].begin(),
+                   batches[static_cast<std::size_t>(r)].end());
+    }
+    for (;;) {
+      std::vector<int> left;
+      for (int r = 0; r < size; ++r) {
+        if (!batches[static_cast<std::size_t>(r)].empty()) left.push_back(r);
+      }
+      if (left.empty()) break;
+      const int r = left[random() % left.size()];
+      std::vector<RequestList>& mine = batches[static_cast<std::size_t>(r)];
+      RequestList batch = std::move(mine.back());
+      mine.pop_back();
+      for (std::int32_t id : batch.cache_hits) ++sent[hit_names.at(id)];
+      for (const Request& request : batch.requests) ++sent[request.name];
+      std::vector<std::int32_t> resend;
+      c.receive(r, std::move(batch), t0, &resend);
+      // Ids the coordinator no longer knows go again in full, next (as RequestSender does).
+      if (!resend.empty()) {
+        RequestList again;
+        for (std::int32_t id : resend) {
+          const std::string& name = hit_names.at(id);
+          --sent[name];
+          again.requests.push_back(allreduce(name, {4}));
+        }
+        mine.push_back(std::move(again));
+      }
+      if (random() % 3 == 0) take();
+    }
+    while (c.has_ready()) take();
+    for (const std::string& name : names) {
+      INFO("step " << step << ", op " << name);
+      CHECK(completed[name] == 1);
+    }
+  }
+}
+
 TEST_CASE("A full request for a counted name negotiates the op from every request",
           "[coordinator][hits]") {
   const bool request_first = GENERATE(false, true);
