@@ -106,6 +106,13 @@ RequestList random_requests(Rng& rng) {
   list.shutdown_code = static_cast<ErrorCode>(below(rng, static_cast<int>(ErrorCode::Timeout) + 1));
   list.shutdown_message = random_string(rng, 8);
   list.cache_hits = random_vector<std::int32_t>(rng, 4);
+  // Runs of consecutive ids too, as a step's hits are (the codec writes them as runs).
+  for (std::size_t run = below(rng, 3); run > 0; --run) {
+    const auto first = static_cast<std::int32_t>(rng());
+    const auto length = static_cast<std::int32_t>(below(rng, 5));
+    for (std::int32_t k = 0; k < length && first <= INT32_MAX - k; ++k)
+      list.cache_hits.push_back(first + k);
+  }
   list.requests.resize(below(rng, 4));
   for (Request& request : list.requests) fill_common(rng, request);
   return list;
