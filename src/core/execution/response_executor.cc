@@ -135,10 +135,20 @@ Status ResponseExecutor::execute(ResponseList list) {
         .key = work.fusion_key, .bytes = work.fusion_bytes, .root = work.response->root_rank});
   }
   Status fault;
+  std::vector<Work> gathered;
   for (const std::vector<std::size_t>& indices : plan_fusion(items, fusion_threshold_bytes_)) {
-    std::vector<Work> batch;
-    batch.reserve(indices.size());
-    for (std::size_t i : indices) batch.push_back(std::move(works[i]));  // Each index once.
+    // A batch of consecutive ops (the usual one: a run of hits, a burst of ops) runs where the
+    // works lie; others are gathered first.
+    if (indices.empty()) continue;
+    std::span<Work> batch;
+    if (indices.back() - indices.front() + 1 == indices.size() &&
+        std::is_sorted(indices.begin(), indices.end())) {
+      batch = std::span<Work>(works).subspan(indices.front(), indices.size());
+    } else {
+      gathered.clear();
+      for (std::size_t i : indices) gathered.push_back(std::move(works[i]));  // Each index once.
+      batch = gathered;
+    }
     // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
     bool deferred = false;
     const Status status = fault.ok() ? run_batch(batch, &deferred) : fault;
@@ -165,7 +175,7 @@ Status ResponseExecutor::execute(ResponseList list) {
   return fault;
 }
 
-Status ResponseExecutor::run_batch(std::vector<Work>& batch, bool* deferred) {
+Status ResponseExecutor::run_batch(std::span<Work> batch, bool* deferred) {
   Work& first = batch.front();
   const Response& response = *first.response;
   switch (response.op) {
@@ -188,7 +198,7 @@ Status ResponseExecutor::run_batch(std::vector<Work>& batch, bool* deferred) {
   return Status();
 }
 
-Status ResponseExecutor::run_collective(std::vector<Work>& batch, ops::Backend& backend,
+Status ResponseExecutor::run_collective(std::span<Work> batch, ops::Backend& backend,
                                         Mover& mover) {
   if (parts_.recorder != nullptr)
     parts_.recorder->update_all(batch, work_record_id, OpPhase::Executing, backend.name());

@@ -56,8 +56,8 @@ class ResponseExecutor {
   std::vector<Work> prepare(const ResponseList& list);
   // Runs one fusion batch. Sets *deferred when its ops complete later, once the device has
   // done the work (Note [Device completion]); otherwise the caller completes them.
-  Status run_batch(std::vector<Work>& batch, bool* deferred);
-  Status run_collective(std::vector<Work>& batch, ops::Backend& backend, Mover& mover);
+  Status run_batch(std::span<Work> batch, bool* deferred);
+  Status run_collective(std::span<Work> batch, ops::Backend& backend, Mover& mover);
   // Whether this rank is a member of the response's set that joined without submitting it
   // (see Note [Join] in negotiation/coordinator.h).
   bool is_absent_member(const Response& response) const;
