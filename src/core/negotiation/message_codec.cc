@@ -48,43 +48,6 @@ bool get_specs(ByteReader& r, TensorSpecs* specs) {
   return true;
 }
 
-// A rank's cache hits as runs of consecutive ids: the number of runs, then each run's first id
-// and length. A step's ops are hits on ascending ids (Note [Hit fast path] in
-// negotiation/coordinator.h), so 10,000 of them take a few hundred bytes instead of 40 KB: at
-// scale every rank's list converges on the coordinator each cycle. Any sequence of ids round-
-// trips (unknown ones, even negative, are the coordinator's to answer with "resend").
-bool continues(std::int32_t previous, std::int32_t id) {
-  return static_cast<std::int64_t>(id) == std::int64_t{previous} + 1;
-}
-
-void put_hits(ByteWriter& w, const std::vector<std::int32_t>& ids) {
-  std::uint64_t runs = 0;
-  for (std::size_t i = 0; i < ids.size(); ++i) runs += i == 0 || !continues(ids[i - 1], ids[i]);
-  w.put<std::uint64_t>(runs);
-  for (std::size_t i = 0; i < ids.size();) {
-    std::size_t j = i + 1;
-    while (j < ids.size() && continues(ids[j - 1], ids[j])) ++j;
-    w.put<std::int32_t>(ids[i]);
-    w.put<std::uint32_t>(static_cast<std::uint32_t>(j - i));
-    i = j;
-  }
-}
-
-bool get_hits(ByteReader& r, std::vector<std::int32_t>* ids) {
-  std::size_t runs = 0;
-  if (!r.get_count(&runs, 2 * sizeof(std::int32_t), kMaxCount)) return false;
-  for (std::size_t k = 0; k < runs; ++k) {
-    std::int32_t first = 0;
-    std::uint32_t count = 0;
-    if (!r.get(&first) || !r.get(&count) || count == 0 ||
-        std::int64_t{first} + count - 1 > INT32_MAX || ids->size() + count > kMaxCount) {
-      return false;
-    }
-    for (std::uint32_t n = 0; n < count; ++n) ids->push_back(first + static_cast<std::int32_t>(n));
-  }
-  return true;
-}
-
 // Fields shared by Request and Response, in one order.
 template <class M>
 void put_common(ByteWriter& w, const M& m) {
@@ -132,7 +95,7 @@ std::string encode(const RequestList& list) {
   w.put<std::uint8_t>(list.shutdown_after_error ? 1 : 0);
   w.put(static_cast<std::uint8_t>(list.shutdown_code));
   w.put_string(list.shutdown_message);
-  put_hits(w, list.cache_hits);
+  w.put_vector(list.cache_hits);
   w.put_vector(list.sequences);
   w.put<std::uint64_t>(list.requests.size());
   for (const Request& request : list.requests) put_common(w, request);
@@ -149,7 +112,7 @@ Result<RequestList> decode_request_list(std::string_view bytes) {
   if (!r.get(&magic) || magic != kRequestMagic || !r.get(&shutdown) || shutdown > 1 ||
       !r.get(&after_error) || after_error > 1 ||
       !r.get_enum(&list.shutdown_code, kErrorCodeCount) || !r.get_string(&list.shutdown_message) ||
-      !get_hits(r, &list.cache_hits) || !r.get_vector(&list.sequences) ||
+      !r.get_vector(&list.cache_hits) || !r.get_vector(&list.sequences) ||
       !r.get_count(&count, 8, kMaxCount)) {
     return corrupt("request");
   }

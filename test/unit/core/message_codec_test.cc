@@ -75,51 +75,6 @@ TEST_CASE("RequestList round-trips through bytes", "[codec]") {
   CHECK(decoded.value().sequences == list.sequences);
 }
 
-TEST_CASE("Cache hits travel as runs of consecutive ids, and any ids round-trip", "[codec]") {
-  const std::vector<std::vector<std::int32_t>> lists = {
-      {},
-      {7},
-      {3, 4, 5, 9, 10, 2, 2, 1, 0},
-      {-3, -2, -1, 0, 1},
-      {INT32_MAX - 1, INT32_MAX, INT32_MIN, INT32_MIN + 1},
-  };
-  for (const std::vector<std::int32_t>& ids : lists) {
-    RequestList list;
-    list.cache_hits = ids;
-    Result<RequestList> decoded = decode_request_list(encode(list));
-    REQUIRE(decoded.ok());
-    CHECK(decoded.value().cache_hits == ids);
-  }
-  // A step's 10,000 hits in three runs: a run is 8 bytes, not 4 per id.
-  RequestList none;
-  RequestList step;
-  for (std::int32_t id = 0; id < 10000; ++id) step.cache_hits.push_back(id < 6000 ? id : id + 50);
-  step.cache_hits.push_back(3);
-  CHECK(encode(step).size() == encode(none).size() + 3 * 8);
-}
-
-TEST_CASE("A run of hits that is empty or passes the largest id is a corrupt message", "[codec]") {
-  // The hits follow magic(4) shutdown(1) after_error(1) code(1) and the empty message (8): the
-  // number of runs (8), then each run's first id (4) and length (4).
-  constexpr std::size_t kRuns = 4 + 1 + 1 + 1 + 8;
-  RequestList list;
-  list.cache_hits = {5, 6};
-  const std::string good = encode(list);
-  REQUIRE(good.substr(kRuns, 8) == std::string("\x01\0\0\0\0\0\0\0", 8));
-  REQUIRE(decode_request_list(good).ok());
-  const auto with_run = [&](std::int32_t first, std::uint32_t count) {
-    std::string bytes = good;
-    std::memcpy(bytes.data() + kRuns + 8, &first, 4);
-    std::memcpy(bytes.data() + kRuns + 12, &count, 4);
-    return decode_request_list(bytes);
-  };
-  CHECK(with_run(5, 2).ok());
-  CHECK(with_run(INT32_MAX, 1).ok());
-  CHECK_FALSE(with_run(5, 0).ok());
-  CHECK_FALSE(with_run(INT32_MAX, 2).ok());
-  CHECK_FALSE(with_run(0, (1u << 28) + 1).ok());  // More ids than a list may hold (2^28).
-}
-
 TEST_CASE("Sequence numbers that do not pair with the requests are a corrupt message", "[codec]") {
   RequestList list = sample_requests();
   list.sequences = {12};
