@@ -35,8 +35,16 @@ ResponseExecutor::ResponseExecutor(Parts parts, std::size_t fusion_threshold_byt
 std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
   // A run of cache hits is one entry of the list and many ops (Note [Hit fast path]).
   std::size_t ops = 0;
-  for (std::size_t i = 0; i < list.responses.size(); ++i)
-    ops += list.hit[i] > 0 ? static_cast<std::size_t>(list.hit[i]) : 1;
+  for (std::size_t i = 0; i < list.responses.size(); ++i) {
+    if (list.hit[i] == 0) {
+      ++ops;
+      continue;
+    }
+    // Before anything is sized by it: a run ends at an id this rank knows.
+    const std::int32_t last = list.cache_ids[i] + list.hit[i] - 1;
+    TUTTI_CHECK(cache_.response(last) != nullptr, "cache id ", last, " is unknown here");
+    ops += static_cast<std::size_t>(list.hit[i]);
+  }
   std::vector<Work> works;
   works.reserve(ops);
   // First each op's response (the cached one for a hit), the id to cache it under, and its key
