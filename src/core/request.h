@@ -92,12 +92,16 @@ inline bool equal_but_key(const Request& a, const Request& b) {
       a.splits != b.splits || a.set_ranks != b.set_ranks) {
     return false;
   }
-  for (std::size_t t = 0; t < a.tensors.size(); ++t) {
-    const TensorSpec& x = a.tensors.data()[t];
-    const TensorSpec& y = b.tensors.data()[t];
-    if (x.dtype != y.dtype || x.shape.size() != y.shape.size() ||
-        !std::equal(x.shape.data(), x.shape.data() + x.shape.size(), y.shape.data())) {
-      return false;
+  // Plain loops: a memcmp() call per shape of a dim or two cost more than the comparison.
+  const TensorSpec* x = a.tensors.data();
+  const TensorSpec* y = b.tensors.data();
+  for (std::size_t t = 0, n = a.tensors.size(); t < n; ++t) {
+    const std::size_t dims = x[t].shape.size();
+    if (x[t].dtype != y[t].dtype || dims != y[t].shape.size()) return false;
+    const std::int64_t* p = x[t].shape.data();
+    const std::int64_t* q = y[t].shape.data();
+    for (std::size_t d = 0; d < dims; ++d) {
+      if (p[d] != q[d]) return false;
     }
   }
   return true;

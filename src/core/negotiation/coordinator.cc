@@ -104,6 +104,15 @@ void Coordinator::start_hits(int global_rank, std::int32_t first, std::int32_t e
     from_set = nullptr;
   };
   for (std::int32_t id = first; id < end; ++id) {
+    // Another member's run of this one id (find_from() does not bound the gap by those).
+    if (hits_.find_single(id) != nullptr) {
+      close(id);
+      HitTable::Run* single = hits_.find_single(id);  // Again: close() may have moved it.
+      SetState* set = state(single->process_set_id);
+      TUTTI_CHECK(set != nullptr, "counted hits of unknown set ", single->process_set_id);
+      count_hit(*single, *set, member_rank(*set, global_rank, id), now);
+      continue;
+    }
     const CoordinatorCache::Entry* entry = cache_.find(id);
     if (entry == nullptr) {
       close(id);

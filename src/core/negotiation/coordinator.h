@@ -174,8 +174,9 @@ class Coordinator {
   // Files `global_rank`'s hits on cache ids [first, first + count) (Note [Hit fast path]).
   void receive_hits(int global_rank, std::int32_t first, std::int32_t count, Clock::time_point now,
                     std::vector<std::int32_t>* resend);
-  // receive_hits() of ids [first, end), none of which is counted yet: counted in new runs where
-  // they may be, else filed by name or answered with "resend".
+  // receive_hits() of ids [first, end), which no run of two or more ids holds: counted on runs
+  // of one id already there, in new runs where they may be, else filed by name or answered with
+  // "resend".
   void start_hits(int global_rank, std::int32_t first, std::int32_t end, Clock::time_point now,
                   std::vector<std::int32_t>* resend);
   // Counts set rank `set_rank`'s hits on `run` (Note [Hit fast path]).

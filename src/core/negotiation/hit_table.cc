@@ -24,6 +24,10 @@ HitTable::Run* HitTable::find(std::int32_t id) {
 }
 
 HitTable::Run* HitTable::find_from(std::int32_t id) {
+  if (singles_ > 0) {
+    if (const std::uint32_t* at = single_at_.find(id)) return &single_runs_[*at];
+  }
+  if (runs_.empty()) return nullptr;
   auto it = runs_.upper_bound(id);  // The first run that starts after `id`.
   if (it != runs_.begin()) {
     Run& before = std::prev(it)->second;
@@ -38,8 +42,32 @@ HitTable::Run& HitTable::start(std::int32_t first, std::int32_t count, int proce
   const Run* next = find_from(first);
   TUTTI_CHECK(next == nullptr || next->first >= first + static_cast<std::int64_t>(count),
               "cache ids from ", first, " are already pending");
-  auto [it, inserted] = runs_.try_emplace(first);
-  Run& run = it->second;
+  if (count == 1) {
+    TUTTI_CHECK(singles_ == 0 || !single_at_.contains(first), "cache id ", first,
+                " is already pending");
+  } else if (singles_ > 0) {
+    for (std::int32_t id = first; id < first + count; ++id) {
+      TUTTI_CHECK(!single_at_.contains(id), "cache id ", id, " is already pending");
+    }
+  }
+  Run* made = nullptr;
+  if (count == 1) {
+    std::uint32_t at = 0;
+    if (free_singles_.empty()) {
+      at = static_cast<std::uint32_t>(single_runs_.size());
+      single_runs_.emplace_back();
+    } else {
+      at = free_singles_.back();
+      free_singles_.pop_back();
+      single_runs_[at] = Run{};  // Keeps nothing of the run it held.
+    }
+    single_at_[first] = at;
+    ++singles_;
+    made = &single_runs_[at];
+  } else {
+    made = &runs_.try_emplace(first).first->second;
+  }
+  Run& run = *made;
   run.first = first;
   run.count = count;
   run.process_set_id = process_set_id;
@@ -73,6 +101,17 @@ bool HitTable::add(Run& run, int set_rank) {
 }
 
 HitTable::Run HitTable::take(std::int32_t first) {
+  if (singles_ > 0) {
+    if (const std::uint32_t* at = single_at_.find(first)) {
+      const std::uint32_t slot = *at;
+      single_at_.erase(first);
+      Run run = std::move(single_runs_[slot]);
+      single_runs_[slot].count = 0;  // Free.
+      free_singles_.push_back(slot);
+      --singles_;
+      return run;
+    }
+  }
   auto it = runs_.find(first);
   TUTTI_CHECK(it != runs_.end(), "no run of cache ids starts at ", first);
   Run run = std::move(it->second);
