@@ -42,13 +42,9 @@ HitTable::Run& HitTable::start(std::int32_t first, std::int32_t count, int proce
   const Run* next = find_from(first);
   TUTTI_CHECK(next == nullptr || next->first >= first + static_cast<std::int64_t>(count),
               "cache ids from ", first, " are already pending");
-  if (count == 1) {
-    TUTTI_CHECK(singles_ == 0 || !single_at_.contains(first), "cache id ", first,
-                " is already pending");
-  } else if (singles_ > 0) {
-    for (std::int32_t id = first; id < first + count; ++id) {
-      TUTTI_CHECK(!single_at_.contains(id), "cache id ", id, " is already pending");
-    }
+  // find_from() saw a run of one id at `first`; those after it it does not see.
+  for (std::int32_t id = first + 1; singles_ > 0 && id < first + count; ++id) {
+    TUTTI_CHECK(!single_at_.contains(id), "cache id ", id, " is already pending");
   }
   Run* made = nullptr;
   if (count == 1) {
