@@ -3,7 +3,6 @@
 // message codec turns lists of them into bytes.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>

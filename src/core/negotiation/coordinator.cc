@@ -327,15 +327,7 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
   }
   // The run stays in the table while its ops are decided: an insert on the way may evict its
   // later ids, whose entries are then kept aside (evicted_hit()).
-  for (std::int32_t id = item.hit; id < end; ++id) {
-    std::shared_ptr<const CoordinatorCache::Entry> orphan;
-    if (!orphans_.empty()) {
-      if (auto it = orphans_.find(id); it != orphans_.end()) {
-        orphan = std::move(it->second);
-        orphans_.erase(it);
-      }
-    }
-    if (set_it == states_.end()) continue;  // Removed earlier in this list; ranks fail it locally.
+  for (std::int32_t id = item.hit; id < end && set_it != states_.end(); ++id) {
     SetState& set = set_it->second;
     // As for a named op whose members all sent the same id (take_ready()); receive() marked the
     // id as used.
@@ -343,8 +335,10 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
       append_hits(list, id, 1);
       continue;
     }
-    const std::shared_ptr<const CoordinatorCache::Entry> op =
-        orphan != nullptr ? std::move(orphan) : cache_.peek(id);
+    std::shared_ptr<const CoordinatorCache::Entry> op = cache_.peek(id);
+    if (op == nullptr) {
+      if (auto kept = orphans_.find(id); kept != orphans_.end()) op = kept->second;
+    }
     TUTTI_CHECK(op != nullptr, "ready cache id ", id, " lost what it stood for");
     Pending pending{.requests = op->requests,
                     .count = members,
@@ -353,9 +347,10 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
                     .queued = true};
     respond(set_id, set, op->name, pending, decided, list);
   }
+  // (A removed set's run is skipped: its ranks fail the ops locally.) Nothing is left to decide
+  // for the run's ids set aside, including those evicted after they were decided (the op's own
+  // old id among them).
   hits_.take(item.hit);
-  // An insert above may also have evicted ids of this run decided before it (the op's own old
-  // id among them): nothing is left to decide for them.
   if (!orphans_.empty()) {
     std::erase_if(orphans_,
                   [&](const auto& kept) { return kept.first >= item.hit && kept.first < end; });
