@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "src/base/device_memory.h"
+#include "src/base/dtype.h"
 #include "src/base/shape.h"
 #include "src/base/strings.h"
 
@@ -47,10 +48,7 @@ std::string_view to_string(DataType dtype) {
   return "unknown";
 }
 
-bool is_floating(DataType dtype) {
-  return dtype == DataType::Float16 || dtype == DataType::BFloat16 || dtype == DataType::Float32 ||
-         dtype == DataType::Float64;
-}
+bool is_floating(DataType dtype) { return detail::floating(dtype); }
 
 // The errors, or 0 when a dimension is 0.
 std::int64_t detail::checked_num_elements(std::span<const std::int64_t> shape) {
