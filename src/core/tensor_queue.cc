@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <utility>
 
 #include "src/base/strings.h"
 
@@ -31,7 +32,8 @@ std::shared_ptr<Entry> make_entry() {
   auto both = std::make_shared<EntryWithState>();
   // Not owning: an owning pointer inside the entry would keep its own allocation alive forever.
   both->entry.state = std::shared_ptr<detail::OpState>(std::shared_ptr<void>(), &both->state);
-  return std::shared_ptr<Entry>(both, &both->entry);
+  Entry* entry = &both->entry;
+  return std::shared_ptr<Entry>(std::move(both), entry);  // Moved: no count up and down.
 }
 
 std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entry) {

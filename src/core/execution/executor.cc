@@ -61,14 +61,6 @@ Status unpack(std::span<Work> batch, DataType wire, const std::byte* buffer, Mov
   return mover.flush();
 }
 
-std::size_t total_count(std::span<Work> batch) {
-  std::size_t total = 0;
-  for (const Work& work : batch) {
-    for (const TensorSpec& spec : work.response->tensors) total += count_of(spec);
-  }
-  return total;
-}
-
 }  // namespace
 
 ops::WireOp wire_op(ReduceOp op) {
@@ -136,18 +128,24 @@ std::size_t fusion_bytes(const Response& response) {
   return bytes;
 }
 
-DataType batch_wire_dtype(std::span<const Work> batch) {
+DataType batch_wire_dtype(std::span<const Work> batch) { return wire_batch(batch).wire; }
+
+WireBatch wire_batch(std::span<const Work> batch) {
   const Response& first = *batch.front().response;
-  const DataType wire =
-      wire_dtype(first.tensors.front().dtype, first.reduce_op, first.prescale, first.postscale);
+  WireBatch result{
+      .wire = wire_dtype(first.tensors.front().dtype, first.reduce_op, first.prescale,
+                         first.postscale),
+  };
+  bool mixed = false;
   for (const Work& work : batch) {
     const Response& r = *work.response;
     for (const TensorSpec& spec : r.tensors) {
-      if (wire_dtype(spec.dtype, r.reduce_op, r.prescale, r.postscale) != wire)
-        return DataType::Float64;
+      mixed = mixed || wire_dtype(spec.dtype, r.reduce_op, r.prescale, r.postscale) != result.wire;
+      result.count += count_of(spec);
     }
   }
-  return wire;
+  if (mixed) result.wire = DataType::Float64;
+  return result;
 }
 
 double output_factor(const Response& response, int size) {
@@ -212,8 +210,9 @@ void Executor::mark(std::span<Work> batch, std::string_view activity) const {
 Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   const Response& first = *batch.front().response;
   if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend, mover);
-  const DataType wire = batch_wire_dtype(batch);
-  if (backend.reduces_tensors(total_count(batch) * tutti::detail::element_bytes(wire))) {
+  // One pass over the batch for both: a batch of 10,000 tiny tensors is common (P3).
+  const auto [wire, total] = wire_batch(batch);
+  if (backend.reduces_tensors(total * tutti::detail::element_bytes(wire))) {
     mark(batch, "ALLREDUCE");
     return allreduce_tensors(batch, wire, backend);
   }
@@ -222,7 +221,6 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& 
     return allreduce_in_place(batch.front(), backend, mover);
   }
   mark(batch, "FUSION_PACK");
-  const std::size_t total = total_count(batch);
   TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
                          mover.scratch(total * tutti::detail::element_bytes(wire)));
   TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover).status());
@@ -263,12 +261,12 @@ Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire, ops::Ba
 // Adasum works on the packed batch: its coefficients are per tensor, so the backend gets the
 // tensor boundaries. Scale factors apply around it as for Sum.
 Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
-  const DataType wire = batch_wire_dtype(batch);
+  const auto [wire, total] = wire_batch(batch);
   if (lone_in_wire_dtype(batch, wire)) {
     return adasum_in_place(batch.front(), backend, mover);
   }
   TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
-                         mover.scratch(total_count(batch) * tutti::detail::element_bytes(wire)));
+                         mover.scratch(total * tutti::detail::element_bytes(wire)));
   TUTTI_ASSIGN_OR_RETURN(std::vector<std::size_t> counts, pack(batch, wire, buffer, mover));
   TUTTI_RETURN_IF_ERROR(backend.adasum(buffer, counts, wire));
   return unpack(batch, wire, buffer, mover,
@@ -297,9 +295,8 @@ Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mov
                         int root_set_rank) {
   const Response& first = *batch.front().response;
   const bool is_root = backend.rank() == root_set_rank;
-  const DataType wire = batch_wire_dtype(batch);
+  const auto [wire, total] = wire_batch(batch);
   const ops::WireOp op = wire_op(first.reduce_op);
-  const std::size_t total = total_count(batch);
   if (backend.reduces_tensors(total * tutti::detail::element_bytes(wire))) {
     std::vector<ops::FusedTensor> tensors;
     for (const Work& work : batch) {

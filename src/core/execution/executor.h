@@ -118,6 +118,12 @@ class Executor {
 // The dtype a whole batch of reductions travels in: the wire dtype of every tensor if they
 // agree, else float64 (a grouped op may mix dtypes; float64 holds them all).
 DataType batch_wire_dtype(std::span<const Work> batch);
+// batch_wire_dtype() and the batch's element count, from one pass over it.
+struct WireBatch {
+  DataType wire;
+  std::size_t count = 0;
+};
+WireBatch wire_batch(std::span<const Work> batch);
 // The factor unpack applies: postscale, and 1/size for Average.
 double output_factor(const Response& response, int size);
 
