@@ -133,8 +133,8 @@ DataType batch_wire_dtype(std::span<const Work> batch) { return wire_batch(batch
 WireBatch wire_batch(std::span<const Work> batch) {
   const Response& first = *batch.front().response;
   WireBatch result{
-      .wire = wire_dtype(first.tensors.front().dtype, first.reduce_op, first.prescale,
-                         first.postscale),
+      .wire =
+          wire_dtype(first.tensors.front().dtype, first.reduce_op, first.prescale, first.postscale),
   };
   bool mixed = false;
   for (const Work& work : batch) {
