@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "src/core/execution/executor.h"
 #include "src/core/op_state.h"
 #include "test/support/fake_transport.h"
 
@@ -286,6 +287,45 @@ TEST_CASE("The flight recorder follows each op from submission to done or failed
   });
   INFO("rank 0's ring: " << seen[0] << " rank 1's: " << seen[1]);
   CHECK(ok == std::vector<int>(2, 1));
+}
+
+TEST_CASE("A batch's wire dtype and element count come from one pass", "[executor][fusion]") {
+  const auto response = [](ReduceOp op, std::vector<TensorSpec> specs) {
+    Response r;
+    r.reduce_op = op;
+    for (TensorSpec& spec : specs) r.tensors.push_back(std::move(spec));
+    return r;
+  };
+  const Response floats = response(ReduceOp::Sum, {{.dtype = DataType::Float32, .shape = {3}},
+                                                   {.dtype = DataType::Float32, .shape = {2, 5}}});
+  const Response more_floats = response(ReduceOp::Sum, {{.dtype = DataType::Float32, .shape = {}}});
+  const Response averaged_ints =
+      response(ReduceOp::Average, {{.dtype = DataType::Int32, .shape = {4}}});
+  const Response halves = response(ReduceOp::Sum, {{.dtype = DataType::Float16, .shape = {7, 0}},
+                                                   {.dtype = DataType::BFloat16, .shape = {6}}});
+  const auto batch = [](std::vector<const Response*> responses) {
+    std::vector<Work> works;
+    for (const Response* r : responses) {
+      Work work;
+      work.response = r;
+      works.push_back(std::move(work));
+    }
+    return works;
+  };
+  // Counts: 3 + 2*5 = 13, a 0-d tensor 1, 4, 7*0 + 6 = 6.
+  WireBatch one = wire_batch(batch({&floats, &more_floats}));
+  CHECK(one.wire == DataType::Float32);
+  CHECK(one.count == 14);
+  // Integers averaged travel as float64 (API.md), so a batch mixing them with floats does too.
+  WireBatch mixed = wire_batch(batch({&floats, &averaged_ints}));
+  CHECK(mixed.wire == DataType::Float64);
+  CHECK(mixed.count == 17);
+  CHECK(batch_wire_dtype(batch({&averaged_ints})) == DataType::Float64);
+  // 16-bit floats travel as float32, each kind alike.
+  WireBatch half = wire_batch(batch({&halves}));
+  CHECK(half.wire == DataType::Float32);
+  CHECK(half.count == 6);
+  CHECK(wire_batch(batch({&halves, &floats})).wire == DataType::Float32);
 }
 
 }  // namespace
