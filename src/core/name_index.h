@@ -55,6 +55,18 @@ class NameIndex {
     if (!slots_.empty()) __builtin_prefetch(&slots_[home(hash)]);
   }
 
+  // The value in the first slot of `hash`'s probe run that holds `hash`, or null, without
+  // comparing keys (which would read what the value points to): for a caller that prefetches
+  // what a later find() reads. Mostly find()'s value; nothing may rely on it.
+  const T* peek(std::uint64_t hash) const {
+    if (size_ == 0) return nullptr;
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t at = home(hash); slots_[at].hash != 0; at = (at + 1) & mask) {
+      if (slots_[at].hash == hash) return &slots_[at].value;
+    }
+    return nullptr;
+  }
+
   // Stores `value` under its key, whose hash is `hash`, unless the key is there already.
   // Returns the stored value (the old one if present) and whether `value` was inserted.
   std::pair<T*, bool> insert(std::uint64_t hash, T value) {

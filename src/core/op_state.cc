@@ -20,22 +20,23 @@ constexpr std::chrono::microseconds kDriveTime{200};
 
 }  // namespace
 
+const OpResults OpState::kNoResults;
+
 bool app_threads_waiting() { return app_waiters.load(std::memory_order_relaxed) > 0; }
 void set_wait_spins(bool spins) { wait_spins.store(spins, std::memory_order_relaxed); }
 
 // complete() and wait() are a Dekker pair on (done_, sleepers_), both sequentially consistent:
-// complete() stores done_ then reads sleepers_; a sleeper counts itself in sleepers_ (under the
-// lock) then reads done_. At least one of them sees the other's store, so either the sleeper
-// finds done_ set and does not sleep, or complete() sees it and notifies under the lock (which
-// the sleeper holds from its check until cv_.wait() releases it, so the notification cannot fall
-// between the two).
+// complete() stores done_ then reads sleepers_; a sleeper counts itself in sleepers_ then reads
+// done_. At least one of them sees the other's store, so either the sleeper finds done_ set and
+// does not sleep, or complete() sees it and wakes it. The wake cannot fall between the
+// sleeper's check and its sleep: done_.wait(0) sleeps only while done_ still holds 0, which the
+// kernel checks and sleeps on in one step (a futex), and complete() stored 1 before it wakes.
 void OpState::complete(Status status) {
   TUTTI_CHECK(!done(), "an op was completed twice");
   status_ = std::move(status);
-  done_.store(true, std::memory_order_seq_cst);
+  done_.store(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
-  { MutexLock lock(mutex_); }
-  cv_.notify_all();
+  done_.notify_all();
 }
 
 bool OpState::poll() const {
@@ -71,9 +72,8 @@ Status OpState::wait() const {
     while (!done() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
   }
   if (!done()) {
-    MutexLock lock(mutex_);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    while (!done_.load(std::memory_order_seq_cst)) cv_.wait(mutex_);
+    while (done_.load(std::memory_order_seq_cst) == 0) done_.wait(0, std::memory_order_seq_cst);
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
   app_waiters.fetch_sub(1, std::memory_order_relaxed);

@@ -7,7 +7,6 @@
 #include <memory>
 #include <vector>
 
-#include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "tutti/collectives.h"
 #include "tutti/tensor.h"
@@ -46,6 +45,13 @@ struct OpResults {
   int last_joined_rank = -1;                  // join(): the global rank that joined last
   int created_set_id = -1;                    // add_process_set(): the new set's id
   int source = -1;                            // irecv: the sender's global rank
+
+  // An op of one result tensor: `output`, and `outputs` holding it (a grouped op's Handle
+  // reads the latter).
+  void set_output(const Tensor& tensor) {
+    output = tensor;
+    outputs = {tensor};
+  }
 };
 
 // Results are written by the thread that runs the op (the communication thread, or for device
@@ -53,30 +59,43 @@ struct OpResults {
 // wait() said so; the release store of `done_` orders the two.
 class OpState {
  public:
-  bool done() const { return done_.load(std::memory_order_acquire); }
+  bool done() const { return done_.load(std::memory_order_acquire) != 0; }
   // done(), after one step of the op's driver if it has one (as MPI_Test makes progress:
   // Driver::poll()). Never blocks. Any thread.
   bool poll() const;
   // Any thread. Blocks until the op is complete; returns its Status.
-  Status wait() const TUTTI_EXCLUDES(mutex_);
+  Status wait() const;
 
-  OpResults results;
+  // The op's results, or an empty OpResults if it produced none. Read after done().
+  const OpResults& results() const { return results_ ? *results_ : kNoResults; }
+  // The results to write, made on first use. Only the thread that runs the op, before it
+  // completes the op.
+  OpResults& mutable_results() {
+    if (!results_) results_ = std::make_unique<OpResults>();
+    return *results_;
+  }
   // Set at submission, before any thread can wait on the op, if a waiting thread may drive it
   // (Note [A waiting thread drives point-to-point] in execution/p2p_engine.h).
   std::weak_ptr<Driver> driver;
 
  private:
   friend class core::Completer;  // The one place ops are completed (Note [Completion]).
-  void complete(Status status) TUTTI_EXCLUDES(mutex_);
+  void complete(Status status);
 
-  std::atomic<bool> done_{false};
-  // Threads asleep (or about to sleep) in wait(): complete() takes the lock and notifies only
-  // when there are some, so that completing the thousands of ops nobody waits for yet (a step's
-  // gradients, waited for later) costs two atomic operations each. See complete().
+  // 1 once complete. An int, not a bool: a sleeper waits on it with C++20's atomic wait, which
+  // for a 4-byte atomic is a futex on the atomic itself. No mutex or condition variable: every
+  // op carries an OpState, and those 88 bytes were an eighth of an op's memory (an op's record
+  // is read cold, tens of thousands of ops later, where a step submits that many: P3).
+  std::atomic<int> done_{0};
+  // Threads asleep (or about to sleep) in wait(): complete() wakes only when there are some, so
+  // that completing the thousands of ops nobody waits for yet (a step's gradients, waited for
+  // later) costs two atomic operations each. See complete().
   mutable std::atomic<int> sleepers_{0};
   Status status_;  // Written once before done_ is set; read after.
-  mutable Mutex mutex_;
-  mutable CondVar cv_;
+  // On the heap, made by mutable_results(): most ops (allreduce, broadcast) produce none, and
+  // inline it would be 136 bytes more in every op's record.
+  std::unique_ptr<OpResults> results_;
+  static const OpResults kNoResults;
 };
 
 // Application threads inside OpState::wait() right now, over the whole process: while none

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "src/base/prefetch.h"
 #include "src/base/strings.h"
 
 namespace tutti::core {
@@ -89,6 +90,11 @@ std::optional<std::int32_t> RankCache::lookup(const Request& request,
   return newest->id;
 }
 
+void RankCache::prefetch_request(std::uint64_t name_hash) const {
+  if (const Newest* newest = by_key_.peek(name_hash))
+    base::prefetch_lines(&newest->slot->request, sizeof(Request));
+}
+
 std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
   return lookup(request, name_hash(OpKeyView{request.process_set_id, request.name}));
 }
@@ -102,15 +108,25 @@ const Response* RankCache::response(std::int32_t id, std::uint64_t* name_hash,
   return &(*slot)->response;
 }
 
+void RankCache::prefetch_response(std::int32_t id) const {
+  // The response's set, name, op and scale factors, and its first tensor's spec: two lines.
+  constexpr std::size_t kResponseHead = 2 * base::kCacheLine;
+  if (const std::unique_ptr<Slot>* slot = entries_.find(id)) {
+    const auto* begin = reinterpret_cast<const char*>(slot->get());
+    const auto* end = reinterpret_cast<const char*>(&(*slot)->response) + kResponseHead;
+    base::prefetch_lines(begin, static_cast<std::size_t>(end - begin));
+  }
+}
+
 void RankCache::insert(std::int32_t id, const Request& request, const Response& response,
                        ResponseFacts facts) {
   std::unique_ptr<Slot>& owned = entries_[id];
   if (owned == nullptr) owned = std::make_unique<Slot>();
   Slot& slot = *owned;
-  slot = Slot{.request = request,
+  slot = Slot{.name_hash = name_hash(OpKeyView{request.process_set_id, request.name}),
+              .facts = facts,
               .response = response,
-              .name_hash = name_hash(OpKeyView{request.process_set_id, request.name}),
-              .facts = facts};
+              .request = request};
   const Newest newest{.id = id, .slot = &slot};
   const auto [stored, inserted] = by_key_.insert(slot.name_hash, newest);
   if (!inserted) *stored = newest;  // Same key: the stored one's slot has the same name.

@@ -95,21 +95,29 @@ class RankCache {
   std::optional<std::int32_t> lookup(const Request& request) const;
   // Starts loading what lookup(request, name_hash) reads first (NameIndex::prefetch()).
   void prefetch(std::uint64_t name_hash) const { by_key_.prefetch(name_hash); }
+  // Starts loading the cached request that lookup(request, name_hash) compares `request` with,
+  // once prefetch(name_hash) has loaded its index slot. See Note [Lookup pipeline].
+  void prefetch_request(std::uint64_t name_hash) const;
   // The response stored under `id`; null if unknown (a protocol error). `name_hash`, if not
   // null, receives NameIndex's hash of its (set, name); `facts`, if not null, what insert()
   // was given.
   const Response* response(std::int32_t id, std::uint64_t* name_hash = nullptr,
                            ResponseFacts* facts = nullptr) const;
+  // Starts loading what response(id, ...) and the executor read of id's entry, if cached: for
+  // loops over a run of hits (Note [Lookup pipeline] in negotiation/request_sender.cc).
+  void prefetch_response(std::int32_t id) const;
   void insert(std::int32_t id, const Request& request, const Response& response,
               ResponseFacts facts = {});
   void erase(std::int32_t id);
 
  private:
+  // What the executor reads of a hit (response(): hash, facts, the response's first lines)
+  // first, the request that only lookup() compares last.
   struct Slot {
-    Request request;
-    Response response;
     std::uint64_t name_hash = 0;
     ResponseFacts facts;
+    Response response;
+    Request request;
   };
   // The newest id of each (set, name). Slots never move (each is an allocation of its own), so a
   // lookup goes straight from the name to the cached request: one probe per op, with the hash

@@ -98,15 +98,22 @@ std::shared_ptr<Entry> TensorQueue::take(int process_set_id, std::string_view na
 void TensorQueue::take_all(std::span<Take> takes) {
   // Bounded so that a long list does not keep submitting threads waiting on the lock.
   constexpr std::size_t kPerLock = 256;
-  constexpr std::size_t kPrefetchAhead = 8;
+  // As Note [Lookup pipeline] in negotiation/request_sender.cc: op j's index slot and op
+  // j - kStride's entry (its key, which the take compares) start loading as op j - 2 * kStride
+  // is taken.
+  constexpr std::size_t kStride = 8;
   for (std::size_t begin = 0; begin < takes.size(); begin += kPerLock) {
     const std::size_t end = std::min(takes.size(), begin + kPerLock);
     detail::MutexLock lock(mutex_);
-    for (std::size_t i = begin; i < std::min(end, begin + kPrefetchAhead); ++i)
-      in_flight_.prefetch(takes[i].hash);
-    for (std::size_t i = begin; i < end; ++i) {
-      if (i + kPrefetchAhead < end) in_flight_.prefetch(takes[i + kPrefetchAhead].hash);
-      takes[i].entry = in_flight_.take(takes[i].key, takes[i].hash);
+    for (std::size_t j = begin; j < end + 2 * kStride; ++j) {
+      if (j < end) in_flight_.prefetch(takes[j].hash);
+      if (j >= begin + kStride && j - kStride < end) {
+        if (const std::shared_ptr<Entry>* entry = in_flight_.peek(takes[j - kStride].hash))
+          prefetch_key(**entry);
+      }
+      if (j < begin + 2 * kStride) continue;
+      Take& take = takes[j - 2 * kStride];
+      take.entry = in_flight_.take(take.key, take.hash);
     }
   }
 }

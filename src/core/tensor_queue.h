@@ -18,6 +18,7 @@
 
 #include "ops/device_ops.h"
 #include "src/base/inline_vector.h"
+#include "src/base/prefetch.h"
 #include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/core/flight_recorder.h"
@@ -30,12 +31,18 @@ namespace tutti::core {
 
 // One submitted op on this rank.
 struct Entry {
+  // The hash of (set, name) that push() filed the entry under (Note [Name index]), for the
+  // response cache's lookup to reuse. First, beside the request's set and name: the lookup
+  // reads the three together (Note [Lookup pipeline] in negotiation/request_sender.cc).
+  std::uint64_t name_hash = 0;
   Request request;
   // One view in place: nearly every op has one tensor (grouped ops spill to the heap).
   base::InlineVector<TensorView, 1> inputs;
   // Where the results go, one view per input; empty for in-place ops (`in_place`: output(t) is
-  // inputs[t]) and where core allocates the results. Read them through output().
-  base::InlineVector<TensorView, 1> outputs;
+  // inputs[t]) and where core allocates the results. Read them through output(). On the heap,
+  // unlike `inputs`: most ops have no output views, and an inline one would be 72 bytes more
+  // in every op's record.
+  std::vector<TensorView> outputs;
   bool in_place = false;
   // The state the op's Handle shares. In an entry from make_entry() it lives in the entry's own
   // allocation and this pointer does not own it (the entry keeps it alive): hand out
@@ -43,9 +50,6 @@ struct Entry {
   std::shared_ptr<detail::OpState> state;
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
-  // The hash of (set, name) that push() filed the entry under (Note [Name index]), for the
-  // response cache's lookup to reuse.
-  std::uint64_t name_hash = 0;
   // CUDA ops: the submitting thread's current stream at the call, which Tutti's stream waits
   // for before the op's device work (Note [Stream ordering] in ops/cuda/stream.h). Null once
   // that wait is enqueued, and for CPU ops.
@@ -59,6 +63,20 @@ struct Entry {
   // The view the op writes its `t`-th result into.
   const TensorView& output(std::size_t t) const { return in_place ? inputs[t] : outputs[t]; }
 };
+
+// Start loading what a lookup by (set, name) reads of `entry` (its hash, its request's set and
+// name), or all of its request as well (what the response cache's lookup compares). For loops
+// over many entries: Note [Lookup pipeline] in negotiation/request_sender.cc.
+inline void prefetch_key(const Entry& entry) {
+  const auto* begin = reinterpret_cast<const char*>(&entry.name_hash);
+  const auto* end = reinterpret_cast<const char*>(&entry.request.name + 1);
+  base::prefetch_lines(begin, static_cast<std::size_t>(end - begin));
+}
+inline void prefetch_request(const Entry& entry) {
+  const auto* begin = reinterpret_cast<const char*>(&entry.name_hash);
+  const auto* end = reinterpret_cast<const char*>(&entry.request + 1);
+  base::prefetch_lines(begin, static_cast<std::size_t>(end - begin));
+}
 
 // An Entry with its OpState in one allocation (the API's ops make one per call).
 std::shared_ptr<Entry> make_entry();

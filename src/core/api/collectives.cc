@@ -249,22 +249,22 @@ void Handle::wait() { await(); }
 
 const Tensor& Handle::output() const {
   await();
-  return state_->results.output;
+  return state_->results().output;
 }
 
 int Handle::source() const {
   await();
-  return state_->results.source;
+  return state_->results().source;
 }
 
 const std::vector<Tensor>& Handle::outputs() const {
   await();
-  return state_->results.outputs;
+  return state_->results().outputs;
 }
 
 const std::vector<std::int64_t>& Handle::received_splits() const {
   await();
-  return state_->results.received_splits;
+  return state_->results().received_splits;
 }
 
 bool poll(const Handle& h) { return h.poll(); }
@@ -401,7 +401,7 @@ int join(ProcessSet set) {
   Submission submission(Collective::Join, std::string(core::kJoinName), set.id(), true);
   std::shared_ptr<detail::OpState> state = submission.submit_state();
   state->wait().throw_if_error();
-  return state->results.last_joined_rank;
+  return state->results().last_joined_rank;
 }
 
 namespace {

@@ -77,7 +77,7 @@ ProcessSet add_process_set(std::vector<int> ranks) {
   core::Request request;
   request.op = core::Collective::AddProcessSet;
   request.set_ranks = std::move(ranks);
-  return ProcessSet(change_sets(*session, std::move(request))->results.created_set_id);
+  return ProcessSet(change_sets(*session, std::move(request))->results().created_set_id);
 }
 
 void remove_process_set(const ProcessSet& set) {

@@ -54,8 +54,7 @@ Status Executor::gather_one(Work& work, ops::Backend& backend, Mover& mover, int
   const void* input = work.entry != nullptr ? work.entry->inputs[0].data() : nullptr;
   TUTTI_RETURN_IF_ERROR(gather_call(backend, input, output.data(), counts, spec.dtype, root));
   if (work.entry != nullptr && receives) {
-    work.entry->state->results.output = output;
-    work.entry->state->results.outputs = {output};
+    work.entry->state->mutable_results().set_output(output);
   }
   return Status();
 }
@@ -140,7 +139,7 @@ Status Executor::gather(std::span<Work> batch, ops::Backend& backend, Mover& mov
       within[r] += units;
     }
     if (item.work->entry != nullptr) {
-      detail::OpResults& results = item.work->entry->state->results;
+      detail::OpResults& results = item.work->entry->state->mutable_results();
       if (item.tensor == 0) results.output = output;
       results.outputs.push_back(std::move(output));
     }
@@ -168,9 +167,9 @@ Status Executor::alltoall(Work& work, ops::Backend& backend, Mover& mover) {
   TUTTI_ASSIGN_OR_RETURN(Tensor output, mover.new_tensor(spec.dtype, with_rows(spec, rows)));
   TUTTI_RETURN_IF_ERROR(backend.alltoallv(work.entry->inputs[0].data(), send_counts, output.data(),
                                           receive_counts, spec.dtype));
-  work.entry->state->results.output = output;
-  work.entry->state->results.outputs = {output};
-  work.entry->state->results.received_splits = std::move(received);
+  detail::OpResults& results = work.entry->state->mutable_results();
+  results.set_output(output);
+  results.received_splits = std::move(received);
   return Status();
 }
 
@@ -190,8 +189,7 @@ Status Executor::scatter(Work& work, ops::Backend& backend, Mover& mover, int ro
                          mover.new_tensor(spec.dtype, with_rows(spec, response.splits[me])));
   const void* input = backend.rank() == root_set_rank ? work.entry->inputs[0].data() : nullptr;
   TUTTI_RETURN_IF_ERROR(backend.scatterv(input, counts, output.data(), spec.dtype, root_set_rank));
-  work.entry->state->results.output = output;
-  work.entry->state->results.outputs = {output};
+  work.entry->state->mutable_results().set_output(output);
   return Status();
 }
 

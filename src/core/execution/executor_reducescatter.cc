@@ -59,8 +59,7 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend, Mov
     if (factor != 1.0) {
       mover.copy(copy_of(output.data(), wire, output.data(), wire, counts[me], factor));
     }
-    work.entry->state->results.output = output;
-    work.entry->state->results.outputs = {output};
+    work.entry->state->mutable_results().set_output(output);
     return mover.flush();
   }
   const std::size_t wire_bytes = element_size(wire);
@@ -106,8 +105,9 @@ Status Executor::reducescatter(std::span<Work> batch, ops::Backend& backend, Mov
       offset += n;
       outputs.push_back(std::move(output));
     }
-    work.entry->state->results.output = outputs.front();
-    work.entry->state->results.outputs = std::move(outputs);
+    detail::OpResults& results = work.entry->state->mutable_results();
+    results.output = outputs.front();
+    results.outputs = std::move(outputs);
   }
   return mover.flush();
 }

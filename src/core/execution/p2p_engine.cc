@@ -214,7 +214,7 @@ Result<bool> P2PEngine::match(P2POpEntry& op) {
   std::int64_t count = 0;
   std::memcpy(&count, bytes.data() + 2, sizeof count);
   const std::size_t payload = static_cast<std::size_t>(count) * element_size(dtype);
-  op.entry->state->results.source = header->source;
+  op.entry->state->mutable_results().source = header->source;
   const TensorView& tensor = op.entry->inputs[0];
   Status status;
   if (dtype != tensor.dtype() || count != tensor.num_elements()) {

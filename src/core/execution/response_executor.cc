@@ -33,6 +33,7 @@ ResponseExecutor::ResponseExecutor(Parts parts, std::size_t fusion_threshold_byt
 }
 
 std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
+  constexpr std::int32_t kPrefetchAhead = 8;
   // A run of cache hits is one entry of the list and many ops (Note [Hit fast path]).
   std::size_t ops = 0;
   for (std::size_t i = 0; i < list.responses.size(); ++i) {
@@ -67,6 +68,8 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
     }
     for (std::int32_t k = 0; k < list.hit[i]; ++k) {
       const std::int32_t id = list.cache_ids[i] + k;
+      // Note [Lookup pipeline] in negotiation/request_sender.cc: a run's ids are consecutive.
+      if (k + kPrefetchAhead < list.hit[i]) cache_.prefetch_response(id + kPrefetchAhead);
       std::uint64_t hash = 0;
       const Response* response = cache_.response(id, &hash, &facts_[op]);
       TUTTI_CHECK(response != nullptr, "cache id ", id, " is unknown here");
@@ -189,7 +192,7 @@ Status ResponseExecutor::run_batch(std::span<Work> batch, bool* deferred) {
   switch (response.op) {
     case Collective::Join:
       // Every member has joined: nothing to move, only the answer (see Note [Join]).
-      first.entry->state->results.last_joined_rank = response.last_joined_rank;
+      first.entry->state->mutable_results().last_joined_rank = response.last_joined_rank;
       return Status();
     case Collective::AddProcessSet: return add_process_set(first);
     case Collective::RemoveProcessSet: return remove_process_set(first);
@@ -250,7 +253,8 @@ Status ResponseExecutor::add_process_set(const Work& work) {
   const Response& response = *work.response;
   TUTTI_RETURN_IF_ERROR(parts_.sets.add(response.target_set_id, response.set_ranks));
   if (parts_.recorder != nullptr) parts_.recorder->set_process_sets(parts_.sets.membership());
-  if (work.entry != nullptr) work.entry->state->results.created_set_id = response.target_set_id;
+  if (work.entry != nullptr)
+    work.entry->state->mutable_results().created_set_id = response.target_set_id;
   return Status();
 }
 

@@ -113,6 +113,34 @@ TEST_CASE("NameIndex tells names apart whose hashes are equal", "[index]") {
   CHECK(index.size() == 20);
 }
 
+TEST_CASE("NameIndex::peek gives the first value of a hash's probe run, comparing no keys",
+          "[index]") {
+  Index index;
+  CHECK(index.peek(42) == nullptr);  // Empty: no slots to probe.
+  const OpKeyView a{0, "a"};
+  const OpKeyView b{0, "b"};
+  REQUIRE(index.insert(name_hash(a), std::make_shared<Named>(Named{0, "a", 1})).second);
+  REQUIRE(index.insert(name_hash(b), std::make_shared<Named>(Named{0, "b", 2})).second);
+  REQUIRE(index.peek(name_hash(a)) != nullptr);
+  CHECK((*index.peek(name_hash(a)))->value == 1);
+  CHECK((*index.peek(name_hash(b)))->value == 2);
+  CHECK(index.peek(name_hash(OpKeyView{0, "c"})) == nullptr);
+  // Names of one hash: peek() gives the first of its run, which find() may not. After take()
+  // shifts the run back, it gives the next.
+  constexpr std::uint64_t kSame = 777;
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(
+        index.insert(kSame, std::make_shared<Named>(Named{1, "s" + std::to_string(i), i})).second);
+  REQUIRE(index.peek(kSame) != nullptr);
+  CHECK((*index.peek(kSame))->name == "s0");
+  REQUIRE(index.take(OpKeyView{1, "s0"}, kSame));
+  REQUIRE(index.peek(kSame) != nullptr);
+  CHECK((*index.peek(kSame))->name == "s1");
+  REQUIRE(index.take(OpKeyView{1, "s1"}, kSame));
+  REQUIRE(index.take(OpKeyView{1, "s2"}, kSame));
+  CHECK(index.peek(kSame) == nullptr);
+}
+
 TEST_CASE("IdIndex agrees with std::map under random inserts and erases", "[index]") {
   std::mt19937 random(11);
   IdIndex<int> index;

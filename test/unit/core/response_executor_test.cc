@@ -221,7 +221,7 @@ TEST_CASE("Set changes apply at their place in the list; removal fails ops in fl
     added.set_ranks = {0, 1};
     added.target_set_id = 4;
     good = good && rank.executor.execute(responses_of({added})).ok() && add->state->wait().ok();
-    good = good && add->state->results.created_set_id == 4;
+    good = good && add->state->results().created_set_id == 4;
     const Result<SetInfo> set = rank.sets.find(4);
     good = good && set.ok() && *set.value().ranks == std::vector<int>{0, 1} &&
            set.value().set_rank == r;

@@ -141,14 +141,14 @@ TEST_CASE("Sessions run reduce, gather and scatter: only the root receives", "[s
     for (const auto& entry : {reduce, gather, scatter}) good = good && entry->state->wait().ok();
     const float sum = static_cast<float>(size * (size + 1) / 2);
     good = good && reduced[2] == (rank == root ? sum : static_cast<float>(rank + 1));
-    const Tensor& all = gather->state->results.output;
+    const Tensor& all = gather->state->results().output;
     if (rank == root) {
       good = good && all.shape() == Shape{size * (size - 1) / 2, 2} &&
              all.span<float>().back() == static_cast<float>(size - 1);
     } else {
       good = good && all.data() == nullptr;
     }
-    const Tensor& part = scatter->state->results.output;
+    const Tensor& part = scatter->state->results().output;
     const int first = rank * (rank + 1) / 2;
     good = good && part.shape() == Shape{rank + 1, 1} &&
            part.span<float>()[0] == static_cast<float>(first) &&

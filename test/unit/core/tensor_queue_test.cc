@@ -3,6 +3,7 @@
 // share one allocation with their OpState, and completion racing with waiters.
 #include "src/core/tensor_queue.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -65,6 +66,35 @@ TEST_CASE("drain_new appends, and hands back entries in push order", "[queue]") 
   CHECK(queue.empty());
 }
 
+TEST_CASE("take_all takes each op of a list of any length, and null for names not in flight",
+          "[queue]") {
+  // Lengths around the pipeline's strides (8 and 16 ops) and its 256 ops per lock; every
+  // third name was never pushed.
+  const std::size_t length = GENERATE(1, 7, 8, 9, 16, 17, 255, 256, 257, 600);
+  TensorQueue queue;
+  std::vector<std::string> names(length);
+  std::vector<std::shared_ptr<Entry>> pushed(length);
+  for (std::size_t i = 0; i < length; ++i) {
+    names[i] = "t" + std::to_string(i);
+    if (i % 3 == 2) continue;
+    pushed[i] = entry_named(names[i], static_cast<int>(i % 2));
+    REQUIRE(queue.push(pushed[i]).ok());
+  }
+  std::vector<TensorQueue::Take> takes(length);
+  for (std::size_t i = 0; i < length; ++i) {
+    const OpKeyView key{static_cast<int>(i % 2), names[i]};
+    takes[i] = TensorQueue::Take{.key = key, .hash = name_hash(key), .entry = nullptr};
+  }
+  queue.take_all(takes);
+  std::size_t right = 0;
+  for (std::size_t i = 0; i < length; ++i) right += takes[i].entry == pushed[i] ? 1 : 0;
+  CHECK(right == length);
+  // Taken means gone: a second pass finds nothing.
+  for (TensorQueue::Take& take : takes) take.entry = nullptr;
+  queue.take_all(takes);
+  CHECK(std::none_of(takes.begin(), takes.end(), [](const auto& t) { return t.entry; }));
+}
+
 TEST_CASE("close() fails later pushes and returns what is in flight", "[queue]") {
   TensorQueue queue;
   REQUIRE(queue.push(entry_named("x")).ok());
@@ -96,8 +126,8 @@ TEST_CASE("An entry and its state share one allocation; the handle keeps both", 
 }
 
 TEST_CASE("Completion wakes waiters that sleep, and skips the lock when none do", "[queue]") {
-  // Waiters past their spin sleep on the condition variable; completions race with them. Every
-  // waiter must return with the op's status (the test hangs otherwise; ThreadSanitizer checks
+  // Waiters past their spin sleep on the op's done flag (a futex); completions race with them.
+  // Every waiter must return with the op's status (the test hangs otherwise; ThreadSanitizer checks
   // the orderings).
   constexpr int kOps = 200;
   Completer completer(nullptr);
@@ -118,6 +148,24 @@ TEST_CASE("Completion wakes waiters that sleep, and skips the lock when none do"
   }
   waiter.join();
   CHECK(ok.load() == kOps);
+}
+
+TEST_CASE("An op's results are empty until written; one output fills output and outputs",
+          "[queue]") {
+  std::shared_ptr<Entry> entry = entry_named("r");
+  detail::OpState& state = *entry->state;
+  CHECK(state.results().output.num_elements() == 0);
+  CHECK(state.results().outputs.empty());
+  CHECK(state.results().source == -1);
+  const Tensor tensor = Tensor::from<float>(std::vector<float>{1, 2, 3}, {3});
+  state.mutable_results().set_output(tensor);
+  state.mutable_results().source = 4;
+  CHECK(state.results().output.data() == tensor.data());
+  REQUIRE(state.results().outputs.size() == 1);
+  CHECK(state.results().outputs[0].data() == tensor.data());
+  CHECK(state.results().source == 4);
+  // Another op's results are its own.
+  CHECK(entry_named("q")->state->results().outputs.empty());
 }
 
 }  // namespace
