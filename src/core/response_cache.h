@@ -103,8 +103,8 @@ class RankCache {
   // was given.
   const Response* response(std::int32_t id, std::uint64_t* name_hash = nullptr,
                            ResponseFacts* facts = nullptr) const;
-  // Starts loading what response(id, ...) and the executor read of id's entry, if cached: for
-  // loops over a run of hits (Note [Lookup pipeline] in negotiation/request_sender.cc).
+  // Starts loading what response(id, ...) and the executor read of id's cached response, if
+  // any: for loops over a run of hits (Note [Lookup pipeline] in negotiation/request_sender.cc).
   void prefetch_response(std::int32_t id) const;
   void insert(std::int32_t id, const Request& request, const Response& response,
               ResponseFacts facts = {});

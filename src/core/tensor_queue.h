@@ -64,9 +64,10 @@ struct Entry {
   const TensorView& output(std::size_t t) const { return in_place ? inputs[t] : outputs[t]; }
 };
 
-// Start loading what a lookup by (set, name) reads of `entry` (its hash, its request's set and
-// name), or all of its request as well (what the response cache's lookup compares). For loops
-// over many entries: Note [Lookup pipeline] in negotiation/request_sender.cc.
+// Start loading what a lookup by (set, name) reads of `entry`: prefetch_key() its hash and its
+// request's set and name, prefetch_request() all of its request as well (what the response
+// cache's lookup compares). For loops over many entries: Note [Lookup pipeline] in
+// negotiation/request_sender.cc.
 inline void prefetch_key(const Entry& entry) {
   const auto* begin = reinterpret_cast<const char*>(&entry.name_hash);
   const auto* end = reinterpret_cast<const char*>(&entry.request.name + 1);
