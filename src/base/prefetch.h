@@ -21,4 +21,11 @@ inline void prefetch_lines(const void* object, std::size_t bytes) {
   }
 }
 
+// The same for the bytes from `begin` up to `end`: from one member of an object to the end of a
+// later one.
+inline void prefetch_lines(const void* begin, const void* end) {
+  prefetch_lines(begin, static_cast<std::size_t>(static_cast<const char*>(end) -
+                                                 static_cast<const char*>(begin)));
+}
+
 }  // namespace tutti::base

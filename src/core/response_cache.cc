@@ -112,9 +112,8 @@ void RankCache::prefetch_response(std::int32_t id) const {
   // The response's set, name, op and scale factors, and its first tensor's spec: two lines.
   constexpr std::size_t kResponseHead = 2 * base::kCacheLine;
   if (const std::unique_ptr<Slot>* slot = entries_.find(id)) {
-    const auto* begin = reinterpret_cast<const char*>(slot->get());
-    const auto* end = reinterpret_cast<const char*>(&(*slot)->response) + kResponseHead;
-    base::prefetch_lines(begin, static_cast<std::size_t>(end - begin));
+    const auto* response = reinterpret_cast<const char*>(&(*slot)->response);
+    base::prefetch_lines(slot->get(), response + kResponseHead);
   }
 }
 

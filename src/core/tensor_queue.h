@@ -69,14 +69,10 @@ struct Entry {
 // cache's lookup compares). For loops over many entries: Note [Lookup pipeline] in
 // negotiation/request_sender.cc.
 inline void prefetch_key(const Entry& entry) {
-  const auto* begin = reinterpret_cast<const char*>(&entry.name_hash);
-  const auto* end = reinterpret_cast<const char*>(&entry.request.name + 1);
-  base::prefetch_lines(begin, static_cast<std::size_t>(end - begin));
+  base::prefetch_lines(&entry.name_hash, &entry.request.name + 1);
 }
 inline void prefetch_request(const Entry& entry) {
-  const auto* begin = reinterpret_cast<const char*>(&entry.name_hash);
-  const auto* end = reinterpret_cast<const char*>(&entry.request + 1);
-  base::prefetch_lines(begin, static_cast<std::size_t>(end - begin));
+  base::prefetch_lines(&entry.name_hash, &entry.request + 1);
 }
 
 // An Entry with its OpState in one allocation (the API's ops make one per call).
