@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/response_cache.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "src/base/prefetch.h"
@@ -18,7 +19,7 @@ std::string cache_key(int process_set_id, const std::string& name) {
 CoordinatorCache::Slot* CoordinatorCache::touch(std::int32_t id) {
   Slot* slot = entries_.find(id);
   if (slot == nullptr) return nullptr;
-  lru_.splice(lru_.begin(), lru_, slot->lru);
+  slot->used = ++clock_;  // Note [Least recently used by stamps].
   return slot;
 }
 
@@ -50,16 +51,40 @@ std::optional<std::int32_t> CoordinatorCache::id_of(OpKeyView key) const {
 std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* evicted) {
   const OpKeyView key{entry.process_set_id, entry.name};
   if (auto old = by_key_.find(key); old != by_key_.end()) erase(old->second, evicted);
-  while (!lru_.empty() && static_cast<std::int64_t>(entries_.size()) >= capacity_) {
-    erase(lru_.back(), evicted);
+  while (!entries_.empty() && static_cast<std::int64_t>(entries_.size()) >= capacity_) {
+    evict_least_recent(evicted);
   }
   const std::int32_t id = next_id_++;
   OpKey owned{entry.process_set_id, entry.name};
-  lru_.push_front(id);
-  entries_[id] =
-      Slot{.entry = std::make_shared<const Entry>(std::move(entry)), .lru = lru_.begin()};
+  const std::uint64_t used = ++clock_;
+  entries_[id] = Slot{.entry = std::make_shared<const Entry>(std::move(entry)), .used = used};
+  push_age(id, used);
   by_key_.insert_or_assign(std::move(owned), id);
   return id;
+}
+
+void CoordinatorCache::evict_least_recent(std::vector<std::int32_t>* evicted) {
+  // See Note [Least recently used by stamps]. Ends: each record is current, stale (pushed back
+  // with a larger stamp, at most once per use) or dead (dropped), and a live entry's is current
+  // once pushed back.
+  while (!by_age_.empty()) {
+    std::pop_heap(by_age_.begin(), by_age_.end());
+    const Age oldest = by_age_.back();
+    by_age_.pop_back();
+    const Slot* slot = entries_.find(oldest.id);
+    if (slot == nullptr) continue;  // Erased since.
+    if (slot->used != oldest.stamp) {
+      push_age(oldest.id, slot->used);  // Used since.
+      continue;
+    }
+    erase(oldest.id, evicted);
+    return;
+  }
+}
+
+void CoordinatorCache::push_age(std::int32_t id, std::uint64_t used) {
+  by_age_.push_back(Age{.stamp = used, .id = id});
+  std::push_heap(by_age_.begin(), by_age_.end());
 }
 
 void CoordinatorCache::erase_set(int process_set_id, std::vector<std::int32_t>* evicted) {
@@ -76,10 +101,18 @@ void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted
   const Entry& entry = *slot->entry;
   auto key = by_key_.find(OpKeyView{entry.process_set_id, entry.name});
   if (key != by_key_.end() && key->second == id) by_key_.erase(key);
-  lru_.erase(slot->lru);
   evicted_.push_back(std::move(slot->entry));
   entries_.erase(id);
   evicted->push_back(id);
+  // Its record in by_age_ stays until it reaches the top, or until the heap is rebuilt from the
+  // live ids (kAgeSlack; Note [Least recently used by stamps]).
+  if (by_age_.size() > 2 * entries_.size() + kAgeSlack) {
+    by_age_.clear();
+    entries_.for_each([&](std::int32_t live, const Slot& kept) {
+      by_age_.push_back(Age{.stamp = kept.used, .id = live});
+    });
+    std::make_heap(by_age_.begin(), by_age_.end());
+  }
 }
 
 std::optional<std::int32_t> RankCache::lookup(const Request& request,

@@ -14,7 +14,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,18 +59,49 @@ class CoordinatorCache {
   // coordinator's pending hits on an evicted id still need its requests.
   std::vector<std::shared_ptr<const Entry>> take_evicted();
   std::size_t size() const { return entries_.size(); }
+  // Records in its least-recently-used heap, live or not (Note [Least recently used by
+  // stamps]): for tests of their bound.
+  std::size_t age_records() const { return by_age_.size(); }
 
  private:
+  // Once `by_age_` holds more than twice as many records as there are live ids, plus this many,
+  // erase() rebuilds it from the live ids: records of erased ids wait there otherwise, and where
+  // names are renegotiated again and again with nothing evicted for capacity, none reaches the
+  // top to be dropped.
+  static constexpr std::size_t kAgeSlack = 1024;
+
   void erase(std::int32_t id, std::vector<std::int32_t>* evicted);
+  void evict_least_recent(std::vector<std::int32_t>* evicted);
+  void push_age(std::int32_t id, std::uint64_t used);
   struct Slot;
   Slot* touch(std::int32_t id);  // Marks `id` as recently used; null if unknown.
 
   std::int64_t capacity_;
   std::int32_t next_id_ = 0;
-  std::list<std::int32_t> lru_;  // Most recent first.
+  // Note [Least recently used by stamps]
+  // Every hit marks its entry as used, and a step of 10,000 tiny ops hits 10,000 entries. A
+  // list in order of use moved the entry's node to the front on each: three nodes of a cold
+  // list written per hit, about 3 % of such a step (P3, 2 ranks on the 2-core AMD EPYC VM). Now
+  // a hit writes the next stamp into the entry's own slot, which find() has just read, and the
+  // order is worked out only when the cache is full: `by_age_`, a min-heap of (stamp, id), holds
+  // one record for each live id, with the stamp it had when the record was made (and records of
+  // ids erased since, dropped when they come to the top). The top record
+  // is the least recently used entry if its stamp is still the entry's; if the entry was used
+  // since, its record goes back with the newer stamp, and if the id was erased, it is dropped.
+  // A record whose stamp is current is the oldest of all: every record's stamp is at most its
+  // entry's, so no live entry was used before it. Each record goes back at most once per use,
+  // so eviction costs O(log n) per use at most, and nothing while the cache has room.
+  std::uint64_t clock_ = 0;  // The last stamp handed out; stamps are never reused.
+  struct Age {
+    std::uint64_t stamp = 0;
+    std::int32_t id = -1;
+    // Ordered for std::push_heap's max-heap: the largest is the oldest.
+    friend bool operator<(const Age& a, const Age& b) { return a.stamp > b.stamp; }
+  };
+  std::vector<Age> by_age_;
   struct Slot {
     std::shared_ptr<const Entry> entry;  // Never null.
-    std::list<std::int32_t>::iterator lru;
+    std::uint64_t used = 0;              // Stamp of its insert or latest use.
   };
   IdIndex<Slot> entries_;
   std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;

@@ -1,6 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/response_cache.h"
 
+#include <list>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
 #include <catch2/catch.hpp>
 
 #include "test/unit/core/negotiation_fixtures.h"
@@ -30,6 +36,91 @@ TEST_CASE("The coordinator cache evicts the least recently used beyond its capac
   CHECK(cache.find(b) == nullptr);
   CHECK(cache.find(c)->name == "c");
   CHECK(cache.size() == 2);
+}
+
+// A reference model of the coordinator cache's eviction order: ids, most recently used first.
+struct LruModel {
+  std::list<std::int32_t> order;
+  void use(std::int32_t id) {
+    order.remove(id);
+    order.push_front(id);
+  }
+};
+
+TEST_CASE("The coordinator cache evicts in exact least-recently-used order", "[cache]") {
+  // Random inserts (of new and of cached names), finds and set removals, against a list moved
+  // in order of use. Capacity 5 of 9 names: most inserts evict.
+  constexpr int kCapacity = 5;
+  CoordinatorCache cache(kCapacity);
+  LruModel model;
+  std::map<std::int32_t, std::string> names;  // Live ids in the model.
+  std::mt19937 random(7);
+  std::vector<std::int32_t> evicted;
+  for (int step = 0; step < 20000; ++step) {
+    const int what = static_cast<int>(random() % 10);
+    if (what < 4) {
+      const std::string name = "n" + std::to_string(random() % 9);
+      std::vector<std::int32_t> expected;
+      // The same name's old id first, then the least recently used while full.
+      for (const auto& [id, known] : names) {
+        if (known == name) expected.push_back(id);
+      }
+      for (std::int32_t id : expected) {
+        model.order.remove(id);
+        names.erase(id);
+      }
+      while (static_cast<int>(model.order.size()) >= kCapacity) {
+        expected.push_back(model.order.back());
+        names.erase(model.order.back());
+        model.order.pop_back();
+      }
+      evicted.clear();
+      const std::int32_t id = cache.insert(entry(name), &evicted);
+      REQUIRE(evicted == expected);
+      model.use(id);
+      names[id] = name;
+    } else if (!names.empty()) {
+      auto live = names.begin();
+      std::advance(live, static_cast<long>(random() % names.size()));
+      const CoordinatorCache::Entry* found = cache.find(live->first);
+      REQUIRE(found != nullptr);
+      CHECK(found->name == live->second);
+      model.use(live->first);
+    }
+    REQUIRE(cache.size() == names.size());
+  }
+  // Evicted ids stay unknown.
+  for (std::int32_t id = 0; id < 100; ++id) {
+    if (!names.contains(id)) CHECK(cache.find(id) == nullptr);
+  }
+}
+
+TEST_CASE("The coordinator cache's eviction order stays bounded in memory", "[cache]") {
+  // Renegotiating the same names over and over evicts nothing for capacity: the records of
+  // their old ids must not pile up.
+  CoordinatorCache cache(1000);
+  std::vector<std::int32_t> evicted;
+  for (int round = 0; round < 100000; ++round) {
+    const std::int32_t id = cache.insert(entry("n" + std::to_string(round % 4)), &evicted);
+    REQUIRE(cache.find(id) != nullptr);
+  }
+  CHECK(cache.size() == 4);
+  CHECK(evicted.size() == 100000 - 4);
+  // Twice the live ids plus the slack the cache allows itself (response_cache.h).
+  CHECK(cache.age_records() <= 2 * 4 + 1024 + 1);
+  // And the order is still right: fill up to the capacity, use the first, insert one more.
+  std::vector<std::int32_t> ids;
+  for (int i = 0; i < 996; ++i)
+    ids.push_back(cache.insert(entry("m" + std::to_string(i)), &evicted));
+  evicted.clear();
+  cache.take_evicted();
+  REQUIRE(cache.find(ids.front()) != nullptr);
+  cache.insert(entry("last"), &evicted);
+  // The four renegotiated names were used before any "m": the oldest of them goes first.
+  REQUIRE(evicted.size() == 1);
+  const auto gone = cache.take_evicted();
+  REQUIRE(gone.size() == 1);
+  CHECK(gone.front()->name == "n0");
 }
 
 TEST_CASE("Re-negotiating a name evicts its old id; ids are never reused", "[cache]") {
