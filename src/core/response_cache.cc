@@ -6,6 +6,7 @@
 
 #include "src/base/prefetch.h"
 #include "src/base/strings.h"
+#include "src/common/check.h"
 
 namespace tutti::core {
 
@@ -52,7 +53,9 @@ std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* ev
   const OpKeyView key{entry.process_set_id, entry.name};
   if (auto old = by_key_.find(key); old != by_key_.end()) erase(old->second, evicted);
   while (!entries_.empty() && static_cast<std::int64_t>(entries_.size()) >= capacity_) {
-    evict_least_recent(evicted);
+    // Every live id has a record: a heap without one is a bug, not a reason to loop forever.
+    const bool evicted_one = evict_least_recent(evicted);
+    TUTTI_CHECK(evicted_one, "the response cache's order of use lost an entry");
   }
   const std::int32_t id = next_id_++;
   OpKey owned{entry.process_set_id, entry.name};
@@ -63,7 +66,7 @@ std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* ev
   return id;
 }
 
-void CoordinatorCache::evict_least_recent(std::vector<std::int32_t>* evicted) {
+bool CoordinatorCache::evict_least_recent(std::vector<std::int32_t>* evicted) {
   // See Note [Least recently used by stamps]. Ends: each record is current, stale (pushed back
   // with a larger stamp, at most once per use) or dead (dropped), and a live entry's is current
   // once pushed back.
@@ -78,8 +81,9 @@ void CoordinatorCache::evict_least_recent(std::vector<std::int32_t>* evicted) {
       continue;
     }
     erase(oldest.id, evicted);
-    return;
+    return true;
   }
+  return false;
 }
 
 void CoordinatorCache::push_age(std::int32_t id, std::uint64_t used) {

@@ -71,7 +71,8 @@ class CoordinatorCache {
   static constexpr std::size_t kAgeSlack = 1024;
 
   void erase(std::int32_t id, std::vector<std::int32_t>* evicted);
-  void evict_least_recent(std::vector<std::int32_t>* evicted);
+  // Erases the least recently used entry; false if there is none.
+  bool evict_least_recent(std::vector<std::int32_t>* evicted);
   void push_age(std::int32_t id, std::uint64_t used);
   struct Slot;
   Slot* touch(std::int32_t id);  // Marks `id` as recently used; null if unknown.
@@ -83,14 +84,14 @@ class CoordinatorCache {
   // list in order of use moved the entry's node to the front on each: three nodes of a cold
   // list written per hit, about 3 % of such a step (P3, 2 ranks on the 2-core AMD EPYC VM). Now
   // a hit writes the next stamp into the entry's own slot, which find() has just read, and the
-  // order is worked out only when the cache is full: `by_age_`, a min-heap of (stamp, id), holds
-  // one record for each live id, with the stamp it had when the record was made (and records of
-  // ids erased since, dropped when they come to the top). The top record
-  // is the least recently used entry if its stamp is still the entry's; if the entry was used
-  // since, its record goes back with the newer stamp, and if the id was erased, it is dropped.
-  // A record whose stamp is current is the oldest of all: every record's stamp is at most its
-  // entry's, so no live entry was used before it. Each record goes back at most once per use,
-  // so eviction costs O(log n) per use at most, and nothing while the cache has room.
+  // order is worked out only when the cache is full. `by_age_`, a min-heap of (stamp, id), holds
+  // one record for each live id, with the stamp the id had when the record was made, and the
+  // records of ids erased since. The top record is the least recently used entry if its stamp is
+  // still the entry's; if the entry was used since, the record goes back with the newer stamp,
+  // and if the id was erased, it is dropped. A record whose stamp is current is the oldest of
+  // all: every record's stamp is at most its entry's, so no live entry was used before it. A
+  // record goes back at most once per use, so eviction costs O(log n) per use at most, and
+  // nothing while the cache has room. The evictions are those of the list, in the same order.
   std::uint64_t clock_ = 0;  // The last stamp handed out; stamps are never reused.
   struct Age {
     std::uint64_t stamp = 0;
