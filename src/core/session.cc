@@ -13,6 +13,7 @@
 #include "src/core/cpu_sharing.h"
 #include "src/core/op_state.h"
 #include "src/core/start_handshake.h"
+#include "src/core/submission_window.h"
 #include "tutti/cuda.h"
 
 namespace tutti::core {
@@ -156,9 +157,23 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
         ops::device_ops().record_ready(cuda::current_stream(), entry->inputs.front().device()));
   }
   if (loop_driver_->enabled()) entry->state->driver = loop_driver_;
+  // See Note [A submitting thread keeps its backlog short] in submission_window.h. The window
+  // is the thread's, over all sessions: an op of an earlier one is done (or failed) by now.
+  thread_local SubmissionWindow window;
+  std::shared_ptr<const detail::OpState> mark;
+  if (keeps_backlog_short_ && window.count()) mark = handle_state(entry);
   // A push racing with the loop's end is either refused or failed by finish(): close() takes
   // the queue's lock too.
-  return queue_.push(std::move(entry));
+  TUTTI_RETURN_IF_ERROR(queue_.push(std::move(entry)));
+  if (mark != nullptr) {
+    if (const std::shared_ptr<const detail::OpState> oldest = window.mark(std::move(mark))) {
+      const auto deadline = std::chrono::steady_clock::now() + SubmissionWindow::kMaxWait;
+      loop_driver_->take_over();
+      while (!oldest->done() && std::chrono::steady_clock::now() < deadline) loop_driver_->drive();
+      loop_driver_->let_go();
+    }
+  }
+  return Status();
 }
 
 Status Session::submit_p2p(std::vector<P2POpEntry> ops) {

@@ -112,6 +112,10 @@ class Session {
   // Shared with the collectives that a waiting thread may run the cycle for (Note [A waiting
   // thread runs the cycle] in loop_driver.h).
   std::shared_ptr<LoopDriver> loop_driver_;
+  // Application threads share the communication thread's CPU and may run its cycle: each
+  // keeps its backlog short (Note [A submitting thread keeps its backlog short] in
+  // submission_window.h).
+  const bool keeps_backlog_short_ = loop_driver_->enabled() && sharing_.shares_cpu;
   BackgroundLoop loop_;  // Communication thread only, but for the cycles loop_driver_ runs.
   std::optional<SignalDumper> signal_dumper_;  // While the flight recorder records.
 

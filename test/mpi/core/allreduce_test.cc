@@ -79,6 +79,34 @@ TEST_CASE("a batch of mixed tensors submitted in a different order on each rank"
   CHECK(all_ranks(all_ok));
 }
 
+TEST_CASE("a long burst submitted in opposite orders on even and odd ranks", "[allreduce]") {
+  // Past the submission window (Note [A submitting thread keeps its backlog short]): where a
+  // rank shares its core with its communication thread, every 256th push waits (at most
+  // 200 us) for the op pushed 512 before, which here a peer submits last. The burst must still
+  // complete, each op with its closed-form sum.
+  Session session;
+  const int size = world_size();
+  const int rank = world_rank();
+  constexpr int kCount = 3000;
+  std::vector<std::int64_t> values(kCount);
+  std::vector<Handle> handles(kCount);
+  for (int k = 0; k < kCount; ++k) {
+    const int i = rank % 2 == 0 ? k : kCount - 1 - k;
+    values[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(i) * (rank + 1);
+    handles[static_cast<std::size_t>(i)] =
+        allreduce_async(TensorView(&values[static_cast<std::size_t>(i)], {1}),
+                        "burst." + std::to_string(i), {.op = ReduceOp::Sum});
+  }
+  bool all_ok = true;
+  for (int i = 0; i < kCount; ++i) {
+    handles[static_cast<std::size_t>(i)].wait();
+    // Sum over ranks r of i * (r + 1) = i * size * (size + 1) / 2.
+    all_ok = all_ok && values[static_cast<std::size_t>(i)] ==
+                           static_cast<std::int64_t>(i) * size * (size + 1) / 2;
+  }
+  CHECK(all_ranks(all_ok));
+}
+
 TEST_CASE("grouped allreduce of mixed dtypes completes as one unit", "[allreduce]") {
   Session session;
   const int size = world_size();
