@@ -35,13 +35,13 @@ TEST_CASE("A submission window names the op marked kLagChunks marks before, unti
   for (std::size_t i = 0; i < SubmissionWindow::kLagChunks; ++i) CHECK(mark_new() == nullptr);
   // Then, at each mark, the one marked kLagChunks before, while it is not done.
   for (std::size_t i = 0; i < 3; ++i) {
-    const Entry& expected = *entries[i];
+    const Entry& expected = *entries[i];  // Marked kLagChunks marks before this one.
     const std::shared_ptr<const detail::OpState> oldest = mark_new();
     REQUIRE(oldest != nullptr);
     CHECK(oldest.get() == expected.state.get());
   }
   // A done op is not waited for.
-  completer.complete(*entries[3], Status());
+  completer.complete(*entries[entries.size() - SubmissionWindow::kLagChunks], Status());
   CHECK(mark_new() == nullptr);
   // The window keeps the ops it marked alive for as long as it may name them.
   const std::weak_ptr<const detail::OpState> kept = handle_state(entries.back());
