@@ -45,6 +45,20 @@ bool OpState::poll() const {
   return done();
 }
 
+void OpState::drive_until(Driver& by, std::chrono::steady_clock::time_point until) const {
+  while (!done() && std::chrono::steady_clock::now() < until) by.drive();
+}
+
+bool OpState::drive_for(std::chrono::microseconds time) const {
+  if (done()) return true;
+  const std::shared_ptr<Driver> by = driver.lock();
+  if (!by) return false;
+  by->take_over();
+  drive_until(*by, std::chrono::steady_clock::now() + time);
+  by->let_go();
+  return done();
+}
+
 Status OpState::wait() const {
   if (done()) return status_;
   // Not counted in app_waiters: the communication thread need not poll for this thread while
@@ -52,8 +66,7 @@ Status OpState::wait() const {
   const std::shared_ptr<Driver> by = driver.lock();
   if (by) {
     by->take_over();
-    const auto drive_until = std::chrono::steady_clock::now() + kDriveTime;
-    while (!done() && std::chrono::steady_clock::now() < drive_until) by->drive();
+    drive_until(*by, std::chrono::steady_clock::now() + kDriveTime);
     if (done()) {
       by->let_go();
       return status_;

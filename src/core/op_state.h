@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -65,6 +66,10 @@ class OpState {
   bool poll() const;
   // Any thread. Blocks until the op is complete; returns its Status.
   Status wait() const;
+  // Runs the op's driver, if it has one, until the op is done or `time` has passed, then lets
+  // it go either way: for a thread that goes on with other work after (Note [A submitting
+  // thread keeps its backlog short] in submission_window.h). Returns done(). Any thread.
+  bool drive_for(std::chrono::microseconds time) const;
 
   // The op's results, or an empty OpResults if it produced none. Read after done().
   const OpResults& results() const { return results_ ? *results_ : kNoResults; }
@@ -81,6 +86,8 @@ class OpState {
  private:
   friend class core::Completer;  // The one place ops are completed (Note [Completion]).
   void complete(Status status);
+  // Steps `by` until the op is done or `until`; the caller has taken it over.
+  void drive_until(Driver& by, std::chrono::steady_clock::time_point until) const;
 
   // 1 once complete. An int, not a bool: a sleeper waits on it with C++20's atomic wait, which
   // for a 4-byte atomic is a futex on the atomic itself. No mutex or condition variable: every

@@ -166,12 +166,9 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
   // the queue's lock too.
   TUTTI_RETURN_IF_ERROR(queue_.push(std::move(entry)));
   if (mark != nullptr) {
-    if (const std::shared_ptr<const detail::OpState> oldest = window.mark(std::move(mark))) {
-      const auto deadline = std::chrono::steady_clock::now() + SubmissionWindow::kMaxWait;
-      loop_driver_->take_over();
-      while (!oldest->done() && std::chrono::steady_clock::now() < deadline) loop_driver_->drive();
-      loop_driver_->let_go();
-    }
+    // Its driver is loop_driver_, set above.
+    if (const std::shared_ptr<const detail::OpState> oldest = window.mark(std::move(mark)))
+      oldest->drive_for(SubmissionWindow::kMaxWait);
   }
   return Status();
 }
