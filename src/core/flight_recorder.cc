@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <span>
 
 #include "src/base/json.h"
 #include "src/base/strings.h"
+#include "src/common/check.h"
 
 namespace tutti::core {
 namespace {
@@ -53,6 +55,9 @@ std::string default_dump_path(const std::string& dir, int rank) {
 FlightRecorder::FlightRecorder(std::size_t capacity) : capacity_(capacity) {
   detail::MutexLock lock(mutex_);
   slots_.resize(capacity);
+  long_names_.resize(capacity);
+  long_shapes_.resize(capacity);
+  errors_.resize(capacity);
 }
 
 double FlightRecorder::now_s() const { return seconds_at(Clock::now()); }
@@ -65,26 +70,38 @@ std::int64_t FlightRecorder::submitted(const Request& request, std::int64_t sequ
                                        Clock::time_point at) {
   if (!enabled()) return -1;
   const double now = at == Clock::time_point{} ? now_s() : seconds_at(at);
+  const std::span<const std::int64_t> shape =
+      request.tensors.empty() ? std::span<const std::int64_t>{}
+                              : std::span<const std::int64_t>(request.tensors.front().shape);
   detail::MutexLock lock(mutex_);
   const std::int64_t id = next_id_++;
-  Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
+  const std::size_t index = static_cast<std::size_t>(id) % capacity_;
+  Slot& slot = slots_[index];
   slot.id = id;
   slot.sequence = sequence;
-  slot.process_set_id = request.process_set_id;
-  slot.op = request.op;
-  slot.tensors = static_cast<std::int32_t>(request.tensors.size());
-  slot.dtype = request.tensors.empty() ? DataType::Float32 : request.tensors.front().dtype;
-  // assign() keeps the slot's capacity: no allocation once the ring has warmed up.
-  slot.name.assign(request.name);
-  if (request.tensors.empty())
-    slot.shape.clear();
-  else
-    slot.shape.assign(request.tensors.front().shape.begin(), request.tensors.front().shape.end());
-  slot.phase = OpPhase::Submitted;
-  slot.backend = nullptr;
-  slot.error.clear();
   slot.submitted_s = now;
   slot.negotiated_s = slot.executing_s = slot.finished_s = -1;
+  slot.process_set_id = request.process_set_id;
+  slot.tensors = static_cast<std::int32_t>(request.tensors.size());
+  slot.op = request.op;
+  slot.dtype = request.tensors.empty() ? DataType::Float32 : request.tensors.front().dtype;
+  slot.phase = OpPhase::Submitted;
+  slot.backend = 0;
+  slot.failed_with_error = false;
+  if (request.name.size() <= kInlineName) {
+    slot.name_size = static_cast<std::uint8_t>(request.name.size());
+    std::memcpy(slot.name, request.name.data(), request.name.size());
+  } else {
+    slot.name_size = kBeside;
+    long_names_[index].assign(request.name);  // Keeps its capacity.
+  }
+  if (shape.size() <= kInlineDims) {
+    slot.dims = static_cast<std::uint8_t>(shape.size());
+    std::copy(shape.begin(), shape.end(), slot.shape);
+  } else {
+    slot.dims = kBeside;
+    long_shapes_[index].assign(shape.begin(), shape.end());
+  }
   return id;
 }
 
@@ -96,18 +113,32 @@ void FlightRecorder::update(std::int64_t id, OpPhase phase, std::string_view bac
   apply(id, phase, now, intern(backend), error);
 }
 
-const std::string* FlightRecorder::intern(std::string_view name) {
-  if (name.empty()) return nullptr;
-  for (const std::unique_ptr<const std::string>& known : backend_names_) {
-    if (*known == name) return known.get();
+std::uint8_t FlightRecorder::intern(std::string_view name) {
+  if (name.empty()) return 0;
+  for (std::size_t i = 0; i < backend_names_.size(); ++i) {
+    if (backend_names_[i] == name) return static_cast<std::uint8_t>(i + 1);
   }
-  return backend_names_.emplace_back(std::make_unique<const std::string>(name)).get();
+  // Backends are a fixed handful (shm, mpi, nccl, ...): a byte numbers them all.
+  TUTTI_CHECK(backend_names_.size() < 0xfe, "more backend names than a flight record numbers");
+  backend_names_.emplace_back(name);
+  return static_cast<std::uint8_t>(backend_names_.size());
 }
 
-void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, const std::string* backend,
+std::string_view FlightRecorder::name_of(std::size_t index, const Slot& slot) const {
+  if (slot.name_size == kBeside) return long_names_[index];
+  return {slot.name, slot.name_size};
+}
+
+Shape FlightRecorder::shape_of(std::size_t index, const Slot& slot) const {
+  if (slot.dims == kBeside) return long_shapes_[index];
+  return Shape(slot.shape, slot.shape + slot.dims);
+}
+
+void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::uint8_t backend,
                            std::string_view error) {
   if (id < 0) return;
-  Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
+  const std::size_t index = static_cast<std::size_t>(id) % capacity_;
+  Slot& slot = slots_[index];
   if (slot.id != id || phase <= slot.phase) return;
   slot.phase = phase;
   switch (phase) {
@@ -120,8 +151,11 @@ void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, const std
     case OpPhase::Done:
     case OpPhase::Failed:
       slot.finished_s = now;
-      // submitted() cleared it, and a record finishes once.
-      if (!error.empty()) slot.error.assign(error);
+      // A record finishes once, so the message is never overwritten by a later one.
+      if (!error.empty()) {
+        errors_[index].assign(error);
+        slot.failed_with_error = true;
+      }
       break;
   }
 }
@@ -134,12 +168,13 @@ std::vector<debug::OpRecord> FlightRecorder::snapshot() const {
       std::max<std::int64_t>(0, next_id_ - static_cast<std::int64_t>(capacity_));
   records.reserve(static_cast<std::size_t>(next_id_ - first));
   for (std::int64_t id = first; id < next_id_; ++id) {
-    const Slot& slot = slots_[static_cast<std::size_t>(id) % capacity_];
+    const std::size_t index = static_cast<std::size_t>(id) % capacity_;
+    const Slot& slot = slots_[index];
     records.push_back(debug::OpRecord{.sequence = slot.sequence,
-                                      .name = slot.name,
+                                      .name = std::string(name_of(index, slot)),
                                       .op = std::string(to_string(slot.op)),
                                       .dtype = std::string(to_string(slot.dtype)),
-                                      .shape = slot.shape,
+                                      .shape = shape_of(index, slot),
                                       .process_set_id = slot.process_set_id,
                                       .state = std::string(to_string(slot.phase)),
                                       .submitted_s = slot.submitted_s,
@@ -163,22 +198,24 @@ std::string FlightRecorder::default_path() const {
   return default_dump_path(context_.dir, context_.rank);
 }
 
-void FlightRecorder::append_json(std::string& out, const Slot& slot) const {
+void FlightRecorder::append_json(std::string& out, std::size_t index) const {
+  const Slot& slot = slots_[index];
   out += "{\"sequence\": " + std::to_string(slot.sequence);
   out += ", \"set\": " + std::to_string(slot.process_set_id);
   out += ", \"name\": ";
-  detail::append_json_string(out, slot.name);
+  detail::append_json_string(out, name_of(index, slot));
   out += ", \"op\": \"";
   out += to_string(slot.op);
   out += "\", \"dtype\": \"";
   out += to_string(slot.dtype);
   out += "\", \"shape\": ";
-  out += detail::shape_string(slot.shape);  // "[3, 2]": a JSON array as it is.
+  out += detail::shape_string(shape_of(index, slot));  // "[3, 2]": a JSON array as it is.
   out += ", \"tensors\": " + std::to_string(slot.tensors);
   out += ", \"state\": \"";
   out += to_string(slot.phase);
   out += "\", \"backend\": ";
-  detail::append_json_string(out, slot.backend != nullptr ? *slot.backend : std::string_view{});
+  detail::append_json_string(
+      out, slot.backend != 0 ? std::string_view(backend_names_[slot.backend - 1u]) : "");
   const std::pair<const char*, double> times[] = {{"submitted_s", slot.submitted_s},
                                                   {"negotiated_s", slot.negotiated_s},
                                                   {"executing_s", slot.executing_s},
@@ -190,7 +227,7 @@ void FlightRecorder::append_json(std::string& out, const Slot& slot) const {
     append_number(out, value);
   }
   out += ", \"error\": ";
-  detail::append_json_string(out, slot.error);
+  detail::append_json_string(out, slot.failed_with_error ? std::string_view(errors_[index]) : "");
   out += '}';
 }
 
@@ -224,7 +261,7 @@ Status FlightRecorder::dump(const std::string& path, std::string_view reason) co
         std::max<std::int64_t>(0, next_id_ - static_cast<std::int64_t>(capacity_));
     for (std::int64_t id = first; id < next_id_; ++id) {
       out += id == first ? "\n  " : ",\n  ";
-      append_json(out, slots_[static_cast<std::size_t>(id) % capacity_]);
+      append_json(out, static_cast<std::size_t>(id) % capacity_);
     }
   }
   out += "\n]}\n";

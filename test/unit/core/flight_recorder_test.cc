@@ -115,6 +115,63 @@ TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are droppe
   CHECK(ring[2].name == "op4");
 }
 
+// Note [Two lines a record]: names up to 40 bytes and shapes up to 3 dims live in the slot, the
+// rest beside it. Each side of both limits, and a slot reused by an op of the other kind.
+TEST_CASE(
+    "Long names, many dims and errors are kept beside the ring, and a reused slot forgets them",
+    "[flight_recorder]") {
+  const std::string fits(40, 'n');
+  const std::string beside = fits + "+";  // 41 bytes.
+  const Shape three{2, 3, 4};
+  const Shape five{1, 2, 3, 4, 5};
+  FlightRecorder recorder(2);
+  const std::int64_t a = recorder.submitted(recorded_request(beside, 0, five), 0);
+  const std::int64_t b = recorder.submitted(recorded_request(fits, 0, three), 1);
+  recorder.update(a, OpPhase::Failed, {}, "the first op's error");
+  recorder.update(b, OpPhase::Done);
+  std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == 2);
+  CHECK(ring[0].name == beside);
+  CHECK(ring[0].shape == five);
+  CHECK(ring[0].state == "failed");
+  CHECK(ring[1].name == fits);
+  CHECK(ring[1].shape == three);
+  CHECK(ring[1].state == "done");
+
+  // The next two ops take the same slots the other way round: short over long, long over short.
+  recorder.submitted(recorded_request("short", 0, {}), 2);
+  recorder.submitted(recorded_request(beside + beside, 0, Shape{9, 8, 7, 6}), 3);
+  ring = recorder.snapshot();
+  REQUIRE(ring.size() == 2);
+  CHECK(ring[0].name == "short");
+  CHECK(ring[0].shape.empty());
+  CHECK(ring[0].state == "submitted");
+  CHECK(ring[1].name == beside + beside);
+  CHECK(ring[1].shape == Shape{9, 8, 7, 6});
+
+  // A dump: the reused slot carries no error, the failed op's message was written while it lived.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tutti_fr_beside_" + std::to_string(getpid()));
+  FlightRecorder failing(1);
+  failing.set_context({.job = "j", .rank = 0, .size = 1, .dir = dir.string()});
+  const std::int64_t id = failing.submitted(recorded_request(beside, 0, five), 0);
+  failing.update(id, OpPhase::Executing, "mpi");
+  failing.update(id, OpPhase::Failed, {}, "peer \"gone\"");
+  REQUIRE(failing.dump(failing.default_path(), "test").ok());
+  const std::string text = file_text(failing.default_path());
+  CHECK_THAT(text, Catch::Contains("\"name\": \"" + beside + "\""));
+  CHECK_THAT(text, Catch::Contains("\"shape\": [1, 2, 3, 4, 5]"));
+  CHECK_THAT(text, Catch::Contains("\"backend\": \"mpi\""));
+  CHECK_THAT(text, Catch::Contains("\"error\": \"peer \\\"gone\\\"\""));
+  failing.submitted(recorded_request("next", 0, {1}), 1);
+  REQUIRE(failing.dump(failing.default_path(), "test").ok());
+  const std::string after = file_text(failing.default_path());
+  CHECK_THAT(after, Catch::Contains("\"name\": \"next\""));
+  CHECK_THAT(after, Catch::Contains("\"backend\": \"\""));
+  CHECK_THAT(after, Catch::Contains("\"error\": \"\""));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("Capacity 0 records nothing", "[flight_recorder]") {
   FlightRecorder recorder(0);
   CHECK_FALSE(recorder.enabled());
