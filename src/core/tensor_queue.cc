@@ -22,12 +22,6 @@ std::string lower(std::string_view text) {
 // it (every member has its initializer) instead of zeroing the whole block first.
 struct EntryWithState {
   EntryWithState() {}  // NOLINT(modernize-use-equals-default): `= default` would zero it.
-  // The block is usually cold here: a Handle is dropped long after its op ran (a step that
-  // submits 10,000 ops drops each op's Handle when it submits the op's successor, a step later).
-  // The members' destructors then read eight lines one after another, each a miss; asking for
-  // all of them first lets the misses overlap. P3's driver at 10,000 ops: 0.960-0.965 (36
-  // alternated pairs, 24 faster; AMD EPYC VM); at 1,000 ops, where the block is warm, 1.000.
-  ~EntryWithState() { base::prefetch_lines(this, sizeof *this); }
   Entry entry;
   detail::OpState state;
 };
