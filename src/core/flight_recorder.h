@@ -20,9 +20,11 @@
 // now two aligned cache lines: the first holds the ids, times, phase and backend, the only line
 // an update touches; the second the name and shape, written once. What does not fit (a name
 // over 40 bytes, more than 3 dims, an error message) goes to strings beside the ring, one per
-// slot, read only when the slot says so. That won back a fifth of the cost (0.978, 12 pairs).
-// Of the rest (0.914 with the recorder off, 10 pairs), the lock each record takes is about 2 %
-// (0.978 in a build without it, 10 pairs); the three update passes per op are what is left.
+// slot, read only when the slot says so. That measured 0.96-1.02 in four series of alternated
+// pairs, faster in 38 of 60: at most a few percent, within that VM's noise. With the recorder
+// off the step was 0.914 (10 pairs); without the record's lock 0.968, with only its first line
+// written 0.966, with no record at submission 0.905 (20 pairs each, upper bounds): the record
+// made at submission is most of what is left.
 //
 // Threads: every method may be called from any thread (application threads submit, the
 // communication and device threads update, any thread reads or dumps); one mutex guards the
