@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <span>
 
+#include "src/base/coarse_clock.h"
 #include "src/base/json.h"
 #include "src/base/strings.h"
 #include "src/common/check.h"
@@ -69,7 +70,7 @@ double FlightRecorder::seconds_at(Clock::time_point at) const {
 std::int64_t FlightRecorder::submitted(const Request& request, std::int64_t sequence,
                                        Clock::time_point at) {
   if (!enabled()) return -1;
-  const double now = at == Clock::time_point{} ? now_s() : seconds_at(at);
+  const double now = seconds_at(at == Clock::time_point{} ? base::coarse_now() : at);
   const std::span<const std::int64_t> shape =
       request.tensors.empty() ? std::span<const std::int64_t>{}
                               : std::span<const std::int64_t>(request.tensors.front().shape);

@@ -64,9 +64,11 @@ class FlightRecorder {
   bool enabled() const { return capacity_ > 0; }
 
   // Records a newly accepted op, the `sequence`-th of its set on this rank (Entry::sequence),
-  // submitted at `at` (Entry::submitted: the caller's clock read is reused, since on a VM a
-  // read costs as much as the rest of the record; a default time point means now); returns its
-  // id for the updates below, or -1 when disabled.
+  // submitted at `at` (Entry::submitted, where the caller took a clock reading anyway); a
+  // default time point means now, read from the coarse clock, since an exact read would cost
+  // as much as the rest of the record (Note [Coarse clock] in src/base/coarse_clock.h: the stamp
+  // may be up to a tick, 4 ms, early). Returns the record's id for the updates below, or -1
+  // when disabled.
   std::int64_t submitted(const Request& request, std::int64_t sequence,
                          std::chrono::steady_clock::time_point at = {}) TUTTI_EXCLUDES(mutex_);
   // Moves the op to `phase` (never back); `backend` ("shm", "mpi", ...) once it executes,

@@ -48,6 +48,9 @@ struct Entry {
   // allocation and this pointer does not own it (the entry keeps it alive): hand out
   // handle_state(), never a copy of this pointer, to anything that may outlive the entry.
   std::shared_ptr<detail::OpState> state;
+  // When the caller submitted the op, where it took a clock reading (point-to-point ops, whose
+  // engine measures waits from it); unset (the epoch) for collectives, whose only reader, the
+  // flight recorder, then reads the coarse clock itself.
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
   // CUDA ops: the submitting thread's current stream at the call, which Tutti's stream waits

@@ -110,8 +110,9 @@ struct Submission {
   Handle submit() { return detail::HandleAccess::make(submit_state()); }
 
   // As submit(), for callers that read the state's other results (join's rank).
+  // No clock read: Entry::submitted stays unset and the flight recorder, the one reader of a
+  // collective's, reads the coarse clock (Note [Coarse clock] in src/base/coarse_clock.h).
   std::shared_ptr<detail::OpState> submit_state() {
-    entry->submitted = std::chrono::steady_clock::now();
     std::shared_ptr<detail::OpState> state = core::handle_state(entry);
     session->submit(std::move(entry)).throw_if_error();
     return state;
