@@ -41,9 +41,12 @@ struct DistributedDataParallelOptions {
   // at once and contribute their current grad() (zero after zero_grad()). The walk costs a
   // little per step, and buckets are then never rebuilt (the used set may change every step).
   bool find_unused_parameters = false;
-  // false: each gradient is copied into its bucket when ready and the average copied back when
-  // backward() ends. true: every parameter's grad() is a view of its bucket (Tensor::slice),
-  // so neither copy happens and the gradients take no extra memory. grad() must then keep
+  // false: a bucket's gradients are averaged where they are, as one grouped allreduce started
+  // when the bucket's last one is ready (with compression or a comm hook: copied into the
+  // bucket and the average copied back when backward() ends); a grad() that is absent, or not
+  // float32 of its parameter's size, counts as zeros (the latter also throws InvalidArgument
+  // from backward()). true: every parameter's grad() is a view of its bucket (Tensor::slice),
+  // so no copy happens in any mode and the gradients take no extra memory. grad() must then keep
   // pointing into the bucket: zero it in place (Optimizer::zero_grad() does); a grad() replaced
   // by another tensor is copied back into the bucket and re-pointed at the next forward().
   bool gradient_as_bucket_view = false;
@@ -76,13 +79,14 @@ struct DistributedDataParallelOptions {
 // How it works: the parameters are grouped into buckets, in reverse registration order (the
 // order backward() usually produces them), the first bucket up to first_bucket_mb, the others
 // up to bucket_cap_mb. Each parameter's grad hook marks it ready; the moment a bucket's last
-// gradient is final, the bucket (one contiguous float32 buffer) starts its
-// allreduce_async(Average) under the name "DistributedDataParallel.<id>.bucket.<b>" while
-// backward() goes on. When the backward pass has propagated every gradient (the engine's
-// "backward finished" callback), DDP waits for the buckets and writes the averages into grad(),
-// before backward() returns. After the first synchronized backward() the buckets are rebuilt
-// once in the order the gradients became ready, taking the root's order on every rank (one
-// blocking broadcast), unless find_unused_parameters is set.
+// gradient is final, the bucket starts its reduction (Average) under the name
+// "DistributedDataParallel.<id>.bucket.<b>" while backward() goes on: one grouped allreduce of
+// its gradients in place, or, with gradient_as_bucket_view, compression or a comm hook, of the
+// bucket (one contiguous float32 buffer). When the backward pass has propagated every gradient
+// (the engine's "backward finished" callback), DDP waits for the buckets (and writes the
+// averages of the buffers into grad()), before backward() returns. After the first synchronized
+// backward() the buckets are rebuilt once in the order the gradients became ready, taking the
+// root's order on every rank (one blocking broadcast), unless find_unused_parameters is set.
 //
 // Which backward() passes synchronize: those through the output of a forward() called outside
 // no_sync(); the decision is taken at forward() (as PyTorch does). A backward() that does not

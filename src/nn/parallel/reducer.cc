@@ -31,6 +31,10 @@ void copy_floats(const Tensor& from, const Tensor& to) {
   if (from.num_elements() > 0) std::memcpy(to.data(), from.data(), to.byte_size());
 }
 
+void zero_floats(const Tensor& to) {
+  if (to.num_elements() > 0) std::memset(to.data(), 0, to.byte_size());  // 0.0f is all zero bits.
+}
+
 }  // namespace
 
 Reducer::Reducer(std::vector<Parameter> parameters, Config config)
@@ -87,6 +91,7 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
       count += bytes_[bucket.members[m]] / static_cast<std::int64_t>(sizeof(float));
     }
     bucket.contents = zeros({count + (b == 0 ? 1 : 0)});  // Bucket 0's join slot.
+    bucket.in_place.resize(bucket.members.size());
     if (config_.compression != Compression::None) {
       bucket.wire = Tensor(wire_type(config_.compression), bucket.contents.shape());
     }
@@ -98,6 +103,16 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
     copy_floats(parameters_[i].variable.grad(), view);
     parameters_[i].variable.grad() = std::move(view);
   }
+}
+
+bool Reducer::fits_bucket(std::size_t index) const {
+  const Tensor& grad = parameters_[index].variable.grad();
+  return grad.dtype() == DataType::Float32 && grad.num_elements() > 0 &&
+         grad.num_elements() * static_cast<std::int64_t>(sizeof(float)) == bytes_[index];
+}
+
+bool Reducer::reduces_in_place() const {
+  return hook_.empty() && !config_.as_view && config_.compression == Compression::None;
 }
 
 void Reducer::before_forward() {
@@ -213,7 +228,35 @@ void Reducer::mark_ready(std::size_t index) {
   ready_[index] = true;
   ready_order_.push_back(index);
   Bucket& bucket = buckets_[bucket_of_[index]];
-  if (!config_.as_view) copy_floats(parameters_[index].variable.grad(), slice_of(index));
+  if (!config_.as_view) {
+    const Tensor& grad = parameters_[index].variable.grad();
+    Tensor& in_place = bucket.in_place[member_of_[index]];
+    in_place = Tensor();
+    // Note [Gradients reduced in place]: a float32 gradient of its parameter's size is reduced
+    // where it is; anything else goes through the bucket.
+    if (fits_bucket(index)) {
+      if (reduces_in_place())
+        in_place = grad;
+      else
+        copy_floats(grad, slice_of(index));
+    } else {
+      // No gradient contributes zeros, not the slice's last average. One of another dtype or
+      // size is an error for finish_pass() to throw; it contributes zeros too, so that the
+      // bucket still goes out and no member waits for it.
+      zero_floats(slice_of(index));
+      if (grad.num_elements() > 0 && !pass_error_) {
+        try {
+          throw_invalid_argument("DistributedDataParallel: the gradient of ",
+                                 parameters_[index].name, " is ", to_string(grad.dtype()),
+                                 tutti::detail::shape_string(grad.shape()), ", not float32 of ",
+                                 bytes_[index] / static_cast<std::int64_t>(sizeof(float)),
+                                 " elements like the parameter; it was averaged as zeros");
+        } catch (...) {
+          pass_error_ = std::current_exception();
+        }
+      }
+    }
+  }
   if (--bucket.pending == 0) launch(bucket_of_[index]);
 }
 
@@ -226,13 +269,26 @@ void Reducer::launch(std::size_t b) {
   }
   if (!hook_.empty()) return launch_hook(b);
   try {
+    const ReduceOptions options{.op = ReduceOp::Average, .process_set = config_.process_set};
+    const std::string name = config_.op_prefix + ".bucket." + std::to_string(b);
+    if (reduces_in_place()) {
+      std::vector<TensorView> group;
+      group.reserve(bucket.members.size() + 1);
+      for (std::size_t m = 0; m < bucket.members.size(); ++m) {
+        const Tensor& in_place = bucket.in_place[m];
+        group.push_back(in_place.num_elements() > 0 ? in_place : slice_of(bucket.members[m]));
+      }
+      if (b == 0) group.push_back(bucket.contents.slice(bucket.contents.num_elements() - 1, {1}));
+      bucket.handle = grouped_allreduce_async(std::move(group), name, options);
+      bucket.in_flight = true;
+      return;
+    }
     TensorView what = bucket.contents;
     if (config_.compression != Compression::None) {
       convert_floats(bucket.contents, bucket.wire, "DistributedDataParallel");
       what = bucket.wire;
     }
-    bucket.handle = allreduce_async(what, config_.op_prefix + ".bucket." + std::to_string(b),
-                                    {.op = ReduceOp::Average, .process_set = config_.process_set});
+    bucket.handle = allreduce_async(what, name, options);
     bucket.in_flight = true;
   } catch (...) {
     // Hooks must not throw mid-backward: finish_pass() reports it.
@@ -322,14 +378,20 @@ std::exception_ptr Reducer::wait_all(bool write_results) {
       }
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
-      continue;  // The gradients keep their local values.
+      continue;  // Those that went through the bucket keep their local values.
     }
     if (!write_results || !join_ok) continue;
     if (config_.compression != Compression::None) {
       convert_floats(bucket.wire, bucket.contents, "DistributedDataParallel");
     }
     if (!config_.as_view) {
-      for (std::size_t i : bucket.members) copy_floats(slice_of(i), parameters_[i].variable.grad());
+      for (std::size_t m = 0; m < bucket.members.size(); ++m) {
+        // Reduced in place, grad() holds the average already; one that does not fit the bucket
+        // (none, or another dtype or size) is left as it is.
+        const std::size_t i = bucket.members[m];
+        if (bucket.in_place[m].num_elements() > 0 || !fits_bucket(i)) continue;
+        copy_floats(slice_of(i), parameters_[i].variable.grad());
+      }
     }
     if (b == 0) {
       // The fraction of members that reduced it; fp16 keeps (size - 1) / size well apart from 1
@@ -338,6 +400,9 @@ std::exception_ptr Reducer::wait_all(bool write_results) {
       any_joined_ = active < 1.0f - 0.5f / static_cast<float>(config_.process_set.size());
     }
   }
+  // The pass is over: no reference to a gradient outlives it.
+  for (Bucket& bucket : buckets_)
+    std::fill(bucket.in_place.begin(), bucket.in_place.end(), Tensor());
   return first_error;
 }
 

@@ -140,6 +140,53 @@ TEST_CASE("A parameter unused on one rank only: that rank throws, nobody hangs",
   }
 }
 
+// Note [Gradients reduced in place]: a gradient that cannot be reduced where it is goes through
+// the bucket. On rank 0, "u" (unused there) has no gradient at all: it must count as zeros in
+// every step (not as the slice's last average), and the other ranks' gradients, reduced in
+// place, must hold the average with that zero. Then one of the wrong size: InvalidArgument on
+// rank 0 naming it, zeros for the others, and nobody hangs.
+// The parameters to compare: on rank 0, all but "u", whose gradient the test replaced.
+nn::NamedParameters but_u(const nn::NamedParameters& all, int rank) {
+  nn::NamedParameters kept;
+  for (const auto& [name, p] : all) {
+    if (rank != 0 || (name != "u" && name != "module.u")) kept.emplace_back(name, p);
+  }
+  return kept;
+}
+
+TEST_CASE("A gradient absent or of the wrong size goes through the bucket as zeros",
+          "[ddp][unused]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = std::make_shared<Branches>(rank, /*with_b=*/false);
+  DistributedDataParallel ddp(model, {.find_unused_parameters = true});
+  for (std::int64_t step = 0; step < 3; ++step) {
+    for (const auto& [name, p] : ddp.named_parameters()) {
+      for (float& g : p.grad().span<float>()) g = 0;
+    }
+    if (rank == 0) model->u.grad() = Tensor();
+    forward_backward(ddp, shard(rank, size, step));
+    const nn::NamedParameters expected = expected_branch_grads(size, step, /*with_b=*/false);
+    const double diff = max_diff(but_u(ddp.named_parameters(), rank), but_u(expected, rank), true);
+    INFO("step " << step << " max |gradient difference| " << diff);
+    CHECK(all_ranks(diff < 1e-5));
+    CHECK(all_ranks(rank != 0 || model->u.grad().num_elements() == 0));  // Left as it was.
+  }
+  for (const auto& [name, p] : ddp.named_parameters()) {
+    for (float& g : p.grad().span<float>()) g = 0;
+  }
+  if (rank == 0) model->u.grad() = Tensor::from<float>(std::vector<float>{0, 0, 0}, {3});
+  const auto [code, message] = error_from([&] { forward_backward(ddp, shard(rank, size, 3)); });
+  INFO(message);
+  CHECK(all_ranks(rank == 0 ? code == ErrorCode::InvalidArgument &&
+                                  message.find("module.u") != std::string::npos
+                            : code == ErrorCode::Internal));
+  const nn::NamedParameters expected = expected_branch_grads(size, 3, /*with_b=*/false);
+  const double diff = max_diff(but_u(ddp.named_parameters(), rank), but_u(expected, rank), true);
+  CHECK(all_ranks(diff < 1e-5));
+}
+
 // Registered a, b, c but applied b, a, c (or, on ranks != 0 with `rank_dependent`, a, b, c).
 class Reordered : public nn::Module {
  public:
