@@ -2,6 +2,10 @@
 // The first line of a benchmark's output (DESIGN.md §6): the CPU model, the MPI library and
 // version, and each rank's CPU binding, so that figures from different machines are never
 // compared unawares. Header-only; collective (every rank calls it; every rank gets the line).
+//
+// A VM's model name can be generic: this project's AMD VMs of family 25 model 17 and of family
+// 26 model 2, two CPU generations, both say "AMD EPYC". So the line also gives /proc/cpuinfo's
+// family and model numbers, and the size of CPU 0's L2 (where a step's working set spills).
 #pragma once
 
 #include <sched.h>
@@ -24,6 +28,35 @@ inline std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   }
   return "unknown";
+}
+
+// /proc/cpuinfo's first value of `key` (the whole key: "model" is not "model name"), or "?".
+inline std::string cpuinfo_value(const std::string& key) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::size_t end = line.find_last_not_of(" \t", colon - 1);
+    if (end != std::string::npos && line.compare(0, end + 1, key) == 0 && end + 1 == key.size()) {
+      const std::size_t value = line.find_first_not_of(" \t", colon + 1);
+      return value == std::string::npos ? "?" : line.substr(value);
+    }
+  }
+  return "?";
+}
+
+// The size of CPU 0's level-2 cache as sysfs gives it ("1024K"), or "?".
+inline std::string l2_size() {
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index);
+    std::ifstream level_file(dir + "/level");
+    std::string level, size;
+    if (!(level_file >> level)) break;
+    if (level != "2") continue;
+    std::ifstream size_file(dir + "/size");
+    if (size_file >> size) return size;
+  }
+  return "?";
 }
 
 // The MPI library's version string, its first line up to the first comma.
@@ -53,13 +86,15 @@ inline std::string line_of(const std::vector<std::string>& cpus_by_rank) {
   for (std::size_t r = 0; r < cpus_by_rank.size(); ++r) {
     binding += (r ? ";" : "") + std::to_string(r) + ":" + cpus_by_rank[r];
   }
-  return "cpu=" + cpu_model() + " mpi=" + mpi_library() +
+  return "cpu=" + cpu_model() + " cpu_family=" + cpuinfo_value("cpu family") +
+         " cpu_model=" + cpuinfo_value("model") + " l2=" + l2_size() + " mpi=" + mpi_library() +
          " ranks=" + std::to_string(cpus_by_rank.size()) + " binding=" + binding;
 }
 
 }  // namespace detail
 
-// "cpu=<lscpu model name> mpi=<library version, first line> ranks=<n> binding=<r>:<cpus>;..."
+// "cpu=<lscpu model name> cpu_family=<f> cpu_model=<m> l2=<CPU 0's L2> mpi=<library version,
+// first line> ranks=<n> binding=<r>:<cpus>;..."
 // Collective over Tutti's global set (tutti::init() first).
 inline std::string machine_line() {
   return detail::line_of(allgather_object(detail::own_cpus(), "machine_line.binding"));

@@ -26,7 +26,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,6 +33,7 @@
 #include <mpi.h>
 
 #include "examples/grad_list.h"
+#include "examples/machine_line.h"
 
 namespace {
 
@@ -66,18 +66,6 @@ int world_size() {
   }
   MPI_Finalize();
   std::exit(2);
-}
-
-// The first "model name" of /proc/cpuinfo (lscpu's Model name).
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const std::size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown";
 }
 
 // The slowest rank's time decides.
@@ -334,15 +322,10 @@ int main(int argc, char** argv) {
   for (std::int64_t n : counts) total += n;
   tutti::init();
   const bool root = world_rank() == 0;
+  const std::string machine = tutti::examples::machine_line();  // Collective.
   if (root) {
-    char library[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-    int length = 0;
-    MPI_Get_library_version(library, &length);
-    std::string mpi(library, static_cast<std::size_t>(length));
-    mpi = mpi.substr(0, mpi.find_first_of(",\n"));
     const char* transport = std::getenv("TUTTI_HOST_TRANSPORT");
-    std::printf("cpu=\"%s\" mpi=\"%s\" ranks=%d host_transport=%s binding=mpirun's default\n",
-                cpu_model().c_str(), mpi.c_str(), world_size(), transport ? transport : "auto");
+    std::printf("%s\nhost_transport=%s\n", machine.c_str(), transport ? transport : "auto");
     std::printf("tensors=%zu floats=%lld (%.1f MB) root=%d repeats=%d\n", counts.size(),
                 static_cast<long long>(total), static_cast<double>(total) * 4 / 1e6, kRoot,
                 repeats);
