@@ -70,11 +70,26 @@ double FlightRecorder::seconds_at(Clock::time_point at) const {
 std::int64_t FlightRecorder::submitted(const Request& request, std::int64_t sequence,
                                        Clock::time_point at) {
   if (!enabled()) return -1;
+  detail::MutexLock lock(mutex_);
+  return record_locked(request, sequence, at);
+}
+
+void FlightRecorder::set_flush(std::function<void()> flush) {
+  detail::MutexLock lock(flush_mutex_);
+  flush_ = std::move(flush);
+}
+
+void FlightRecorder::flush() const {
+  detail::MutexLock lock(flush_mutex_);
+  if (flush_) flush_();
+}
+
+std::int64_t FlightRecorder::record_locked(const Request& request, std::int64_t sequence,
+                                           Clock::time_point at) {
   const double now = seconds_at(at == Clock::time_point{} ? base::coarse_now() : at);
   const std::span<const std::int64_t> shape =
       request.tensors.empty() ? std::span<const std::int64_t>{}
                               : std::span<const std::int64_t>(request.tensors.front().shape);
-  detail::MutexLock lock(mutex_);
   const std::int64_t id = next_id_++;
   const std::size_t index = static_cast<std::size_t>(id) % capacity_;
   Slot& slot = slots_[index];
@@ -164,6 +179,7 @@ void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::uint
 std::vector<debug::OpRecord> FlightRecorder::snapshot() const {
   std::vector<debug::OpRecord> records;
   if (!enabled()) return records;
+  flush();
   detail::MutexLock lock(mutex_);
   const std::int64_t first =
       std::max<std::int64_t>(0, next_id_ - static_cast<std::int64_t>(capacity_));
@@ -234,6 +250,7 @@ void FlightRecorder::append_json(std::string& out, std::size_t index) const {
 
 Status FlightRecorder::dump(const std::string& path, std::string_view reason) const {
   std::string out = "{\"format\": \"tutti-flight-recorder\", \"version\": 1";
+  flush();
   {
     detail::MutexLock lock(mutex_);
     out += ", \"job\": ";

@@ -4,13 +4,13 @@
 // line the ranks' rings up.
 //
 // Note [Flight recorder]
-// A record is made when the queue accepts an op (under the queue's lock, so the sequence
-// numbers follow the order the coordinator is told about ops in) and updated as the op is
-// negotiated, starts executing and completes. The entry keeps its record's id, an ever-growing
-// count; its slot is id % capacity, and an update whose slot has since been reused by a newer
-// op is dropped (the old op's record is gone from the ring anyway). A steady workload records
-// without allocating: slots hold what most ops have inline, and the strings beside the ring keep
-// their capacity.
+// A record is made for every op the queue accepts, in the order it accepted them (the order the
+// coordinator is told about ops in; see Note [Records made as the queue is drained] for when),
+// and updated as the op is negotiated, starts executing and completes. The entry keeps its record's
+// id, an ever-growing count; its slot is id % capacity, and an update whose slot has since been
+// reused by a newer op is dropped (the old op's record is gone from the ring anyway). A steady
+// workload records without allocating: slots hold what most ops have inline, and the strings beside
+// the ring keep their capacity.
 //
 // Note [Two lines a record]
 // Every op a rank submits is recorded, so the record is on the path of every op: P3's step of
@@ -26,13 +26,28 @@
 // written 0.966, with no record at submission 0.905 (20 pairs each, upper bounds): the record
 // made at submission is most of what is left.
 //
+// Note [Records made as the queue is drained]
+// An op's record was made as the queue accepted it, under the recorder's lock: two atomic
+// operations and a call on every op's submission path. Without that lock (not safe; an upper
+// bound) P3's step of 10,000 tiny allreduces took 0.953 of its time (14 alternated pairs, faster
+// in 12; AMD EPYC VM of family 26). So the queue stamps the op's submission time (the coarse
+// clock) and records the ops it hands to the communication thread as it drains them, a batch
+// under one lock (submitted_all()), in the order they were accepted. A snapshot or dump must
+// still show the ops accepted and not yet drained (a communication thread stuck in a collective
+// drains nothing, and those are the ops a hang's dump is read for): snapshot() and dump() first
+// call the flush set by set_flush(), with which the queue records them at once. A record's id,
+// sequence and submission time are therefore what they were when records were made at
+// acceptance, and every accepted op is in every snapshot.
+//
 // Threads: every method may be called from any thread (application threads submit, the
 // communication and device threads update, any thread reads or dumps); one mutex guards the
-// ring, held for a slot's copy at most.
+// ring, held for a slot's copy at most (a drained batch's slots in submitted_all()). Lock order:
+// the flush's mutex, then the queue's, then the ring's.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -71,6 +86,31 @@ class FlightRecorder {
   // when disabled.
   std::int64_t submitted(const Request& request, std::int64_t sequence,
                          std::chrono::steady_clock::time_point at = {}) TUTTI_EXCLUDES(mutex_);
+  // An op to record with submitted_all(): submitted()'s arguments, and where its id goes (null:
+  // the op has a record already).
+  struct Accepted {
+    const Request* request = nullptr;
+    std::int64_t sequence = 0;
+    std::chrono::steady_clock::time_point at;
+    std::int64_t* record = nullptr;
+  };
+  // submitted() for each of `items` under one lock (Note [Records made as the queue is
+  // drained]), in order; `accepted_of(item)` says what to record.
+  template <class Items, class AcceptedOf>
+  void submitted_all(const Items& items, AcceptedOf accepted_of) TUTTI_EXCLUDES(mutex_) {
+    if (!enabled()) return;
+    detail::MutexLock lock(mutex_);
+    for (const auto& item : items) {
+      const Accepted accepted = accepted_of(item);
+      if (accepted.record != nullptr)
+        *accepted.record = record_locked(*accepted.request, accepted.sequence, accepted.at);
+    }
+  }
+  // What snapshot() and dump() call first, outside the ring's lock, so that ops accepted but
+  // not yet recorded get their records (the queue's; Note [Records made as the queue is
+  // drained]). An empty function removes it; whoever set one removes it before it may no longer
+  // be called.
+  void set_flush(std::function<void()> flush) TUTTI_EXCLUDES(flush_mutex_);
   // Moves the op to `phase` (never back); `backend` ("shm", "mpi", ...) once it executes,
   // `error` when it failed. No-op for id -1 or a record already overwritten.
   void update(std::int64_t id, OpPhase phase, std::string_view backend = {},
@@ -131,6 +171,11 @@ class FlightRecorder {
   static_assert(sizeof(Slot) == 128, "a record is two cache lines (Note [Two lines a record])");
 
   double now_s() const;
+  // submitted()'s record, the caller holding the lock.
+  std::int64_t record_locked(const Request& request, std::int64_t sequence, Clock::time_point at)
+      TUTTI_REQUIRES(mutex_);
+  // Calls the flush set by set_flush(), if any.
+  void flush() const TUTTI_EXCLUDES(flush_mutex_, mutex_);
   double seconds_at(Clock::time_point at) const;
   // update()'s change of one slot, at time `now`; `backend` as intern() gives it.
   void apply(std::int64_t id, OpPhase phase, double now, std::uint8_t backend,
@@ -144,6 +189,9 @@ class FlightRecorder {
   void append_json(std::string& out, std::size_t index) const TUTTI_REQUIRES(mutex_);
 
   const std::size_t capacity_;
+  // Taken before the queue's lock and the ring's (Note [Records made as the queue is drained]).
+  mutable detail::Mutex flush_mutex_;
+  std::function<void()> flush_ TUTTI_GUARDED_BY(flush_mutex_);
   const Clock::time_point origin_ = Clock::now();
   mutable detail::Mutex mutex_;
   std::vector<std::string> backend_names_ TUTTI_GUARDED_BY(mutex_);

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <utility>
 
+#include "src/base/coarse_clock.h"
 #include "src/base/strings.h"
 
 namespace tutti::core {
@@ -40,9 +41,38 @@ std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entr
   return std::shared_ptr<detail::OpState>(entry, entry->state.get());
 }
 
+TensorQueue::TensorQueue(FlightRecorder* recorder) : recorder_(recorder) {
+  if (recorder_ == nullptr || !recorder_->enabled()) return;
+  recorder_->set_flush([this] {
+    detail::MutexLock lock(mutex_);
+    record_new();
+  });
+}
+
+TensorQueue::~TensorQueue() {
+  if (recorder_ != nullptr && recorder_->enabled()) recorder_->set_flush({});
+}
+
+void TensorQueue::record_new() {
+  if (recorder_ == nullptr || new_.empty()) return;
+  // See Note [Records made as the queue is drained] in flight_recorder.h.
+  recorder_->submitted_all(new_, [](const std::shared_ptr<Entry>& entry) {
+    return FlightRecorder::Accepted{.request = &entry->request,
+                                    .sequence = entry->sequence,
+                                    .at = entry->submitted,
+                                    .record = entry->record < 0 ? &entry->record : nullptr};
+  });
+}
+
 Status TensorQueue::push(std::shared_ptr<Entry> entry) {
   bool notify = false;
   Request& request = entry->request;
+  // The recorder's submission time, read outside the lock (the record is made as the entry is
+  // drained).
+  if (recorder_ != nullptr && recorder_->enabled() &&
+      entry->submitted == std::chrono::steady_clock::time_point{}) {
+    entry->submitted = base::coarse_now();
+  }
   // Hashed outside the lock, except an automatic name, which is chosen under it.
   if (!request.name.empty())
     entry->name_hash = name_hash(OpKeyView{request.process_set_id, request.name});
@@ -63,8 +93,6 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
     }
     // Under the lock: sequence numbers follow the order drain_new() hands ops on in.
     entry->sequence = next_sequence_[request.process_set_id]++;
-    if (recorder_ != nullptr)
-      entry->record = recorder_->submitted(request, entry->sequence, entry->submitted);
     new_.push_back(std::move(entry));
     notify = sleeping_;
   }
@@ -80,6 +108,7 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::drain_new() {
 
 void TensorQueue::drain_new(std::vector<std::shared_ptr<Entry>>* into) {
   detail::MutexLock lock(mutex_);
+  record_new();
   if (into->empty()) {
     into->swap(new_);
     return;
@@ -161,6 +190,7 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
   {
     detail::MutexLock lock(mutex_);
     if (closed_.ok()) closed_ = status;
+    record_new();  // So that the ring shows how the ops never drained end.
     in_flight_.for_each([&](const std::shared_ptr<Entry>& entry) { pending.push_back(entry); });
     in_flight_.clear();
     new_.clear();

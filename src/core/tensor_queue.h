@@ -49,8 +49,9 @@ struct Entry {
   // handle_state(), never a copy of this pointer, to anything that may outlive the entry.
   std::shared_ptr<detail::OpState> state;
   // When the caller submitted the op, where it took a clock reading (point-to-point ops, whose
-  // engine measures waits from it); unset (the epoch) for collectives, whose only reader, the
-  // flight recorder, then reads the coarse clock itself.
+  // engine measures waits from it); for collectives the coarse clock at push() where a flight
+  // recorder is on (its only reader; Note [Coarse clock] in src/base/coarse_clock.h), else unset
+  // (the epoch).
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
   // CUDA ops: the submitting thread's current stream at the call, which Tutti's stream waits
@@ -86,11 +87,17 @@ std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entr
 // Application threads push; the communication thread drains, takes and closes.
 class TensorQueue {
  public:
-  // `recorder` (null: none) records each accepted op; it must outlive the queue.
-  explicit TensorQueue(FlightRecorder* recorder = nullptr) : recorder_(recorder) {}
+  // `recorder` (null: none) records each accepted op, as drain_new() hands it on or when the
+  // recorder is read first (Note [Records made as the queue is drained] in
+  // flight_recorder.h); it must outlive the queue.
+  explicit TensorQueue(FlightRecorder* recorder = nullptr);
+  ~TensorQueue();
+  TensorQueue(const TensorQueue&) = delete;
+  TensorQueue& operator=(const TensorQueue&) = delete;
 
   // Any thread. InvalidArgument if the name is in flight in its set; ShutDown after close().
-  // Fills in an automatic name when the request has none, and the entry's sequence number.
+  // Fills in an automatic name when the request has none, the entry's sequence number, and
+  // (for the recorder) its submission time where the caller left it unset.
   Status push(std::shared_ptr<Entry> entry) TUTTI_EXCLUDES(mutex_);
 
   // Communication thread. Entries pushed since the last call, oldest first.
@@ -131,6 +138,9 @@ class TensorQueue {
   void wake() TUTTI_EXCLUDES(mutex_);  // Any thread.
 
  private:
+  // Records the entries of new_ that have no record yet, in order, under one recorder lock.
+  void record_new() TUTTI_REQUIRES(mutex_);
+
   FlightRecorder* const recorder_;
   mutable detail::Mutex mutex_;
   detail::CondVar cv_;

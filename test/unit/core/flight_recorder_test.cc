@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -83,6 +85,127 @@ TEST_CASE("A queued op's record carries the time the caller submitted it", "[fli
   const std::vector<debug::OpRecord> ring = recorder.snapshot();
   REQUIRE(ring.size() == 2);
   CHECK(ring[0].submitted_s - ring[1].submitted_s == Approx(5.0).margin(0.5));
+}
+
+// Note [Records made as the queue is drained]: the queue records ops as it hands them on, and
+// snapshot() and dump() have it record those still waiting first, so every accepted op is in
+// every snapshot, once, with its place in the order of acceptance and its submission time.
+TEST_CASE("Ops are recorded as they are drained, or first when the ring is read, once each",
+          "[flight_recorder]") {
+  FlightRecorder recorder(16);
+  auto queue = std::make_unique<TensorQueue>(&recorder);
+  std::vector<std::shared_ptr<Entry>> entries;
+  const auto push = [&](const std::string& name) {
+    entries.push_back(make_entry());
+    entries.back()->request = recorded_request(name);
+    REQUIRE(queue->push(entries.back()).ok());
+  };
+  const auto names = [&] {
+    std::vector<std::string> out;
+    for (const debug::OpRecord& record : recorder.snapshot()) out.push_back(record.name);
+    return out;
+  };
+
+  SECTION("drained: a record each, stamped at the push, not at the drain") {
+    push("a");
+    push("b");
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    // A record made now, as a reference for "now".
+    REQUIRE(recorder.submitted(recorded_request("reference"), 0) == 0);
+    std::vector<std::shared_ptr<Entry>> drained;
+    queue->drain_new(&drained);
+    REQUIRE(drained.size() == 2);
+    CHECK(entries[0]->record == 1);
+    CHECK(entries[1]->record == 2);
+    const std::vector<debug::OpRecord> ring = recorder.snapshot();
+    REQUIRE(ring.size() == 3);
+    CHECK(ring[1].name == "a");
+    CHECK(ring[2].state == "submitted");
+    // The coarse stamp may be up to a tick early; the 60 ms wait is well past that.
+    CHECK(ring[0].submitted_s - ring[1].submitted_s >= 0.04);
+    CHECK(ring[0].submitted_s - ring[1].submitted_s < 5.0);
+  }
+
+  SECTION("waiting: in every snapshot and dump, and not recorded again when drained") {
+    push("a");
+    push("b");
+    CHECK(names() == std::vector<std::string>{"a", "b"});
+    CHECK(entries[0]->record == 0);
+    CHECK(entries[1]->record == 1);
+    push("c");
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("tutti_fr_waiting_" + std::to_string(getpid())))
+            .string();
+    REQUIRE(recorder.dump(path, "test").ok());
+    const std::string text = file_text(path);
+    std::filesystem::remove(path);
+    CHECK(text.find("\"name\": \"c\"") != std::string::npos);
+    CHECK(text.find("\"recorded\": 3") != std::string::npos);
+    std::vector<std::shared_ptr<Entry>> drained;
+    queue->drain_new(&drained);
+    REQUIRE(drained.size() == 3);
+    CHECK(names() == std::vector<std::string>{"a", "b", "c"});
+    CHECK(entries[2]->record == 2);
+    recorder.update(entries[1]->record, OpPhase::Done);
+    CHECK(recorder.snapshot()[1].state == "done");
+  }
+
+  SECTION("closed: ops never drained are recorded, so that their failure shows") {
+    push("a");
+    const std::vector<std::shared_ptr<Entry>> pending =
+        queue->close(Status(ErrorCode::ShutDown, "x"));
+    REQUIRE(pending.size() == 1);
+    REQUIRE(entries[0]->record == 0);
+    recorder.update(entries[0]->record, OpPhase::Failed, {}, "x");
+    CHECK(recorder.snapshot().at(0).state == "failed");
+  }
+
+  SECTION("the queue gone, the recorder still reads") {
+    push("a");
+    queue.reset();
+    CHECK(names() == std::vector<std::string>{});  // Never drained nor read: never recorded.
+  }
+}
+
+// The same with a submitting thread, a draining thread and a reading thread at once (the TSan
+// build runs it too): every op recorded once, in the order submitted.
+TEST_CASE("Ops drained and read concurrently are each recorded once, in order",
+          "[flight_recorder]") {
+  constexpr int kOps = 3000;
+  FlightRecorder recorder(kOps);
+  TensorQueue queue(&recorder);
+  std::atomic<bool> pushed{false};
+  std::thread drainer([&] {
+    std::vector<std::shared_ptr<Entry>> drained;
+    while (!pushed.load()) {
+      queue.drain_new(&drained);
+      drained.clear();
+    }
+  });
+  std::atomic<int> out_of_order{0};  // Counted here, checked below: Catch2 asserts on one thread.
+  std::thread reader([&] {
+    while (!pushed.load()) {
+      const std::vector<debug::OpRecord> ring = recorder.snapshot();
+      for (std::size_t i = 0; i < ring.size(); ++i) {
+        if (ring[i].sequence != static_cast<std::int64_t>(i)) out_of_order.fetch_add(1);
+      }
+    }
+  });
+  for (int i = 0; i < kOps; ++i) {
+    std::shared_ptr<Entry> entry = make_entry();
+    entry->request = recorded_request("op." + std::to_string(i));
+    REQUIRE(queue.push(std::move(entry)).ok());
+  }
+  pushed.store(true);
+  drainer.join();
+  reader.join();
+  CHECK(out_of_order.load() == 0);
+  const std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == kOps);
+  for (int i = 0; i < kOps; ++i) {
+    REQUIRE(ring[i].sequence == i);
+    REQUIRE(ring[i].name == "op." + std::to_string(i));
+  }
 }
 
 // Note [Coarse clock]: the stamp of an op submitted without a clock reading is the kernel's last
