@@ -21,15 +21,6 @@ namespace tutti::examples {
 
 namespace detail {
 
-// lscpu's model name (the first "model name" of /proc/cpuinfo).
-inline std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
-
 // /proc/cpuinfo's first value of `key` (the whole key: "model" is not "model name"), or "?".
 inline std::string cpuinfo_value(const std::string& key) {
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -43,6 +34,12 @@ inline std::string cpuinfo_value(const std::string& key) {
     }
   }
   return "?";
+}
+
+// lscpu's model name (the first "model name" of /proc/cpuinfo).
+inline std::string cpu_model() {
+  const std::string model = cpuinfo_value("model name");
+  return model == "?" ? "unknown" : model;
 }
 
 // The size of CPU 0's level-2 cache as sysfs gives it ("1024K"), or "?".
