@@ -58,23 +58,25 @@ struct TensorSpec {
 using TensorSpecs = base::InlineVector<TensorSpec, 1>;
 
 // One rank's submission of one op (a grouped op is one Request with several tensors).
+// Members in an order that leaves no padding (Note [Compact inline vector] in
+// src/base/inline_vector.h says why size matters).
 struct Request {
   int process_set_id = 0;
-  std::string name;
   Collective op = Collective::Allreduce;
   Device::Kind device = Device::Kind::CPU;
   ReduceOp reduce_op = ReduceOp::Sum;
+  std::string name;
+  int root_rank = -1;      // Broadcast, Reduce, Gather, Scatter: global rank.
+  int target_set_id = -1;  // RemoveProcessSet: the set to remove.
   double prescale = 1.0;
   double postscale = 1.0;
-  int root_rank = -1;  // Broadcast, Reduce, Gather, Scatter: global rank.
-  // Alltoall: rows this rank sends to each set rank (equal splits are filled in at the call).
-  // Scatter: on the root, the rows each set rank receives (likewise filled in); empty elsewhere.
-  std::vector<std::int64_t> splits;
   // One spec per tensor. Scatter: the root's input; a non-root's carries only the dtype (its
   // shape is empty: API.md ignores the view a non-root passes).
   TensorSpecs tensors;
+  // Alltoall: rows this rank sends to each set rank (equal splits are filled in at the call).
+  // Scatter: on the root, the rows each set rank receives (likewise filled in); empty elsewhere.
+  std::vector<std::int64_t> splits;
   std::vector<int> set_ranks;  // AddProcessSet: the global ranks of the new set, as given.
-  int target_set_id = -1;      // RemoveProcessSet: the set to remove.
   friend bool operator==(const Request&, const Request&) = default;
 };
 
@@ -83,8 +85,8 @@ struct Request {
 // without its string comparison, on the path of every op.
 inline bool equal_but_key(const Request& a, const Request& b) {
   // Names every member: one added to Request fails to compile here until it is compared below.
-  [[maybe_unused]] const auto& [set, name, op, device, reduce_op, prescale, postscale, root_rank,
-                                splits, tensors, set_ranks, target_set_id] = a;
+  [[maybe_unused]] const auto& [set, op, device, reduce_op, name, root_rank, target_set_id,
+                                prescale, postscale, tensors, splits, set_ranks] = a;
   if (a.op != b.op || a.device != b.device || a.reduce_op != b.reduce_op ||
       a.prescale != b.prescale || a.postscale != b.postscale || a.root_rank != b.root_rank ||
       a.target_set_id != b.target_set_id || a.tensors.size() != b.tensors.size() ||
@@ -111,14 +113,18 @@ struct Response {
   // Not `= default`: a response list holds an empty Response for every cache hit, and
   // value-initializing one (resize(), emplace_back()) would then zero all of it first.
   Response() {}  // NOLINT(modernize-use-equals-default)
+  // Members in an order that leaves no padding (Note [Compact inline vector] in
+  // src/base/inline_vector.h says why size matters).
   int process_set_id = 0;
-  std::string name;
   Collective op = Collective::Allreduce;
   Device::Kind device = Device::Kind::CPU;
   ReduceOp reduce_op = ReduceOp::Sum;
+  bool ok = true;
+  std::string name;
+  int root_rank = -1;
+  int target_set_id = -1;  // AddProcessSet: the new set's id. RemoveProcessSet: the set.
   double prescale = 1.0;
   double postscale = 1.0;
-  int root_rank = -1;
   // As agreed (allgather, gather: the first submitter's spec; scatter: the root's input).
   TensorSpecs tensors;
   // Allgather, Gather: dim 0 of every set rank for each tensor, tensor-major
@@ -132,11 +138,9 @@ struct Response {
   // allreduce, no rows in an allgather). They still take part in the collective; see
   // Note [Join] in negotiation/coordinator.h.
   std::vector<int> joined;
-  bool ok = true;
   ErrorCode error_code = ErrorCode::Internal;
-  std::string error_message;
   int last_joined_rank = -1;  // Join: the global rank whose join the coordinator saw last.
-  int target_set_id = -1;     // AddProcessSet: the new set's id. RemoveProcessSet: the set.
+  std::string error_message;
   friend bool operator==(const Response&, const Response&) = default;
 };
 

@@ -40,10 +40,9 @@ struct Entry {
   base::InlineVector<TensorView, 1> inputs;
   // Where the results go, one view per input; empty for in-place ops (`in_place`: output(t) is
   // inputs[t]) and where core allocates the results. Read them through output(). On the heap,
-  // unlike `inputs`: most ops have no output views, and an inline one would be 72 bytes more
+  // unlike `inputs`: most ops have no output views, and an inline one would be 64 bytes more
   // in every op's record.
   std::vector<TensorView> outputs;
-  bool in_place = false;
   // The state the op's Handle shares. In an entry from make_entry() it lives in the entry's own
   // allocation and this pointer does not own it (the entry keeps it alive): hand out
   // handle_state(), never a copy of this pointer, to anything that may outlive the entry.
@@ -54,6 +53,7 @@ struct Entry {
   // (the epoch).
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
+  bool in_place = false;        // See `outputs`. Here, where it fills what was padding.
   // CUDA ops: the submitting thread's current stream at the call, which Tutti's stream waits
   // for before the op's device work (Note [Stream ordering] in ops/cuda/stream.h). Null once
   // that wait is enqueued, and for CPU ops.

@@ -136,5 +136,52 @@ TEST_CASE("InlineVector of numbers value-initializes what resize adds", "[inline
   CHECK(dims == std::vector<std::int64_t>{7});
 }
 
+// Note [Compact inline vector]: 8 bytes beside the in-place elements (or a pointer).
+TEST_CASE("InlineVector costs 8 bytes beside its in-place elements", "[inline_vector]") {
+  STATIC_REQUIRE(sizeof(InlineVector<std::int64_t, 4>) == 4 * sizeof(std::int64_t) + 8);
+  STATIC_REQUIRE(sizeof(InlineVector<std::string, 1>) == sizeof(std::string) + 8);
+  STATIC_REQUIRE(sizeof(InlineVector<char, 1>) == sizeof(void*) + 8);
+}
+
+TEST_CASE("InlineVector appends one of its own elements as it grows", "[inline_vector]") {
+  {
+    InlineVector<Counted, 2> v;
+    v.emplace_back(long_text(0));
+    v.push_back(v[0]);  // Room in place.
+    v.push_back(v[0]);  // Full in place: the copy is made before the elements move out.
+    v.push_back(v[2]);  // Full at 4 on the heap: the same as it moves again.
+    v.push_back(v.back());
+    CHECK(values_of(v) == std::vector<std::string>(5, long_text(0)));
+    CHECK(Counted::live == 5);
+  }
+  CHECK(Counted::live == 0);
+}
+
+TEST_CASE("InlineVector hands its heap buffer over on a move, and is reusable after",
+          "[inline_vector]") {
+  {
+    InlineVector<Counted, 2> spilled;
+    for (int i = 0; i < 5; ++i) spilled.emplace_back(long_text(i));
+    const Counted* buffer = spilled.data();
+    InlineVector<Counted, 2> moved = std::move(spilled);
+    CHECK(moved.data() == buffer);  // No element moved one by one.
+    CHECK(spilled.empty());         // NOLINT(bugprone-use-after-move): empty by contract.
+    spilled.emplace_back(long_text(9));
+    spilled.emplace_back(long_text(8));
+    spilled.emplace_back(long_text(7));  // Spills again, into a buffer of its own.
+    CHECK(values_of(spilled) == std::vector<std::string>{long_text(9), long_text(8), long_text(7)});
+
+    InlineVector<Counted, 2> target;
+    for (int i = 0; i < 3; ++i) target.emplace_back(long_text(20 + i));  // On the heap too.
+    target = std::move(moved);  // Its own buffer is freed (ASan's leak check would see it).
+    CHECK(target.data() == buffer);
+    CHECK(target.size() == 5);
+    CHECK(Counted::live == 8);
+    target = InlineVector<Counted, 2>{Counted("small")};  // Back in place from the heap.
+    CHECK(values_of(target) == std::vector<std::string>{"small"});
+  }
+  CHECK(Counted::live == 0);
+}
+
 }  // namespace
 }  // namespace tutti::base
