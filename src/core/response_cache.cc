@@ -132,6 +132,23 @@ void RankCache::prefetch_request(std::uint64_t name_hash) const {
     base::prefetch_lines(&newest->slot->request, sizeof(Request));
 }
 
+bool RankCache::matches(std::int32_t id, const Request& request, std::uint64_t name_hash) const {
+  const std::unique_ptr<Slot>* found = entries_.find(id);
+  if (found == nullptr) return false;
+  const Slot& slot = **found;
+  // A (set, name) has one id at a time: the coordinator evicts an old id of the name in the list
+  // that inserts the new one, and a list's inserts and evictions are applied together.
+  return slot.name_hash == name_hash && slot.request.process_set_id == request.process_set_id &&
+         slot.request.name == request.name && equal_but_key(slot.request, request);
+}
+
+void RankCache::prefetch_id(std::int32_t id) const {
+  if (const std::unique_ptr<Slot>* found = entries_.find(id)) {
+    base::prefetch_lines(found->get(), &(*found)->facts + 1);
+    base::prefetch_lines(&(*found)->request, sizeof(Request));
+  }
+}
+
 std::optional<std::int32_t> RankCache::lookup(const Request& request) const {
   return lookup(request, name_hash(OpKeyView{request.process_set_id, request.name}));
 }

@@ -129,6 +129,12 @@ class RankCache {
   // Starts loading the cached request that lookup(request, name_hash) compares `request` with,
   // once prefetch(name_hash) has loaded its index slot. See Note [Lookup pipeline].
   void prefetch_request(std::uint64_t name_hash) const;
+  // Whether `id` is cached for `request`: its (set, name) and the rest of it equal, as lookup()
+  // would find it. Reads only id's slot, never the index by name: for the id a rank expects
+  // its next op to hit (Note [Lookup by the next id] in negotiation/request_sender.cc).
+  bool matches(std::int32_t id, const Request& request, std::uint64_t name_hash) const;
+  // Starts loading what matches(id, ...) reads, if `id` is cached.
+  void prefetch_id(std::int32_t id) const;
   // The response stored under `id`; null if unknown (a protocol error). `name_hash`, if not
   // null, receives NameIndex's hash of its (set, name); `facts`, if not null, what insert()
   // was given.

@@ -34,6 +34,18 @@ namespace tutti::core {
 // EPYC VM): its step took about twice as long per op at 10,000 ops as at 1,000, the same
 // instructions per op; README "Issue 26's ninth round" has the figures.
 
+// Note [Lookup by the next id]
+// A training step submits its ops in the order of the step before, and the response cache
+// numbered them in the order it first negotiated them, so in a steady step op k + 1 hits the id
+// after op k's. The lookup tries that id first, reading only its slot (RankCache::matches()),
+// and goes to the index by name only when it does not match. The index held one slot of every
+// cached name, a table larger than the core's cache (786 KB at 10,000 names), and each op's
+// slot was a miss that the pipeline's prefetch did not hide: `perf` put a seventh of P3's
+// samples, both ranks, on that one load. The ids' slots are consecutive in their own table, and
+// the slot the match reads is the one the lookup would compare anyway. While ops hit in order
+// the pipeline loads each one's expected slot; after an op that did not, it loads the index's
+// slots again, so a workload that submits in a new order each step is looked up as before.
+
 std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
   // A rank's last message is its last (Note [Shutdown handshake]); ops still queued then are
   // failed when the session ends.
@@ -56,19 +68,34 @@ std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
   RequestList list;
   list.cache_hits.reserve(entries_.size());
   // See Note [Lookup pipeline]: entry j's lines, entry j - kStride's index slot and entry
-  // j - 2 * kStride's cached request start loading as entry j - 3 * kStride is looked up.
+  // j - 2 * kStride's cached request start loading as entry j - 3 * kStride is looked up. While
+  // the ops hit the ids after one another (Note [Lookup by the next id]), the index by name is
+  // left alone: entry j - 2 * kStride's slot by its expected id loads instead.
   constexpr std::size_t kStride = 8;
   const std::size_t n = entries_.size();
   for (std::size_t j = 0; j < n + 3 * kStride; ++j) {
     if (j < n) prefetch_request(*entries_[j]);
-    if (j >= kStride && j - kStride < n) cache_.prefetch(entries_[j - kStride]->name_hash);
-    if (j >= 2 * kStride && j - 2 * kStride < n)
-      cache_.prefetch_request(entries_[j - 2 * kStride]->name_hash);
+    if (in_order_) {
+      if (j >= 2 * kStride && j - 2 * kStride < n)
+        cache_.prefetch_id(next_id_ + static_cast<std::int32_t>(kStride));
+    } else {
+      if (j >= kStride && j - kStride < n) cache_.prefetch(entries_[j - kStride]->name_hash);
+      if (j >= 2 * kStride && j - 2 * kStride < n)
+        cache_.prefetch_request(entries_[j - 2 * kStride]->name_hash);
+    }
     if (j < 3 * kStride) continue;
     Entry& entry = *entries_[j - 3 * kStride];
-    if (std::optional<std::int32_t> id = cache_.lookup(entry.request, entry.name_hash)) {
+    std::optional<std::int32_t> id;
+    in_order_ = cache_.matches(next_id_, entry.request, entry.name_hash);
+    if (in_order_) {
+      id = next_id_;
+    } else {
+      id = cache_.lookup(entry.request, entry.name_hash);
+    }
+    if (id) {
       entry.cache_hit = *id;
       list.cache_hits.push_back(*id);
+      next_id_ = *id + 1;
     } else {
       list.requests.push_back(entry.request);
       if (send_sequences_) list.sequences.push_back(entry.sequence);

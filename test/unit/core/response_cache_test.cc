@@ -152,8 +152,8 @@ TEST_CASE("The rank cache answers only identical requests", "[cache]") {
 
 TEST_CASE("The rank cache tells a request from the cached one by any field but its key",
           "[cache]") {
-  // One change to each field of Request (the list mirrors its declaration); a rank sends the
-  // cache id only for an identical request.
+  // One change to each field of Request; a rank sends the cache id only for an identical
+  // request, whether it finds the id by name (lookup()) or tries the id it expects (matches()).
   Request base = named("w");
   base.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = {3, 2}}};
   base.splits = {1, 2};
@@ -186,7 +186,12 @@ TEST_CASE("The rank cache tells a request from the cached one by any field but i
   };
   RankCache cache;
   cache.insert(7, base, Response{});
+  const auto hash_of = [](const Request& r) {
+    return name_hash(OpKeyView{r.process_set_id, r.name});
+  };
   CHECK(cache.lookup(base) == std::optional<std::int32_t>(7));
+  CHECK(cache.matches(7, base, hash_of(base)));
+  CHECK_FALSE(cache.matches(8, base, hash_of(base)));  // Not cached.
   CHECK(equal_but_key(base, base));
   for (std::size_t i = 0; i < changes.size(); ++i) {
     Request changed = base;
@@ -195,6 +200,7 @@ TEST_CASE("The rank cache tells a request from the cached one by any field but i
     CHECK_FALSE(changed == base);
     CHECK_FALSE(equal_but_key(changed, base));
     CHECK_FALSE(cache.lookup(changed).has_value());
+    CHECK_FALSE(cache.matches(7, changed, hash_of(changed)));
   }
   // The key is the index's to compare: another name or set is another entry.
   Request renamed = base;
@@ -202,6 +208,16 @@ TEST_CASE("The rank cache tells a request from the cached one by any field but i
   renamed.process_set_id = 2;
   CHECK(equal_but_key(renamed, base));
   CHECK_FALSE(cache.lookup(renamed).has_value());
+  CHECK_FALSE(cache.matches(7, renamed, hash_of(renamed)));
+  // matches() compares the key itself too, not only the hash it is given.
+  CHECK_FALSE(cache.matches(7, renamed, hash_of(base)));
+  renamed.process_set_id = base.process_set_id;
+  CHECK_FALSE(cache.matches(7, renamed, hash_of(base)));
+  renamed = base;
+  renamed.process_set_id = 2;
+  CHECK_FALSE(cache.matches(7, renamed, hash_of(base)));
+  cache.erase(7);
+  CHECK_FALSE(cache.matches(7, base, hash_of(base)));
 }
 
 TEST_CASE("The rank cache hands back a response's facts and name hash with it", "[cache]") {
