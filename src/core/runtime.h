@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "src/common/mutex.h"
@@ -46,6 +47,9 @@ class Runtime {
   std::shared_ptr<FlightRecorder> last_recorder_ TUTTI_GUARDED_BY(mutex_);
   bool exit_hook_registered_ TUTTI_GUARDED_BY(mutex_) = false;
   bool was_shut_down_ TUTTI_GUARDED_BY(mutex_) = false;
+  // Counts the changes of session_ (written under mutex_): a thread's copy of the session it
+  // last submitted to is current while this is unchanged (Note [Session for an op]).
+  std::atomic<std::uint64_t> generation_{0};
   std::atomic<void (*)()> before_shutdown_{nullptr};
 };
 
