@@ -43,8 +43,10 @@ namespace tutti::core {
 // slot was a miss that the pipeline's prefetch did not hide: `perf` put a seventh of P3's
 // samples, both ranks, on that one load. The ids' slots are consecutive in their own table, and
 // the slot the match reads is the one the lookup would compare anyway. While ops hit in order
-// the pipeline loads each one's expected slot; after an op that did not, it loads the index's
-// slots again, so a workload that submits in a new order each step is looked up as before.
+// the pipeline loads each one's expected slot. After an op that did not, the lookups go by name
+// (and the pipeline loads the index's slots) until one finds the id expected, so a workload that
+// submits in a new order each step is looked up as before, without a failed match per op (a
+// cold slot read: 2.6 % of such a step when it was tried on every op).
 
 std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
   // A rank's last message is its last (Note [Shutdown handshake]); ops still queued then are
@@ -86,11 +88,11 @@ std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
     if (j < 3 * kStride) continue;
     Entry& entry = *entries_[j - 3 * kStride];
     std::optional<std::int32_t> id;
-    in_order_ = cache_.matches(next_id_, entry.request, entry.name_hash);
-    if (in_order_) {
+    if (in_order_ && cache_.matches(next_id_, entry.request, entry.name_hash)) {
       id = next_id_;
     } else {
       id = cache_.lookup(entry.request, entry.name_hash);
+      in_order_ = id == next_id_;
     }
     if (id) {
       entry.cache_hit = *id;

@@ -107,6 +107,49 @@ TEST_CASE("a long burst submitted in opposite orders on even and odd ranks", "[a
   CHECK(all_ranks(all_ok));
 }
 
+// Note [Lookup by the next id]: steps in the order of the ids (the expected id answers), then
+// reversed (the lookups go by name), then in order again, then with one op's shape changed in
+// the middle (the expected id holds another request: it must not answer, and the ops after the
+// renegotiated one are in order again). Every op has its closed-form sum in every step.
+TEST_CASE("cache hits in order, reversed, in order again, and past a changed op stay correct",
+          "[allreduce]") {
+  Session session;
+  const int size = world_size();
+  const int rank = world_rank();
+  constexpr int kCount = 600;  // Past the submission window's chunk of 256.
+  enum class Order { Forward, Reversed };
+  bool all_ok = true;
+  const auto step = [&](int s, Order order, int widened) {
+    // Op i has 2 elements in the step that widens it (widened == i), else 1.
+    std::vector<std::vector<std::int64_t>> values(kCount);
+    std::vector<Handle> handles(kCount);
+    for (int k = 0; k < kCount; ++k) {
+      const int i = order == Order::Forward ? k : kCount - 1 - k;
+      const std::int64_t n = i == widened ? 2 : 1;
+      std::vector<std::int64_t>& v = values[static_cast<std::size_t>(i)];
+      v.assign(static_cast<std::size_t>(n),
+               static_cast<std::int64_t>(i + 1) * (s + 1) * (rank + 1));
+      handles[static_cast<std::size_t>(i)] = allreduce_async(
+          TensorView(v.data(), {n}), "ordered." + std::to_string(i), {.op = ReduceOp::Sum});
+    }
+    for (int i = 0; i < kCount; ++i) {
+      handles[static_cast<std::size_t>(i)].wait();
+      // Sum over ranks r of (i + 1)(s + 1)(r + 1).
+      const std::int64_t expected =
+          static_cast<std::int64_t>(i + 1) * (s + 1) * size * (size + 1) / 2;
+      for (std::int64_t x : values[static_cast<std::size_t>(i)]) all_ok = all_ok && x == expected;
+    }
+  };
+  step(0, Order::Forward, -1);  // Negotiated: the ids follow this order.
+  step(1, Order::Forward, -1);
+  step(2, Order::Reversed, -1);
+  step(3, Order::Forward, -1);
+  step(4, Order::Forward, kCount / 2);
+  step(5, Order::Forward, kCount / 2);  // The widened op's new id, out of the others' order.
+  step(6, Order::Forward, -1);          // Back to one element: its third request.
+  CHECK(all_ranks(all_ok));
+}
+
 TEST_CASE("grouped allreduce of mixed dtypes completes as one unit", "[allreduce]") {
   Session session;
   const int size = world_size();
