@@ -40,13 +40,13 @@ namespace tutti::core {
 // after op k's. The lookup tries that id first, reading only its slot (RankCache::matches()),
 // and goes to the index by name only when it does not match. The index held one slot of every
 // cached name, a table larger than the core's cache (786 KB at 10,000 names), and each op's
-// slot was a miss that the pipeline's prefetch did not hide: `perf` put a seventh of P3's
-// samples, both ranks, on that one load. The ids' slots are consecutive in their own table, and
+// slot was a miss that the pipeline's prefetch did not hide: `perf` put about a tenth of P3's
+// samples on each rank on that one load. The ids' slots are consecutive in their own table, and
 // the slot the match reads is the one the lookup would compare anyway. While ops hit in order
 // the pipeline loads each one's expected slot. After an op that did not, the lookups go by name
 // (and the pipeline loads the index's slots) until one finds the id expected, so a workload that
-// submits in a new order each step is looked up as before, without a failed match per op (a
-// cold slot read: 2.6 % of such a step when it was tried on every op).
+// submits in a new order each step is looked up as before, without a failed match (a cold slot
+// read) per op. README "Issue 26's thirteenth round" has the figures.
 
 std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
   // A rank's last message is its last (Note [Shutdown handshake]); ops still queued then are
