@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "src/common/check.h"
+#include "src/common/mutex.h"
 
 namespace tutti::detail {
 namespace {
@@ -18,7 +19,41 @@ std::atomic<bool> wait_spins{true};  // See set_wait_spins().
 // thread's own polling.
 constexpr std::chrono::microseconds kDriveTime{200};
 
+// Note [Drivers by kind]
+// An op names the kind of driver a waiting thread may use, and the driver is looked up only
+// when a thread waits on (or polls, or drives) an op that is not done. Each op held a weak
+// pointer to its session's driver instead: two locked instructions per op to copy and drop it,
+// and 16 bytes in every op's record, for a pointer most ops never used (a step's ops are nearly
+// all done by the time they are waited on). One session runs at a time, and its ops are all
+// done before it is gone (a stopping session fails those it did not run), so the running
+// session's drivers are the ones of every op not done. The table is read under its lock, on the
+// slow path only.
+struct Drivers {
+  Mutex mutex;
+  std::weak_ptr<Driver> loop TUTTI_GUARDED_BY(mutex);
+  std::weak_ptr<Driver> point_to_point TUTTI_GUARDED_BY(mutex);
+};
+
+Drivers& drivers() {
+  static Drivers* table = new Drivers();  // Never destroyed: waits may outlive static teardown.
+  return *table;
+}
+
+std::shared_ptr<Driver> driver_of(DriverKind kind) {
+  if (kind == DriverKind::None) return nullptr;
+  Drivers& table = drivers();
+  MutexLock lock(table.mutex);
+  return kind == DriverKind::Loop ? table.loop.lock() : table.point_to_point.lock();
+}
+
 }  // namespace
+
+void set_drivers(std::weak_ptr<Driver> loop, std::weak_ptr<Driver> point_to_point) {
+  Drivers& table = drivers();
+  MutexLock lock(table.mutex);
+  table.loop = std::move(loop);
+  table.point_to_point = std::move(point_to_point);
+}
 
 const OpResults OpState::kNoResults;
 
@@ -41,7 +76,7 @@ void OpState::complete(Status status) {
 
 bool OpState::poll() const {
   if (done()) return true;
-  if (std::shared_ptr<Driver> by = driver.lock()) by->poll();
+  if (std::shared_ptr<Driver> by = driver_of(driver)) by->poll();
   return done();
 }
 
@@ -51,7 +86,7 @@ void OpState::drive_until(Driver& by, std::chrono::steady_clock::time_point unti
 
 bool OpState::drive_for(std::chrono::microseconds time) const {
   if (done()) return true;
-  const std::shared_ptr<Driver> by = driver.lock();
+  const std::shared_ptr<Driver> by = driver_of(driver);
   if (!by) return false;
   by->take_over();
   drive_until(*by, std::chrono::steady_clock::now() + time);
@@ -63,7 +98,7 @@ Status OpState::wait() const {
   if (done()) return status_;
   // Not counted in app_waiters: the communication thread need not poll for this thread while
   // it drives the op itself.
-  const std::shared_ptr<Driver> by = driver.lock();
+  const std::shared_ptr<Driver> by = driver_of(driver);
   if (by) {
     by->take_over();
     drive_until(*by, std::chrono::steady_clock::now() + kDriveTime);

@@ -38,6 +38,15 @@ class Driver {
   virtual void hand_back() = 0;
 };
 
+// Which of the running session's drivers a thread waiting on an op may drive it with: none, the
+// loop's (Note [A waiting thread runs the cycle]) or the point-to-point engine's.
+enum class DriverKind : std::uint8_t { None, Loop, PointToPoint };
+
+// The running session's drivers, which ops find by their DriverKind when a thread waits on one
+// that is not done (Note [Drivers by kind] in op_state.cc). Set by the session as it starts.
+// Any thread.
+void set_drivers(std::weak_ptr<Driver> loop, std::weak_ptr<Driver> point_to_point);
+
 // What an op produced besides its Status.
 struct OpResults {
   Tensor output;                              // allgather, alltoall, reducescatter
@@ -81,7 +90,7 @@ class OpState {
   }
   // Set at submission, before any thread can wait on the op, if a waiting thread may drive it
   // (Note [A waiting thread drives point-to-point] in execution/p2p_engine.h).
-  std::weak_ptr<Driver> driver;
+  DriverKind driver = DriverKind::None;
 
  private:
   friend class core::Completer;  // The one place ops are completed (Note [Completion]).

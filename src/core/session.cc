@@ -66,6 +66,8 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .config = config_,
              .sharing = sharing_}) {
   detail::set_wait_spins(!loop_.sharing().shares_cpu);
+  // See Note [Drivers by kind] in op_state.cc: ops name these by kind.
+  detail::set_drivers(loop_driver_, p2p_);
   const ops::Topology& where = transport_->topology();
   recorder_->set_context({.job = config_.job_id,
                           .rank = where.rank,
@@ -156,7 +158,7 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
         entry->ready,
         ops::device_ops().record_ready(cuda::current_stream(), entry->inputs.front().device()));
   }
-  if (loop_driver_->enabled()) entry->state->driver = loop_driver_;
+  if (loop_driver_->enabled()) entry->state->driver = detail::DriverKind::Loop;
   // See Note [A submitting thread keeps its backlog short] in submission_window.h. The window
   // is the thread's, over all sessions: an op of an earlier one is done (or failed) by now.
   thread_local SubmissionWindow window;
@@ -176,7 +178,7 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
 Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
   if (loop_done_.load()) return Status(ErrorCode::ShutDown, "Tutti has shut down");
   if (p2p_->drivable()) {
-    for (P2POpEntry& op : ops) op.entry->state->driver = p2p_;
+    for (P2POpEntry& op : ops) op.entry->state->driver = detail::DriverKind::PointToPoint;
   }
   // As submit(): finish() closes the queue, so a racing push is refused or failed there.
   TUTTI_RETURN_IF_ERROR(p2p_queue_.push(std::move(ops)));
