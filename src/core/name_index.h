@@ -68,13 +68,15 @@ class NameIndex {
   }
 
   // Stores `value` under its key, whose hash is `hash`, unless the key is there already.
-  // Returns the stored value (the old one if present) and whether `value` was inserted.
-  std::pair<T*, bool> insert(std::uint64_t hash, T value) {
+  // Returns the stored value (the old one if present) and whether `value` was inserted. An
+  // rvalue is moved from only when inserted: a refused one stays the caller's.
+  template <class V>
+  std::pair<T*, bool> insert(std::uint64_t hash, V&& value) {
     if (2 * (size_ + 1) > slots_.size()) grow();
-    const std::size_t at = slot_of(KeyOf()(value), hash);
+    const std::size_t at = slot_of(KeyOf()(std::as_const(value)), hash);
     if (slots_[at].hash != 0) return {&slots_[at].value, false};
     slots_[at].hash = hash;
-    slots_[at].value = std::move(value);
+    slots_[at].value = std::forward<V>(value);
     ++size_;
     return {&slots_[at].value, true};
   }

@@ -56,7 +56,7 @@ TensorQueue::~TensorQueue() {
 void TensorQueue::record_new() {
   if (recorder_ == nullptr || new_.empty()) return;
   // See Note [Records made as the queue is drained] in flight_recorder.h.
-  recorder_->submitted_all(new_, [](const std::shared_ptr<Entry>& entry) {
+  recorder_->submitted_all(new_, [](Entry* entry) {
     return FlightRecorder::Accepted{.request = &entry->request,
                                     .sequence = entry->sequence,
                                     .at = entry->submitted,
@@ -85,43 +85,55 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
                                      unnamed_counts_[request.process_set_id]++);
       entry->name_hash = name_hash(OpKeyView{request.process_set_id, request.name});
     }
-    const auto [stored, inserted] = in_flight_.insert(entry->name_hash, entry);
+    // Moved in, and kept by pointer in new_ (Note [Ops not yet drained]).
+    Entry& accepted = *entry;
+    const auto [stored, inserted] = in_flight_.insert(accepted.name_hash, std::move(entry));
     if (!inserted) {
       return invalid_argument(detail::str_cat(
           "an op named '", request.name, "' is already in flight (",
           to_string((*stored)->request.op), "); wait for it before reusing the name"));
     }
     // Under the lock: sequence numbers follow the order drain_new() hands ops on in.
-    entry->sequence = next_sequence_[request.process_set_id]++;
-    new_.push_back(std::move(entry));
+    accepted.sequence = next_sequence_[request.process_set_id]++;
+    accepted.queued = true;
+    new_.push_back(&accepted);
     notify = sleeping_;
   }
   if (notify) cv_.notify_one();
   return Status();
 }
 
-std::vector<std::shared_ptr<Entry>> TensorQueue::drain_new() {
-  std::vector<std::shared_ptr<Entry>> drained;
+std::vector<Entry*> TensorQueue::drain_new() {
+  std::vector<Entry*> drained;
   drain_new(&drained);
   return drained;
 }
 
-void TensorQueue::drain_new(std::vector<std::shared_ptr<Entry>>* into) {
+void TensorQueue::drain_new(std::vector<Entry*>* into) {
   detail::MutexLock lock(mutex_);
   record_new();
+  for (Entry* entry : new_) entry->queued = false;
   if (into->empty()) {
     into->swap(new_);
     return;
   }
-  for (std::shared_ptr<Entry>& entry : new_) into->push_back(std::move(entry));
+  into->insert(into->end(), new_.begin(), new_.end());
   new_.clear();
+}
+
+void TensorQueue::forget_queued(Entry& entry) {
+  if (!entry.queued) return;
+  entry.queued = false;
+  std::erase(new_, &entry);
 }
 
 std::shared_ptr<Entry> TensorQueue::take(int process_set_id, std::string_view name) {
   const OpKeyView key{process_set_id, name};
   const std::uint64_t hash = name_hash(key);  // Outside the lock.
   detail::MutexLock lock(mutex_);
-  return in_flight_.take(key, hash);
+  std::shared_ptr<Entry> taken = in_flight_.take(key, hash);
+  if (taken != nullptr && !new_.empty()) forget_queued(*taken);
+  return taken;
 }
 
 void TensorQueue::take_all(std::span<Take> takes) {
@@ -143,6 +155,8 @@ void TensorQueue::take_all(std::span<Take> takes) {
       if (j < begin + 2 * kStride) continue;
       Take& take = takes[j - 2 * kStride];
       take.entry = in_flight_.take(take.key, take.hash);
+      // Only while ops wait to be drained does the taken entry's flag need reading.
+      if (take.entry != nullptr && !new_.empty()) forget_queued(*take.entry);
     }
   }
 }
@@ -168,6 +182,7 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
         return entry->request.process_set_id == process_set_id;
       },
       [&](std::shared_ptr<Entry>&& entry) { taken.push_back(std::move(entry)); });
+  for (const std::shared_ptr<Entry>& entry : taken) forget_queued(*entry);
   return taken;
 }
 

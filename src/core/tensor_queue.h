@@ -54,6 +54,9 @@ struct Entry {
   std::chrono::steady_clock::time_point submitted;
   std::int32_t cache_hit = -1;  // The cache id this rank sent instead of `request`, or -1.
   bool in_place = false;        // See `outputs`. Here, where it fills what was padding.
+  // In the queue's list of ops not yet drained (TensorQueue's, under its lock). Beside
+  // in_place, in what was padding too.
+  bool queued = false;
   // CUDA ops: the submitting thread's current stream at the call, which Tutti's stream waits
   // for before the op's device work (Note [Stream ordering] in ops/cuda/stream.h). Null once
   // that wait is enqueued, and for CPU ops.
@@ -100,12 +103,14 @@ class TensorQueue {
   // (for the recorder) its submission time where the caller left it unset.
   Status push(std::shared_ptr<Entry> entry) TUTTI_EXCLUDES(mutex_);
 
-  // Communication thread. Entries pushed since the last call, oldest first.
-  std::vector<std::shared_ptr<Entry>> drain_new() TUTTI_EXCLUDES(mutex_);
+  // Communication thread. Entries pushed since the last call, oldest first. The queue owns
+  // them (Note [Ops not yet drained]): each pointer is valid until its entry is taken (take(),
+  // take_all(), take_set()) or the queue closed, which only the communication thread does.
+  std::vector<Entry*> drain_new() TUTTI_EXCLUDES(mutex_);
   // Communication thread. As drain_new(), appending to `into`; when `into` is empty the queue
   // keeps its buffer for the next pushes, so that a caller that clears and reuses one vector
   // lets a steady stream of ops allocate no queue memory.
-  void drain_new(std::vector<std::shared_ptr<Entry>>* into) TUTTI_EXCLUDES(mutex_);
+  void drain_new(std::vector<Entry*>* into) TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns the in-flight entry, or null.
   std::shared_ptr<Entry> take(int process_set_id, std::string_view name) TUTTI_EXCLUDES(mutex_);
   // One op for take_all(): its key, the key's hash (name_hash()), and what it took.
@@ -140,6 +145,9 @@ class TensorQueue {
  private:
   // Records the entries of new_ that have no record yet, in order, under one recorder lock.
   void record_new() TUTTI_REQUIRES(mutex_);
+  // Called for each entry taken out of in_flight_: an entry not yet drained leaves new_ too,
+  // which must not point at an entry the queue no longer owns (Note [Ops not yet drained]).
+  void forget_queued(Entry& entry) TUTTI_REQUIRES(mutex_);
 
   FlightRecorder* const recorder_;
   mutable detail::Mutex mutex_;
@@ -148,7 +156,14 @@ class TensorQueue {
   bool sleeping_ TUTTI_GUARDED_BY(mutex_) = false;
   bool woken_ TUTTI_GUARDED_BY(mutex_) = false;
   Status closed_ TUTTI_GUARDED_BY(mutex_);  // OK while open.
-  std::vector<std::shared_ptr<Entry>> new_ TUTTI_GUARDED_BY(mutex_);
+  // Note [Ops not yet drained]
+  // The ops pushed and not yet drained, in push order. in_flight_ owns every op until it is
+  // taken; this list only points at the ones it also holds (Entry::queued), so a push copies no
+  // shared pointer (an atomic count up, and one down once the op is drained: two locked
+  // instructions, some 4 % of P3's 10,000-op step; README "Issue 26's fourteenth round"). An op
+  // taken before it is drained (its set removed, the queue closed, or a response that reaches a
+  // rank that joined while one of its threads still submits) leaves this list as it is taken.
+  std::vector<Entry*> new_ TUTTI_GUARDED_BY(mutex_);
   // Keyed by the entry's own (set, name), which stays unchanged while it is in the table. A
   // steady workload allocates no table memory: the index only grows.
   struct EntryKey {

@@ -112,7 +112,7 @@ TEST_CASE("Ops are recorded as they are drained, or first when the ring is read,
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
     // A record made now, as a reference for "now".
     REQUIRE(recorder.submitted(recorded_request("reference"), 0) == 0);
-    std::vector<std::shared_ptr<Entry>> drained;
+    std::vector<Entry*> drained;
     queue->drain_new(&drained);
     REQUIRE(drained.size() == 2);
     CHECK(entries[0]->record == 1);
@@ -141,7 +141,7 @@ TEST_CASE("Ops are recorded as they are drained, or first when the ring is read,
     std::filesystem::remove(path);
     CHECK(text.find("\"name\": \"c\"") != std::string::npos);
     CHECK(text.find("\"recorded\": 3") != std::string::npos);
-    std::vector<std::shared_ptr<Entry>> drained;
+    std::vector<Entry*> drained;
     queue->drain_new(&drained);
     REQUIRE(drained.size() == 3);
     CHECK(names() == std::vector<std::string>{"a", "b", "c"});
@@ -176,7 +176,7 @@ TEST_CASE("Ops drained and read concurrently are each recorded once, in order",
   TensorQueue queue(&recorder);
   std::atomic<bool> pushed{false};
   std::thread drainer([&] {
-    std::vector<std::shared_ptr<Entry>> drained;
+    std::vector<Entry*> drained;
     while (!pushed.load()) {
       queue.drain_new(&drained);
       drained.clear();

@@ -34,7 +34,7 @@ TEST_CASE("The queue refuses a name in flight and takes it again once taken", "[
     CHECK(again.message() == "an op named '" + long_name +
                                  "' is already in flight (ALLREDUCE); wait for it before "
                                  "reusing the name");
-    std::vector<std::shared_ptr<Entry>> drained;
+    std::vector<Entry*> drained;
     queue.drain_new(&drained);
     CHECK(drained.size() == 2);
     CHECK_FALSE(queue.empty());
@@ -49,7 +49,7 @@ TEST_CASE("The queue refuses a name in flight and takes it again once taken", "[
 
 TEST_CASE("drain_new appends, and hands back entries in push order", "[queue]") {
   TensorQueue queue;
-  std::vector<std::shared_ptr<Entry>> drained;
+  std::vector<Entry*> drained;
   for (int i = 0; i < 3; ++i) REQUIRE(queue.push(entry_named("a" + std::to_string(i))).ok());
   queue.drain_new(&drained);
   for (int i = 0; i < 2; ++i) REQUIRE(queue.push(entry_named("b" + std::to_string(i))).ok());
@@ -93,6 +93,48 @@ TEST_CASE("take_all takes each op of a list of any length, and null for names no
   for (TensorQueue::Take& take : takes) take.entry = nullptr;
   queue.take_all(takes);
   CHECK(std::none_of(takes.begin(), takes.end(), [](const auto& t) { return t.entry; }));
+}
+
+// Note [Ops not yet drained]: the list of ops to drain points into the entries the queue owns,
+// so an op taken before it is drained must leave it (under ASan, a pointer left behind is a
+// use after free at the drain).
+TEST_CASE("Ops taken before they are drained leave the list to drain; the rest drain in order",
+          "[queue]") {
+  TensorQueue queue;
+  // Pushed by temporaries: the queue holds the only reference to each.
+  for (int i = 0; i < 8; ++i) REQUIRE(queue.push(entry_named("n" + std::to_string(i), i / 4)).ok());
+  const OpKeyView key2{0, "n2"};
+  const OpKeyView key5{1, "n5"};
+  std::vector<TensorQueue::Take> takes{
+      TensorQueue::Take{.key = key2, .hash = name_hash(key2), .entry = nullptr},
+      TensorQueue::Take{.key = key5, .hash = name_hash(key5), .entry = nullptr}};
+  SECTION("by name, by a list, and by set") {
+    CHECK(queue.take(0, "n0") != nullptr);
+    queue.take_all(takes);
+    CHECK(takes[0].entry != nullptr);
+    CHECK(takes[1].entry != nullptr);
+    takes.clear();                         // Their last references: the entries are freed.
+    CHECK(queue.take_set(1).size() == 3);  // n4, n6, n7.
+    std::vector<std::string> names;
+    for (const Entry* entry : queue.drain_new()) names.push_back(entry->request.name);
+    CHECK(names == std::vector<std::string>{"n1", "n3"});
+  }
+  SECTION("a drained op taken later, while others wait, leaves them in the list") {
+    CHECK(queue.drain_new().size() == 8);
+    REQUIRE(queue.push(entry_named("late")).ok());
+    queue.take_all(takes);
+    CHECK(takes[0].entry != nullptr);
+    takes.clear();
+    const std::vector<Entry*> drained = queue.drain_new();
+    REQUIRE(drained.size() == 1);
+    CHECK(drained[0]->request.name == "late");
+  }
+  SECTION("a refused duplicate is left to its caller, whole") {
+    std::shared_ptr<Entry> twin = entry_named("n1");
+    CHECK(queue.push(twin).code() == ErrorCode::InvalidArgument);
+    CHECK(twin->request.name == "n1");
+    CHECK(queue.drain_new().size() == 8);
+  }
 }
 
 TEST_CASE("close() fails later pushes and returns what is in flight", "[queue]") {
