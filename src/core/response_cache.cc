@@ -29,6 +29,17 @@ const CoordinatorCache::Entry* CoordinatorCache::find(std::int32_t id) {
   return slot == nullptr ? nullptr : slot->entry.get();
 }
 
+std::optional<int> CoordinatorCache::use_set(std::int32_t id) {
+  const Slot* slot = touch(id);
+  if (slot == nullptr) return std::nullopt;
+  return slot->process_set_id;
+}
+
+const CoordinatorCache::Entry* CoordinatorCache::get(std::int32_t id) const {
+  const Slot* slot = entries_.find(id);
+  return slot == nullptr ? nullptr : slot->entry.get();
+}
+
 std::shared_ptr<const CoordinatorCache::Entry> CoordinatorCache::use(std::int32_t id) {
   const Slot* slot = touch(id);
   return slot == nullptr ? nullptr : slot->entry;
@@ -60,7 +71,10 @@ std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* ev
   const std::int32_t id = next_id_++;
   OpKey owned{entry.process_set_id, entry.name};
   const std::uint64_t used = ++clock_;
-  entries_[id] = Slot{.entry = std::make_shared<const Entry>(std::move(entry)), .used = used};
+  const int set_id = entry.process_set_id;
+  entries_[id] = Slot{.entry = std::make_shared<const Entry>(std::move(entry)),
+                      .used = used,
+                      .process_set_id = set_id};
   push_age(id, used);
   by_key_.insert_or_assign(std::move(owned), id);
   return id;

@@ -42,6 +42,13 @@ class CoordinatorCache {
   bool enabled() const { return capacity_ > 0; }
   // The entry for `id`, marked as recently used; null if unknown (evicted).
   const Entry* find(std::int32_t id);
+  // The process set of `id`'s op, marked as recently used as find() marks it; nullopt if
+  // unknown. Reads the id's slot only: a pass over a stretch of hits needs no more (Note [Hit
+  // fast path] in negotiation/coordinator.h), and the entries of a step of thousands of ops
+  // are far from the core's cache, while their slots lie side by side.
+  std::optional<int> use_set(std::int32_t id);
+  // The entry for `id`, not marked as used; null if unknown.
+  const Entry* get(std::int32_t id) const;
   // As find(), as a pointer that keeps the entry alive after an eviction (the coordinator's
   // record of hits still pending on it needs its requests); null if unknown.
   std::shared_ptr<const Entry> use(std::int32_t id);
@@ -103,6 +110,7 @@ class CoordinatorCache {
   struct Slot {
     std::shared_ptr<const Entry> entry;  // Never null.
     std::uint64_t used = 0;              // Stamp of its insert or latest use.
+    int process_set_id = 0;              // The entry's, for use_set(). In what was padding.
   };
   IdIndex<Slot> entries_;
   std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;

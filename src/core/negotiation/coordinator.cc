@@ -113,22 +113,20 @@ void Coordinator::start_hits(int global_rank, std::int32_t first, std::int32_t e
       count_hit(*single, *set, member_rank(*set, global_rank, id), now);
       continue;
     }
-    const CoordinatorCache::Entry* entry = cache_.find(id);
-    if (entry == nullptr) {
+    const std::optional<int> set_id = cache_.use_set(id);
+    if (!set_id) {
       close(id);
       resend->push_back(id);
       continue;
     }
     // The stretch's set, and this rank's place in it, once per stretch.
-    if (from_set != nullptr && entry->process_set_id == from_set->info.id &&
-        can_count(*from_set, *entry))
-      continue;
-    SetState* set = state(entry->process_set_id);
-    TUTTI_CHECK(set != nullptr, "cache entry of unknown set ", entry->process_set_id);
+    if (from_set != nullptr && *set_id == from_set->info.id && can_count(*from_set, id)) continue;
+    SetState* set = state(*set_id);
+    TUTTI_CHECK(set != nullptr, "cache entry of unknown set ", *set_id);
     const int set_rank = member_rank(*set, global_rank, id);
-    if (!can_count(*set, *entry)) {
+    if (!can_count(*set, id)) {
       close(id);
-      file(global_rank, entry->requests[static_cast<std::size_t>(set_rank)], id, now);
+      file(global_rank, cache_.get(id)->requests[static_cast<std::size_t>(set_rank)], id, now);
       continue;
     }
     if (set != from_set) {
@@ -148,11 +146,13 @@ int Coordinator::member_rank(const SetState& set, int global_rank, std::int32_t 
   return set_rank;
 }
 
-bool Coordinator::can_count(const SetState& set, const CoordinatorCache::Entry& op) const {
+bool Coordinator::can_count(const SetState& set, std::int32_t id) const {
   // The timeline's negotiation spans need each rank's arrival by name.
   if (timeline_ != nullptr && timeline_->enabled()) return false;
   if (set.joined_count > 0) return false;
-  return set.pending.empty() || !set.pending.contains(op.name);
+  if (set.pending.empty()) return true;
+  const CoordinatorCache::Entry* op = cache_.get(id);
+  return op != nullptr && !set.pending.contains(op->name);
 }
 
 void Coordinator::count_hit(HitTable::Run& run, SetState& set, int set_rank,

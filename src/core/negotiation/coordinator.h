@@ -169,8 +169,9 @@ class Coordinator {
   SetState* state(int id);
   void file(int global_rank, std::shared_ptr<const Request> request, std::int32_t hit,
             Clock::time_point now);
-  // Whether a hit on `op` may be counted (Note [Hit fast path]) rather than filed by name.
-  bool can_count(const SetState& set, const CoordinatorCache::Entry& op) const;
+  // Whether a hit on cached op `id` of `set` may be counted (Note [Hit fast path]) rather than
+  // filed by name. Reads the op's entry only while some op of the set is filed by name.
+  bool can_count(const SetState& set, std::int32_t id) const;
   // Files `global_rank`'s hits on cache ids [first, first + count) (Note [Hit fast path]).
   void receive_hits(int global_rank, std::int32_t first, std::int32_t count, Clock::time_point now,
                     std::vector<std::int32_t>* resend);

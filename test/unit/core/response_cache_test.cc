@@ -38,6 +38,29 @@ TEST_CASE("The coordinator cache evicts the least recently used beyond its capac
   CHECK(cache.size() == 2);
 }
 
+TEST_CASE("The coordinator cache's use_set() names the set and counts as a use; get() does not",
+          "[cache]") {
+  CoordinatorCache cache(2);
+  std::vector<std::int32_t> evicted;
+  CoordinatorCache::Entry of_set_3 = entry("a");
+  of_set_3.process_set_id = 3;
+  const std::int32_t a = cache.insert(std::move(of_set_3), &evicted);
+  const std::int32_t b = cache.insert(entry("b"), &evicted);
+  CHECK(cache.use_set(a) == std::optional<int>(3));
+  CHECK(cache.use_set(b) == std::optional<int>(0));
+  CHECK(cache.use_set(b + 1) == std::nullopt);
+  CHECK(cache.get(b + 1) == nullptr);
+  // b, then a, used last (a was inserted first: only its use makes it the more recent); get(b)
+  // changes nothing, so b is the least recent and goes first.
+  REQUIRE(cache.use_set(b));
+  REQUIRE(cache.use_set(a));
+  REQUIRE(cache.get(b)->name == "b");
+  cache.insert(entry("c"), &evicted);
+  CHECK(evicted == std::vector<std::int32_t>{b});
+  CHECK(cache.get(b) == nullptr);
+  CHECK(cache.use_set(b) == std::nullopt);
+}
+
 // A reference model of the coordinator cache's eviction order: ids, most recently used first.
 struct LruModel {
   std::list<std::int32_t> order;
