@@ -87,6 +87,10 @@ using Shape = std::vector<std::int64_t>;
 // when the product overflows int64.
 TUTTI_API std::int64_t num_elements(const Shape& shape);
 
+namespace detail {
+struct TensorViewAccess;
+}  // namespace detail
+
 // A non-owning view of contiguous, row-major memory. Copying a view copies the pointer.
 // The memory must outlive every op the view is passed to (until its Handle is done).
 class TUTTI_API TensorView {
@@ -116,6 +120,7 @@ class TUTTI_API TensorView {
   }
 
  private:
+  friend struct detail::TensorViewAccess;  // Core's: Note [Views kept without their shapes].
   void check_span(DataType requested) const;
 
   void* data_ = nullptr;

@@ -129,4 +129,12 @@ struct HandleAccess {
   static Handle make(std::shared_ptr<OpState> state) { return Handle(std::move(state)); }
 };
 
+// Core's way into TensorView, for the views an op keeps (Note [Views kept without their
+// shapes] in tensor_queue.h).
+struct TensorViewAccess {
+  // Frees `view`'s shape (an empty one remains); its data, dtype, device and element count
+  // stay as they were.
+  static void drop_shape(TensorView& view) { Shape().swap(view.shape_); }
+};
+
 }  // namespace tutti::detail

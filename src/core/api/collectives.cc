@@ -55,6 +55,7 @@ struct Submission {
   void add(TensorView input, TensorView output) {
     TUTTI_CHECK(!entry->in_place, "an op mixes in-place and separate outputs");
     add_input(std::move(input));
+    detail::TensorViewAccess::drop_shape(output);  // Note [Views kept without their shapes].
     entry->outputs.push_back(std::move(output));
   }
   // A tensor the op writes its result into (Entry::in_place): no copy of the view, whose shape
@@ -77,6 +78,8 @@ struct Submission {
     core::TensorSpec& spec = request.tensors.emplace_back();
     spec.dtype = input.dtype();
     spec.shape.assign(input.shape());
+    // See Note [Views kept without their shapes] in src/core/tensor_queue.h.
+    detail::TensorViewAccess::drop_shape(input);
     entry->inputs.push_back(std::move(input));
   }
   // `outputs`: the op has output views of its own (not in place).

@@ -137,6 +137,20 @@ TEST_CASE("Ops taken before they are drained leave the list to drain; the rest d
   }
 }
 
+// Note [Views kept without their shapes]: what runs an op reads the rest of its views.
+TEST_CASE("A view an op keeps loses its shape and nothing else", "[queue]") {
+  std::vector<double> data(6);
+  TensorView view(data.data(), {2, 3});
+  detail::TensorViewAccess::drop_shape(view);
+  CHECK(view.shape().empty());
+  CHECK(view.data() == data.data());
+  CHECK(view.dtype() == DataType::Float64);
+  CHECK(view.device() == Device::cpu());
+  CHECK(view.num_elements() == 6);
+  CHECK(view.byte_size() == 48);
+  CHECK(view.span<double>().size() == 6);
+}
+
 TEST_CASE("close() fails later pushes and returns what is in flight", "[queue]") {
   TensorQueue queue;
   REQUIRE(queue.push(entry_named("x")).ok());
