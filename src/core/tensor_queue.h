@@ -76,11 +76,11 @@ struct Entry {
 // A TensorView's shape is a std::vector (API.md's type): a heap block for every view. The op's
 // request has the shapes (its TensorSpecs, in place), and what runs the op reads only each
 // view's data, dtype, device and element count. So the submission frees each view's shape as
-// it queues the op (detail::TensorViewAccess in op_state.h), while the block is still in the cache,
-// rather than with the op's record, a step later where a step has thousands of ops, when the
-// free read a cold block header. P3 (10,000 tiny ops a step, 2 ranks on the 2-core AMD EPYC
-// VM): 0.96 of the step (README "Issue 26's fourteenth round"). Read an op's shapes from
-// `request.tensors`, never from its views.
+// it queues the op (detail::TensorViewAccess in op_state.h), while the block is still in the
+// cache, rather than with the op's record, a step later where a step has thousands of ops,
+// when the free read a cold block header. P3 (10,000 tiny ops a step, 2 ranks on the 2-core
+// AMD EPYC VM): 0.96 of the step (README "Issue 26's fourteenth round"). Read an op's shapes
+// from `request.tensors`, never from its views.
 
 // Start loading what a lookup by (set, name) reads of `entry`: prefetch_key() its hash and its
 // request's set and name, prefetch_request() all of its request as well (what the response
@@ -116,7 +116,8 @@ class TensorQueue {
 
   // Communication thread. Entries pushed since the last call, oldest first. The queue owns
   // them (Note [Ops not yet drained]): each pointer is valid until its entry is taken (take(),
-  // take_all(), take_set()) or the queue closed, which only the communication thread does.
+  // take_all(), take_set()) or the queue is closed, so the caller uses them before it does any
+  // of those (the loop's cycle, and its end, which closes the queue, run one at a time).
   std::vector<Entry*> drain_new() TUTTI_EXCLUDES(mutex_);
   // Communication thread. As drain_new(), appending to `into`; when `into` is empty the queue
   // keeps its buffer for the next pushes, so that a caller that clears and reuses one vector
@@ -171,7 +172,7 @@ class TensorQueue {
   // The ops pushed and not yet drained, in push order. in_flight_ owns every op until it is
   // taken; this list only points at the ones it also holds (Entry::queued), so a push copies no
   // shared pointer (an atomic count up, and one down once the op is drained: two locked
-  // instructions, some 4 % of P3's 10,000-op step; README "Issue 26's fourteenth round"). An op
+  // instructions, some 3 % of P3's 10,000-op step; README "Issue 26's fourteenth round"). An op
   // taken before it is drained (its set removed, the queue closed, or a response that reaches a
   // rank that joined while one of its threads still submits) leaves this list as it is taken.
   std::vector<Entry*> new_ TUTTI_GUARDED_BY(mutex_);

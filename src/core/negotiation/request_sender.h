@@ -55,7 +55,8 @@ class RequestSender {
   const bool send_sequences_;
   const bool shares_cpu_;
   bool last_sent_ = false;
-  std::vector<Entry*> entries_;  // take_new()'s batch; empty between calls.
+  // take_new()'s batch, the queue's entries (TensorQueue::drain_new()); empty between calls.
+  std::vector<Entry*> entries_;
   // Note [Lookup by the next id] in request_sender.cc: the id the next op is expected to hit
   // (the last hit's, plus one), and whether the last op looked up hit the id it was expected to
   // (only then does the next lookup try the expected id first).
