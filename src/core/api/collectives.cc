@@ -35,7 +35,8 @@ struct Submission {
   // `own` is true only for Tutti's own ops, which may use the reserved "tutti." names.
   Submission(Collective op, std::string name, int process_set_id, bool own = false) {
     session = core::Runtime::get().session_for_op().value_or_throw();
-    set = session->process_set(process_set_id).value_or_throw();
+    set = process_set_id == 0 ? session->global_set()
+                              : session->process_set(process_set_id).value_or_throw();
     if (!set.includes_me()) {
       invalid(str_cat(to_string(op), " on process set ", process_set_id,
                       " which does not include rank ", session->topology().rank));
