@@ -12,9 +12,34 @@
 
 namespace tutti::detail {
 
+// A hint to the CPU that this thread spins on a value another CPU will change.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class TUTTI_CAPABILITY("mutex") Mutex {
  public:
   void lock() TUTTI_ACQUIRE() { mutex_.lock(); }
+  // lock(), but while another thread holds the lock, first tries again for up to `spin` before
+  // sleeping on it: for locks held for a few microseconds by a thread on another CPU, where a
+  // sleep and a wake-up (two system calls, a context switch) cost more than the wait. Never
+  // where the holder may run on this thread's CPU: it cannot let go while this thread spins.
+  // A zero `spin` is lock().
+  void lock_spinning(std::chrono::nanoseconds spin) TUTTI_ACQUIRE() {
+    if (mutex_.try_lock()) return;
+    if (spin.count() > 0) {
+      const auto until = std::chrono::steady_clock::now() + spin;
+      do {
+        for (int i = 0; i < 16; ++i) cpu_relax();
+        if (mutex_.try_lock()) return;
+      } while (std::chrono::steady_clock::now() < until);
+    }
+    mutex_.lock();
+  }
   void unlock() TUTTI_RELEASE() { mutex_.unlock(); }
   // Takes the lock if it is free; true if it did.
   bool try_lock() TUTTI_TRY_ACQUIRE(true) { return mutex_.try_lock(); }
@@ -28,6 +53,10 @@ class TUTTI_CAPABILITY("mutex") Mutex {
 class TUTTI_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mutex) TUTTI_ACQUIRE(mutex) : mutex_(mutex) { mutex_.lock(); }
+  // With Mutex::lock_spinning(spin).
+  MutexLock(Mutex& mutex, std::chrono::nanoseconds spin) TUTTI_ACQUIRE(mutex) : mutex_(mutex) {
+    mutex_.lock_spinning(spin);
+  }
   ~MutexLock() TUTTI_RELEASE() { mutex_.unlock(); }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;

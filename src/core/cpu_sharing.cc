@@ -11,13 +11,17 @@ CpuSharing decide_cpu_sharing(int allowed_cpus, unsigned host_cpus, const ops::T
                               bool comm_thread_pinned) {
   const bool ranks_exceed_cpus =
       host_cpus != 0 && static_cast<unsigned>(topology.local_size) > host_cpus;
-  if (comm_thread_pinned) return CpuSharing{.ranks_exceed_cpus = ranks_exceed_cpus};
+  const std::chrono::nanoseconds spin_unless_crowded =
+      ranks_exceed_cpus ? std::chrono::nanoseconds{0} : kLockSpin;
+  if (comm_thread_pinned)
+    return CpuSharing{.ranks_exceed_cpus = ranks_exceed_cpus, .lock_spin = spin_unless_crowded};
   // One CPU for the process: mpirun binds each of a few ranks to a core. Or as many ranks on
   // the host as CPUs (cores_shared, the same on every rank).
   const bool shares = allowed_cpus == 1 || topology.cores_shared;
   return CpuSharing{.shares_cpu = shares,
                     .poll_without_yield = shares && !ranks_exceed_cpus,
-                    .ranks_exceed_cpus = ranks_exceed_cpus};
+                    .ranks_exceed_cpus = ranks_exceed_cpus,
+                    .lock_spin = shares ? std::chrono::nanoseconds{0} : spin_unless_crowded};
 }
 
 CpuSharing this_process_cpu_sharing(const ops::Topology& topology, bool comm_thread_pinned) {

@@ -4,6 +4,8 @@
 // background_loop.h, Note [Batching on a shared CPU] in negotiation/request_sender.cc.
 #pragma once
 
+#include <chrono>
+
 #include "ops/transport.h"
 
 namespace tutti::core {
@@ -17,7 +19,15 @@ struct CpuSharing {
   bool poll_without_yield = false;
   // The host runs more ranks than it has CPUs: a thread that spins keeps a CPU a peer needs.
   bool ranks_exceed_cpus = false;
+  // How long a thread spins on the TensorQueue's lock held by another before sleeping on it
+  // (Note [The queue's lock on spare CPUs] in tensor_queue.h): only where the application's
+  // threads and the communication thread have CPUs of their own and no peer needs them.
+  std::chrono::nanoseconds lock_spin{0};
 };
+
+// CpuSharing::lock_spin where spinning is allowed: longer than the queue's lock is usually
+// held, and short against a sleep and a wake-up.
+inline constexpr std::chrono::nanoseconds kLockSpin{20'000};
 
 // `allowed_cpus`: the CPUs this process may run on (sched_getaffinity; 0 if unknown);
 // `host_cpus`: the host's online CPUs (0 if unknown); `comm_thread_pinned`: TUTTI_THREAD_AFFINITY

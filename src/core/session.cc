@@ -66,6 +66,7 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .config = config_,
              .sharing = sharing_}) {
   detail::set_wait_spins(!loop_.sharing().shares_cpu);
+  queue_.spin_on_contention(sharing_.lock_spin);
   // See Note [Drivers by kind] in op_state.cc: ops name these by kind.
   detail::set_drivers(loop_driver_, p2p_);
   const ops::Topology& where = transport_->topology();

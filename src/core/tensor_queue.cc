@@ -44,7 +44,7 @@ std::shared_ptr<detail::OpState> handle_state(const std::shared_ptr<Entry>& entr
 TensorQueue::TensorQueue(FlightRecorder* recorder) : recorder_(recorder) {
   if (recorder_ == nullptr || !recorder_->enabled()) return;
   recorder_->set_flush([this] {
-    detail::MutexLock lock(mutex_);
+    detail::MutexLock lock(mutex_, spin_);
     record_new();
   });
 }
@@ -77,7 +77,7 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
   if (!request.name.empty())
     entry->name_hash = name_hash(OpKeyView{request.process_set_id, request.name});
   {
-    detail::MutexLock lock(mutex_);
+    detail::MutexLock lock(mutex_, spin_);
     if (!closed_.ok()) return closed_;
     if (request.name.empty()) {
       // See Note [Automatic names].
@@ -110,7 +110,7 @@ std::vector<Entry*> TensorQueue::drain_new() {
 }
 
 void TensorQueue::drain_new(std::vector<Entry*>* into) {
-  detail::MutexLock lock(mutex_);
+  detail::MutexLock lock(mutex_, spin_);
   record_new();
   for (Entry* entry : new_) entry->queued = false;
   if (into->empty()) {
@@ -130,7 +130,7 @@ void TensorQueue::forget_queued(Entry& entry) {
 std::shared_ptr<Entry> TensorQueue::take(int process_set_id, std::string_view name) {
   const OpKeyView key{process_set_id, name};
   const std::uint64_t hash = name_hash(key);  // Outside the lock.
-  detail::MutexLock lock(mutex_);
+  detail::MutexLock lock(mutex_, spin_);
   std::shared_ptr<Entry> taken = in_flight_.take(key, hash);
   if (taken != nullptr && !new_.empty()) forget_queued(*taken);
   return taken;
@@ -145,7 +145,7 @@ void TensorQueue::take_all(std::span<Take> takes) {
   constexpr std::size_t kStride = 8;
   for (std::size_t begin = 0; begin < takes.size(); begin += kPerLock) {
     const std::size_t end = std::min(takes.size(), begin + kPerLock);
-    detail::MutexLock lock(mutex_);
+    detail::MutexLock lock(mutex_, spin_);
     for (std::size_t j = begin; j < end + 2 * kStride; ++j) {
       if (j < end) in_flight_.prefetch(takes[j].hash);
       if (j >= begin + kStride && j - kStride < end) {
@@ -169,13 +169,13 @@ void TensorQueue::skip_automatic_name(int process_set_id, const std::string& nam
   std::uint64_t n = 0;
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
   if (error != std::errc() || end != digits.data() + digits.size() || digits.empty()) return;
-  detail::MutexLock lock(mutex_);
+  detail::MutexLock lock(mutex_, spin_);
   std::uint64_t& count = unnamed_counts_[process_set_id];
   count = std::max(count, n + 1);
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
-  detail::MutexLock lock(mutex_);
+  detail::MutexLock lock(mutex_, spin_);
   std::vector<std::shared_ptr<Entry>> taken;
   in_flight_.take_if(
       [&](const std::shared_ptr<Entry>& entry) {
@@ -187,7 +187,7 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::with_cache_hit(std::int32_t id) const {
-  detail::MutexLock lock(mutex_);
+  detail::MutexLock lock(mutex_, spin_);
   std::vector<std::shared_ptr<Entry>> found;
   in_flight_.for_each([&](const std::shared_ptr<Entry>& entry) {
     if (entry->cache_hit == id) found.push_back(entry);
@@ -196,14 +196,14 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::with_cache_hit(std::int32_t id)
 }
 
 bool TensorQueue::empty() const {
-  detail::MutexLock lock(mutex_);
+  detail::MutexLock lock(mutex_, spin_);
   return in_flight_.empty();
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
   std::vector<std::shared_ptr<Entry>> pending;
   {
-    detail::MutexLock lock(mutex_);
+    detail::MutexLock lock(mutex_, spin_);
     if (closed_.ok()) closed_ = status;
     record_new();  // So that the ring shows how the ops never drained end.
     in_flight_.for_each([&](const std::shared_ptr<Entry>& entry) { pending.push_back(entry); });
@@ -216,7 +216,7 @@ std::vector<std::shared_ptr<Entry>> TensorQueue::close(const Status& status) {
 
 void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  detail::MutexLock lock(mutex_);
+  detail::MutexLock lock(mutex_, spin_);
   sleeping_ = true;
   while (new_.empty() && !woken_ && cv_.wait_until(mutex_, deadline)) {
   }
@@ -226,7 +226,7 @@ void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {
 
 void TensorQueue::wake() {
   {
-    detail::MutexLock lock(mutex_);
+    detail::MutexLock lock(mutex_, spin_);
     woken_ = true;
   }
   cv_.notify_all();

@@ -154,6 +154,11 @@ class TensorQueue {
   void wait_for_work(std::chrono::microseconds timeout) TUTTI_EXCLUDES(mutex_);
   void wake() TUTTI_EXCLUDES(mutex_);  // Any thread.
 
+  // How long a thread that finds the queue's lock held spins before it sleeps on it (Note
+  // [The queue's lock on spare CPUs]); zero, the default, sleeps at once. Set before any
+  // other thread uses the queue.
+  void spin_on_contention(std::chrono::nanoseconds spin) { spin_ = spin; }
+
  private:
   // Records the entries of new_ that have no record yet, in order, under one recorder lock.
   void record_new() TUTTI_REQUIRES(mutex_);
@@ -162,6 +167,19 @@ class TensorQueue {
   void forget_queued(Entry& entry) TUTTI_REQUIRES(mutex_);
 
   FlightRecorder* const recorder_;
+  // Note [The queue's lock on spare CPUs]
+  // Submitting threads push under the queue's lock while the communication thread drains, takes
+  // and records under it, each for a microsecond or a few. Where the two run on CPUs of their
+  // own, a burst of submissions meets the lock held over and over, and a std::mutex sleeps at
+  // once: a system call and a context switch to sleep, one more for the holder to wake the
+  // sleeper. P3's driver at one rank, the rank unbound on the 2-core AMD EPYC VM (its two
+  // threads on two CPUs, as on a host with spare cores), spent 38 % of its samples in the
+  // kernel switching and waking, about 75 sleeps of the submitter a step, and took 4.0-4.2 ms
+  // a step against 1.9 with both threads bound to one core. Spinning a few microseconds
+  // before sleeping fits the lock's short holds; where the threads share a CPU the holder
+  // cannot run while a waiter spins, so there the lock sleeps at once, as before
+  // (CpuSharing::lock_spin).
+  std::chrono::nanoseconds spin_{0};
   mutable detail::Mutex mutex_;
   detail::CondVar cv_;
   // The communication thread waits on cv_; push() must notify.

@@ -22,12 +22,17 @@ TEST_CASE("A rank bound to one core shares it and polls without yielding", "[sha
   CHECK(sharing.shares_cpu);
   CHECK(sharing.poll_without_yield);
   CHECK_FALSE(sharing.ranks_exceed_cpus);
+  // The queue's lock holder may be this CPU's other thread: no spinning on it.
+  CHECK(sharing.lock_spin.count() == 0);
 }
 
 TEST_CASE("A rank free to run on several of many CPUs shares none", "[sharing]") {
   const CpuSharing sharing = decide_cpu_sharing(16, 16, host(2, false), false);
   CHECK_FALSE(sharing.shares_cpu);
   CHECK_FALSE(sharing.poll_without_yield);
+  // The threads run on CPUs of their own: a contended lock spins before sleeping.
+  CHECK(sharing.lock_spin == kLockSpin);
+  CHECK(kLockSpin.count() > 0);
 }
 
 TEST_CASE("As many ranks as CPUs share them; more ranks than CPUs still yield", "[sharing]") {
@@ -39,9 +44,12 @@ TEST_CASE("As many ranks as CPUs share them; more ranks than CPUs still yield", 
   CHECK(over.shares_cpu);
   CHECK_FALSE(over.poll_without_yield);
   CHECK(over.ranks_exceed_cpus);
+  CHECK(even.lock_spin.count() == 0);
+  CHECK(over.lock_spin.count() == 0);
   // Unknown CPU counts decide nothing by themselves.
   const CpuSharing unknown = decide_cpu_sharing(0, 0, host(4, false), false);
   CHECK_FALSE(unknown.shares_cpu);
+  CHECK(unknown.lock_spin == kLockSpin);
 }
 
 TEST_CASE("A communication thread pinned by TUTTI_THREAD_AFFINITY has a CPU of its own",
@@ -51,6 +59,9 @@ TEST_CASE("A communication thread pinned by TUTTI_THREAD_AFFINITY has a CPU of i
   CHECK_FALSE(sharing.poll_without_yield);
   // Pinned or not, four ranks on two CPUs are too many to spin.
   CHECK(sharing.ranks_exceed_cpus);
+  CHECK(sharing.lock_spin.count() == 0);
+  // Two ranks on 16 CPUs, each communication thread pinned to a CPU of its own.
+  CHECK(decide_cpu_sharing(1, 16, host(2, false), true).lock_spin == kLockSpin);
 }
 
 }  // namespace
