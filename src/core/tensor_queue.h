@@ -174,10 +174,10 @@ class TensorQueue {
   // once: a system call and a context switch to sleep, one more for the holder to wake the
   // sleeper. P3's driver at one rank, the rank unbound on the 2-core AMD EPYC VM (its two
   // threads on two CPUs, as on a host with spare cores), spent 38 % of its samples in the
-  // kernel switching and waking, about 75 sleeps of the submitter a step, and took 4.0-4.2 ms
-  // a step against 1.9 with both threads bound to one core. Spinning a few microseconds
-  // before sleeping fits the lock's short holds; where the threads share a CPU the holder
-  // cannot run while a waiter spins, so there the lock sleeps at once, as before
+  // kernel switching and waking, about 75 sleeps of the submitter a step, and took 3.9-4.6 ms
+  // a step against 1.9 with both threads bound to one core (1.5-2.4 ms with the spin). Spinning a
+  // few microseconds before sleeping fits the lock's short holds; where the threads share a CPU the
+  // holder cannot run while a waiter spins, so there the lock sleeps at once, as before
   // (CpuSharing::lock_spin).
   std::chrono::nanoseconds spin_{0};
   mutable detail::Mutex mutex_;
