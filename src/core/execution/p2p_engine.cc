@@ -110,8 +110,8 @@ void P2PEngine::drive() {
                  str_cat("point-to-point progress on an application thread failed: ", e.what()));
     }
     // The loop may be asleep, not knowing of the ops this step started (perhaps other
-    // threads' ops) that are still in flight: nobody else may drive them.
-    if (!failed_.ok() || (started_ && busy())) wake_loop_();
+    // threads' ops) that are still in flight (Note [Waking the loop for point-to-point]).
+    if (!failed_.ok() || (started_ && needs_polling())) wake_loop_();
   }
   mutex_.unlock();
 }
@@ -119,6 +119,13 @@ void P2PEngine::drive() {
 void P2PEngine::hand_back() {
   detail::MutexLock lock(mutex_);
   if (!finished_) wake_loop_();
+}
+
+bool P2PEngine::needs_polling() const {
+  return !active_.empty() ||
+         std::any_of(waiting_.begin(), waiting_.end(), [](const P2POpEntry& op) {
+           return op.entry->inputs[0].byte_size() > kInlineBytes;
+         });
 }
 
 Status P2PEngine::step(Clock::time_point now, bool* did_work) {

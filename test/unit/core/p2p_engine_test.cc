@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // P2PEngine's sharing between threads (Note [A waiting thread drives point-to-point] in
 // src/core/execution/p2p_engine.h), on a scripted channel: a driving thread starts and completes
-// ops and wakes the loop only for what stays in flight; its errors reach the loop's progress();
+// ops and wakes the loop only for what stays in flight and moves only while polled (Note [Waking
+// the loop for point-to-point]); its errors reach the loop's progress();
 // the loop skips a step while another thread runs one; nothing is driven after finish().
 #include "src/core/execution/p2p_engine.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,12 +27,14 @@
 namespace tutti::core {
 namespace {
 
-// A channel whose sends complete at once and whose headers never arrive, unless told
-// otherwise. Counts its calls; `gate` (if set) holds take_header() until opened.
+// A channel whose sends complete at once (unless `sends_finish` is false) and whose headers
+// never arrive, unless told otherwise. Counts its calls; `gate` (if set) holds take_header() until
+// opened.
 class ScriptedChannel final : public ops::P2PChannel {
  public:
   struct Script {
     std::atomic<int> sends{0};
+    std::atomic<bool> sends_finish{true};
     std::atomic<int> header_probes{0};
     std::atomic<bool> destroyed{false};
     Status header_error;  // take_header() fails with it if not OK.
@@ -47,7 +51,7 @@ class ScriptedChannel final : public ops::P2PChannel {
   int max_tag() const override { return 1 << 24; }
   Result<Id> start_send(int, int, std::string, const void*, std::size_t) override {
     ++script_.sends;
-    done_.push_back(next_);
+    if (script_.sends_finish) done_.push_back(next_);
     return next_++;
   }
   Result<std::optional<Header>> take_header(int, int) override {
@@ -83,22 +87,23 @@ struct Fixture {
   Config config;
   std::atomic<int> wakes{0};
   std::shared_ptr<P2PEngine> engine;
-  std::vector<float> data = std::vector<float>(4, 1.0f);
+  // Room for a message of more than P2PEngine::kInlineBytes.
+  std::vector<float> data = std::vector<float>(P2PEngine::kInlineBytes, 1.0f);
 
   Fixture() {
     engine = std::make_shared<P2PEngine>(std::make_unique<ScriptedChannel>(script), queue,
                                          completer, config, /*drivable=*/true, [this] { ++wakes; });
   }
 
-  // A queued send (or receive) of `data` to (from) rank 1, tag 0; returns its state.
-  std::shared_ptr<detail::OpState> push(bool send) {
+  // A queued send (or receive) of `floats` of `data` to (from) rank 1, tag 0; returns its state.
+  std::shared_ptr<detail::OpState> push(bool send, std::int64_t floats = 4) {
     P2POpEntry op{.send = send,
                   .peer = 1,
                   .tag = 0,
                   .set_id = 0,
                   .channel_tag = P2PEngine::channel_tag(0, 0),
                   .entry = std::make_shared<Entry>()};
-    op.entry->inputs.push_back(TensorView(data.data(), {4}));
+    op.entry->inputs.push_back(TensorView(data.data(), {floats}));
     op.entry->state = std::make_shared<detail::OpState>();
     op.entry->submitted = std::chrono::steady_clock::now();
     std::shared_ptr<detail::OpState> state = op.entry->state;
@@ -120,21 +125,53 @@ TEST_CASE("A driven step starts and completes a send without waking the loop", "
   CHECK(f.wakes == 0);
 }
 
-TEST_CASE("A driven step that leaves a receive in flight wakes the loop once", "[p2p]") {
+TEST_CASE("A driven step leaves a small receive to its waiter without waking the loop", "[p2p]") {
   Fixture f;
-  std::shared_ptr<detail::OpState> receive = f.push(false);
+  // kInlineBytes exactly: the message would arrive whole inside its header.
+  std::shared_ptr<detail::OpState> receive =
+      f.push(false, static_cast<std::int64_t>(P2PEngine::kInlineBytes / sizeof(float)));
   f.engine->drive();
   CHECK(f.script.header_probes == 1);
   CHECK_FALSE(receive->done());
-  CHECK(f.engine->busy());
+  CHECK(f.engine->busy());  // The loop, when it next looks, polls for it.
+  CHECK(f.wakes == 0);
+  // A waiter that gives up hands it to the loop.
+  f.engine->hand_back();
+  CHECK(f.wakes == 1);
+  f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
+  CHECK(receive->wait().code() == ErrorCode::ShutDown);
+}
+
+TEST_CASE("A driven step that leaves a large receive waiting wakes the loop once", "[p2p]") {
+  Fixture f;
+  // One float past kInlineBytes: the data would follow the header.
+  std::shared_ptr<detail::OpState> receive =
+      f.push(false, static_cast<std::int64_t>(P2PEngine::kInlineBytes / sizeof(float)) + 1);
+  f.engine->drive();
+  CHECK_FALSE(receive->done());
   CHECK(f.wakes == 1);
   // Later steps start nothing new: the loop already knows.
   f.engine->drive();
   CHECK(f.script.header_probes == 2);
   CHECK(f.wakes == 1);
-  f.engine->hand_back();
+  f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
+  CHECK(receive->wait().code() == ErrorCode::ShutDown);
+}
+
+TEST_CASE("A driven step that leaves a send unfinished wakes the loop", "[p2p]") {
+  Fixture f;
+  f.script.sends_finish = false;
+  std::shared_ptr<detail::OpState> send = f.push(true);
+  f.engine->drive();
+  CHECK(f.script.sends == 1);
+  CHECK_FALSE(send->done());
+  CHECK(f.wakes == 1);
+  // A later step that starts a small receive wakes it again: the send still needs polling.
+  std::shared_ptr<detail::OpState> receive = f.push(false);
+  f.engine->drive();
   CHECK(f.wakes == 2);
   f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
+  CHECK(send->wait().code() == ErrorCode::ShutDown);
   CHECK(receive->wait().code() == ErrorCode::ShutDown);
 }
 
