@@ -38,12 +38,15 @@
 // data), and a receive of more than kInlineBytes (its data follows its header, and the sender's
 // MPI pipelines it only while both ends poll). A receive of up to kInlineBytes that is still
 // waiting for its message needs nobody: the message arrives whole, inside its header, with no
-// help from this rank, and the thread that waits on or polls the receive takes it. Waking the
-// loop for it cost a ping-pong a wake-up of the communication thread per message (about 0.4
-// context switches per rank and round trip on the 2-core AMD EPYC VM, 0.01 without; its
-// one-way latency 1.36 against 1.30 us). The loop still finds such a receive on its own: it
-// naps for at most kIdleCap (background_loop.cc), then polls while ops are in flight, so a
-// receive nobody waits on is still watched for stalls and completed.
+// help from this rank, and the thread that waits on or polls the receive takes it. (A larger
+// message than the receive expects is a Mismatch; it is consumed when the receive is next
+// polled.) Waking the loop for it cost P6's ping-pong a wake-up of the communication thread per
+// message: 0.85 context switches a round trip over both ranks on the 2-core AMD EPYC VM, 0.02
+// without; one-way 1.34-1.37 us against 1.30-1.33. Where such a wake-up is dear it was worse:
+// once idle past kP2PSpinTime the loop sleeps again after each look, so every message paid two
+// context switches and a timer (README, issue 26's sixteenth round). The loop still finds such
+// a receive on its own: it naps for at most kIdleCap (background_loop.cc), then polls while
+// ops are in flight, so a receive nobody waits on is still watched for stalls and completed.
 #pragma once
 
 #include <atomic>

@@ -31,7 +31,8 @@ TEST_CASE("str_cat prints integers at their limits as an ostream does", "[string
         as_ostream_prints(std::numeric_limits<std::int64_t>::min()));
   CHECK(str_cat(std::numeric_limits<std::uint64_t>::max()) == "18446744073709551615");
   CHECK(str_cat(std::numeric_limits<int>::min(), ' ', 0, ' ', -1) == "-2147483648 0 -1");
-  CHECK(str_cat(short{-12}, 'x', std::size_t{42}) == as_ostream_prints(short{-12}, 'x', std::size_t{42}));
+  CHECK(str_cat(short{-12}, 'x', std::size_t{42}) ==
+        as_ostream_prints(short{-12}, 'x', std::size_t{42}));
 }
 
 TEST_CASE("str_cat prints characters, bools and strings as an ostream does", "[strings]") {
