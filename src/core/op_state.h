@@ -79,6 +79,9 @@ class OpState {
   // it go either way: for a thread that goes on with other work after (Note [A submitting
   // thread keeps its backlog short] in submission_window.h). Returns done(). Any thread.
   bool drive_for(std::chrono::microseconds time) const;
+  // wait() and drive_for() read the clock once every this many steps of the driver: up to
+  // kStepsPerClockRead - 1 steps may run past their time.
+  static constexpr unsigned kStepsPerClockRead = 8;
 
   // The op's results, or an empty OpResults if it produced none. Read after done().
   const OpResults& results() const { return results_ ? *results_ : kNoResults; }
@@ -95,7 +98,8 @@ class OpState {
  private:
   friend class core::Completer;  // The one place ops are completed (Note [Completion]).
   void complete(Status status);
-  // Steps `by` until the op is done or `until`; the caller has taken it over.
+  // Steps `by` until the op is done or `until`; the caller has taken it over. The clock is read
+  // every kStepsPerClockRead steps, so up to kStepsPerClockRead - 1 steps may run past `until`.
   void drive_until(Driver& by, std::chrono::steady_clock::time_point until) const;
 
   // 1 once complete. An int, not a bool: a sleeper waits on it with C++20's atomic wait, which

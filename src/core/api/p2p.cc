@@ -3,6 +3,7 @@
 // queued), then P2POpEntries on the session's P2PQueue (Note [P2P stage] in p2p_engine.h).
 #include "tutti/p2p.h"
 
+#include "src/base/coarse_clock.h"
 #include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "src/core/op_state.h"
@@ -48,7 +49,8 @@ core::P2POpEntry make_op(const core::SetInfo& set, bool is_send, const TensorVie
   op.entry->request.process_set_id = set.id;
   op.entry->inputs.push_back(tensor);
   op.entry->state = std::make_shared<detail::OpState>();
-  op.entry->submitted = std::chrono::steady_clock::now();
+  // Read only for stall checks, in seconds (Note [Coarse clock] in src/base/coarse_clock.h).
+  op.entry->submitted = base::coarse_now();
   return op;
 }
 

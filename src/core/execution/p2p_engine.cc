@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "src/base/coarse_clock.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
 #include "src/core/op_state.h"
@@ -103,7 +104,9 @@ void P2PEngine::drive() {
     started_ = false;
     // The caller's poll() never throws; the loop turns its own exceptions into a stop too.
     try {
-      failed_ = step(Clock::now(), &did_work);
+      // The time is only for stall checks, which count in seconds; a waiting thread runs a
+      // step every few hundred nanoseconds (Note [Coarse clock] in src/base/coarse_clock.h).
+      failed_ = step(base::coarse_now(), &did_work);
     } catch (const std::exception& e) {
       failed_ =
           Status(ErrorCode::Internal,

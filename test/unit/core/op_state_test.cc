@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -30,6 +31,16 @@ struct CountingDriver final : detail::Driver {
   Entry& entry;
   int done_at;
   int drives = 0, take_overs = 0, let_goes = 0, hand_backs = 0;
+};
+
+// Never completes its op; each step takes at least 100 us.
+struct SlowDriver final : detail::Driver {
+  void drive() override {
+    ++drives;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  void hand_back() override {}
+  int drives = 0;
 };
 
 TEST_CASE("A waiting thread drives an op with the running session's driver of its kind",
@@ -81,6 +92,20 @@ TEST_CASE("An op of no driver kind, or whose driver is gone, is not driven", "[o
   detail::set_drivers(next, {});
   CHECK(handle_state(entry)->drive_for(std::chrono::milliseconds(100)));
   CHECK(next->drives == 1);
+  detail::set_drivers({}, {});
+}
+
+TEST_CASE("drive_for() stops within kStepsPerClockRead steps of its deadline", "[op_state]") {
+  // SlowDriver never completes its op and takes at least 100 us a step: within 1 ms at most
+  // 10 steps fit, and the clock, read every kStepsPerClockRead steps, ends it after at most
+  // kStepsPerClockRead - 1 more. A slower machine only makes the steps longer, so fewer.
+  const std::shared_ptr<Entry> entry = make_entry();
+  const auto slow = std::make_shared<SlowDriver>();
+  detail::set_drivers({}, slow);
+  entry->state->driver = detail::DriverKind::PointToPoint;
+  CHECK_FALSE(handle_state(entry)->drive_for(std::chrono::milliseconds(1)));
+  CHECK(slow->drives >= 1);
+  CHECK(slow->drives <= 10 + static_cast<int>(detail::OpState::kStepsPerClockRead) - 1);
   detail::set_drivers({}, {});
 }
 
