@@ -16,9 +16,9 @@ namespace tutti::detail {
 // One argument of str_cat(), as an ostream prints it. Strings and integers are appended
 // directly: through an ostringstream (its locale, its buffer) a point-to-point op's name took
 // 227 ns, appended 20 ns (2-core AMD EPYC VM), and the stream was a sixth of the op's own
-// time (issue 26, P6). Character
-// types print as characters and bool as 1 or 0, as on an ostream; anything else (floating
-// point, enums, types with their own operator<<) goes through one.
+// time (issue 26, P6). Character types print as characters and bool as 1 or 0, as on an
+// ostream; anything else (floating point, enums, types with their own operator<<) goes
+// through one.
 template <class T>
 void append_printed(std::string& out, const T& value) {
   if constexpr (std::is_same_v<T, bool>) {
