@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "ops/mpi/mpi_error.h"
+#include "src/common/mutex.h"
 
 namespace tutti::ops::shm {
 namespace {
@@ -17,14 +18,6 @@ constexpr int kCounters = 3;
 constexpr std::size_t kHeaderBytes = kCounters * kCacheLine;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
-
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Peers normally arrive within microseconds (they run the same collective), so spin first;
 // past that a peer may be descheduled, and yielding the core lets it run, or lets this rank's
@@ -50,14 +43,14 @@ template <class Done>
 void wait_until(Done done, MPI_Comm comm, bool oversubscribed) {
   for (int i = 0; i < 200; ++i) {
     if (done()) return;
-    cpu_relax();
+    detail::cpu_relax();
   }
   const auto start = std::chrono::steady_clock::now();
   if (!oversubscribed) {
     while (!done() && std::chrono::steady_clock::now() - start < kOwnCpuSpin) {
       int flag = 0;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
-      for (int i = 0; i < 50 && !done(); ++i) cpu_relax();
+      for (int i = 0; i < 50 && !done(); ++i) detail::cpu_relax();
     }
   }
   while (!done()) {
