@@ -17,19 +17,6 @@ namespace {
 using detail::str_cat;
 using std::chrono::microseconds;
 
-// Idle policy: while an application thread waits on an op, spin this long after the last work
-// (the answer it waits for may come any moment, and its core is idle anyway); otherwise, and
-// after that, sleep with a timeout that grows with the idle time up to a cap: short while ops
-// are in flight, long when nothing is (an idle job then wakes ~100 times/s: each wake-up costs
-// some 20 us of CPU on a VM, a context switch and a poll of MPI: P4 read 0.7-1.1 % on the
-// 2-core AMD EPYC VM with a 5 ms cap, 0.4-0.5 % with this one). Not spinning
-// while nobody waits leaves the core to the application's computation: during an overlapped
-// backward pass the hooks' submissions each wake this thread, and spinning after each took
-// the core from backward() on machines without spare cores.
-constexpr microseconds kSpinTime{50};
-constexpr microseconds kBusyCap{200};
-constexpr microseconds kIdleCap{10000};
-constexpr microseconds kP2PSpinTime{2000};
 // While an application thread runs the cycles, the loop looks in this often anyway (a stop
 // request; a stream of overlapping drivers): Note [A waiting thread runs the cycle].
 constexpr microseconds kDrivenWatch{1000};
@@ -135,24 +122,11 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
     parts_.timeline.mark_cycle();
     return std::nullopt;
   }
-  const auto idle = std::chrono::duration_cast<microseconds>(now - last_work_);
-  if (idle < kSpinTime && detail::app_threads_waiting()) {
-    // Note [Waiting on a shared CPU].
-    pause->yield = !parts_.sharing.poll_without_yield;
-  } else if (parts_.plane.receiving()) {
-    // A message partly received completes only while the plane is polled.
-    pause->yield = true;
-  } else if (parts_.p2p.busy() && (idle < kP2PSpinTime || detail::app_threads_waiting())) {
-    // Point-to-point ops in flight: poll on for a while (ping-pong latency), and for as long
-    // as an application thread waits. A large message moves only while both ends poll (MPI
-    // pipelines it in fragments when it cannot copy it in one go), and its progress is
-    // invisible until it completes, so `idle` grows during a healthy transfer: napping then
-    // cut the bandwidth to a fragment per nap (Note [The cycle]).
-    pause->yield = true;
-  } else {
-    const microseconds cap = parts_.queue.empty() && !parts_.p2p.busy() ? kIdleCap : kBusyCap;
-    pause->nap = std::clamp(idle / 8, microseconds{10}, cap);
-  }
+  *pause = idle_pause({.idle = std::chrono::duration_cast<microseconds>(now - last_work_),
+                       .app_waiting = detail::app_threads_waiting(),
+                       .receiving = parts_.plane.receiving(),
+                       .p2p_busy = parts_.p2p.busy(),
+                       .queue_empty = parts_.queue.empty()});
   return std::nullopt;
 }
 

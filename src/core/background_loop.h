@@ -43,22 +43,28 @@
 // On rank 0, stage 1 hands its list to stage 2 and stage 2 its lists to stage 3 directly;
 // everywhere else they travel over the control plane. One cycle: run the device checks,
 // receive messages (ResponseLists, or on rank 0 RequestLists), send this rank's new requests,
-// and on rank 0 emit the next ResponseList. When a cycle finds nothing to do the thread spins
-// briefly, then sleeps on the queue with a timeout that grows with idleness (see kIdleCap).
+// and on rank 0 emit the next ResponseList. When a cycle finds nothing to do the thread polls
+// on briefly, then sleeps on the queue with a timeout that grows with idleness (idle_policy.h).
 //
 // Note [Waiting on a shared CPU]
-// While an application thread waits on an op, the communication thread polls without pause
-// for kSpinTime after the last progress. Where the two have CPUs of their own, the waiting
-// thread spins too (20 us, OpState::wait()) and the loop yields between cycles. Where they
-// share a CPU (mpirun binds each of a few ranks to one core; as many ranks as cores), those
-// yields only hand the CPU back and forth: each costs a system call and a context switch, and
-// the loop polled every ~2 us. So there the waiting thread sleeps at once, and the op's
-// completion wakes it (a woken thread preempts a running one), and the loop polls without
-// yielding. Unless the host has more ranks than CPUs: then the CPU a rank keeps is one its
-// peers need to answer it, and the loop yields as before. The lone small allreduce (P2, 2
-// ranks each bound to a core of the 2-core AMD EPYC VM, four alternated runs) took 14.7-18.6 us
-// before, 8.1-9.5 after: the coordinator's answer had reached rank 1 some 6 us after it was
-// sent, its loop taking turns with the waiting thread; 0.6 us after.
+// While an application thread waits on an op, the communication thread polls for kSpinTime
+// after the last progress. Where the two have CPUs of their own, the waiting thread spins too
+// (20 us, OpState::wait()). Where they share a CPU (mpirun binds each of a few ranks to one
+// core; as many ranks as cores), that spin only took turns with the thread it waits for, each
+// turn a system call and a context switch: the lone small allreduce (P2, 2 ranks each bound to
+// a core of the 2-core AMD EPYC VM, four alternated runs) took 14.7-18.6 us with it, 8.1-9.5
+// without. So there the waiting thread sleeps at once, and the op's completion wakes it.
+// The loop yields between its polls all the same, though there it mostly finds nobody else to
+// run: the thread it woke, or the device thread (Note [Device completion]), may need the CPU,
+// and a woken thread cannot be counted on to preempt a running one. For a while the loop did
+// not yield there, and on Linux 6.18 (the 2-core AMD EPYC VM) `perf sched timehist` showed the
+// woken waiter getting its CPU for 3 us at a time between the loop's 60 us polls: each op's
+// waiter waited out the rest of kSpinTime. Where waiting threads run no cycles (a process that
+// sees a GPU, its CPU ops too; MPI without MPI_THREAD_MULTIPLE) that was every op's latency: a
+// lone 1-float allreduce at 1 rank bound to a core took 71-79 us (a lone CUDA one 75.5 us on
+// the H200, by inference the same cause), 4.8-5.1 us with the yield; at 2 ranks 74-76 us, 14.8-15.2
+// us with it. Where they do, the waiter of an op that outlasts a driver's 200 us sleeps, and met
+// the same delay.
 //
 // Note [Shutdown handshake]
 // Every rank sends the coordinator exactly one RequestList with `shutdown` set per session,
@@ -87,6 +93,7 @@
 #include "src/core/execution/device_path.h"
 #include "src/core/execution/p2p_engine.h"
 #include "src/core/execution/response_executor.h"
+#include "src/core/idle_policy.h"
 #include "src/core/loop_driver.h"
 #include "src/core/negotiation/coordinator_stage.h"
 #include "src/core/negotiation/request_sender.h"
@@ -139,13 +146,9 @@ class BackgroundLoop {
   Status driven_cycle(bool* in_flight) TUTTI_REQUIRES(parts_.driver.cycle_mutex());
   // The loop's body until the job stops, each cycle under the cycle lock.
   Status run_cycles(const std::atomic<bool>& stop_requested);
-  // What the loop does between two steps, outside the cycle lock: nothing, yield, or nap.
-  struct Pause {
-    bool yield = false;
-    std::chrono::microseconds nap{0};
-  };
   // One step of the loop: the stop request, or a cycle and the idle policy after it (into
-  // *pause). Returns how the loop ends (OK: the job stopped), or nothing to go on.
+  // *pause, what the loop does outside the cycle lock before the next step). Returns how the loop
+  // ends (OK: the job stopped), or nothing to go on.
   std::optional<Status> step(const std::atomic<bool>& stop_requested, Pause* pause)
       TUTTI_REQUIRES(parts_.driver.cycle_mutex());
   Status receive(bool* did_work);

@@ -19,7 +19,6 @@ CpuSharing decide_cpu_sharing(int allowed_cpus, unsigned host_cpus, const ops::T
   // the host as CPUs (cores_shared, the same on every rank).
   const bool shares = allowed_cpus == 1 || topology.cores_shared;
   return CpuSharing{.shares_cpu = shares,
-                    .poll_without_yield = shares && !ranks_exceed_cpus,
                     .ranks_exceed_cpus = ranks_exceed_cpus,
                     .lock_spin = shares ? std::chrono::nanoseconds{0} : spin_unless_crowded};
 }

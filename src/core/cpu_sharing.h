@@ -14,9 +14,6 @@ namespace tutti::core {
 struct CpuSharing {
   // The application's threads run on the communication thread's CPU.
   bool shares_cpu = false;
-  // While an application thread waits, the loop polls without yielding the CPU: it shares
-  // one, and the host has no more ranks than CPUs (else the CPU it kept is one a peer needs).
-  bool poll_without_yield = false;
   // The host runs more ranks than it has CPUs: a thread that spins keeps a CPU a peer needs.
   bool ranks_exceed_cpus = false;
   // How long a thread spins on the TensorQueue's lock held by another before sleeping on it

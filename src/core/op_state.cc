@@ -115,7 +115,7 @@ Status OpState::wait() const {
       return status_;
     }
   }
-  // While this thread waits, the communication thread polls without pause (Note [The cycle]).
+  // While this thread waits, the communication thread polls for it (idle_policy.h).
   // Counted before the hand-back, so that the loop it wakes sees a waiter.
   app_waiters.fetch_add(1, std::memory_order_relaxed);
   if (by) by->hand_back();

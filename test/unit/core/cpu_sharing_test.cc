@@ -16,11 +16,10 @@ ops::Topology host(int local_size, bool cores_shared) {
   return topology;
 }
 
-TEST_CASE("A rank bound to one core shares it and polls without yielding", "[sharing]") {
+TEST_CASE("A rank bound to one core shares it", "[sharing]") {
   // mpirun -n 2 on a 16-core host binds each rank to a core.
   const CpuSharing sharing = decide_cpu_sharing(1, 16, host(2, false), false);
   CHECK(sharing.shares_cpu);
-  CHECK(sharing.poll_without_yield);
   CHECK_FALSE(sharing.ranks_exceed_cpus);
   // The queue's lock holder may be this CPU's other thread: no spinning on it.
   CHECK(sharing.lock_spin.count() == 0);
@@ -29,20 +28,17 @@ TEST_CASE("A rank bound to one core shares it and polls without yielding", "[sha
 TEST_CASE("A rank free to run on several of many CPUs shares none", "[sharing]") {
   const CpuSharing sharing = decide_cpu_sharing(16, 16, host(2, false), false);
   CHECK_FALSE(sharing.shares_cpu);
-  CHECK_FALSE(sharing.poll_without_yield);
   // The threads run on CPUs of their own: a contended lock spins before sleeping.
   CHECK(sharing.lock_spin == kLockSpin);
   CHECK(kLockSpin.count() > 0);
 }
 
-TEST_CASE("As many ranks as CPUs share them; more ranks than CPUs still yield", "[sharing]") {
+TEST_CASE("As many ranks as CPUs share them; more ranks than CPUs exceed them", "[sharing]") {
   const CpuSharing even = decide_cpu_sharing(2, 2, host(2, true), false);
   CHECK(even.shares_cpu);
-  CHECK(even.poll_without_yield);
   CHECK_FALSE(even.ranks_exceed_cpus);
   const CpuSharing over = decide_cpu_sharing(2, 2, host(4, true), false);
   CHECK(over.shares_cpu);
-  CHECK_FALSE(over.poll_without_yield);
   CHECK(over.ranks_exceed_cpus);
   CHECK(even.lock_spin.count() == 0);
   CHECK(over.lock_spin.count() == 0);
@@ -56,7 +52,6 @@ TEST_CASE("A communication thread pinned by TUTTI_THREAD_AFFINITY has a CPU of i
           "[sharing]") {
   const CpuSharing sharing = decide_cpu_sharing(1, 2, host(4, true), true);
   CHECK_FALSE(sharing.shares_cpu);
-  CHECK_FALSE(sharing.poll_without_yield);
   // Pinned or not, four ranks on two CPUs are too many to spin.
   CHECK(sharing.ranks_exceed_cpus);
   CHECK(sharing.lock_spin.count() == 0);
