@@ -2,7 +2,6 @@
 // See Note [The cycle] and Note [Shutdown handshake] in background_loop.h.
 #include "src/core/background_loop.h"
 
-#include <algorithm>
 #include <thread>
 
 #include "src/base/strings.h"

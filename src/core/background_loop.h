@@ -62,9 +62,9 @@
 // waiter waited out the rest of kSpinTime. Where waiting threads run no cycles (a process that
 // sees a GPU, its CPU ops too; MPI without MPI_THREAD_MULTIPLE) that was every op's latency: a
 // lone 1-float allreduce at 1 rank bound to a core took 71-79 us (a lone CUDA one 75.5 us on
-// the H200, by inference the same cause), 4.8-5.1 us with the yield; at 2 ranks 74-76 us, 14.8-15.2
-// us with it. Where they do, the waiter of an op that outlasts a driver's 200 us sleeps, and met
-// the same delay.
+// the H200, by inference the same cause), 4.8-5.1 us with the yield; at 2 ranks 74-76 us,
+// 14.8-15.2 us with it. Where they do run cycles, the waiter of an op that outlasts a driver's
+// 200 us sleeps, and met the same delay.
 //
 // Note [Shutdown handshake]
 // Every rank sends the coordinator exactly one RequestList with `shutdown` set per session,

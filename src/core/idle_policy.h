@@ -27,12 +27,12 @@ inline constexpr std::chrono::microseconds kMinNap{10};
 
 // What the loop knows after a cycle that did no work.
 struct IdleFacts {
-  std::chrono::microseconds idle{
-      0};                    // Since the last cycle that did work, the loop's or a driver's.
+  // Since the last cycle that did work, the loop's or a driver's.
+  std::chrono::microseconds idle{0};
   bool app_waiting = false;  // An application thread is in OpState::wait().
   bool receiving = false;    // The control plane holds a message partly received.
   bool p2p_busy = false;     // Point-to-point ops are in flight.
-  bool queue_empty = true;   // No collective is waiting in the queue or in flight.
+  bool queue_empty = true;   // No collective is in flight (TensorQueue::empty()).
 };
 
 // Between two cycles: yield the CPU once, or nap on the queue up to `nap` (a submission ends
