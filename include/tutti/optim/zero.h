@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ZeroRedundancyOptimizer (torch.distributed.optim.ZeroRedundancyOptimizer; ZeRO stages 1 and
 // 2 of Rajbhandari et al.): each rank of a process set keeps the optimizer state of its shard
-// of the parameters only, steps that shard, and the updated parameters are allgathered, so the
-// optimizer's memory per rank drops to about 1/N.
+// of the parameters only, steps that shard, and broadcasts its updated values to the others, so
+// the optimizer's memory per rank drops to about 1/N.
 #pragma once
 
 #include <cstdint>
@@ -23,16 +23,16 @@ namespace tutti::optim {
 struct ZeroOptions {
   // false (stage 1): the gradients arrive averaged, from nn::DistributedDataParallel or an
   // enclosing DistributedOptimizer. true (stage 2): the model is not wrapped; step() averages
-  // the local gradients itself with reduce-scatters that deliver each rank only its shard's
-  // gradients: half an allreduce's bytes, so a step moves what one gradient allreduce would.
+  // the local gradients itself with a reduce of each parameter's gradient to its owner only:
+  // half an allreduce's bytes, so a step moves what one gradient allreduce would.
   // Gradient memory is not sharded: autograd still accumulates every parameter's full grad().
   bool shard_gradients = false;
   // The ranks that share the optimizer state. Every member constructs the optimizer; a rank
   // outside the set gets InvalidArgument.
   ProcessSet process_set = ProcessSet::global();
-  // Tutti addition: the elements of one allgather (one reduce-scatter row) per bucket, in MiB
-  // of float32. Larger buckets mean fewer collectives; every bucket of a step is in flight at
-  // once. Must be positive.
+  // Tutti addition: the most elements one collective of step() moves, in MiB of float32; a
+  // parameter larger than that goes to or from its owner in several. Every collective of a
+  // step is in flight at once. Must be positive.
   double bucket_cap_mb = 25;
 };
 
@@ -55,12 +55,12 @@ struct ZeroOptions {
 //
 // Results equal those of `make_local` over all parameters stepped with the averaged gradients
 // (to float rounding), on every member: each member updates its shard, and step() then
-// allgathers every shard's new values into every member's parameters.
+// broadcasts each parameter's new value from its owner into every member's parameter.
 //
 // Collective over the set: step() and consolidate_state_dict() communicate; every member calls
 // them in the same order, and none may have joined (tutti::join(): a joined member's shard
 // could not be updated; step() then throws InvalidArgument). Their ops are named
-// "ZeroRedundancyOptimizer.<what>.<bucket>" in the set, so two of these optimizers over one set
+// "ZeroRedundancyOptimizer.<what>.<...>" in the set, so two of these optimizers over one set
 // must not step concurrently. Not thread-safe. The optimizer does not broadcast the initial
 // parameters: the members must start equal (DDP's constructor or optim::broadcast_parameters() sees
 // to that).
@@ -78,11 +78,11 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
   ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
 
-  // Stage 2 first reduce-scatters the gradients (Average) to their owners, who find the set's
-  // average in grad() afterwards (the other parameters' grad() keep this rank's own). Then the
-  // local optimizer steps the shard and the new values are allgathered into every member's
-  // parameters. Collective, blocking. Errors of the collectives are rethrown (a failed
-  // reduce-scatter leaves every parameter unchanged). At set size 1 nothing is sent.
+  // Stage 2 first reduces the gradients (Average) to their owners, who find the set's average
+  // in grad() afterwards (the other parameters' grad() keep this rank's own). Then the local
+  // optimizer steps the shard and each owner broadcasts the new values into every member's
+  // parameters, in place. Collective, blocking. Errors of the collectives are rethrown (a
+  // failed reduce leaves every parameter unchanged). At set size 1 nothing is sent.
   void step() override;
 
   // Gathers every member's optimizer state to the member whose global rank is `to`, where
@@ -115,8 +115,8 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   struct Layout;  // Note [ZeRO layout] in optimizers/zero_layout.h.
 
   std::int64_t bucket_elements() const;
-  void reduce_scatter_gradients();
-  void allgather_parameters();
+  void reduce_gradients();
+  void broadcast_parameters();
 
   std::vector<std::string> names_;
   ZeroOptions options_;

@@ -3,7 +3,7 @@
 // DistributedOptimizer (after DDP, inside a DistributedOptimizer, stage 2), the optimizer-state
 // bytes per rank against 1/N of the unsharded (printed), the shards, consolidation at N ranks
 // against a single-process Adam, loading at 1 and 2 ranks and continuing as an uninterrupted
-// run, and the errors. See Note [Collective assertions].
+// run, a member that owns no parameter, and the errors. See Note [Collective assertions].
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -303,6 +304,51 @@ TEST_CASE("ZeRO with a joined member fails its step on the others instead of mis
   }
   tutti::join();
   CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+}
+
+// One parameter: rank 0 owns it and every other rank owns nothing (Note [ZeRO's collectives]).
+TEST_CASE("ZeRO with members that own no parameter: the step's closed form, and a join fails it",
+          "[zero][join]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool stage2 = GENERATE(false, true);
+  INFO("stage " << (stage2 ? 2 : 1));
+  const std::vector<float> start{1, 2, 3};
+  nn::Variable weight(Tensor::from<float>(start, {3}), true);
+  ZeroRedundancyOptimizer zero({{"weight", weight}},
+                               [](std::vector<nn::Variable> shard) {
+                                 return std::make_unique<optim::SGD>(std::move(shard),
+                                                                     optim::SGDOptions{.lr = 0.5});
+                               },
+                               {.shard_gradients = stage2});
+  // Stage 1 gets the average already (as from DDP): 2 everywhere. Stage 2 averages rank r's
+  // r + 1 itself: (size + 1) / 2.
+  auto set_grad = [&] {
+    for (float& g : weight.grad().span<float>()) g = stage2 ? static_cast<float>(rank + 1) : 2.0f;
+  };
+  set_grad();
+  zero.step();
+  const float mean = stage2 ? static_cast<float>(size + 1) / 2 : 2.0f;
+  bool equal = true;
+  for (int i = 0; i < 3; ++i)
+    equal = equal && weight.value().span<float>()[i] == i + 1 - 0.5f * mean;
+  CHECK(all_ranks(equal));
+
+  if (size == 1) return;  // Nobody to join. The same on every rank.
+  // The last rank owns nothing, so no op of the step is rooted at it: the step's count of
+  // members is what fails it on the others.
+  ErrorCode code = ErrorCode::InvalidArgument;
+  std::string message;
+  if (rank != size - 1) {
+    set_grad();
+    std::tie(code, message) = error_from([&] { zero.step(); });
+  }
+  tutti::join();
+  INFO(message);
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
+                                                   " members have joined") != std::string::npos));
 }
 
 TEST_CASE("ZeRO: state_dict needs a consolidation; bad arguments and states are refused",
