@@ -90,8 +90,8 @@ class VariableBuffers final : public internal::GradientBuffers {
   static void pack(const Tensor& grad, Tensor& buffer) {
     const std::span<const float> from = grad.span<float>();
     switch (buffer.dtype()) {
-      case DataType::Float16: return narrow(from, buffer.span<float16>());
-      case DataType::BFloat16: return narrow(from, buffer.span<bfloat16>());
+      case DataType::Float16: return convert(from, buffer.span<float16>());
+      case DataType::BFloat16: return convert(from, buffer.span<bfloat16>());
       default:
         if (!from.empty()) std::memcpy(buffer.data(), from.data(), from.size_bytes());
         return;
@@ -101,22 +101,12 @@ class VariableBuffers final : public internal::GradientBuffers {
   static void unpack(const Tensor& buffer, Tensor& grad) {
     const std::span<float> to = grad.span<float>();
     switch (buffer.dtype()) {
-      case DataType::Float16: return widen(buffer.span<float16>(), to);
-      case DataType::BFloat16: return widen(buffer.span<bfloat16>(), to);
+      case DataType::Float16: return convert(buffer.span<const float16>(), to);
+      case DataType::BFloat16: return convert(buffer.span<const bfloat16>(), to);
       default:
         if (!to.empty()) std::memcpy(to.data(), buffer.data(), to.size_bytes());
         return;
     }
-  }
-
-  // float32 -> the 2-byte wire type and back (round to nearest even; see tutti/half.h).
-  template <class Half>
-  static void narrow(std::span<const float> from, std::span<Half> to) {
-    for (std::size_t i = 0; i < from.size(); ++i) to[i] = Half(from[i]);
-  }
-  template <class Half>
-  static void widen(std::span<Half> from, std::span<float> to) {
-    for (std::size_t i = 0; i < from.size(); ++i) to[i] = static_cast<float>(from[i]);
   }
 
   std::vector<nn::Variable> params_;  // The inner optimizer's.

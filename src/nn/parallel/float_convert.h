@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "src/nn/tensor_math.h"
 #include "tutti/half.h"
@@ -21,28 +22,30 @@ inline void convert_floats(const Tensor& from, const Tensor& to, const char* who
                            to.num_elements());
   }
   if (from.num_elements() == 0) return;
-  const auto copy = [](auto in, auto out) {
-    for (std::size_t i = 0; i < in.size(); ++i) out[i] = static_cast<float>(in[i]);
-  };
-  const auto into = [&](auto in) {
+  // The pairs with a 2-byte side take tutti::convert's vectorized loops (Note [Converting arrays
+  // of halves] in src/base/half.cc); 2-byte to 2-byte goes through float, as the element-wise
+  // conversion would.
+  const auto from_floats = [&](std::span<const float> in) {
     switch (to.dtype()) {
-      case DataType::Float32: return copy(in, to.span<float>());
-      case DataType::Float16: return copy(in, to.span<float16>());
-      case DataType::BFloat16: return copy(in, to.span<bfloat16>());
+      case DataType::Float32:
+        if (to.data() != in.data()) std::memcpy(to.data(), in.data(), in.size_bytes());
+        return;
+      case DataType::Float16: return convert(in, to.span<float16>());
+      case DataType::BFloat16: return convert(in, to.span<bfloat16>());
       default: break;
     }
     throw_invalid_argument(who, ": cannot convert into ", to_string(to.dtype()));
   };
+  const auto from_halves = [&](auto in) {
+    if (to.dtype() == DataType::Float32) return convert(in, to.span<float>());
+    std::vector<float> wide(in.size());
+    convert(in, std::span<float>(wide));
+    from_floats(wide);
+  };
   switch (from.dtype()) {
-    case DataType::Float32:
-      if (to.dtype() == DataType::Float32) {
-        if (to.data() == from.data()) return;
-        std::memcpy(to.data(), from.data(), from.byte_size());
-        return;
-      }
-      return into(from.span<float>());
-    case DataType::Float16: return into(from.span<float16>());
-    case DataType::BFloat16: return into(from.span<bfloat16>());
+    case DataType::Float32: return from_floats(from.span<const float>());
+    case DataType::Float16: return from_halves(from.span<const float16>());
+    case DataType::BFloat16: return from_halves(from.span<const bfloat16>());
     default: break;
   }
   throw_invalid_argument(who, ": cannot convert from ", to_string(from.dtype()));
