@@ -139,10 +139,15 @@ class TUTTI_API Tensor {
   // build without CUDA.
   Tensor(DataType dtype, Shape shape, Device device = Device::cpu());
 
+  // Tutti addition (torch.empty): as the constructor, but a CPU tensor's contents are left
+  // unspecified, which saves a pass over its memory where it is about to be overwritten whole
+  // (the runtime makes collectives' outputs so). A CUDA tensor is zero-filled all the same.
+  static Tensor empty(DataType dtype, Shape shape, Device device = Device::cpu());
+
   // Copies `values` (which must hold num_elements(shape) elements) into a new CPU tensor.
   template <class T>
   static Tensor from(std::span<const T> values, Shape shape) {
-    Tensor t(data_type_of<T>(), std::move(shape));
+    Tensor t = empty(data_type_of<T>(), std::move(shape));
     t.check_from(values.size());
     std::copy(values.begin(), values.end(), static_cast<T*>(t.data()));
     return t;

@@ -26,14 +26,19 @@ void register_device_memory(DeviceMemory* memory) {
   registered.store(memory, std::memory_order_release);
 }
 
-std::shared_ptr<void> allocate_zeroed(std::size_t bytes, Device device) {
+std::shared_ptr<void> allocate_uninitialized(std::size_t bytes, Device device) {
   if (device.kind != Device::Kind::CPU) return device_memory(device).allocate_zeroed(bytes, device);
   // 64-byte alignment suits vector loads; at least one byte so data() is never null.
   const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
   void* memory = std::aligned_alloc(64, rounded);
   if (memory == nullptr) throw std::bad_alloc();
-  std::memset(memory, 0, bytes);
   return std::shared_ptr<void>(memory, [](void* p) { std::free(p); });
+}
+
+std::shared_ptr<void> allocate_zeroed(std::size_t bytes, Device device) {
+  std::shared_ptr<void> memory = allocate_uninitialized(bytes, device);
+  if (device.kind == Device::Kind::CPU) std::memset(memory.get(), 0, bytes);
+  return memory;
 }
 
 void copy_bytes(void* destination, const void* source, std::size_t bytes, Device device) {

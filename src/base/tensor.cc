@@ -110,8 +110,17 @@ Tensor::Tensor(DataType dtype, Shape shape, Device device) {
   view_ = TensorView(storage_.get(), dtype, std::move(shape), device);
 }
 
+Tensor Tensor::empty(DataType dtype, Shape shape, Device device) {
+  const std::int64_t count = tutti::num_elements(shape);
+  const std::size_t bytes = static_cast<std::size_t>(count) * element_size(dtype);
+  Tensor t;
+  t.storage_ = base::allocate_uninitialized(bytes, device);
+  t.view_ = TensorView(t.storage_.get(), dtype, std::move(shape), device);
+  return t;
+}
+
 Tensor Tensor::clone() const {
-  Tensor copy(dtype(), shape(), device());
+  Tensor copy = empty(dtype(), shape(), device());
   base::copy_bytes(copy.data(), data(), byte_size(), device());
   return copy;
 }

@@ -32,7 +32,8 @@ class Mover {
   // Runs (on a device: launches) every copy since the last flush. Call it before a backend
   // call reads their destinations, and after the last copy of a collective.
   virtual Status flush() = 0;
-  // A new tensor in this mover's memory, for an op's output.
+  // A new tensor in this mover's memory, for an op's output, which the op then writes whole
+  // (its contents before are unspecified).
   virtual Result<Tensor> new_tensor(DataType dtype, Shape shape) = 0;
   // Bytes per piece when a large tensor is reduced in place (0 = whole): on the host pieces
   // that stay in cache between reduction and scaling pay off, on a device they do not.
@@ -53,8 +54,9 @@ class HostMover final : public Mover {
     return Status();
   }
   Status flush() override { return Status(); }
+  // Not zero-filled: every collective writes its output whole.
   Result<Tensor> new_tensor(DataType dtype, Shape shape) override {
-    return Tensor(dtype, std::move(shape));
+    return Tensor::empty(dtype, std::move(shape));
   }
   std::size_t piece_bytes() const override { return piece_bytes_; }
   // Autotune's new piece size (the fusion threshold), from the next collective on.

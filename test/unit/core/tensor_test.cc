@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Shapes whose element count overflows are refused (issue 11, defect 3): before, {2^62, 4}
-// reported 0 elements and {3074457345618258603, 3} a negative count.
+// reported 0 elements and {3074457345618258603, 3} a negative count. And Tensor::empty.
 #include <tutti/tensor.h>
 
 #include <cstdint>
@@ -97,4 +97,23 @@ TEST_CASE("detail::element_bytes and detail::floating agree with the DataType ta
   }
   CHECK(error_of([] { detail::element_bytes(static_cast<DataType>(42)); }) ==
         ErrorCode::InvalidArgument);
+}
+
+TEST_CASE("Tensor::empty has the constructor's shape, dtype and checks, and its own storage",
+          "[tensor]") {
+  Tensor a = Tensor::empty(DataType::Float64, {3, 4});
+  CHECK(a.dtype() == DataType::Float64);
+  CHECK(a.shape() == Shape{3, 4});
+  CHECK(a.byte_size() == 96);
+  CHECK(a.data() != nullptr);
+  for (double& x : a.span<double>()) x = 2.5;  // Writable, whole.
+  const Tensor b = Tensor::empty(DataType::Float64, {3, 4});
+  CHECK(b.data() != a.data());
+  CHECK(Tensor::empty(DataType::UInt8, {0}).data() != nullptr);  // Never null, as the constructor.
+  CHECK(error_of([] { Tensor::empty(DataType::Float32, {2, -1}); }) == ErrorCode::InvalidArgument);
+  // from() and clone() build on it and write every element.
+  const Tensor c = Tensor::from<std::int32_t>(std::span<const std::int32_t>({7, 8, 9}), {3});
+  const Tensor d = c.clone();
+  CHECK(d.span<std::int32_t>()[2] == 9);
+  CHECK(d.data() != c.data());
 }
