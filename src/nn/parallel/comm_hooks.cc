@@ -140,7 +140,7 @@ CommFuture average(GradBucket& bucket, const ProcessSet& set) {
 // `bucket` with its buffer converted to `dtype` and the gradient views re-pointed into it.
 GradBucket converted(const GradBucket& bucket, DataType dtype, const char* who) {
   GradBucket result = bucket;
-  result.buffer = Tensor(dtype, {bucket.buffer.num_elements()});
+  result.buffer = Tensor::empty(dtype, {bucket.buffer.num_elements()});  // Converted into whole.
   detail::convert_floats(bucket.buffer, result.buffer, who);
   const auto* base = static_cast<const float*>(bucket.buffer.data());
   for (std::size_t i = 0; i < bucket.gradients.size(); ++i) {
