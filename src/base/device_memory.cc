@@ -2,10 +2,10 @@
 #include "src/base/device_memory.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string>
+
+#include "src/base/host_memory_cache.h"
 
 namespace tutti::base {
 namespace {
@@ -28,11 +28,7 @@ void register_device_memory(DeviceMemory* memory) {
 
 std::shared_ptr<void> allocate_uninitialized(std::size_t bytes, Device device) {
   if (device.kind != Device::Kind::CPU) return device_memory(device).allocate_zeroed(bytes, device);
-  // 64-byte alignment suits vector loads; at least one byte so data() is never null.
-  const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
-  void* memory = std::aligned_alloc(64, rounded);
-  if (memory == nullptr) throw std::bad_alloc();
-  return std::shared_ptr<void>(memory, [](void* p) { std::free(p); });
+  return allocate_host(bytes);
 }
 
 std::shared_ptr<void> allocate_zeroed(std::size_t bytes, Device device) {

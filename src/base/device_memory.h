@@ -35,8 +35,9 @@ void register_device_memory(DeviceMemory* memory);
 // InvalidArgument for a device no registered memory serves, Communication if allocation fails.
 std::shared_ptr<void> allocate_zeroed(std::size_t bytes, Device device);
 
-// Storage as allocate_zeroed()'s, but on the CPU its bytes are left as they come (Tensor::empty).
-// A device's memory is zero-filled all the same.
+// Storage as allocate_zeroed()'s, but on the CPU its bytes are left as they come (Tensor::empty),
+// from the host memory cache where it is large (Note [Host memory cache]). A device's memory is
+// zero-filled all the same.
 std::shared_ptr<void> allocate_uninitialized(std::size_t bytes, Device device);
 
 // Copies `bytes` between two buffers on the same `device`.

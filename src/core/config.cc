@@ -137,6 +137,8 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   c.cycle_time_set = source.find(detail::knob::CYCLE_TIME.name).has_value();
   TUTTI_ASSIGN_OR_RETURN(c.cache_capacity,
                          detail::knob_value(detail::knob::CACHE_CAPACITY, source));
+  TUTTI_ASSIGN_OR_RETURN(c.host_memory_cache,
+                         detail::knob_value(detail::knob::HOST_MEMORY_CACHE, source));
   TUTTI_RETURN_IF_ERROR(parse_host_transport(source, &c));
   TUTTI_ASSIGN_OR_RETURN(ops::HierarchyMode stores,
                          hierarchy_mode(source, detail::knob::SHM_STREAMING_STORES));

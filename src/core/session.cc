@@ -8,6 +8,7 @@
 
 #include "ops/device_ops.h"
 #include "ops/transport.h"
+#include "src/base/host_memory_cache.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
 #include "src/core/cpu_sharing.h"
@@ -65,6 +66,8 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .recorder = *recorder_,
              .config = config_,
              .sharing = sharing_}) {
+  // Until stop(): collectives' outputs reuse freed storage (Note [Host memory cache]).
+  base::set_host_cache_capacity(static_cast<std::size_t>(config_.host_memory_cache));
   detail::set_wait_spins(!loop_.sharing().shares_cpu);
   queue_.spin_on_contention(sharing_.lock_spin);
   // See Note [Drivers by kind] in op_state.cc: ops name these by kind.
@@ -209,6 +212,7 @@ void Session::stop() {
   // Communicators are freed collectively: every rank reaches here from its own shutdown().
   // Not after an error, when a peer may be stuck and never get here.
   sets_.clear(stopped_on_error_.load());
+  base::set_host_cache_capacity(0);  // Frees every cached block.
 }
 
 void Session::finish(const Status& status) {

@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "src/base/host_memory_cache.h"
 #include "test/support/fake_transport.h"
 
 namespace tutti::test {
@@ -209,6 +210,22 @@ TEST_CASE("A session ignores SIGPIPE while it runs", "[session][sigpipe]") {
   CHECK(while_running[0] == SIG_IGN);
   CHECK(while_running[1] == SIG_IGN);
   CHECK(sigpipe_handler() == SIG_DFL);
+}
+
+TEST_CASE("A session keeps freed tensor storage up to its knob and frees it when it stops",
+          "[session][host_cache]") {
+  constexpr std::size_t kCapacity = std::size_t{5} << 20;
+  FakeWorld world(1);
+  core::Config config;
+  config.host_memory_cache = static_cast<std::int64_t>(kCapacity);
+  std::shared_ptr<core::Session> session =
+      core::Session::create(config, world.transport(0)).value();
+  CHECK(base::host_cache_capacity() == kCapacity);
+  static_cast<void>(Tensor::empty(DataType::Float32, {1 << 20}));  // 4 MiB, freed at once.
+  CHECK(base::host_cache_stats().cached_bytes > 0);
+  session->stop();
+  CHECK(base::host_cache_capacity() == 0);
+  CHECK(base::host_cache_stats().cached_bytes == 0);
 }
 
 }  // namespace

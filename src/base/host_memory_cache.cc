@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/base/host_memory_cache.h"
+
+#include <bit>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#if defined(TUTTI_ADDRESS_SANITIZER)
+#include <sanitizer/asan_interface.h>
+#endif
+
+namespace tutti::base {
+namespace {
+
+// 64-byte alignment suits vector loads.
+constexpr std::size_t kAlignment = 64;
+
+// Where AddressSanitizer runs, a cached block reads as freed until it is handed out again.
+void poison(void* block, std::size_t bytes) {
+#if defined(TUTTI_ADDRESS_SANITIZER)
+  ASAN_POISON_MEMORY_REGION(block, bytes);
+#else
+  static_cast<void>(block);
+  static_cast<void>(bytes);
+#endif
+}
+void unpoison(void* block, std::size_t bytes) {
+#if defined(TUTTI_ADDRESS_SANITIZER)
+  ASAN_UNPOISON_MEMORY_REGION(block, bytes);
+#else
+  static_cast<void>(block);
+  static_cast<void>(bytes);
+#endif
+}
+
+// `bytes` (kMinCachedBytes or more) rounded up to a multiple of an eighth of its largest power of
+// two: at most 8 classes per doubling, each a multiple of kAlignment.
+std::size_t size_class(std::size_t bytes) {
+  const std::size_t step = std::bit_floor(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+void* allocate_block(std::size_t bytes) {
+  void* block = std::aligned_alloc(kAlignment, bytes);
+  if (block == nullptr) throw std::bad_alloc();
+  return block;
+}
+
+class Cache {
+ public:
+  // A freed block of `bytes` (a size class), or null when there is none.
+  void* take(std::size_t bytes) {
+    const std::lock_guard lock(mutex_);
+    const auto it = free_.find(bytes);
+    if (it == free_.end() || it->second.empty()) {
+      ++misses_;
+      return nullptr;
+    }
+    // The most recently freed: the likeliest to be still in the CPU's caches.
+    void* block = it->second.back().block;
+    it->second.pop_back();
+    cached_ -= bytes;
+    ++hits_;
+    unpoison(block, bytes);
+    return block;
+  }
+
+  // Keeps `block` of `bytes` (a size class) for reuse, or frees it when it does not fit.
+  void give_back(void* block, std::size_t bytes) {
+    std::vector<void*> evicted;
+    {
+      const std::lock_guard lock(mutex_);
+      if (bytes > capacity_) {
+        evicted.push_back(block);
+      } else {
+        poison(block, bytes);
+        free_[bytes].push_back({block, next_stamp_++});
+        cached_ += bytes;
+        evict_to(capacity_, &evicted);
+      }
+    }
+    for (void* b : evicted) std::free(b);
+  }
+
+  void set_capacity(std::size_t bytes) {
+    std::vector<void*> evicted;
+    {
+      const std::lock_guard lock(mutex_);
+      capacity_ = bytes;
+      evict_to(capacity_, &evicted);
+    }
+    for (void* b : evicted) std::free(b);
+  }
+
+  std::size_t capacity() {
+    const std::lock_guard lock(mutex_);
+    return capacity_;
+  }
+
+  HostCacheStats stats() {
+    const std::lock_guard lock(mutex_);
+    return {.cached_bytes = cached_, .hits = hits_, .misses = misses_};
+  }
+
+ private:
+  struct Freed {
+    void* block;
+    std::uint64_t stamp;  // Order of freeing, across classes.
+  };
+
+  // Moves the least recently freed blocks to `evicted` until at most `limit` bytes are cached.
+  // A scan of the classes' oldest blocks per eviction: there are a few dozen classes at most.
+  void evict_to(std::size_t limit, std::vector<void*>* evicted) {
+    while (cached_ > limit) {
+      auto oldest = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (!it->second.empty() &&
+            (oldest == free_.end() || it->second.front().stamp < oldest->second.front().stamp)) {
+          oldest = it;
+        }
+      }
+      void* block = oldest->second.front().block;
+      oldest->second.pop_front();
+      cached_ -= oldest->first;
+      unpoison(block, oldest->first);
+      evicted->push_back(block);
+      if (oldest->second.empty()) free_.erase(oldest);
+    }
+  }
+
+  std::mutex mutex_;
+  std::size_t capacity_ = 0;
+  std::size_t cached_ = 0;
+  std::uint64_t hits_ = 0;
+  std::uint64_t misses_ = 0;
+  std::uint64_t next_stamp_ = 0;
+  // Freed blocks by size class, each class's in the order freed.
+  std::map<std::size_t, std::deque<Freed>> free_;
+};
+
+// Never destroyed: tensors that outlive static destruction still give their blocks back to it.
+Cache& cache() {
+  static Cache* const the_cache = new Cache();
+  return *the_cache;
+}
+
+}  // namespace
+
+std::shared_ptr<void> allocate_host(std::size_t bytes) {
+  // Room for at least one byte, so that data() is never null.
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment + kAlignment;
+  if (rounded < kMinCachedBytes) {
+    return std::shared_ptr<void>(allocate_block(rounded), [](void* p) { std::free(p); });
+  }
+  const std::size_t block_bytes = size_class(rounded);
+  void* block = cache().take(block_bytes);
+  if (block == nullptr) block = allocate_block(block_bytes);
+  return std::shared_ptr<void>(block,
+                               [block_bytes](void* p) { cache().give_back(p, block_bytes); });
+}
+
+void set_host_cache_capacity(std::size_t bytes) { cache().set_capacity(bytes); }
+
+std::size_t host_cache_capacity() { return cache().capacity(); }
+
+HostCacheStats host_cache_stats() { return cache().stats(); }
+
+}  // namespace tutti::base
