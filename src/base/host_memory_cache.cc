@@ -7,7 +7,6 @@
 #include <map>
 #include <mutex>
 #include <new>
-#include <vector>
 
 #if defined(TUTTI_ADDRESS_SANITIZER)
 #include <sanitizer/asan_interface.h>
@@ -56,44 +55,43 @@ class Cache {
   void* take(std::size_t bytes) {
     const std::lock_guard lock(mutex_);
     const auto it = free_.find(bytes);
-    if (it == free_.end() || it->second.empty()) {
+    if (it == free_.end()) {
       ++misses_;
       return nullptr;
     }
     // The most recently freed: the likeliest to be still in the CPU's caches.
     void* block = it->second.back().block;
     it->second.pop_back();
+    if (it->second.empty()) free_.erase(it);
     cached_ -= bytes;
     ++hits_;
     unpoison(block, bytes);
     return block;
   }
 
-  // Keeps `block` of `bytes` (a size class) for reuse, or frees it when it does not fit.
-  void give_back(void* block, std::size_t bytes) {
-    std::vector<void*> evicted;
-    {
-      const std::lock_guard lock(mutex_);
-      if (bytes > capacity_) {
-        evicted.push_back(block);
-      } else {
-        poison(block, bytes);
-        free_[bytes].push_back({block, next_stamp_++});
-        cached_ += bytes;
-        evict_to(capacity_, &evicted);
-      }
+  // Keeps `block` of `bytes` (a size class) for reuse, or frees it when it does not fit. Runs
+  // in a tensor's deleter, so it does not throw: a block it cannot record is freed.
+  void give_back(void* block, std::size_t bytes) noexcept {
+    const std::lock_guard lock(mutex_);
+    if (bytes > capacity_) {
+      std::free(block);
+      return;
     }
-    for (void* b : evicted) std::free(b);
+    try {
+      free_[bytes].push_back({block, next_stamp_++});
+    } catch (...) {
+      std::free(block);
+      return;
+    }
+    poison(block, bytes);
+    cached_ += bytes;
+    evict_to(capacity_);
   }
 
   void set_capacity(std::size_t bytes) {
-    std::vector<void*> evicted;
-    {
-      const std::lock_guard lock(mutex_);
-      capacity_ = bytes;
-      evict_to(capacity_, &evicted);
-    }
-    for (void* b : evicted) std::free(b);
+    const std::lock_guard lock(mutex_);
+    capacity_ = bytes;
+    evict_to(capacity_);
   }
 
   std::size_t capacity() {
@@ -112,14 +110,13 @@ class Cache {
     std::uint64_t stamp;  // Order of freeing, across classes.
   };
 
-  // Moves the least recently freed blocks to `evicted` until at most `limit` bytes are cached.
-  // A scan of the classes' oldest blocks per eviction: there are a few dozen classes at most.
-  void evict_to(std::size_t limit, std::vector<void*>* evicted) {
+  // Frees the least recently freed blocks until at most `limit` bytes are cached. A scan of the
+  // classes' oldest blocks per eviction: there are a few dozen classes at most.
+  void evict_to(std::size_t limit) {
     while (cached_ > limit) {
       auto oldest = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (!it->second.empty() &&
-            (oldest == free_.end() || it->second.front().stamp < oldest->second.front().stamp)) {
+        if (oldest == free_.end() || it->second.front().stamp < oldest->second.front().stamp) {
           oldest = it;
         }
       }
@@ -127,7 +124,7 @@ class Cache {
       oldest->second.pop_front();
       cached_ -= oldest->first;
       unpoison(block, oldest->first);
-      evicted->push_back(block);
+      std::free(block);
       if (oldest->second.empty()) free_.erase(oldest);
     }
   }
@@ -138,7 +135,7 @@ class Cache {
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
   std::uint64_t next_stamp_ = 0;
-  // Freed blocks by size class, each class's in the order freed.
+  // Freed blocks by size class, each class's in the order freed; a class with none has no entry.
   std::map<std::size_t, std::deque<Freed>> free_;
 };
 
