@@ -4,20 +4,20 @@
 //
 // Note [Host memory cache]
 // A collective that makes its outputs (gather, allgather, alltoall, scatter, reducescatter) gets
-// fresh storage for them every time. glibc's malloc maps a large block fresh from the kernel and
-// unmaps it again when it is freed, so every page of every output faulted in, zero-filled, on
-// each use: with 4 ranks on 2 cores, a gather of ResNet-50's gradients took 45 ms instead of
-// 6-7 ms (P11, README), and the reused-memory figure is what malloc gave once it kept its
-// freed memory (GLIBC_TUNABLES raising its mmap and trim thresholds), which a library must not
-// impose on the whole process. So the storage of blocks of kMinCachedBytes and up goes back to
-// a cache when its last tensor lets it go, and the next request of the same size class takes
-// it, already mapped: PyTorch's caching allocators do the same for device and pinned memory.
-// Sizes are rounded up to classes of an eighth of their power of two, so a block serves
-// requests up to 12.5 % smaller than it. The cache holds at most capacity() bytes of freed
-// blocks; past that the least recently freed go back to malloc. The runtime sets the capacity
-// from TUTTI_HOST_MEMORY_CACHE at init() and to 0 at shutdown(), which frees them all; before
-// init() nothing is kept. Under AddressSanitizer a cached block is poisoned, so a use after
-// free of a tensor's storage is still reported.
+// fresh storage for them every time, and so do the training layers' activations and gradients.
+// glibc's malloc maps a large block fresh from the kernel and unmaps it again when it is freed,
+// so every page of such storage faulted in, zero-filled, on each use: with 4 ranks on 2 cores a
+// gather of ResNet-50's gradients took 45 ms, and 6-7 ms once the memory was reused (P11,
+// README). Telling malloc to keep its freed memory (GLIBC_TUNABLES) does the same for the whole
+// process, which a library must not impose. So blocks of kMinCachedBytes and up go back to a
+// cache when their last tensor lets them go, and the next request of the same size class takes
+// one, already mapped: PyTorch's caching allocators do the same for device and pinned memory.
+// Size classes are an eighth of a power of two wide, so a block serves requests of up to an
+// eighth less than it. The cache holds at most host_cache_capacity() bytes of freed blocks; past
+// that the least recently freed go back to malloc. The runtime sets the capacity from
+// TUTTI_HOST_MEMORY_CACHE at init() and to 0 at shutdown(), which frees them all; before init()
+// nothing is kept. Under AddressSanitizer a cached block is poisoned, so a use after free of a
+// tensor's storage is still reported.
 #pragma once
 
 #include <cstddef>
