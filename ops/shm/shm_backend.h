@@ -23,8 +23,8 @@ namespace tutti::ops::shm {
 // Note [Which host transport]
 // TUTTI_HOST_TRANSPORT picks, per set whose ranks all share a host: `mpi` always MPI; `shm` and
 // `auto` (the default) shared memory for every collective it has. Measured at 2 ranks
-// (allreduce_benchmark --sweep-sizes, README "Benchmarks"), shared memory is as fast as MPI up
-// to a few KB (both are dominated by negotiation; small allreduces take a one-round path, see
+// (allreduce_benchmark --sweep-sizes; examples/BENCHMARK_LOG.md), shared memory is as fast as MPI
+// up to a few KB (both are dominated by negotiation; small allreduces take a one-round path, see
 // allreduce_tensors) and faster above (each peer's byte is read once, where MPI's transport
 // copies it through its FIFOs). It also waits without open-ended busy-polling (a bounded spin,
 // then yields: wait_until() in shm_ring.cc): MPI's blocking collectives spin on a core, which

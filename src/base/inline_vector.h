@@ -30,7 +30,7 @@ namespace tutti::base {
 // a Request 248 bytes and an entry 440 (now 168 and 320, with their members reordered to leave
 // no padding). At 10,000 tiny ops a step (P3) an op's records are out of the core's cache when
 // each stage comes back to them, so their size is paid in cache misses on every pass: this
-// layout made P3's step 0.90 of what it was (README "Issue 26's thirteenth round").
+// layout made P3's step 0.90 of what it was (examples/BENCHMARK_LOG.md, thirteenth round).
 template <class T, std::size_t N>
 class InlineVector {
   static_assert(N > 0, "an InlineVector keeps at least one element in place");

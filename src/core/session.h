@@ -55,7 +55,7 @@ class Session {
   // Any thread. Set 0, which never changes, for the ops that name it (most) without a Result:
   // the SetInfo copied out of one just built was read back across two of its stores, a load
   // that waited for both (half the submission's constructor's samples in P3 on the AMD EPYC
-  // VM, about 1 % of the step; README "Issue 26's fourteenth round").
+  // VM, about 1 % of the step; examples/BENCHMARK_LOG.md, fourteenth round).
   const SetInfo& global_set() const { return global_set_; }
   // Any thread. See DevicePath::claim().
   Status claim_device(Device device) { return device_.claim(device); }

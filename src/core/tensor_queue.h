@@ -79,7 +79,7 @@ struct Entry {
 // it queues the op (detail::TensorViewAccess in op_state.h), while the block is still in the
 // cache, rather than with the op's record, a step later where a step has thousands of ops,
 // when the free read a cold block header. P3 (10,000 tiny ops a step, 2 ranks on the 2-core
-// AMD EPYC VM): 0.96 of the step (README "Issue 26's fourteenth round"). Read an op's shapes
+// AMD EPYC VM): 0.96 of the step (examples/BENCHMARK_LOG.md, fourteenth round). Read an op's shapes
 // from `request.tensors`, never from its views.
 
 // Start loading what a lookup by (set, name) reads of `entry`: prefetch_key() its hash and its
@@ -190,8 +190,8 @@ class TensorQueue {
   // The ops pushed and not yet drained, in push order. in_flight_ owns every op until it is
   // taken; this list only points at the ones it also holds (Entry::queued), so a push copies no
   // shared pointer (an atomic count up, and one down once the op is drained: two locked
-  // instructions, some 3 % of P3's 10,000-op step; README "Issue 26's fourteenth round"). An op
-  // taken before it is drained (its set removed, the queue closed, or a response that reaches a
+  // instructions, some 3 % of P3's 10,000-op step; examples/BENCHMARK_LOG.md, fourteenth round). An
+  // op taken before it is drained (its set removed, the queue closed, or a response that reaches a
   // rank that joined while one of its threads still submits) leaves this list as it is taken.
   std::vector<Entry*> new_ TUTTI_GUARDED_BY(mutex_);
   // Keyed by the entry's own (set, name), which stays unchanged while it is in the table. A

@@ -32,7 +32,7 @@ namespace tutti::core {
 // pipeline of four stages, each kStride ops behind the one before, so that the misses of about
 // 3 * kStride ops are in flight at once. P3 (10,000 tiny ops a step, 2 ranks on the 2-core AMD
 // EPYC VM): its step took about twice as long per op at 10,000 ops as at 1,000, the same
-// instructions per op; README "Issue 26's ninth round" has the figures.
+// instructions per op; examples/BENCHMARK_LOG.md (ninth round) has the figures.
 
 // Note [Lookup by the next id]
 // A training step submits its ops in the order of the step before, and the response cache
@@ -46,7 +46,7 @@ namespace tutti::core {
 // the pipeline loads each one's expected slot. After an op that did not, the lookups go by name
 // (and the pipeline loads the index's slots) until one finds the id expected, so a workload that
 // submits in a new order each step is looked up as before, without a failed match (a cold slot
-// read) per op. README "Issue 26's thirteenth round" has the figures.
+// read) per op. examples/BENCHMARK_LOG.md (thirteenth round) has the figures.
 
 std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
   // A rank's last message is its last (Note [Shutdown handshake]); ops still queued then are

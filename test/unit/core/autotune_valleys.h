@@ -44,8 +44,9 @@ inline std::function<double(double)> log_interpolated(std::vector<std::pair<doub
 }
 
 // 1. A smooth valley with its minimum 1 at 1.5 MiB, between two grid points.
-// 2. The Intel VM's P1 ratios to raw MPI from README's sweep (256 KiB 1.24, 1 MiB 1.11, 2 and
-//    4 MiB 1.17, 8 MiB 1.53, 16 MiB 2.3, 64 MiB 4.5; 64 KiB guessed 1.6): 2 MiB is 5.4 % worse.
+// 2. The Intel VM's P1 ratios to raw MPI in a --sweep-fusion run of 2026-11-25 (256 KiB 1.24,
+//    1 MiB 1.11, 2 and 4 MiB 1.17, 8 MiB 1.53, 16 MiB 2.3, 64 MiB 4.5; 64 KiB guessed 1.6):
+//    2 MiB is 5.4 % worse.
 // 3. The AMD VM: flat from 1 to 4 MiB, slowly worse beyond, much worse at 64 MiB.
 inline std::vector<Valley> valleys() {
   return {
