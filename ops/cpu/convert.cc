@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The loops here run over every fused byte, so they are compiled for vectorization: -O2's
 // cheap cost model leaves `d[i] = s[i] * f` scalar, which made unpack 2x slower than memcpy.
-// (clang vectorizes them at -O2 already and has no such pragma.)
+// (clang vectorizes them at -O2 already and has no such pragma.) In a portable x86-64 build the
+// scaling loops are also compiled for AVX2 (Note [Kernel ISA] in ops/cpu/kernel_isa.h).
 #if !defined(__clang__)
 #pragma GCC optimize("O3")
 #endif
@@ -16,6 +17,7 @@
 #include <span>
 #include <type_traits>
 
+#include "ops/cpu/kernel_isa.h"
 #include "src/common/check.h"
 #include "tutti/half.h"
 
@@ -44,9 +46,11 @@ D narrow(C value) {
 }
 
 // No __restrict: scaling in place (destination == source) is a legal use; -O3 versions the
-// loop with a runtime overlap check instead.
+// loop with a runtime overlap check instead. Always inlined, so that each caller compiles the
+// loop for its own target.
 template <class S, class D>
-void convert_loop(D* destination, const S* source, std::size_t count, double factor) {
+[[gnu::always_inline]] inline void convert_loop(D* destination, const S* source, std::size_t count,
+                                                double factor) {
   // float arithmetic where both sides fit in float (API.md: half types reduced in float32).
   using Compute = std::conditional_t<kIsNarrowFloat<S> && kIsNarrowFloat<D>, float, double>;
   const Compute f = static_cast<Compute>(factor);
@@ -57,6 +61,24 @@ void convert_loop(D* destination, const S* source, std::size_t count, double fac
     for (std::size_t i = 0; i < count; ++i)
       destination[i] = narrow<D>(static_cast<Compute>(source[i]) * f);
   }
+}
+
+#if TUTTI_KERNEL_AVX2_CLONES
+template <class T>
+TUTTI_TARGET_AVX2 void scale_loop_avx2(T* destination, const T* source, std::size_t count,
+                                       double factor) {
+  convert_loop<T, T>(destination, source, count, factor);
+}
+#endif
+
+// A tensor scaled in its own type (pre- and postscale, Average): fusion's hot case, which runs
+// in AVX2 where Note [Kernel ISA] allows. Conversions between types stay in the baseline.
+template <class T>
+void scale_loop(T* destination, const T* source, std::size_t count, double factor) {
+#if TUTTI_KERNEL_AVX2_CLONES
+  if (use_avx2(count * sizeof(T))) return scale_loop_avx2(destination, source, count, factor);
+#endif
+  convert_loop<T, T>(destination, source, count, factor);
 }
 
 template <class F>
@@ -147,8 +169,12 @@ void convert_elements(void* destination, DataType destination_type, const void* 
     with_type(destination_type, [&](auto d) {
       using S = decltype(s);
       using D = decltype(d);
-      convert_loop<S, D>(static_cast<D*>(destination), static_cast<const S*>(source), count,
-                         factor);
+      if constexpr (std::is_same_v<S, D>) {
+        scale_loop<S>(static_cast<D*>(destination), static_cast<const S*>(source), count, factor);
+      } else {
+        convert_loop<S, D>(static_cast<D*>(destination), static_cast<const S*>(source), count,
+                           factor);
+      }
     });
   });
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Like ops/cpu/convert.cc, these loops run over every reduced byte and are compiled for
-// vectorization (gcc's -O2 cost model leaves them scalar).
+// vectorization (gcc's -O2 cost model leaves them scalar), and in a portable x86-64 build also
+// for AVX2 (Note [Kernel ISA] in ops/cpu/kernel_isa.h).
 #if !defined(__clang__)
 #pragma GCC optimize("O3")
 #endif
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ops/cpu/kernel_isa.h"
 #include "src/common/check.h"
 
 namespace tutti::ops::cpu {
@@ -54,8 +56,11 @@ struct Max {
   T operator()(T a, T b) const { return a < b ? b : a; }
 };
 
+// Always inlined, so that each caller compiles the loops for its own target.
 template <class T, template <class> class Op>
-void reduce_all(void* destination, std::span<const void* const> sources, std::size_t count) {
+[[gnu::always_inline]] inline void reduce_all(void* destination,
+                                              std::span<const void* const> sources,
+                                              std::size_t count) {
   auto* d = static_cast<T*>(destination);
   if (sources.size() == 1) {
     if (d != sources[0]) std::copy_n(static_cast<const T*>(sources[0]), count, d);
@@ -81,14 +86,30 @@ void reduce_all(void* destination, std::span<const void* const> sources, std::si
   }
 }
 
+#if TUTTI_KERNEL_AVX2_CLONES
+template <class T, template <class> class Op>
+TUTTI_TARGET_AVX2 void reduce_all_avx2(void* destination, std::span<const void* const> sources,
+                                       std::size_t count) {
+  reduce_all<T, Op>(destination, sources, count);
+}
+#endif
+
+template <class T, template <class> class Op>
+void reduce_in_isa(void* destination, std::span<const void* const> sources, std::size_t count) {
+#if TUTTI_KERNEL_AVX2_CLONES
+  if (use_avx2(count * sizeof(T))) return reduce_all_avx2<T, Op>(destination, sources, count);
+#endif
+  reduce_all<T, Op>(destination, sources, count);
+}
+
 template <class T>
 void reduce_typed(void* destination, std::span<const void* const> sources, std::size_t count,
                   WireOp op) {
   switch (op) {
-    case WireOp::Sum: return reduce_all<T, Sum>(destination, sources, count);
-    case WireOp::Product: return reduce_all<T, Product>(destination, sources, count);
-    case WireOp::Min: return reduce_all<T, Min>(destination, sources, count);
-    case WireOp::Max: return reduce_all<T, Max>(destination, sources, count);
+    case WireOp::Sum: return reduce_in_isa<T, Sum>(destination, sources, count);
+    case WireOp::Product: return reduce_in_isa<T, Product>(destination, sources, count);
+    case WireOp::Min: return reduce_in_isa<T, Min>(destination, sources, count);
+    case WireOp::Max: return reduce_in_isa<T, Max>(destination, sources, count);
   }
   TUTTI_CHECK(false, "WireOp ", static_cast<int>(op), " has no reduction");
 }
