@@ -63,6 +63,32 @@ std::size_t total_bytes(std::span<const std::size_t> counts, DataType dtype) {
   return elements * tutti::detail::element_bytes(dtype);
 }
 
+// Where each rank's block of a collective over blocks lies, back to back in rank order, in
+// bytes; `largest` leaves out the root's block (root -1: none), which never crosses the ring.
+struct BlockLayout {
+  std::vector<std::size_t> starts;  // One per rank, then the end of the last block.
+  std::size_t total = 0;
+  std::size_t largest = 0;
+
+  std::size_t offset(int rank) const { return starts[static_cast<std::size_t>(rank)]; }
+  std::size_t bytes(int rank) const {
+    return starts[static_cast<std::size_t>(rank) + 1] - starts[static_cast<std::size_t>(rank)];
+  }
+};
+
+BlockLayout block_layout(std::span<const std::size_t> counts, DataType dtype, int root) {
+  const std::size_t element = tutti::detail::element_bytes(dtype);
+  BlockLayout layout;
+  layout.starts.reserve(counts.size() + 1);
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    layout.starts.push_back(layout.total);
+    layout.total += counts[r] * element;
+    if (static_cast<int>(r) != root) layout.largest = std::max(layout.largest, counts[r] * element);
+  }
+  layout.starts.push_back(layout.total);
+  return layout;
+}
+
 // Where `rank`'s share of a chunk of `length` elements starts (rank == size: its end).
 std::size_t share_start(std::size_t length, int rank, int size, std::size_t align) {
   if (rank >= size) return length;
@@ -226,35 +252,25 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
 Status ShmBackend::allgatherv(const void* input, void* output, std::span<const std::size_t> counts,
                               DataType dtype) {
   if (over_mpi(total_bytes(counts, dtype))) return mpi_->allgatherv(input, output, counts, dtype);
-  const std::size_t element = tutti::detail::element_bytes(dtype);
-  const int n = size();
   const int me = rank();
-  std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
-  std::size_t offset = 0;
-  std::size_t largest = 0;
-  for (int r = 0; r < n; ++r) {
-    offsets[static_cast<std::size_t>(r)] = offset;
-    offset += counts[static_cast<std::size_t>(r)] * element;
-    largest = std::max(largest, counts[static_cast<std::size_t>(r)] * element);
-  }
-  const std::size_t my_bytes = counts[static_cast<std::size_t>(me)] * element;
+  const BlockLayout blocks = block_layout(counts, dtype, /*root=*/-1);
+  const std::size_t my_bytes = blocks.bytes(me);
   // This rank's own block goes straight from the input.
-  if (my_bytes > 0 && at(output, offsets[static_cast<std::size_t>(me)]) != input) {
-    std::memmove(at(output, offsets[static_cast<std::size_t>(me)]), input, my_bytes);
+  if (my_bytes > 0 && at(output, blocks.offset(me)) != input) {
+    std::memmove(at(output, blocks.offset(me)), input, my_bytes);
   }
-  const StagingRun run(staging_[kGather], offset);
+  const StagingRun run(staging_[kGather], blocks.total);
   const std::size_t round = ring_->slot_bytes();
-  for (std::size_t done = 0; done < largest; done += round) {
+  for (std::size_t done = 0; done < blocks.largest; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
     stage(ring_->slot(me, chunk), 0, input, done, in_round(my_bytes, done, round), run.streaming());
     ring_->publish(Counter::Staged, chunk);
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < size(); ++r) {
       if (r == me) continue;
       ring_->wait(r, Counter::Staged, chunk);
-      const std::size_t bytes =
-          in_round(counts[static_cast<std::size_t>(r)] * element, done, round);
-      copy(output, offsets[static_cast<std::size_t>(r)] + done, ring_->slot(r, chunk), 0, bytes);
+      copy(output, blocks.offset(r) + done, ring_->slot(r, chunk), 0,
+           in_round(blocks.bytes(r), done, round));
     }
     ring_->publish(Counter::Consumed, chunk);
   }
@@ -267,24 +283,15 @@ Status ShmBackend::gatherv(const void* input, void* output, std::span<const std:
                            DataType dtype, int root) {
   if (over_mpi(total_bytes(counts, dtype)))
     return mpi_->gatherv(input, output, counts, dtype, root);
-  const std::size_t element = tutti::detail::element_bytes(dtype);
-  const int n = size();
   const int me = rank();
-  std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
-  std::size_t offset = 0;
-  std::size_t largest = 0;
-  for (int r = 0; r < n; ++r) {
-    offsets[static_cast<std::size_t>(r)] = offset;
-    offset += counts[static_cast<std::size_t>(r)] * element;
-    if (r != root) largest = std::max(largest, counts[static_cast<std::size_t>(r)] * element);
+  const BlockLayout blocks = block_layout(counts, dtype, root);
+  const std::size_t my_bytes = blocks.bytes(me);
+  if (me == root && my_bytes > 0 && at(output, blocks.offset(me)) != input) {
+    std::memmove(at(output, blocks.offset(me)), input, my_bytes);
   }
-  const std::size_t my_bytes = counts[static_cast<std::size_t>(me)] * element;
-  if (me == root && my_bytes > 0 && at(output, offsets[static_cast<std::size_t>(me)]) != input) {
-    std::memmove(at(output, offsets[static_cast<std::size_t>(me)]), input, my_bytes);
-  }
-  const StagingRun run(staging_[kGather], offset);
+  const StagingRun run(staging_[kGather], blocks.total);
   const std::size_t round = ring_->slot_bytes();
-  for (std::size_t done = 0; done < largest; done += round) {
+  for (std::size_t done = 0; done < blocks.largest; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
     if (me != root) {
@@ -295,12 +302,11 @@ Status ShmBackend::gatherv(const void* input, void* output, std::span<const std:
       continue;
     }
     ring_->publish(Counter::Staged, chunk);
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < size(); ++r) {
       if (r == me) continue;
       ring_->wait(r, Counter::Staged, chunk);
-      const std::size_t bytes =
-          in_round(counts[static_cast<std::size_t>(r)] * element, done, round);
-      copy(output, offsets[static_cast<std::size_t>(r)] + done, ring_->slot(r, chunk), 0, bytes);
+      copy(output, blocks.offset(r) + done, ring_->slot(r, chunk), 0,
+           in_round(blocks.bytes(r), done, round));
     }
     ring_->publish(Counter::Consumed, chunk);
   }
@@ -313,43 +319,31 @@ Status ShmBackend::scatterv(const void* input, std::span<const std::size_t> coun
                             DataType dtype, int root) {
   if (over_mpi(total_bytes(counts, dtype)))
     return mpi_->scatterv(input, counts, output, dtype, root);
-  const std::size_t element = tutti::detail::element_bytes(dtype);
   const int n = size();
   const int me = rank();
-  std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
-  std::size_t offset = 0;
-  std::size_t largest = 0;
-  for (int r = 0; r < n; ++r) {
-    offsets[static_cast<std::size_t>(r)] = offset;
-    offset += counts[static_cast<std::size_t>(r)] * element;
-    if (r != root) largest = std::max(largest, counts[static_cast<std::size_t>(r)] * element);
-  }
-  if (me == root) {
-    copy(output, 0, input, offsets[static_cast<std::size_t>(me)],
-         counts[static_cast<std::size_t>(me)] * element);
-  }
+  const BlockLayout blocks = block_layout(counts, dtype, root);
+  if (me == root) copy(output, 0, input, blocks.offset(me), blocks.bytes(me));
   if (n == 1) return Status();
   // Share j of the slot (whole cache lines) belongs to the j-th member other than the root.
   const std::size_t share =
       std::max<std::size_t>(1, ring_->slot_bytes() / static_cast<std::size_t>(n - 1) / kCacheLine) *
       kCacheLine;
   auto share_of = [root](int r) { return static_cast<std::size_t>(r < root ? r : r - 1); };
-  const StagingRun run(staging_[kScatter], offset);
-  for (std::size_t done = 0; done < largest; done += share) {
+  const StagingRun run(staging_[kScatter], blocks.total);
+  for (std::size_t done = 0; done < blocks.largest; done += share) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
     if (me == root) {
       for (int r = 0; r < n; ++r) {
         if (r == root) continue;
-        const auto j = static_cast<std::size_t>(r);
-        stage(ring_->slot(me, chunk), share_of(r) * share, input, offsets[j] + done,
-              in_round(counts[j] * element, done, share), run.streaming());
+        stage(ring_->slot(me, chunk), share_of(r) * share, input, blocks.offset(r) + done,
+              in_round(blocks.bytes(r), done, share), run.streaming());
       }
       ring_->publish(Counter::Staged, chunk);
     } else {
       ring_->wait(root, Counter::Staged, chunk);
       copy(output, done, ring_->slot(root, chunk), share_of(me) * share,
-           in_round(counts[static_cast<std::size_t>(me)] * element, done, share));
+           in_round(blocks.bytes(me), done, share));
     }
     ring_->publish(Counter::Consumed, chunk);
   }
