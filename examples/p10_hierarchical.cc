@@ -91,10 +91,11 @@ Figures measure_raw(Data& data, int iterations) {
   return figures;
 }
 
-// Tutti with hierarchical allreduce on or off (a session of its own): single sizes via
+// Tutti with TUTTI_HIERARCHICAL_ALLREDUCE=`hierarchical` ("0", "1" or "auto"; a session of its
+// own): single sizes via
 // allreduce (Sum), the set via allreduce_async of every gradient (Average), then all waited.
-Figures measure_tutti(bool hierarchical, Data& data, int iterations) {
-  setenv("TUTTI_HIERARCHICAL_ALLREDUCE", hierarchical ? "1" : "0", 1);
+Figures measure_tutti(const char* hierarchical, Data& data, int iterations) {
+  setenv("TUTTI_HIERARCHICAL_ALLREDUCE", hierarchical, 1);
   tutti::init();
   Figures figures;
   for (std::vector<float>& single : data.singles) {
@@ -152,24 +153,26 @@ int run_p10(const std::vector<std::int64_t>& grad_counts,
   for (std::int64_t bytes : sizes_bytes)
     data.singles.emplace_back(static_cast<std::size_t>(bytes) / sizeof(float), 1.0f);
   print_layout(data);
-  // Round after round of the three contenders, each keeping its best: a burst of load on the
-  // machine then hurts one round of all three, not one contender.
-  Figures raw, plain, hierarchical;
+  // Round after round of the four contenders, each keeping its best: a burst of load on the
+  // machine then hurts one round of all four, not one contender.
+  Figures raw, plain, hierarchical, automatic;
   for (int round = 0; round < rounds; ++round) {
     raw.keep_best(measure_raw(data, iterations));
-    plain.keep_best(measure_tutti(false, data, iterations));
-    hierarchical.keep_best(measure_tutti(true, data, iterations));
+    plain.keep_best(measure_tutti("0", data, iterations));
+    hierarchical.keep_best(measure_tutti("1", data, iterations));
+    automatic.keep_best(measure_tutti("auto", data, iterations));
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
     for (std::size_t i = 0; i < data.singles.size(); ++i) {
-      std::printf("P10 size_bytes=%lld flat_ms=%.3f hierarchical_ms=%.3f raw_ms=%.3f\n",
-                  static_cast<long long>(sizes_bytes[i]), plain.single_ms[i],
-                  hierarchical.single_ms[i], raw.single_ms[i]);
+      std::printf(
+          "P10 size_bytes=%lld flat_ms=%.3f hierarchical_ms=%.3f raw_ms=%.3f auto_ms=%.3f\n",
+          static_cast<long long>(sizes_bytes[i]), plain.single_ms[i], hierarchical.single_ms[i],
+          raw.single_ms[i], automatic.single_ms[i]);
     }
-    std::printf("P10 flat_ms=%.2f hierarchical_ms=%.2f raw_ms=%.2f\n", plain.set_ms,
-                hierarchical.set_ms, raw.set_ms);
+    std::printf("P10 flat_ms=%.2f hierarchical_ms=%.2f raw_ms=%.2f auto_ms=%.2f\n", plain.set_ms,
+                hierarchical.set_ms, raw.set_ms, automatic.set_ms);
     std::fflush(stdout);
   }
   return 0;

@@ -81,9 +81,14 @@ Result<std::size_t> measure(HierarchicalBackend& backend, Collective collective,
 std::size_t threshold_from(std::span<const double> flat_ms,
                            std::span<const double> hierarchical_ms) {
   std::size_t threshold = HierarchicalBackend::kNever;
+  // From the largest size down: a clear win moves the threshold down to it, a tie leaves it
+  // (it joins a threshold a smaller size sets), a clear loss ends the scan, since "from a size
+  // up" would then include a size where flat is faster. NaNs count as a loss.
   for (std::size_t i = kCalibrationBytes.size(); i-- > 0;) {
-    if (!(hierarchical_ms[i] <= kCalibrationMargin * flat_ms[i])) break;
-    threshold = kCalibrationBytes[i];
+    const bool hierarchical_wins = hierarchical_ms[i] <= kCalibrationMargin * flat_ms[i];
+    const bool flat_wins = flat_ms[i] <= kCalibrationMargin * hierarchical_ms[i];
+    if (flat_wins || std::isnan(flat_ms[i]) || std::isnan(hierarchical_ms[i])) break;
+    if (hierarchical_wins) threshold = kCalibrationBytes[i];
   }
   return threshold;
 }

@@ -4,6 +4,7 @@
 #include "ops/hierarchical/hierarchical_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +20,7 @@ namespace {
 using ops::hierarchical::HierarchicalBackend;
 using ops::hierarchical::HostLayout;
 using ops::hierarchical::kCalibrationBytes;
+using ops::hierarchical::kCalibrationMargin;
 using ops::hierarchical::layout_from_host_ids;
 using ops::hierarchical::settle_thresholds;
 using ops::hierarchical::split_evenly;
@@ -185,15 +187,25 @@ TEST_CASE("Hierarchical allgatherv concatenates in set-rank order", "[hierarchic
   for (const std::vector<float>& result : results) CHECK(result == expected);
 }
 
-TEST_CASE("The automatic threshold: the smallest size from which hierarchical keeps winning",
+TEST_CASE("The automatic threshold: the smallest size hierarchical wins, flat winning none above",
           "[hierarchical][calibration]") {
   constexpr std::size_t kNever = HierarchicalBackend::kNever;
   using Times = std::vector<double>;
+  // Clear wins take at most 90 % (kCalibrationMargin) of the other path's time.
+  REQUIRE(kCalibrationMargin == 0.9);
   CHECK(threshold_from(Times{1, 10, 100}, Times{2, 5, 50}) == kCalibrationBytes[1]);
   CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 50}) == kCalibrationBytes[0]);
-  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 11, 50}) == kCalibrationBytes[2]);
-  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 100}) == kNever);  // Lost the largest.
-  CHECK(threshold_from(Times{1, 10, 100}, Times{1, 10, 97}) == kNever);    // Within the margin.
+  // Flat wins the middle size (10 <= 0.9 * 12): the hierarchy cannot reach below it.
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 12, 50}) == kCalibrationBytes[2]);
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 120}) == kNever);  // Flat wins the largest.
+  // Ties (neither within 90 % of the other) join a clear win below them.
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 10.5, 105}) == kCalibrationBytes[0]);
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 100}) == kCalibrationBytes[0]);
+  CHECK(threshold_from(Times{1, 10, 100}, Times{1, 10, 97}) == kNever);  // Ties only.
+  // The 2 x 2 namespaces of 2026-11-30: a win at 16 KiB, ties at 256 KiB and 4 MiB.
+  CHECK(threshold_from(Times{0.084, 0.296, 3.63}, Times{0.045, 0.26, 3.821}) ==
+        kCalibrationBytes[0]);
+  CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, std::nan("")}) == kNever);
 }
 
 TEST_CASE("Thresholds follow the knobs, or measurements every member shares",
