@@ -92,8 +92,8 @@ Figures measure_raw(Data& data, int iterations) {
 }
 
 // Tutti with TUTTI_HIERARCHICAL_ALLREDUCE=`hierarchical` ("0", "1" or "auto"; a session of its
-// own): single sizes via
-// allreduce (Sum), the set via allreduce_async of every gradient (Average), then all waited.
+// own): single sizes via allreduce (Sum), the set via allreduce_async of every gradient
+// (Average), then all waited.
 Figures measure_tutti(const char* hierarchical, Data& data, int iterations) {
   setenv("TUTTI_HIERARCHICAL_ALLREDUCE", hierarchical, 1);
   tutti::init();

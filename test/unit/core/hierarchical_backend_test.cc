@@ -198,11 +198,11 @@ TEST_CASE("The automatic threshold: the smallest size hierarchical wins, flat wi
   // Flat wins the middle size (10 <= 0.9 * 12): the hierarchy cannot reach below it.
   CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 12, 50}) == kCalibrationBytes[2]);
   CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 120}) == kNever);  // Flat wins the largest.
-  // Ties (neither within 90 % of the other) join a clear win below them.
+  // Ties (neither path within 90 % of the other's time) join a clear win below them.
   CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 10.5, 105}) == kCalibrationBytes[0]);
   CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, 100}) == kCalibrationBytes[0]);
   CHECK(threshold_from(Times{1, 10, 100}, Times{1, 10, 97}) == kNever);  // Ties only.
-  // The 2 x 2 namespaces of 2026-11-30: a win at 16 KiB, ties at 256 KiB and 4 MiB.
+  // A calibration on 2 x 2 namespaces (2026-11-30): wins at 16 and 256 KiB, a tie at 4 MiB.
   CHECK(threshold_from(Times{0.084, 0.296, 3.63}, Times{0.045, 0.26, 3.821}) ==
         kCalibrationBytes[0]);
   CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, std::nan("")}) == kNever);
