@@ -15,8 +15,8 @@
 // without it through the linker's choice of one copy. A native build (-march=native) compiles
 // each loop once, for the machine it is built on. AVX-512 stays out, as in native builds
 // (meson.build). On the 2-core AMD EPYC VM (family 26) the AVX2 copies take 0.67-0.93 of the
-// SSE2 ones' time per element in L1, L2 and from memory, the same at 1 MB (README, "To build by
-// hand"); P1 moved by less than its noise.
+// SSE2 ones' time per element in L1, L2 and from memory, about the same at 1 MB (README, Quick
+// start, on -Dnative_arch); P1 moved by less than its noise.
 #pragma once
 
 #include <cstddef>
