@@ -47,10 +47,11 @@
 //   --stores            --device cpu only, instead of P1-P4: --repeats rounds of P1 (median of 20
 //                       steps) under TUTTI_SHM_STREAMING_STORES=0, 1 and auto, each round with
 //                       the cache-line round trip between ranks 0 and 1 (examples/p1_stores.h)
+// P2 and P3 are preceded by "P2 detail" and "P3 detail" lines: context switches and CPU time per
+// op, one value per rank, Tutti's and raw MPI's (examples/process_usage.h).
 // Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
 // when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
 // CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
-#include <sys/resource.h>
 #include <tutti/tutti.h>
 #include <unistd.h>
 
@@ -76,6 +77,7 @@
 #include "examples/p10_hierarchical.h"
 #include "examples/p1_autotune.h"
 #include "examples/p1_stores.h"
+#include "examples/process_usage.h"
 
 #if TUTTI_BENCHMARK_CUDA
 #include <cuda_runtime.h>
@@ -148,33 +150,53 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void p2(double* tutti_us, double* raw_us) {
+// A figure of Tutti's against raw MPI's, with what each cost the process per op
+// (examples/process_usage.h; on rank 0 only, one value per rank).
+struct AgainstRaw {
+  double tutti = 0, raw = 0;
+  std::string tutti_usage, raw_usage;
+};
+
+AgainstRaw p2() {
   constexpr int kIterations = 1000;
   float x = 1.0f;
   std::vector<double> t(kIterations), raw(kIterations);
   for (int i = 0; i < 100; ++i) tutti::allreduce(tutti::TensorView(&x, {1}), "lone");
+  tutti::examples::ProcessUsage before = tutti::examples::process_usage();
   for (int i = 0; i < kIterations; ++i) {
     const Clock::time_point start = Clock::now();
     tutti::allreduce(tutti::TensorView(&x, {1}), "lone");
     t[i] = ms_since(start) * 1000.0;
   }
+  const tutti::examples::ProcessUsage tutti_usage =
+      tutti::examples::per_op(before, tutti::examples::process_usage(), kIterations);
+  before = tutti::examples::process_usage();
   for (int i = 0; i < kIterations; ++i) {
     const Clock::time_point start = Clock::now();
     MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     raw[i] = ms_since(start) * 1000.0;
   }
-  *tutti_us = max_over_ranks(median(t));
-  *raw_us = max_over_ranks(median(raw));
+  const tutti::examples::ProcessUsage raw_usage =
+      tutti::examples::per_op(before, tutti::examples::process_usage(), kIterations);
+  AgainstRaw figures;
+  figures.tutti = max_over_ranks(median(t));
+  figures.raw = max_over_ranks(median(raw));
+  figures.tutti_usage = tutti::examples::usage_by_rank(tutti_usage, MPI_COMM_WORLD);
+  figures.raw_usage = tutti::examples::usage_by_rank(raw_usage, MPI_COMM_WORLD);
+  return figures;
 }
 
-void p3(int repeats, double* tutti_ms, double* raw_ms) {
+AgainstRaw p3(int repeats) {
   constexpr int kTensors = 10000;
   std::vector<float> values(kTensors, 1.0f);
   std::vector<std::string> names(kTensors);
   for (int i = 0; i < kTensors; ++i) names[i] = "tiny." + std::to_string(i);
   std::vector<tutti::Handle> handles(kTensors);
+  AgainstRaw figures;
   double best = 1e30;
+  tutti::examples::ProcessUsage before;
   for (int r = 0; r < repeats + 2; ++r) {  // Two warm-up steps fill the response cache.
+    if (r == 2) before = tutti::examples::process_usage();
     MPI_Barrier(MPI_COMM_WORLD);
     const Clock::time_point start = Clock::now();
     for (int i = 0; i < kTensors; ++i) {
@@ -185,9 +207,15 @@ void p3(int repeats, double* tutti_ms, double* raw_ms) {
     const double ms = max_over_ranks(ms_since(start));
     if (r > 1) best = std::min(best, ms);
   }
-  *tutti_ms = best;
+  figures.tutti = best;
+  // Per op over the timed steps (a barrier and a max a step are noise beside 10,000 ops).
+  figures.tutti_usage = tutti::examples::usage_by_rank(
+      tutti::examples::per_op(before, tutti::examples::process_usage(),
+                              static_cast<double>(repeats) * kTensors),
+      MPI_COMM_WORLD);
   best = 1e30;
   for (int r = 0; r < repeats + 1; ++r) {
+    if (r == 1) before = tutti::examples::process_usage();
     MPI_Barrier(MPI_COMM_WORLD);
     const Clock::time_point start = Clock::now();
     for (int i = 0; i < kTensors; ++i) {
@@ -196,23 +224,22 @@ void p3(int repeats, double* tutti_ms, double* raw_ms) {
     const double ms = max_over_ranks(ms_since(start));
     if (r > 0) best = std::min(best, ms);
   }
-  *raw_ms = best;
-}
-
-double cpu_seconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+  figures.raw = best;
+  figures.raw_usage = tutti::examples::usage_by_rank(
+      tutti::examples::per_op(before, tutti::examples::process_usage(),
+                              static_cast<double>(repeats) * kTensors),
+      MPI_COMM_WORLD);
+  return figures;
 }
 
 double p4() {
   MPI_Barrier(MPI_COMM_WORLD);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // Let the loop go idle.
-  const double cpu_start = cpu_seconds();
+  const double cpu_start_us = tutti::examples::process_usage().cpu_us;
   const Clock::time_point start = Clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(5));
-  const double percent = (cpu_seconds() - cpu_start) / (ms_since(start) / 1000.0) * 100.0;
+  const double cpu_ms = (tutti::examples::process_usage().cpu_us - cpu_start_us) / 1000.0;
+  const double percent = cpu_ms / ms_since(start) * 100.0;
   return max_over_ranks(percent);
 }
 
@@ -405,15 +432,20 @@ int run_host(const Options& options) {
   if (options.sweep_sizes) sweep_sizes(repeats);
   tutti::init();
   const double p1 = p1_tutti(views, repeats);
-  double p2_tutti = 0, p2_raw = 0, p3_tutti = 0, p3_raw = 0;
-  p2(&p2_tutti, &p2_raw);
-  p3(repeats, &p3_tutti, &p3_raw);
+  const AgainstRaw p2_figures = p2();
+  const AgainstRaw p3_figures = p3(repeats);
   const double idle = p4();
   tutti::shutdown();
   if (root) {
+    std::printf("P2 detail tutti per op: %s\n", p2_figures.tutti_usage.c_str());
+    std::printf("P2 detail raw per op: %s\n", p2_figures.raw_usage.c_str());
+    std::printf("P3 detail tutti per op: %s\n", p3_figures.tutti_usage.c_str());
+    std::printf("P3 detail raw per op: %s\n", p3_figures.raw_usage.c_str());
     std::printf("P1 tutti_ms=%.2f best_raw_ms=%.2f ratio=%.3f\n", p1, best_raw, p1 / best_raw);
-    std::printf("P2 tutti_us=%.2f raw_us=%.2f ratio=%.2f\n", p2_tutti, p2_raw, p2_tutti / p2_raw);
-    std::printf("P3 tutti_ms=%.2f raw_ms=%.2f ratio=%.3f\n", p3_tutti, p3_raw, p3_tutti / p3_raw);
+    std::printf("P2 tutti_us=%.2f raw_us=%.2f ratio=%.2f\n", p2_figures.tutti, p2_figures.raw,
+                p2_figures.tutti / p2_figures.raw);
+    std::printf("P3 tutti_ms=%.2f raw_ms=%.2f ratio=%.3f\n", p3_figures.tutti, p3_figures.raw,
+                p3_figures.tutti / p3_figures.raw);
     std::printf("P4 idle_cpu_percent=%.3f\n", idle);
   }
   return 0;

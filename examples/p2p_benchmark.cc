@@ -6,10 +6,14 @@
 //
 // Usage: mpirun -n 2 build/examples/p2p_benchmark [--iterations N] [--mb-iterations M]
 // Ends with: P6 latency_us=<x> raw_us=<y> bandwidth_ratio=<tutti 64 MB bandwidth / raw>
+// Before it, for the latency runs, what a profile would say first (examples/process_usage.h):
+//   P6 detail tutti: latency_us by tenth of the run=<median of each tenth, in order>
+//   P6 detail tutti per round trip: switches_voluntary=<rank 0>/<rank 1>/... (and raw's)
 #include <tutti/tutti.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,14 +23,36 @@
 #include <mpi.h>
 
 #include "examples/machine_line.h"
+#include "examples/process_usage.h"
 
 namespace {
 
+using tutti::examples::per_op;
+using tutti::examples::process_usage;
+using tutti::examples::ProcessUsage;
+using tutti::examples::usage_by_rank;
 using Clock = std::chrono::steady_clock;
 
 double median(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
   return samples.empty() ? 0 : samples[samples.size() / 2];
+}
+
+// The one-way latency (half the median round trip) of each tenth of `samples`, in order: on the
+// 16-core machine a ping-pong of 10 took 2.75 µs and one of 2,000 a median of 7.00 (benchmark
+// log, sixteenth round), so whether the latency grows as the run goes on is worth printing.
+std::string latency_by_tenth(const std::vector<double>& samples) {
+  const std::size_t tenth = samples.size() / 10;
+  if (tenth == 0) return "n/a (fewer than 10 round trips)";
+  std::string line;
+  for (std::size_t t = 0; t < 10; ++t) {
+    const auto from = samples.begin() + static_cast<std::ptrdiff_t>(t * tenth);
+    char value[32];
+    std::snprintf(value, sizeof value, "%s%.2f", t == 0 ? "" : " ",
+                  median({from, from + static_cast<std::ptrdiff_t>(tenth)}) / 2);
+    line += value;
+  }
+  return line;
 }
 
 // Round trips of `count` floats with tutti::isend/irecv, in microseconds (rank 0's clock).
@@ -74,8 +100,8 @@ int main(int argc, char** argv) {
   int mb_iterations = 20;
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--iterations") iterations = std::atoi(argv[i + 1]);
-    if (arg == "--mb-iterations") mb_iterations = std::atoi(argv[i + 1]);
+    if (arg == "--iterations") iterations = std::max(1, std::atoi(argv[i + 1]));
+    if (arg == "--mb-iterations") mb_iterations = std::max(1, std::atoi(argv[i + 1]));
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -98,10 +124,16 @@ int main(int argc, char** argv) {
   const int warmup = std::max(1, iterations / 10);
 
   static_cast<void>(time_tutti(rank, 1, warmup));
-  const double tutti_latency = median(time_tutti(rank, 1, iterations)) / 2;
+  ProcessUsage before = process_usage();
+  const std::vector<double> tutti_samples = time_tutti(rank, 1, iterations);
+  const std::string tutti_usage = usage_by_rank(per_op(before, process_usage(), iterations), comm);
+  const double tutti_latency = median(tutti_samples) / 2;
   MPI_Barrier(comm);
   static_cast<void>(time_raw(comm, rank, 1, warmup));
-  const double raw_latency = median(time_raw(comm, rank, 1, iterations)) / 2;
+  before = process_usage();
+  const std::vector<double> raw_samples = time_raw(comm, rank, 1, iterations);
+  const std::string raw_usage = usage_by_rank(per_op(before, process_usage(), iterations), comm);
+  const double raw_latency = median(raw_samples) / 2;
   MPI_Barrier(comm);
   static_cast<void>(time_tutti(rank, kBig, 2));
   const double tutti_big = median(time_tutti(rank, kBig, mb_iterations)) / 2;
@@ -117,6 +149,12 @@ int main(int argc, char** argv) {
                 raw_latency, iterations);
     std::printf("64 MB:    tutti %.2f GB/s, raw MPI %.2f GB/s (median of %d)\n", tutti_gbs, raw_gbs,
                 mb_iterations);
+    std::printf("P6 detail tutti: latency_us by tenth of the run=%s\n",
+                latency_by_tenth(tutti_samples).c_str());
+    std::printf("P6 detail raw: latency_us by tenth of the run=%s\n",
+                latency_by_tenth(raw_samples).c_str());
+    std::printf("P6 detail tutti per round trip: %s\n", tutti_usage.c_str());
+    std::printf("P6 detail raw per round trip: %s\n", raw_usage.c_str());
     std::printf("P6 latency_us=%.2f raw_us=%.2f bandwidth_ratio=%.3f\n", tutti_latency, raw_latency,
                 tutti_gbs / raw_gbs);
   }
