@@ -47,7 +47,7 @@ bool StagingChoice::streaming(std::size_t bytes) {
   } else if (measures(bytes)) {
     const std::uint64_t n = measured_++;
     if (cost_[0] == 0) {
-      streaming = false;  // Each kind is measured once first.
+      streaming = false;  // The warm-up, then each kind is measured once.
     } else if (cost_[1] == 0) {
       streaming = true;
     } else {
@@ -62,6 +62,10 @@ bool StagingChoice::streaming(std::size_t bytes) {
 
 void StagingChoice::record(bool streaming, std::size_t bytes, std::chrono::nanoseconds took) {
   if (!measures(bytes)) return;
+  if (!warmed_up_) {  // The warm-up (Note [Streaming stores]): the next one measures again.
+    warmed_up_ = true;
+    return;
+  }
   // Weight of a new sample of the kind in use: a few collectives' worth of memory, so that one
   // disturbed collective (the rank descheduled) does not switch kinds.
   constexpr double kWeight = 0.25;

@@ -22,10 +22,17 @@
 // collective (every kFarExplorePeriod-th where the other kind cost twice as much) tries the
 // other kind again, so a placement that makes the kind not in use the cheaper one is noticed
 // within that many collectives; one that makes the kind in use costlier is noticed at once.
-// Smaller collectives are latency-bound and stage with ordinary stores. The choice is local to
-// a rank (it changes no result), yet ranks mostly agree: they explore at the same collectives
-// (they run the same ones in the same order) and measure nearly the same times, since each
-// waits for the others. TUTTI_SHM_STREAMING_STORES fixes the choice (0: ordinary, 1: streaming).
+// The first measured collective of a family is a warm-up and is not recorded: it pays what only
+// a first use pays (cold caches and code, a peer arriving late from its own first collective),
+// and on a 2-core AMD EPYC VM it took 0.30 ns a byte with ordinary stores against 0.11-0.12 for
+// the next ones (0.8-1.0 before the ring's pages were faulted in at its creation, Note [Faulting
+// the ring in] in shm_ring.cc), enough to make streaming stores look cheaper and, measured
+// twice as cheap, to keep them for the long period: P1's first four steps ran at 14-17 ms
+// against 9. Smaller collectives are latency-bound and stage with ordinary stores. The choice is
+// local to a rank (it changes no result), yet ranks mostly agree: they explore at the same
+// collectives (they run the same ones in the same order) and measure nearly the same times, since
+// each waits for the others. TUTTI_SHM_STREAMING_STORES fixes the choice (0: ordinary, 1:
+// streaming).
 #pragma once
 
 #include <chrono>
@@ -72,6 +79,7 @@ class StagingChoice {
   // follows its collectives with a moving average; a sample of the other kind replaces its
   // value, which may date from an earlier placement.
   double cost_[2] = {0, 0};
+  bool warmed_up_ = false;  // The first measured collective has been seen (and not recorded).
   bool use_streaming_ = false;
   std::uint64_t streamed_ = 0;
 };

@@ -6,6 +6,7 @@
 // collectives it staged with streaming stores). The measured choice's rules are tested in
 // test/unit/core/staging_test.cc; the public collectives under TUTTI_SHM_STREAMING_STORES=1 by
 // `shm np=3 streaming`.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -140,14 +141,38 @@ TEST_CASE("Every staging collective gives its closed form under each choice of s
     }
     collectives += 7;
   }
+  // One more allreduce and allgatherv of the measured size: a third measured collective for the
+  // reductions and the gathers, the one auto stages with streaming stores (below).
+  {
+    constexpr std::size_t kCount = 300001;
+    std::vector<float> data(kCount, static_cast<float>(me + 1));
+    calls_ok =
+        calls_ok && shm->allreduce(data.data(), kCount, DataType::Float32, ops::WireOp::Sum).ok();
+    const std::vector<std::size_t> counts = shares(kCount, n);
+    std::vector<float> mine(counts[static_cast<std::size_t>(me)], static_cast<float>(me));
+    std::vector<float> whole(kCount, -1.0f);
+    calls_ok =
+        calls_ok && shm->allgatherv(mine.data(), whole.data(), counts, DataType::Float32).ok();
+    const std::size_t share = kCount / static_cast<std::size_t>(n);
+    for (std::size_t j = 0; j < kCount; ++j) {
+      const std::size_t owner = std::min(j / share, static_cast<std::size_t>(n - 1));
+      if (data[j] != static_cast<float>(n * (n + 1) / 2) || whole[j] != static_cast<float>(owner)) {
+        values_ok = false;
+        failure += "third allreduce or allgatherv;";
+        break;
+      }
+    }
+    collectives += 2;
+  }
   INFO(failure);
   CHECK(all_ranks(calls_ok));
   CHECK(all_ranks(values_ok));
   // Ordinary stores stream nothing; streaming stores stage every collective so (a broadcast's
   // or a scatter's non-roots and a gather's root stage nothing but still count). The measured
-  // choice looks at collectives of at least kMeasuredBytes only (here the 1.2 MB ones) and
-  // measures each family's first with ordinary stores and its second with streaming ones: the
-  // second of the reductions (reduce) and of the gathers (gatherv) streamed.
+  // choice looks at collectives of at least kMeasuredBytes only (here the 1.2 MB ones), takes
+  // each family's first as a warm-up with ordinary stores, then measures ordinary stores on its
+  // second and streaming ones on its third: the third of the reductions (the last allreduce)
+  // and of the gathers (the last allgatherv) streamed.
   const std::uint64_t streamed = shm->streamed();
   if (stores == ShmStores::Cached) CHECK(streamed == 0);
   if (stores == ShmStores::Streaming) CHECK(streamed == static_cast<std::uint64_t>(collectives));

@@ -80,8 +80,9 @@ TEST_CASE("Auto stages small collectives with ordinary stores and measures none"
 TEST_CASE("Auto uses the cheaper kind and tries the other every period", "[staging]") {
   const int period = static_cast<int>(StagingChoice::kExplorePeriod);
   StagingChoice choice;
-  // Ordinary stores cost 1 ns a byte, streaming 1.5: the first collective is staged with
-  // ordinary stores, the second streams, and then every period-th (by count) streams.
+  // Ordinary stores cost 1 ns a byte, streaming 1.5: the first two collectives (the warm-up and
+  // the first measured) are staged with ordinary stores, the third streams, and then every
+  // period-th (by count) streams.
   const int collectives = 10 * period;
   CHECK(run(choice, collectives, 1.0, 1.5) == 1 + (collectives - 1) / period);
   // The placement changes (ordinary stores now cost 2.5 ns a byte). Within a period it
@@ -97,14 +98,26 @@ TEST_CASE("Auto uses the cheaper kind and tries the other every period", "[stagi
 TEST_CASE("Auto tries a kind measured twice as costly four times as rarely", "[staging]") {
   const int far = static_cast<int>(StagingChoice::kFarExplorePeriod);
   StagingChoice choice;
-  run(choice, 2, 1.0, 3.0);  // One of each: streaming cost three times as much.
-  // Collectives 2 .. 2 + 4 far - 1: the tries are at multiples of the long period.
+  run(choice, 3, 1.0, 3.0);  // The warm-up, then one of each: streaming cost three times as much.
+  // Collectives 3 .. 3 + 4 far - 1: the tries are at multiples of the long period.
   CHECK(run(choice, 4 * far, 1.0, 3.0) == 4);
+}
+
+TEST_CASE("Auto does not record the first measured collective", "[staging]") {
+  const int period = static_cast<int>(StagingChoice::kExplorePeriod);
+  StagingChoice choice;
+  // The first collective pays first-use costs: ten times what ordinary stores cost after.
+  // Recorded, it would make streaming (1.5) look cheaper than ordinary stores (1.0), and more
+  // than twice as cheap, so that ordinary stores would be tried again only every long period.
+  CHECK(run(choice, 1, 10.0, 1.5) == 0);
+  // Not recorded: the next measures ordinary stores again, the one after streaming, and from
+  // then on only every period-th collective streams (collectives 1 .. 4 period - 1 here).
+  CHECK(run(choice, 4 * period - 1, 1.0, 1.5) == 1 + 3);
 }
 
 TEST_CASE("Auto does not switch on one disturbed collective", "[staging]") {
   StagingChoice choice;
-  run(choice, 2, 1.0, 1.5);  // One of each: ordinary stores are cheaper.
+  run(choice, 3, 1.0, 1.5);  // The warm-up, then one of each: ordinary stores are cheaper.
   // One ordinary collective takes 2.5 ns a byte (the rank was descheduled): the average of the
   // kind in use moves a quarter of the way, to 1.375, still below streaming's 1.5.
   for (int i = 0; i < 3; ++i) {
