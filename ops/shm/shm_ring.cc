@@ -115,7 +115,7 @@ Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot
   // Otherwise the first collectives pay a page fault per page and process (on a 2-core AMD
   // EPYC VM the first 1 MB allreduce took 0.8-1.0 ns a byte against 0.12 after), and the
   // staging choice (staging.h), which measures them, took that for the cost of ordinary
-  // stores: P1's first four steps ran with the wrong stores at 14-17 ms against 9.
+  // stores: P1's first four steps ran with the wrong stores at 14-18 ms against 9.
   std::memset(ring->slot(ring->rank_, 0), 0, ring->slot_bytes_ * static_cast<std::size_t>(slots));
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Barrier(comm));
   for (int r = 0; r < ring->size_; ++r) {

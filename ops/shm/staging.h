@@ -27,7 +27,7 @@
 // and on a 2-core AMD EPYC VM it took 0.30 ns a byte with ordinary stores against 0.11-0.12 for
 // the next ones (0.8-1.0 before the ring's pages were faulted in at its creation, Note [Faulting
 // the ring in] in shm_ring.cc), enough to make streaming stores look cheaper and, measured
-// twice as cheap, to keep them for the long period: P1's first four steps ran at 14-17 ms
+// twice as cheap, to keep them for the long period: P1's first four steps ran at 14-18 ms
 // against 9. Smaller collectives are latency-bound and stage with ordinary stores. The choice is
 // local to a rank (it changes no result), yet ranks mostly agree: they explore at the same
 // collectives (they run the same ones in the same order) and measure nearly the same times, since

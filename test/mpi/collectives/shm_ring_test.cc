@@ -4,6 +4,8 @@
 // pay no page faults and the staging choice does not take them for the cost of its stores. The
 // count to expect is a closed form: without the faulting-in, a rank touching every page of every
 // rank's slots faults once per page, slots * slot_bytes / 4096 pages per rank.
+#include "ops/shm/shm_ring.h"
+
 #include <sys/resource.h>
 
 #include <cstddef>
@@ -13,7 +15,6 @@
 #include <catch2/catch.hpp>
 #include <mpi.h>
 
-#include "ops/shm/shm_ring.h"
 #include "test/support/mpi_test_util.h"
 
 namespace tutti::test {
@@ -41,8 +42,7 @@ long minor_faults() {
   }
 }
 
-TEST_CASE("A new ring's slots are mapped in every process: touching them faults no page",
-          "[shm]") {
+TEST_CASE("A new ring's slots are mapped in every process: touching them faults no page", "[shm]") {
   MPI_Comm host = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
   {
