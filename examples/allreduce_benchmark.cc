@@ -92,6 +92,10 @@
 
 namespace {
 
+using tutti::examples::per_op;
+using tutti::examples::process_usage;
+using tutti::examples::ProcessUsage;
+using tutti::examples::usage_by_rank;
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point start) {
@@ -162,27 +166,25 @@ AgainstRaw p2() {
   float x = 1.0f;
   std::vector<double> t(kIterations), raw(kIterations);
   for (int i = 0; i < 100; ++i) tutti::allreduce(tutti::TensorView(&x, {1}), "lone");
-  tutti::examples::ProcessUsage before = tutti::examples::process_usage();
+  ProcessUsage before = process_usage();
   for (int i = 0; i < kIterations; ++i) {
     const Clock::time_point start = Clock::now();
     tutti::allreduce(tutti::TensorView(&x, {1}), "lone");
     t[i] = ms_since(start) * 1000.0;
   }
-  const tutti::examples::ProcessUsage tutti_usage =
-      tutti::examples::per_op(before, tutti::examples::process_usage(), kIterations);
-  before = tutti::examples::process_usage();
+  const ProcessUsage tutti_usage = per_op(before, process_usage(), kIterations);
+  before = process_usage();
   for (int i = 0; i < kIterations; ++i) {
     const Clock::time_point start = Clock::now();
     MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     raw[i] = ms_since(start) * 1000.0;
   }
-  const tutti::examples::ProcessUsage raw_usage =
-      tutti::examples::per_op(before, tutti::examples::process_usage(), kIterations);
+  const ProcessUsage raw_usage = per_op(before, process_usage(), kIterations);
   AgainstRaw figures;
   figures.tutti = max_over_ranks(median(t));
   figures.raw = max_over_ranks(median(raw));
-  figures.tutti_usage = tutti::examples::usage_by_rank(tutti_usage, MPI_COMM_WORLD);
-  figures.raw_usage = tutti::examples::usage_by_rank(raw_usage, MPI_COMM_WORLD);
+  figures.tutti_usage = usage_by_rank(tutti_usage, MPI_COMM_WORLD);
+  figures.raw_usage = usage_by_rank(raw_usage, MPI_COMM_WORLD);
   return figures;
 }
 
@@ -194,9 +196,9 @@ AgainstRaw p3(int repeats) {
   std::vector<tutti::Handle> handles(kTensors);
   AgainstRaw figures;
   double best = 1e30;
-  tutti::examples::ProcessUsage before;
+  ProcessUsage before;
   for (int r = 0; r < repeats + 2; ++r) {  // Two warm-up steps fill the response cache.
-    if (r == 2) before = tutti::examples::process_usage();
+    if (r == 2) before = process_usage();
     MPI_Barrier(MPI_COMM_WORLD);
     const Clock::time_point start = Clock::now();
     for (int i = 0; i < kTensors; ++i) {
@@ -209,13 +211,11 @@ AgainstRaw p3(int repeats) {
   }
   figures.tutti = best;
   // Per op over the timed steps (a barrier and a max a step are noise beside 10,000 ops).
-  figures.tutti_usage = tutti::examples::usage_by_rank(
-      tutti::examples::per_op(before, tutti::examples::process_usage(),
-                              static_cast<double>(repeats) * kTensors),
-      MPI_COMM_WORLD);
+  figures.tutti_usage = usage_by_rank(
+      per_op(before, process_usage(), static_cast<double>(repeats) * kTensors), MPI_COMM_WORLD);
   best = 1e30;
   for (int r = 0; r < repeats + 1; ++r) {
-    if (r == 1) before = tutti::examples::process_usage();
+    if (r == 1) before = process_usage();
     MPI_Barrier(MPI_COMM_WORLD);
     const Clock::time_point start = Clock::now();
     for (int i = 0; i < kTensors; ++i) {
@@ -225,20 +225,18 @@ AgainstRaw p3(int repeats) {
     if (r > 0) best = std::min(best, ms);
   }
   figures.raw = best;
-  figures.raw_usage = tutti::examples::usage_by_rank(
-      tutti::examples::per_op(before, tutti::examples::process_usage(),
-                              static_cast<double>(repeats) * kTensors),
-      MPI_COMM_WORLD);
+  figures.raw_usage = usage_by_rank(
+      per_op(before, process_usage(), static_cast<double>(repeats) * kTensors), MPI_COMM_WORLD);
   return figures;
 }
 
 double p4() {
   MPI_Barrier(MPI_COMM_WORLD);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // Let the loop go idle.
-  const double cpu_start_us = tutti::examples::process_usage().cpu_us;
+  const double cpu_start_us = process_usage().cpu_us;
   const Clock::time_point start = Clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(5));
-  const double cpu_ms = (tutti::examples::process_usage().cpu_us - cpu_start_us) / 1000.0;
+  const double cpu_ms = (process_usage().cpu_us - cpu_start_us) / 1000.0;
   const double percent = cpu_ms / ms_since(start) * 100.0;
   return max_over_ranks(percent);
 }
