@@ -206,7 +206,7 @@ void measure(const Flags& flags, const std::vector<Pass*>& passes) {
     for (Pass* pass : passes) {
       // The ranks start each timing together. Without it the pass after the unsynchronized
       // local one paid, in its first step, for how far the ranks had drifted apart during it:
-      // 4-6 % of the step at batch 8 on the 2-core VM, all of it charged to the overlap pass.
+      // 4-6 % of the step at batch 8 on a 2-core AMD VM, all of it charged to the overlap pass.
       tutti::barrier();
       const auto start = std::chrono::steady_clock::now();
       for (int i = 0; i < flags.batches_per_iter; ++i) pass->step();
