@@ -366,15 +366,14 @@ int main(int argc, char** argv) {
       // Medians of step times: what after-backward reduction added to the synchronized step,
       // and the share of it the overlap took back (1 = all of it; below 0 = overlap lost).
       const double synchronized_ms = synchronized->step_ms(flags->batch_size);
+      const double overlap_ms = overlap.step_ms(flags->batch_size);
       const double after_ms = second.step_ms(flags->batch_size);
       const double added_ms = after_ms - synchronized_ms;
-      const double hidden =
-          added_ms > 0 ? (after_ms - overlap.step_ms(flags->batch_size)) / added_ms : NAN;
+      const double hidden = added_ms > 0 ? (after_ms - overlap_ms) / added_ms : NAN;
       std::printf("P5 detail synchronized_ms=%.2f max_gain=%.3f hidden=%.2f\n", synchronized_ms,
                   after_ms / synchronized_ms, hidden);
       std::printf("P5 overlap_ms=%.2f after_backward_ms=%.2f gain=%.3f ci=%.3f iters=%zu\n",
-                  overlap.step_ms(flags->batch_size), second.step_ms(flags->batch_size), gain,
-                  ci / 100, ratios.size());
+                  overlap_ms, after_ms, gain, ci / 100, ratios.size());
     }
     // Communication's cost at this rank count; compare with a -np 1 run for true scaling.
     std::printf("scaling efficiency vs no communication: %.1f%% (overlap), %.1f%% (%s)\n",
