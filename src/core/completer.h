@@ -30,7 +30,7 @@ class Completer {
       : timeline_(timeline), recorder_(recorder) {}
 
   // Completes the op with `status`, after marking it in the timeline and, unless `record` is
-  // false (the caller marked a whole batch: FlightRecorder::update_all), the flight recorder.
+  // false (the caller wrote a whole batch: FlightRecorder::batch_finished()), the flight recorder.
   void complete(Entry& entry, const Status& status, bool record = true) const;
   void complete(std::span<const std::shared_ptr<Entry>> entries, const Status& status) const;
 

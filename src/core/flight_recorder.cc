@@ -176,6 +176,103 @@ void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::uint
   }
 }
 
+void FlightRecorder::batch_begun(std::span<const std::size_t> positions) {
+  if (!enabled()) return;
+  detail::MutexLock lock(mutex_);
+  list_.batch.assign(positions.begin(), positions.end());
+  list_.executing_s = -1;
+  list_.batch_deferred = false;
+}
+
+void FlightRecorder::batch_executing(std::string_view backend) {
+  if (!enabled()) return;
+  const double now = now_s();
+  detail::MutexLock lock(mutex_);
+  list_.executing_s = now;
+  list_.backend = intern(backend);
+}
+
+void FlightRecorder::batch_finished(OpPhase phase, std::string_view error) {
+  if (!enabled()) return;
+  const double now = now_s();
+  detail::MutexLock lock(mutex_);
+  const bool failed_with_error = phase == OpPhase::Failed && !error.empty();
+  for (const std::size_t position : list_.batch) {
+    const std::int64_t id = list_.ids[position];
+    if (id < 0) continue;
+    const std::size_t index = static_cast<std::size_t>(id) % capacity_;
+    Slot& slot = slots_[index];
+    // Overwritten by a newer op, or finished already (phases never move back).
+    if (slot.id != id || phase <= slot.phase) continue;
+    // The first line only, once: what three updates wrote before.
+    slot.negotiated_s = list_.negotiated_s;
+    if (list_.executing_s >= 0) {
+      slot.executing_s = list_.executing_s;
+      slot.backend = list_.backend;
+    }
+    slot.finished_s = now;
+    slot.phase = phase;
+    if (failed_with_error) {
+      errors_[index].assign(error);
+      slot.failed_with_error = true;
+    }
+  }
+  if (!list_.batch_deferred) list_.written += list_.batch.size();
+  list_.batch.clear();
+}
+
+void FlightRecorder::batch_deferred() {
+  if (!enabled()) return;
+  detail::MutexLock lock(mutex_);
+  apply_pending(list_.batch, /*executing=*/list_.executing_s >= 0);
+  // Kept: if handing the batch on fails after all, batch_finished() still fails its records.
+  if (!list_.batch_deferred) list_.written += list_.batch.size();
+  list_.batch_deferred = true;
+}
+
+void FlightRecorder::list_ended() {
+  if (!enabled()) return;
+  detail::MutexLock lock(mutex_);
+  // Every op of a list normally ends in one of its batches: no pass then.
+  if (list_.written < list_.ids.size()) {
+    for (const std::int64_t id : list_.ids)
+      apply(id, OpPhase::Negotiated, list_.negotiated_s, 0, {});
+  }
+  list_.ids.clear();
+  list_.batch.clear();
+  list_.written = 0;
+}
+
+void FlightRecorder::apply_pending(std::span<const std::size_t> positions, bool executing) {
+  for (const std::size_t position : positions) {
+    const std::int64_t id = list_.ids[position];
+    apply(id, OpPhase::Negotiated, list_.negotiated_s, 0, {});
+    if (executing) apply(id, OpPhase::Executing, list_.executing_s, list_.backend, {});
+  }
+}
+
+std::vector<FlightRecorder::Slot> FlightRecorder::slots_shown() const {
+  std::vector<Slot> shown = slots_;
+  const auto show = [&](std::int64_t id, OpPhase phase, double at, std::uint8_t backend) {
+    if (id < 0) return;
+    Slot& slot = shown[static_cast<std::size_t>(id) % capacity_];
+    if (slot.id != id || phase <= slot.phase) return;
+    slot.phase = phase;
+    if (phase == OpPhase::Negotiated) {
+      slot.negotiated_s = at;
+    } else {
+      slot.executing_s = at;
+      slot.backend = backend;
+    }
+  };
+  for (const std::int64_t id : list_.ids) show(id, OpPhase::Negotiated, list_.negotiated_s, 0);
+  if (list_.executing_s >= 0) {
+    for (const std::size_t position : list_.batch)
+      show(list_.ids[position], OpPhase::Executing, list_.executing_s, list_.backend);
+  }
+  return shown;
+}
+
 std::vector<debug::OpRecord> FlightRecorder::snapshot() const {
   std::vector<debug::OpRecord> records;
   if (!enabled()) return records;
@@ -184,9 +281,10 @@ std::vector<debug::OpRecord> FlightRecorder::snapshot() const {
   const std::int64_t first =
       std::max<std::int64_t>(0, next_id_ - static_cast<std::int64_t>(capacity_));
   records.reserve(static_cast<std::size_t>(next_id_ - first));
+  const std::vector<Slot> shown = slots_shown();
   for (std::int64_t id = first; id < next_id_; ++id) {
     const std::size_t index = static_cast<std::size_t>(id) % capacity_;
-    const Slot& slot = slots_[index];
+    const Slot& slot = shown[index];
     records.push_back(debug::OpRecord{.sequence = slot.sequence,
                                       .name = std::string(name_of(index, slot)),
                                       .op = std::string(to_string(slot.op)),
@@ -215,8 +313,7 @@ std::string FlightRecorder::default_path() const {
   return default_dump_path(context_.dir, context_.rank);
 }
 
-void FlightRecorder::append_json(std::string& out, std::size_t index) const {
-  const Slot& slot = slots_[index];
+void FlightRecorder::append_json(std::string& out, std::size_t index, const Slot& slot) const {
   out += "{\"sequence\": " + std::to_string(slot.sequence);
   out += ", \"set\": " + std::to_string(slot.process_set_id);
   out += ", \"name\": ";
@@ -277,9 +374,11 @@ Status FlightRecorder::dump(const std::string& path, std::string_view reason) co
     out += "},\n\"ops\": [";
     const std::int64_t first =
         std::max<std::int64_t>(0, next_id_ - static_cast<std::int64_t>(capacity_));
+    const std::vector<Slot> shown = slots_shown();
     for (std::int64_t id = first; id < next_id_; ++id) {
       out += id == first ? "\n  " : ",\n  ";
-      append_json(out, static_cast<std::size_t>(id) % capacity_);
+      const std::size_t index = static_cast<std::size_t>(id) % capacity_;
+      append_json(out, index, shown[index]);
     }
   }
   out += "\n]}\n";

@@ -6,7 +6,8 @@
 // Note [Flight recorder]
 // A record is made for every op the queue accepts, in the order it accepted them (the order the
 // coordinator is told about ops in; see Note [Records made as the queue is drained] for when),
-// and updated as the op is negotiated, starts executing and completes. The entry keeps its record's
+// and updated as the op is negotiated, starts executing and completes (for a response list's ops,
+// all at once as their batch ends: Note [Phases written as a batch ends]). The entry keeps its record's
 // id, an ever-growing count; its slot is id % capacity, and an update whose slot has since been
 // reused by a newer op is dropped (the old op's record is gone from the ring anyway). A steady
 // workload records without allocating: slots hold what most ops have inline, and the strings beside
@@ -39,6 +40,23 @@
 // sequence and submission time are therefore what they were when records were made at
 // acceptance, and every accepted op is in every snapshot.
 //
+// Note [Phases written as a batch ends]
+// A response list's ops were marked negotiated (the whole list), executing and done (each fused
+// batch), three passes over their records, each a call, a lock-free slot check and a store per
+// op. P3's driver (10,000 tiny allreduces a step, 2 ranks on the AMD EPYC VM of family 25 model
+// 1) took 5-6 % less time with the first two passes left out (an upper bound: the ring then
+// lied). So the response executor tells the recorder what its list is doing, not each op:
+// list_negotiated() keeps the list's record ids and the time; batch_begun() and
+// batch_executing() keep the running batch's positions, time and backend, no record touched;
+// batch_finished() writes each of its records once, every phase's time in the one store of its
+// first line. A reader (snapshot(), dump()) sees what the passes would have written: it applies
+// the kept list to a copy of the ring (slots_shown()), so a hang's dump still says which ops are
+// negotiated and which are executing on which backend. A device batch, which outlives the list
+// (another thread finishes it), has its phases written as it is handed on (batch_deferred()).
+// Callgrind, steady state (the difference between 32 and 12 steps, per op and rank): 3,354 and
+// 3,257 instructions of work before, 3,264 and 3,158 after (examples/BENCHMARK_LOG.md,
+// twenty-third round).
+//
 // Threads: every method may be called from any thread (application threads submit, the
 // communication and device threads update, any thread reads or dumps); one mutex guards the
 // ring, held for a slot's copy at most (a drained batch's slots in submitted_all()). Lock order:
@@ -49,6 +67,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -115,17 +134,39 @@ class FlightRecorder {
   // `error` when it failed. No-op for id -1 or a record already overwritten.
   void update(std::int64_t id, OpPhase phase, std::string_view backend = {},
               std::string_view error = {}) TUTTI_EXCLUDES(mutex_);
-  // update() of `id_of(item)` for every item of `items` (a fused batch), under one lock and
-  // with one clock read: per op the recorder then costs a slot write, not a lock.
+  // ---- A response list's ops, whose phases are written once, as their batch ends (Note
+  // [Phases written as a batch ends]). The response executor's thread calls these in order:
+  // list_negotiated(), then per batch batch_begun(), batch_executing() where it runs a
+  // collective, and batch_finished() or batch_deferred(); then list_ended().
+  //
+  // The list's ops, negotiated now: `id_of(item)` of each of `items` in order (-1: no record).
+  // Batches name their ops by position in `items`. Replaces a list not ended.
   template <class Items, class IdOf>
-  void update_all(const Items& items, IdOf id_of, OpPhase phase, std::string_view backend = {},
-                  std::string_view error = {}) TUTTI_EXCLUDES(mutex_) {
+  void list_negotiated(const Items& items, IdOf id_of) TUTTI_EXCLUDES(mutex_) {
     if (!enabled()) return;
     const double now = now_s();
     detail::MutexLock lock(mutex_);
-    const std::uint8_t backend_id = intern(backend);
-    for (const auto& item : items) apply(id_of(item), phase, now, backend_id, error);
+    list_.ids.clear();
+    for (const auto& item : items) list_.ids.push_back(id_of(item));
+    list_.negotiated_s = now;
+    list_.written = 0;
+    list_.batch.clear();
+    list_.executing_s = -1;
+    list_.batch_deferred = false;
   }
+  // The list's next batch: the ops at `positions` in it.
+  void batch_begun(std::span<const std::size_t> positions) TUTTI_EXCLUDES(mutex_);
+  // The batch starts executing now, on `backend` ("shm", "mpi", ...).
+  void batch_executing(std::string_view backend) TUTTI_EXCLUDES(mutex_);
+  // The batch ended: each of its records gets the list's negotiation time, the batch's
+  // execution time and backend, and `phase` (Done, or Failed with `error`) stamped now.
+  void batch_finished(OpPhase phase, std::string_view error = {}) TUTTI_EXCLUDES(mutex_);
+  // The batch stays in flight after the list (a device batch, which another thread finishes
+  // with update()): its records are marked negotiated and executing now, as they stand. A
+  // batch_finished() after it (the hand-over failed) still finishes them.
+  void batch_deferred() TUTTI_EXCLUDES(mutex_);
+  // The list is done. Ops of it that no batch finished or deferred are marked negotiated.
+  void list_ended() TUTTI_EXCLUDES(mutex_);
 
   // The ring, oldest first.
   std::vector<debug::OpRecord> snapshot() const TUTTI_EXCLUDES(mutex_);
@@ -180,14 +221,34 @@ class FlightRecorder {
   // update()'s change of one slot, at time `now`; `backend` as intern() gives it.
   void apply(std::int64_t id, OpPhase phase, double now, std::uint8_t backend,
              std::string_view error) TUTTI_REQUIRES(mutex_);
+  // Marks the list's ops at `positions` negotiated and, if the batch began executing,
+  // executing, as the per-op updates would have (batch_deferred(), list_ended(), reads).
+  void apply_pending(std::span<const std::size_t> positions, bool executing)
+      TUTTI_REQUIRES(mutex_);
+  // The ring's slots as a reader sees them: the list's pending phases applied (Note [Phases
+  // written as a batch ends]). A copy, made only for snapshot() and dump().
+  std::vector<Slot> slots_shown() const TUTTI_REQUIRES(mutex_);
   // Backend name `name`'s number in backend_names_ plus 1, adding it the first time (a job has a
   // few); 0 for an empty name. A slot then holds a byte, not a copy: an op's record costs no
   // string copy as it starts executing.
   std::uint8_t intern(std::string_view name) TUTTI_REQUIRES(mutex_);
   std::string_view name_of(std::size_t index, const Slot& slot) const TUTTI_REQUIRES(mutex_);
   Shape shape_of(std::size_t index, const Slot& slot) const TUTTI_REQUIRES(mutex_);
-  void append_json(std::string& out, std::size_t index) const TUTTI_REQUIRES(mutex_);
+  // The record of `slot`, the ring's `index`-th (as slots_shown() shows it).
+  void append_json(std::string& out, std::size_t index, const Slot& slot) const
+      TUTTI_REQUIRES(mutex_);
 
+  // The response list in flight (Note [Phases written as a batch ends]).
+  struct PendingList {
+    std::vector<std::int64_t> ids;       // Record ids by position; -1: none.
+    double negotiated_s = -1;            // When list_negotiated() was called.
+    std::size_t written = 0;             // Positions whose records batches have written.
+    std::vector<std::size_t> batch;      // The current batch's positions; empty: none.
+    double executing_s = -1;             // When the current batch began executing; -1: not yet.
+    std::uint8_t backend = 0;            // Its backend, as intern() gives it.
+    bool batch_deferred = false;         // batch_deferred() wrote its records' phases.
+  };
+  PendingList list_ TUTTI_GUARDED_BY(mutex_);
   const std::size_t capacity_;
   // Taken before the queue's lock and the ring's (Note [Records made as the queue is drained]).
   mutable detail::Mutex flush_mutex_;

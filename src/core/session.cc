@@ -8,6 +8,7 @@
 
 #include "ops/device_ops.h"
 #include "ops/transport.h"
+#include "src/base/fast_tls.h"
 #include "src/base/host_memory_cache.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
@@ -165,7 +166,7 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
   if (loop_driver_->enabled()) entry->state->driver = detail::DriverKind::Loop;
   // See Note [A submitting thread keeps its backlog short] in submission_window.h. The window
   // is the thread's, over all sessions: an op of an earlier one is done (or failed) by now.
-  thread_local SubmissionWindow window;
+  TUTTI_FAST_TLS thread_local SubmissionWindow window;  // Note [Thread-locals read without a call].
   std::shared_ptr<const detail::OpState> mark;
   if (keeps_backlog_short_ && window.count()) mark = handle_state(entry);
   // A push racing with the loop's end is either refused or failed by finish(): close() takes

@@ -125,8 +125,8 @@ std::vector<Work> ResponseExecutor::prepare(const ResponseList& list) {
   responses_.clear();
   facts_.clear();
   inserts_.clear();
-  if (parts_.recorder != nullptr)
-    parts_.recorder->update_all(works, work_record_id, OpPhase::Negotiated);
+  // The works' phases are written as their batches end (Note [Phases written as a batch ends]).
+  if (parts_.recorder != nullptr) parts_.recorder->list_negotiated(works, work_record_id);
   return works;
 }
 
@@ -160,14 +160,14 @@ Status ResponseExecutor::execute(ResponseList list) {
       for (std::size_t i : indices) gathered.push_back(std::move(works[i]));  // Each index once.
       batch = gathered;
     }
+    if (parts_.recorder != nullptr) parts_.recorder->batch_begun(indices);
     // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
     bool deferred = false;
     const Status status = fault.ok() ? run_batch(batch, &deferred) : fault;
     if (!deferred) {
       if (parts_.recorder != nullptr) {
-        parts_.recorder->update_all(batch, work_record_id,
-                                    status.ok() ? OpPhase::Done : OpPhase::Failed, {},
-                                    status.message());
+        parts_.recorder->batch_finished(status.ok() ? OpPhase::Done : OpPhase::Failed,
+                                        status.message());
       }
       for (Work& work : batch) {
         if (work.entry != nullptr) parts_.completer.complete(*work.entry, status, /*record=*/false);
@@ -175,6 +175,7 @@ Status ResponseExecutor::execute(ResponseList list) {
     }
     if (!status.ok() && status.code() == ErrorCode::Communication) fault = status;
   }
+  if (parts_.recorder != nullptr) parts_.recorder->list_ended();
   // Evictions last: ids are never reused, a list that inserts more entries than the capacity
   // evicts some of its own (the coordinator did so while building it), and `works` point into
   // the cache until their batches have run.
@@ -204,6 +205,8 @@ Status ResponseExecutor::run_batch(std::span<Work> batch, bool* deferred) {
                          parts_.device.next_lane(response.process_set_id, batch));
   TUTTI_RETURN_IF_ERROR(parts_.device.wait_for_producers(lane, batch));
   TUTTI_RETURN_IF_ERROR(run_collective(batch, *lane.backend, *lane.mover));
+  // Before the device thread may finish them: their records now say executing.
+  if (parts_.recorder != nullptr) parts_.recorder->batch_deferred();
   TUTTI_RETURN_IF_ERROR(parts_.device.complete_later(lane, batch));
   *deferred = true;
   return Status();
@@ -211,8 +214,7 @@ Status ResponseExecutor::run_batch(std::span<Work> batch, bool* deferred) {
 
 Status ResponseExecutor::run_collective(std::span<Work> batch, ops::Backend& backend,
                                         Mover& mover) {
-  if (parts_.recorder != nullptr)
-    parts_.recorder->update_all(batch, work_record_id, OpPhase::Executing, backend.name());
+  if (parts_.recorder != nullptr) parts_.recorder->batch_executing(backend.name());
   Work& first = batch.front();
   const Response& response = *first.response;
   // Reductions mark their own stages (pack, collective, unpack).

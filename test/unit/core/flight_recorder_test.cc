@@ -237,6 +237,118 @@ TEST_CASE("Phases only move forward, and finishing stamps the time", "[flight_re
   recorder.update(-1, OpPhase::Done);  // An op recorded while recording was off.
 }
 
+// Note [Phases written as a batch ends]: a response list's ops read as negotiated, then
+// executing, although their records are written once, as their batch ends.
+std::int64_t same_id(std::int64_t id) { return id; }
+
+std::string state_of(FlightRecorder& recorder, const std::string& name) {
+  for (const debug::OpRecord& record : recorder.snapshot()) {
+    if (record.name == name) return record.state;
+  }
+  return "absent";
+}
+
+TEST_CASE("A list's ops read as negotiated and executing before their batch writes them",
+          "[flight_recorder]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tutti_fr_list_" + std::to_string(getpid()));
+  FlightRecorder recorder(8);
+  recorder.set_context({.job = "j", .rank = 0, .size = 1, .dir = dir.string()});
+  const std::int64_t a = recorder.submitted(recorded_request("a"), 0);
+  const std::int64_t b = recorder.submitted(recorded_request("b"), 1);
+  const std::int64_t c = recorder.submitted(recorded_request("c"), 2);
+  recorder.submitted(recorded_request("not_in_the_list"), 3);
+  // Position 2 has no record (a joined rank's work).
+  recorder.list_negotiated(std::vector<std::int64_t>{a, b, -1, c}, same_id);
+  CHECK(state_of(recorder, "a") == "negotiated");
+  CHECK(state_of(recorder, "c") == "negotiated");
+  CHECK(state_of(recorder, "not_in_the_list") == "submitted");
+
+  const std::vector<std::size_t> first{0, 1, 2};
+  recorder.batch_begun(first);
+  CHECK(state_of(recorder, "a") == "negotiated");  // Begun, not yet executing.
+  recorder.batch_executing("shm");
+  CHECK(state_of(recorder, "a") == "executing");
+  CHECK(state_of(recorder, "b") == "executing");
+  CHECK(state_of(recorder, "c") == "negotiated");
+  // A dump made now (a hang's) shows the backend and the times of the phases reached.
+  REQUIRE(recorder.dump(recorder.default_path(), "test").ok());
+  const std::string during = file_text(recorder.default_path());
+  CHECK_THAT(during, Catch::Contains("\"name\": \"a\", \"op\": \"ALLREDUCE\""));
+  CHECK_THAT(during, Catch::Contains("\"state\": \"executing\", \"backend\": \"shm\""));
+  CHECK_THAT(during, Catch::Contains("\"state\": \"negotiated\", \"backend\": \"\""));
+
+  recorder.batch_finished(OpPhase::Done);
+  CHECK(state_of(recorder, "a") == "done");
+  CHECK(state_of(recorder, "b") == "done");
+  CHECK(state_of(recorder, "c") == "negotiated");
+  const std::vector<std::size_t> second{3};
+  recorder.batch_begun(second);
+  recorder.batch_executing("mpi");
+  recorder.batch_finished(OpPhase::Failed, "peer gone");
+  recorder.list_ended();
+  const std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == 4);
+  CHECK(ring[0].finished_s >= ring[0].submitted_s);
+  CHECK(ring[2].state == "failed");
+  CHECK(ring[3].state == "submitted");
+  REQUIRE(recorder.dump(recorder.default_path(), "test").ok());
+  const std::string after = file_text(recorder.default_path());
+  CHECK_THAT(after, Catch::Contains("\"state\": \"done\", \"backend\": \"shm\""));
+  CHECK_THAT(after, Catch::Contains("\"state\": \"failed\", \"backend\": \"mpi\""));
+  CHECK_THAT(after, Catch::Contains("\"error\": \"peer gone\""));
+  // Every time stamped: no -1 for an op that reached done.
+  const std::size_t done_at = after.find("\"state\": \"done\"");
+  REQUIRE(done_at != std::string::npos);
+  const std::string done_record = after.substr(done_at, after.find('}', done_at) - done_at);
+  CHECK_THAT(done_record, !Catch::Contains("-1.000000"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A deferred batch is marked executing for the thread that finishes it",
+          "[flight_recorder]") {
+  FlightRecorder recorder(4);
+  const std::int64_t gpu = recorder.submitted(recorded_request("gpu"), 0);
+  const std::int64_t handed = recorder.submitted(recorded_request("handed"), 1);
+  const std::int64_t never = recorder.submitted(recorded_request("never"), 2);
+  recorder.list_negotiated(std::vector<std::int64_t>{gpu, handed, never}, same_id);
+  const std::vector<std::size_t> first{0};
+  recorder.batch_begun(first);
+  recorder.batch_executing("nccl");
+  recorder.batch_deferred();
+  // The hand-over of the second batch fails after its records were marked: still finished.
+  const std::vector<std::size_t> second{1};
+  recorder.batch_begun(second);
+  recorder.batch_executing("nccl");
+  recorder.batch_deferred();
+  recorder.batch_finished(OpPhase::Failed, "no event");
+  recorder.list_ended();  // "never" ended in no batch: negotiated, for good.
+  CHECK(state_of(recorder, "gpu") == "executing");
+  CHECK(state_of(recorder, "handed") == "failed");
+  CHECK(state_of(recorder, "never") == "negotiated");
+  recorder.update(gpu, OpPhase::Done);  // The device thread, later.
+  CHECK(state_of(recorder, "gpu") == "done");
+}
+
+TEST_CASE("A list's ops overwritten in the ring are skipped", "[flight_recorder]") {
+  FlightRecorder recorder(2);
+  const std::int64_t old = recorder.submitted(recorded_request("old"), 0);
+  const std::int64_t kept = recorder.submitted(recorded_request("kept"), 1);
+  recorder.list_negotiated(std::vector<std::int64_t>{old, kept}, same_id);
+  recorder.submitted(recorded_request("newer"), 2);  // Takes old's slot.
+  CHECK(state_of(recorder, "newer") == "submitted");
+  const std::vector<std::size_t> both{0, 1};
+  recorder.batch_begun(both);
+  recorder.batch_executing("shm");
+  CHECK(state_of(recorder, "newer") == "submitted");
+  CHECK(state_of(recorder, "kept") == "executing");
+  recorder.batch_finished(OpPhase::Done);
+  recorder.list_ended();
+  CHECK(state_of(recorder, "newer") == "submitted");
+  CHECK(state_of(recorder, "kept") == "done");
+  CHECK(state_of(recorder, "old") == "absent");
+}
+
 TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are dropped",
           "[flight_recorder]") {
   FlightRecorder recorder(3);
