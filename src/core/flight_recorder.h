@@ -7,9 +7,9 @@
 // A record is made for every op the queue accepts, in the order it accepted them (the order the
 // coordinator is told about ops in; see Note [Records made as the queue is drained] for when),
 // and updated as the op is negotiated, starts executing and completes (for a response list's ops,
-// all at once as their batch ends: Note [Phases written as a batch ends]). The entry keeps its record's
-// id, an ever-growing count; its slot is id % capacity, and an update whose slot has since been
-// reused by a newer op is dropped (the old op's record is gone from the ring anyway). A steady
+// all at once as their batch ends: Note [Phases written as a batch ends]). The entry keeps its
+// record's id, an ever-growing count; its slot is id % capacity, and an update whose slot has since
+// been reused by a newer op is dropped (the old op's record is gone from the ring anyway). A steady
 // workload records without allocating: slots hold what most ops have inline, and the strings beside
 // the ring keep their capacity.
 //
@@ -223,8 +223,7 @@ class FlightRecorder {
              std::string_view error) TUTTI_REQUIRES(mutex_);
   // Marks the list's ops at `positions` negotiated and, if the batch began executing,
   // executing, as the per-op updates would have (batch_deferred(), list_ended(), reads).
-  void apply_pending(std::span<const std::size_t> positions, bool executing)
-      TUTTI_REQUIRES(mutex_);
+  void apply_pending(std::span<const std::size_t> positions, bool executing) TUTTI_REQUIRES(mutex_);
   // The ring's slots as a reader sees them: the list's pending phases applied (Note [Phases
   // written as a batch ends]). A copy, made only for snapshot() and dump().
   std::vector<Slot> slots_shown() const TUTTI_REQUIRES(mutex_);
@@ -240,13 +239,13 @@ class FlightRecorder {
 
   // The response list in flight (Note [Phases written as a batch ends]).
   struct PendingList {
-    std::vector<std::int64_t> ids;       // Record ids by position; -1: none.
-    double negotiated_s = -1;            // When list_negotiated() was called.
-    std::size_t written = 0;             // Positions whose records batches have written.
-    std::vector<std::size_t> batch;      // The current batch's positions; empty: none.
-    double executing_s = -1;             // When the current batch began executing; -1: not yet.
-    std::uint8_t backend = 0;            // Its backend, as intern() gives it.
-    bool batch_deferred = false;         // batch_deferred() wrote its records' phases.
+    std::vector<std::int64_t> ids;   // Record ids by position; -1: none.
+    double negotiated_s = -1;        // When list_negotiated() was called.
+    std::size_t written = 0;         // Positions whose records batches have written.
+    std::vector<std::size_t> batch;  // The current batch's positions; empty: none.
+    double executing_s = -1;         // When the current batch began executing; -1: not yet.
+    std::uint8_t backend = 0;        // Its backend, as intern() gives it.
+    bool batch_deferred = false;     // batch_deferred() wrote its records' phases.
   };
   PendingList list_ TUTTI_GUARDED_BY(mutex_);
   const std::size_t capacity_;

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -91,6 +93,51 @@ TEST_CASE("NameIndex agrees with std::map under random inserts, takes and take_i
       CHECK(out == expected);
     }
   }
+  check_same(index, oracle);
+}
+
+// Note [An index that shrinks]: a burst grows the array; once most of it is taken the array
+// shrinks (to the floor here), and the index still agrees with the oracle through both.
+TEST_CASE("NameIndex shrinks after a burst and keeps every value", "[index]") {
+  std::mt19937 random(11);
+  Index index;
+  std::map<std::pair<int, std::string>, int> oracle;
+  const auto insert = [&](int i) {
+    const std::string name = "burst." + std::to_string(i);
+    const OpKeyView key{0, name};
+    REQUIRE(index.insert(name_hash(key), std::make_shared<Named>(Named{0, name, i})).second);
+    oracle[{0, name}] = i;
+  };
+  for (int i = 0; i < 10000; ++i) insert(i);
+  // Half full at most: 10,000 values need 32,768 slots.
+  CHECK(index.capacity() == 32768);
+  check_same(index, oracle);
+  std::vector<int> order(10000);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), random);
+  for (std::size_t k = 0; k < 9900; ++k) {
+    const std::string name = "burst." + std::to_string(order[k]);
+    const OpKeyView key{0, name};
+    std::shared_ptr<Named> taken = index.take(key, name_hash(key));
+    REQUIRE(taken != nullptr);
+    CHECK(taken->value == order[k]);
+    oracle.erase({0, name});
+    if (k % 1000 == 0) check_same(index, oracle);  // Across the shrinks.
+  }
+  // 100 left: shrunk at 4,095, 2,047 and 1,023 values, the last time to the floor.
+  CHECK(index.capacity() == Index::kShrinkFloor);
+  check_same(index, oracle);
+  // Growing again from the floor: 3,100 values need 8,192 slots.
+  for (int i = 10000; i < 13000; ++i) insert(i);
+  CHECK(index.capacity() == 8192);
+  check_same(index, oracle);
+  // take_if shrinks too.
+  index.take_if([](const std::shared_ptr<Named>& named) { return named->value >= 10000; },
+                [](std::shared_ptr<Named>&&) {});
+  for (auto it = oracle.begin(); it != oracle.end();) {
+    it = it->second >= 10000 ? oracle.erase(it) : std::next(it);
+  }
+  CHECK(index.capacity() == Index::kShrinkFloor);
   check_same(index, oracle);
 }
 
