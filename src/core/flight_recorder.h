@@ -59,7 +59,8 @@
 //
 // Threads: every method may be called from any thread (application threads submit, the
 // communication and device threads update, any thread reads or dumps); one mutex guards the
-// ring, held for a slot's copy at most (a drained batch's slots in submitted_all()). Lock order:
+// ring, held for a slot's copy at most (a drained batch's slots in submitted_all(), a finished
+// batch's in batch_finished(), the whole ring's in slots_shown()). Lock order:
 // the flush's mutex, then the queue's, then the ring's.
 #pragma once
 
