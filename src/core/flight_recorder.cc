@@ -150,30 +150,33 @@ Shape FlightRecorder::shape_of(std::size_t index, const Slot& slot) const {
   return Shape(slot.shape, slot.shape + slot.dims);
 }
 
-void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::uint8_t backend,
-                           std::string_view error) {
-  if (id < 0) return;
-  const std::size_t index = static_cast<std::size_t>(id) % capacity_;
-  Slot& slot = slots_[index];
-  if (slot.id != id || phase <= slot.phase) return;
+FlightRecorder::Slot* FlightRecorder::advance(std::vector<Slot>& ring, std::int64_t id,
+                                              OpPhase phase, double at,
+                                              std::uint8_t backend) const {
+  if (id < 0) return nullptr;
+  Slot& slot = ring[static_cast<std::size_t>(id) % capacity_];
+  if (slot.id != id || phase <= slot.phase) return nullptr;
   slot.phase = phase;
   switch (phase) {
     case OpPhase::Submitted: break;
-    case OpPhase::Negotiated: slot.negotiated_s = now; break;
+    case OpPhase::Negotiated: slot.negotiated_s = at; break;
     case OpPhase::Executing:
-      slot.executing_s = now;
+      slot.executing_s = at;
       slot.backend = backend;
       break;
     case OpPhase::Done:
-    case OpPhase::Failed:
-      slot.finished_s = now;
-      // A record finishes once, so the message is never overwritten by a later one.
-      if (!error.empty()) {
-        errors_[index].assign(error);
-        slot.failed_with_error = true;
-      }
-      break;
+    case OpPhase::Failed: slot.finished_s = at; break;
   }
+  return &slot;
+}
+
+void FlightRecorder::apply(std::int64_t id, OpPhase phase, double now, std::uint8_t backend,
+                           std::string_view error) {
+  Slot* slot = advance(slots_, id, phase, now, backend);
+  // A record finishes once, so the message is never overwritten by a later one.
+  if (slot == nullptr || error.empty() || phase < OpPhase::Done) return;
+  errors_[static_cast<std::size_t>(id) % capacity_].assign(error);
+  slot->failed_with_error = true;
 }
 
 void FlightRecorder::batch_begun(std::span<const std::size_t> positions) {
@@ -253,22 +256,11 @@ void FlightRecorder::apply_pending(std::span<const std::size_t> positions, bool 
 
 std::vector<FlightRecorder::Slot> FlightRecorder::slots_shown() const {
   std::vector<Slot> shown = slots_;
-  const auto show = [&](std::int64_t id, OpPhase phase, double at, std::uint8_t backend) {
-    if (id < 0) return;
-    Slot& slot = shown[static_cast<std::size_t>(id) % capacity_];
-    if (slot.id != id || phase <= slot.phase) return;
-    slot.phase = phase;
-    if (phase == OpPhase::Negotiated) {
-      slot.negotiated_s = at;
-    } else {
-      slot.executing_s = at;
-      slot.backend = backend;
-    }
-  };
-  for (const std::int64_t id : list_.ids) show(id, OpPhase::Negotiated, list_.negotiated_s, 0);
+  for (const std::int64_t id : list_.ids)
+    advance(shown, id, OpPhase::Negotiated, list_.negotiated_s, 0);
   if (list_.executing_s >= 0) {
     for (const std::size_t position : list_.batch)
-      show(list_.ids[position], OpPhase::Executing, list_.executing_s, list_.backend);
+      advance(shown, list_.ids[position], OpPhase::Executing, list_.executing_s, list_.backend);
   }
   return shown;
 }

@@ -219,6 +219,11 @@ class FlightRecorder {
   // Calls the flush set by set_flush(), if any.
   void flush() const TUTTI_EXCLUDES(flush_mutex_, mutex_);
   double seconds_at(Clock::time_point at) const;
+  // Moves the record of `id` in `ring` (slots_, or a reader's copy of it) to `phase`, stamping
+  // `at` (and `backend`, as intern() gives it, when executing), if the ring still holds that op
+  // and it has not got so far. The slot it moved, or null.
+  Slot* advance(std::vector<Slot>& ring, std::int64_t id, OpPhase phase, double at,
+                std::uint8_t backend) const;
   // update()'s change of one slot, at time `now`; `backend` as intern() gives it.
   void apply(std::int64_t id, OpPhase phase, double now, std::uint8_t backend,
              std::string_view error) TUTTI_REQUIRES(mutex_);
