@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "src/base/coarse_clock.h"
+#include "src/base/recycling_allocator.h"
 #include "src/base/strings.h"
 
 namespace tutti::core {
@@ -19,7 +20,7 @@ std::string lower(std::string_view text) {
   return s;
 }
 
-// make_entry()'s one allocation. The empty constructor makes make_shared default-initialize
+// make_entry()'s one allocation. The empty constructor makes allocate_shared default-initialize
 // it (every member has its initializer) instead of zeroing the whole block first.
 struct EntryWithState {
   EntryWithState() {}  // NOLINT(modernize-use-equals-default): `= default` would zero it.
@@ -30,7 +31,8 @@ struct EntryWithState {
 }  // namespace
 
 std::shared_ptr<Entry> make_entry() {
-  auto both = std::make_shared<EntryWithState>();
+  // See Note [Blocks kept per thread] in src/base/recycling_allocator.h.
+  auto both = std::allocate_shared<EntryWithState>(base::RecyclingAllocator<EntryWithState>());
   // Not owning: an owning pointer inside the entry would keep its own allocation alive forever.
   both->entry.state = std::shared_ptr<detail::OpState>(std::shared_ptr<void>(), &both->state);
   Entry* entry = &both->entry;
