@@ -32,8 +32,10 @@ struct Submission {
   core::SetInfo set;
   std::shared_ptr<core::Entry> entry = core::make_entry();  // One allocation with its OpState.
 
-  // `own` is true only for Tutti's own ops, which may use the reserved "tutti." names.
-  Submission(Collective op, std::string name, int process_set_id, bool own = false) {
+  // `own` is true only for Tutti's own ops, which may use the reserved "tutti." names. `name`
+  // is taken by reference, here and by the *_impl functions: a short name lives inside the
+  // string, so each move into a by-value parameter would copy it once more (three copies an op).
+  Submission(Collective op, std::string&& name, int process_set_id, bool own = false) {
     session = core::Runtime::get().session_for_op().value_or_throw();
     set = process_set_id == 0 ? session->global_set()
                               : session->process_set(process_set_id).value_or_throw();
@@ -52,8 +54,10 @@ struct Submission {
     entry->request.process_set_id = process_set_id;
   }
 
-  // By value: a caller done with its views moves them in (a view's shape is a heap vector).
-  void add(TensorView input, TensorView output) {
+  // The add*() functions take the views by reference and move them into the entry: a caller
+  // done with its views moves them in (a view's shape is a heap vector), and the view is moved
+  // once, not once for each call on the way.
+  void add(TensorView&& input, TensorView&& output) {
     TUTTI_CHECK(!entry->in_place, "an op mixes in-place and separate outputs");
     add_input(std::move(input));
     detail::TensorViewAccess::drop_shape(output);  // Note [Views kept without their shapes].
@@ -61,14 +65,14 @@ struct Submission {
   }
   // A tensor the op writes its result into (Entry::in_place): no copy of the view, whose shape
   // would be one more allocation per op.
-  void add_in_place(TensorView tensor) {
+  void add_in_place(TensorView&& tensor) {
     TUTTI_CHECK(entry->outputs.empty(), "an op mixes in-place and separate outputs");
     entry->in_place = true;
     add_input(std::move(tensor));
   }
   // A tensor the op reads, whose results core allocates (allgather, alltoall, gather,
   // reducescatter, scatter): no output view.
-  void add_input(TensorView input) {
+  void add_input(TensorView&& input) {
     core::Request& request = entry->request;
     if (!entry->inputs.empty() && input.device().kind != request.device) {
       invalid(str_cat(to_string(request.op), " '", request.name, "' mixes CPU and CUDA tensors"));
@@ -143,8 +147,8 @@ void check_reduce(const std::string& name, const TensorView& tensor, const Reduc
 }
 
 // `outputs` empty: in place. The views are moved into the op.
-Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> outputs, std::string name,
-                      const ReduceOptions& options, bool grouped) {
+Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> outputs,
+                      std::string&& name, const ReduceOptions& options, bool grouped) {
   Submission submission(Collective::Allreduce, std::move(name), options.process_set.id());
   if (grouped && inputs.empty()) invalid("grouped_allreduce_async needs at least one tensor");
   submission.reserve(inputs.size(), /*outputs=*/!outputs.empty());
@@ -218,7 +222,7 @@ void check_splits(Collective op, const std::string& name, const TensorView& inpu
   }
 }
 
-Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string name,
+Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string&& name,
                           const ReduceOptions& options, bool grouped) {
   Submission submission(Collective::Reducescatter, std::move(name), options.process_set.id());
   if (grouped && inputs.empty()) invalid("grouped_reducescatter_async needs at least one tensor");
@@ -230,7 +234,7 @@ Handle reducescatter_impl(const std::vector<TensorView>& inputs, std::string nam
     check_reduce(submission.name(), input, options, Collective::Reducescatter);
     if (input.dim() == 0)
       invalid(str_cat("REDUCESCATTER '", submission.name(), "' of a 0-d tensor"));
-    submission.add_input(input);
+    submission.add_input(TensorView(input));
   }
   core::Request& request = submission.entry->request;
   request.reduce_op = options.op;
@@ -320,15 +324,15 @@ Handle allgather_async(TensorView input, std::string name, ProcessSet set) {
 Handle grouped_allgather_async(std::vector<TensorView> inputs, std::string name, ProcessSet set) {
   Submission submission(Collective::Allgather, std::move(name), set.id());
   if (inputs.empty()) invalid("grouped_allgather_async needs at least one tensor");
-  for (const TensorView& input : inputs) {
+  for (TensorView& input : inputs) {
     if (input.dim() == 0)
       invalid(str_cat("ALLGATHER '", submission.entry->request.name, "' of a 0-d tensor"));
-    submission.add_input(input);
+    submission.add_input(std::move(input));
   }
   return submission.submit();
 }
 
-Handle broadcast_impl(TensorView tensor, int root_rank, std::string name, ProcessSet set,
+Handle broadcast_impl(TensorView tensor, int root_rank, std::string&& name, ProcessSet set,
                       bool own) {
   Submission submission(Collective::Broadcast, std::move(name), set.id(), own);
   const std::vector<int>& ranks = *submission.set.ranks;
@@ -338,7 +342,7 @@ Handle broadcast_impl(TensorView tensor, int root_rank, std::string name, Proces
                     ")"));
   }
   submission.entry->request.root_rank = root_rank;
-  submission.add_in_place(tensor);
+  submission.add_in_place(std::move(tensor));
   return submission.submit();
 }
 
@@ -351,7 +355,7 @@ Handle alltoall_async(TensorView input, std::vector<std::int64_t> splits, std::s
   Submission submission(Collective::Alltoall, std::move(name), set.id());
   check_splits(Collective::Alltoall, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
-  submission.add_input(input);
+  submission.add_input(std::move(input));
   return submission.submit();
 }
 
@@ -446,7 +450,7 @@ std::vector<std::string> allgather_bytes(std::string_view bytes, const std::stri
                                          ProcessSet set, bool own) {
   auto gather = [&](TensorView input, const std::string& part) {
     Submission submission(Collective::Allgather, name + part, set.id(), own);
-    submission.add_input(input);
+    submission.add_input(std::move(input));
     Handle handle = submission.submit();
     handle.wait();
     return handle.output();
@@ -509,7 +513,7 @@ Handle reduce_async(TensorView tensor, int root_rank, std::string name, ReduceOp
   request.prescale = options.prescale_factor;
   request.postscale = options.postscale_factor;
   request.root_rank = root_rank;
-  submission.add_in_place(tensor);  // In place on the root; only read elsewhere.
+  submission.add_in_place(std::move(tensor));  // In place on the root; only read elsewhere.
   return submission.submit();
 }
 
@@ -518,7 +522,7 @@ Handle gather_async(TensorView input, int root_rank, std::string name, ProcessSe
   check_root(submission, root_rank, set.id());
   if (input.dim() == 0) invalid(str_cat("GATHER '", submission.name(), "' of a 0-d tensor"));
   submission.entry->request.root_rank = root_rank;
-  submission.add_input(input);
+  submission.add_input(std::move(input));
   return submission.submit();
 }
 
@@ -535,7 +539,7 @@ Handle scatter_async(TensorView input, int root_rank, std::vector<std::int64_t> 
   }
   check_splits(Collective::Scatter, submission.name(), input, splits, submission.set_size());
   submission.entry->request.splits = std::move(splits);
-  submission.add_input(input);
+  submission.add_input(std::move(input));
   return submission.submit();
 }
 
