@@ -8,33 +8,11 @@
 #include <mutex>
 #include <new>
 
-#if defined(TUTTI_ADDRESS_SANITIZER)
-#include <sanitizer/asan_interface.h>
-#endif
-
 namespace tutti::base {
 namespace {
 
 // 64-byte alignment suits vector loads.
 constexpr std::size_t kAlignment = 64;
-
-// Where AddressSanitizer runs, a cached block reads as freed until it is handed out again.
-void poison(void* block, std::size_t bytes) {
-#if defined(TUTTI_ADDRESS_SANITIZER)
-  ASAN_POISON_MEMORY_REGION(block, bytes);
-#else
-  static_cast<void>(block);
-  static_cast<void>(bytes);
-#endif
-}
-void unpoison(void* block, std::size_t bytes) {
-#if defined(TUTTI_ADDRESS_SANITIZER)
-  ASAN_UNPOISON_MEMORY_REGION(block, bytes);
-#else
-  static_cast<void>(block);
-  static_cast<void>(bytes);
-#endif
-}
 
 // `bytes` (kMinCachedBytes or more) rounded up to a multiple of an eighth of its largest power of
 // two: at most 8 classes per doubling, each a multiple of kAlignment.
@@ -65,7 +43,7 @@ class Cache {
     if (it->second.empty()) free_.erase(it);
     cached_ -= bytes;
     ++hits_;
-    unpoison(block, bytes);
+    unpoison_memory(block, bytes);
     return block;
   }
 
@@ -83,7 +61,7 @@ class Cache {
       std::free(block);
       return;
     }
-    poison(block, bytes);
+    poison_memory(block, bytes);
     cached_ += bytes;
     evict_to(capacity_);
   }
@@ -123,7 +101,7 @@ class Cache {
       void* block = oldest->second.front().block;
       oldest->second.pop_front();
       cached_ -= oldest->first;
-      unpoison(block, oldest->first);
+      unpoison_memory(block, oldest->first);
       std::free(block);
       if (oldest->second.empty()) free_.erase(oldest);
     }

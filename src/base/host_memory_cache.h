@@ -24,14 +24,7 @@
 #include <cstdint>
 #include <memory>
 
-// Defined where AddressSanitizer instruments this code (gcc and clang spell it differently).
-#if defined(__SANITIZE_ADDRESS__)
-#define TUTTI_ADDRESS_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TUTTI_ADDRESS_SANITIZER 1
-#endif
-#endif
+#include "src/base/asan.h"  // TUTTI_ADDRESS_SANITIZER, for this header's users and tests.
 
 namespace tutti::base {
 

@@ -23,12 +23,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "src/base/asan.h"
 #include "src/base/fast_tls.h"
-#include "src/base/host_memory_cache.h"  // TUTTI_ADDRESS_SANITIZER
-
-#if defined(TUTTI_ADDRESS_SANITIZER)
-#include <sanitizer/asan_interface.h>
-#endif
 
 namespace tutti::base {
 
@@ -49,7 +45,7 @@ class RecyclingAllocator {
     Kept& kept = kept_;
     if (n == 1 && kept.head != nullptr) {
       FreeBlock* block = kept.head;
-      unpoison(block);
+      unpoison_memory(block, sizeof(T));
       kept.head = block->next;
       --kept.count;
       return reinterpret_cast<T*>(block);
@@ -69,7 +65,7 @@ class RecyclingAllocator {
     block->next = kept.head;
     kept.head = block;
     ++kept.count;
-    poison(block);
+    poison_memory(block, sizeof(T));
   }
 
   // How many blocks of T the calling thread keeps now (for tests).
@@ -102,7 +98,7 @@ class RecyclingAllocator {
       kept.closed = true;
       while (kept.head != nullptr) {
         FreeBlock* block = kept.head;
-        unpoison(block);
+        unpoison_memory(block, sizeof(T));
         kept.head = block->next;
         std::allocator<T>().deallocate(reinterpret_cast<T*>(block), 1);
       }
@@ -115,21 +111,6 @@ class RecyclingAllocator {
     static thread_local Drain drain;
     static_cast<void>(drain);
     kept.registered = true;
-  }
-
-  static void poison(FreeBlock* block) noexcept {
-#if defined(TUTTI_ADDRESS_SANITIZER)
-    ASAN_POISON_MEMORY_REGION(block, sizeof(T));
-#else
-    static_cast<void>(block);
-#endif
-  }
-  static void unpoison(FreeBlock* block) noexcept {
-#if defined(TUTTI_ADDRESS_SANITIZER)
-    ASAN_UNPOISON_MEMORY_REGION(block, sizeof(T));
-#else
-    static_cast<void>(block);
-#endif
   }
 
   // Note [Thread-locals read without a call]: allocate() is on every op's submission path.
