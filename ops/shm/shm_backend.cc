@@ -141,6 +141,63 @@ void unpack(const Stream& stream, std::size_t begin, std::size_t end, const std:
       });
 }
 
+// Note [Own share read in place]
+// A rank reduces one share of each chunk, and it used to stage all of its chunk first, its own
+// share included: a copy of that share into its slot that only it ever read back. Where the
+// inputs are already as the wire has them (its dtype, no prescale: every float32 allreduce
+// without a prescale factor), the rank now stages the other shares only and reduces its own
+// straight from its inputs, a copy of 1/size of the data less. With streaming stores the
+// reduced share goes out with them as well (reduced into a scratch buffer, which the rank's
+// own unpack then reads in cache): a peer that reads it then reads memory, not the reducer's
+// cache, the transfer that streaming stores exist to avoid (Note [Streaming stores] in
+// staging.h; the staged data alone had gone that way). 2 ranks on the AMD EPYC VM of family 25
+// model 1, `allreduce_benchmark --stores` (P1, ResNet-50's 102 MB of gradients), in alternated
+// runs: with the two vCPUs close (a cache line's round trip 95-115 ns) ordinary stores took
+// 12.4-12.6 ms against 13.8-14.6 before; with them apart (400-500 ns) streaming stores took
+// 15.6-17.0 ms against 21.9-22.6. Which share a rank reduces and the order it combines the
+// sources in are unchanged, so the results keep their bits.
+//
+// Whether every element of [begin, end) of `stream` is in an input already as the wire has it
+// (that dtype, no prescale), so that it can be reduced from there (Note [Own share read in
+// place]).
+bool readable_as_wire(const Stream& stream, std::size_t begin, std::size_t end, DataType wire) {
+  bool readable = true;
+  stream.for_each(begin, end, [&](const FusedTensor& t, std::size_t, std::size_t, std::size_t) {
+    readable = readable && t.input != nullptr && t.input_type == wire && t.prescale == 1.0;
+  });
+  return readable;
+}
+
+// Reduces this rank's share [lo, hi) of the chunk that starts at element `begin` of `stream`
+// into `into` (where the share's first element goes). Its own elements come from its inputs
+// (`from_inputs`, Note [Own share read in place]) or its slot; the peers' from their slots.
+// Always its own first, then the peers' in rank order: the order reduce() combines them in
+// when the destination is the rank's own slot (reduce.h), so every path gives the same bits.
+// `sources` has a place for every rank.
+void reduce_share(ShmRing& ring, std::vector<const void*>& sources, const Stream& stream,
+                  std::size_t begin, std::size_t lo, std::size_t hi, std::uint64_t chunk,
+                  DataType wire, WireOp op, bool from_inputs, std::byte* into) {
+  const std::size_t element = tutti::detail::element_bytes(wire);
+  const int me = ring.rank();
+  // Elements [first, first + count) of the chunk, this rank's own read from `own`.
+  const auto reduce_range = [&](std::size_t first, std::size_t count, const void* own) {
+    std::size_t s = 0;
+    sources[s++] = own;
+    for (int r = 0; r < ring.size(); ++r) {
+      if (r != me) sources[s++] = ring.slot(r, chunk) + first * element;
+    }
+    cpu::reduce(into + (first - lo) * element, sources, count, wire, op);
+  };
+  if (!from_inputs) {
+    reduce_range(lo, hi - lo, ring.slot(me, chunk) + lo * element);
+    return;
+  }
+  stream.for_each(begin + lo, begin + hi,
+                  [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
+                    reduce_range(lo + to, count, at(t.input, from * element));
+                  });
+}
+
 }  // namespace
 
 Status ShmBackend::allreduce(void* data, std::size_t count, DataType dtype, WireOp op) {
@@ -181,7 +238,7 @@ Status ShmBackend::reduce_tensors(std::span<const FusedTensor> tensors, DataType
 // fits one small chunk skips the shares: every rank that keeps the result (all, or the root)
 // reduces the whole chunk from every slot into a scratch buffer of its own, the same sources
 // in the same order everywhere, so every rank gets the same bits with one synchronization
-// less. See Note [Shared-memory ring].
+// less. See Note [Shared-memory ring] and Note [Own share read in place].
 Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType wire, WireOp op,
                                  int root) {
   const Stream stream(tensors);
@@ -199,20 +256,33 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
     std::byte* mine = ring_->slot(me, chunk);
-    stream.for_each(begin, begin + length,
-                    [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
-                      std::byte* into = mine + to * element;
-                      if (t.input == nullptr) {
-                        std::memset(into, 0, count * element);
-                      } else if (run.streaming() && t.input_type == wire && t.prescale == 1.0) {
-                        stream_copy(into, at(t.input, from * element), count * element);
-                      } else {
-                        cpu::convert_scale(
-                            into, wire,
-                            at(t.input, from * tutti::detail::element_bytes(t.input_type)),
-                            t.input_type, count, t.prescale);
-                      }
-                    });
+    // This rank's share, and whether it reduces that share from its inputs as they are.
+    const std::size_t lo = whole ? 0 : share_start(length, me, n, align);
+    const std::size_t hi = whole ? 0 : share_start(length, me + 1, n, align);
+    const bool in_place = hi > lo && readable_as_wire(stream, begin + lo, begin + hi, wire);
+    // Stages elements [first, last) of the chunk into this rank's slot.
+    const auto stage_range = [&](std::size_t first, std::size_t last) {
+      stream.for_each(
+          begin + first, begin + last,
+          [&](const FusedTensor& t, std::size_t from, std::size_t to, std::size_t count) {
+            std::byte* into = mine + (first + to) * element;
+            if (t.input == nullptr) {
+              std::memset(into, 0, count * element);
+            } else if (run.streaming() && t.input_type == wire && t.prescale == 1.0) {
+              stream_copy(into, at(t.input, from * element), count * element);
+            } else {
+              cpu::convert_scale(into, wire,
+                                 at(t.input, from * tutti::detail::element_bytes(t.input_type)),
+                                 t.input_type, count, t.prescale);
+            }
+          });
+    };
+    if (in_place) {
+      stage_range(0, lo);
+      stage_range(hi, length);
+    } else {
+      stage_range(0, length);
+    }
     ring_->publish(Counter::Staged, chunk);
     if (whole) {
       if (!keeps) {
@@ -229,18 +299,23 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
       continue;
     }
     ring_->wait_all(Counter::Staged, chunk);
-    const std::size_t lo = share_start(length, me, n, align);
-    const std::size_t hi = share_start(length, me + 1, n, align);
-    for (int r = 0; r < n; ++r) {
-      sources_[static_cast<std::size_t>(r)] = ring_->slot(r, chunk) + lo * element;
+    // Streaming stores send the share's result to memory as well (Note [Own share read in
+    // place]): reduced in a scratch buffer, in cache for this rank's own unpack.
+    const bool streamed = run.streaming();
+    std::byte* reduced = mine + lo * element;
+    if (streamed) {
+      scratch_.resize((hi - lo) * element);
+      reduced = scratch_.data();
     }
-    cpu::reduce(mine + lo * element, sources_, hi - lo, wire, op);
+    reduce_share(*ring_, sources_, stream, begin, lo, hi, chunk, wire, op, in_place, reduced);
+    if (streamed && hi > lo) stream_copy(mine + lo * element, reduced, (hi - lo) * element);
     ring_->publish(Counter::Reduced, chunk);
     for (int r = 0; r < n && keeps; ++r) {
       if (r != me) ring_->wait(r, Counter::Reduced, chunk);
       const std::size_t r_lo = share_start(length, r, n, align);
       const std::size_t r_hi = share_start(length, r + 1, n, align);
-      unpack(stream, begin + r_lo, begin + r_hi, ring_->slot(r, chunk) + r_lo * element, wire);
+      unpack(stream, begin + r_lo, begin + r_hi,
+             r == me ? reduced : ring_->slot(r, chunk) + r_lo * element, wire);
     }
     ring_->publish(Counter::Consumed, chunk);
   }

@@ -9,7 +9,8 @@
 // same order (core's guarantee), so `c` names the same chunk on every rank. Chunk c lives in
 // slot c % slots() of each rank. Per chunk a rank
 //   1. waits until every rank has consumed chunk c - slots(): its slot is free everywhere;
-//   2. writes its part into its own slot and publishes Staged = c + 1;
+//   2. writes its part into its own slot (less the share it reduces from its inputs: Note
+//      [Own share read in place] in shm_backend.cc) and publishes Staged = c + 1;
 //   3. waits for the ranks it reads (Staged >= c + 1) and works on their slots: a reduction
 //      writes its share back into its own slot and publishes Reduced = c + 1, and the readers of
 //      that share wait for it;
