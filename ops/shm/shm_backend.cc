@@ -50,6 +50,13 @@ void stage(void* slot, std::size_t slot_offset, const void* from, std::size_t of
   }
 }
 
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto a_begin = reinterpret_cast<std::uintptr_t>(a);
+  const auto b_begin = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && a_begin < b_begin + b_bytes && b_begin < a_begin + a_bytes;
+}
+
 // Bytes of a `total`-byte block in the round that starts at `done`, rounds being `round` long.
 std::size_t in_round(std::size_t total, std::size_t done, std::size_t round) {
   return total > done ? std::min(round, total - done) : 0;
@@ -472,23 +479,33 @@ Status ShmBackend::reducescatter(const void* input, void* output,
   }
   std::vector<const void*> sources(static_cast<std::size_t>(n));
   const StagingRun run(staging_[kReduceScatter], offset * element);
+  const auto j = static_cast<std::size_t>(me);
+  // This rank's own block is reduced straight from the input, never staged (Note [Own share
+  // read in place]), unless the output overlaps it: reduce() allows no such overlap.
+  const bool own_in_place = input != nullptr && recv_counts[j] > 0 &&
+                            !overlaps(output, recv_counts[j] * element,
+                                      at(input, offsets[j] * element), recv_counts[j] * element);
   for (std::size_t done = 0; done < largest; done += share) {
     const std::uint64_t chunk = ring_->take_chunk();
     ring_->wait_slot_free(chunk);
     std::byte* mine = ring_->slot(me, chunk);
     for (int r = 0; r < n; ++r) {
-      const auto j = static_cast<std::size_t>(r);
-      stage(mine, j * share * element, input, (offsets[j] + done) * element,
-            in_round(recv_counts[j], done, share) * element, run.streaming());
+      const auto k = static_cast<std::size_t>(r);
+      if (r == me && own_in_place) continue;
+      stage(mine, k * share * element, input, (offsets[k] + done) * element,
+            in_round(recv_counts[k], done, share) * element, run.streaming());
     }
     ring_->publish(Counter::Staged, chunk);
     ring_->wait_all(Counter::Staged, chunk);
-    const auto j = static_cast<std::size_t>(me);
     for (int r = 0; r < n; ++r) {
       sources[static_cast<std::size_t>(r)] = ring_->slot(r, chunk) + j * share * element;
     }
     const std::size_t mine_now = in_round(recv_counts[j], done, share);
-    if (mine_now > 0) cpu::reduce(at(output, done * element), sources, mine_now, dtype, op);
+    if (mine_now > 0) {
+      // In rank order either way: the same bits.
+      if (own_in_place) sources[j] = at(input, (offsets[j] + done) * element);
+      cpu::reduce(at(output, done * element), sources, mine_now, dtype, op);
+    }
     ring_->publish(Counter::Consumed, chunk);
   }
   return Status();
