@@ -163,7 +163,7 @@ void unpack(const Stream& stream, std::size_t begin, std::size_t end, const std:
 // 12.4-12.6 ms against 13.8-14.6 before; with them apart (400-500 ns) streaming stores took
 // 15.6-17.0 ms against 21.9-22.6. Which share a rank reduces and the order it combines the
 // sources in are unchanged, so the results keep their bits.
-//
+
 // Whether every element of [begin, end) of `stream` is in an input already as the wire has it
 // (that dtype, no prescale), so that it can be reduced from there (Note [Own share read in
 // place]).

@@ -14,7 +14,9 @@
 // in the second (medians), against raw MPI's 19-24 ms either way (raw MPI reads cold buffers
 // from memory). Streaming stores write the chunk to memory instead, so the peer reads it from
 // memory: P1 took 15 ms in the slow placement but 20 ms in the fast one (allreduce_benchmark
-// --stores prints them with the round trip; README, "How it works"). Neither wins everywhere and
+// --stores prints them with the round trip; README, "How it works"). A reduction that streams
+// writes each rank's reduced share that way too (Note [Own share read in place] in
+// shm_backend.cc). Neither wins everywhere and
 // the placement moves under a running job, so each collective family keeps the measured cost per
 // byte of each kind for its collectives of at least kMeasuredBytes and uses the cheaper one. The
 // other takes over only when it costs less than 0.8 times as much: collectives of different make-up
