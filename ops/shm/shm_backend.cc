@@ -164,13 +164,18 @@ void unpack(const Stream& stream, std::size_t begin, std::size_t end, const std:
 // 15.6-17.0 ms against 21.9-22.6. Which share a rank reduces and the order it combines the
 // sources in are unchanged, so the results keep their bits.
 
-// Whether every element of [begin, end) of `stream` is in an input already as the wire has it
-// (that dtype, no prescale), so that it can be reduced from there (Note [Own share read in
-// place]).
+// Whether `t`'s input holds its elements as the wire has them (that dtype, no prescale): they
+// can be copied or read as they are.
+bool input_as_wire(const FusedTensor& t, DataType wire) {
+  return t.input != nullptr && t.input_type == wire && t.prescale == 1.0;
+}
+
+// Whether every element of [begin, end) of `stream` is in an input already as the wire has it,
+// so that it can be reduced from there (Note [Own share read in place]).
 bool readable_as_wire(const Stream& stream, std::size_t begin, std::size_t end, DataType wire) {
   bool readable = true;
   stream.for_each(begin, end, [&](const FusedTensor& t, std::size_t, std::size_t, std::size_t) {
-    readable = readable && t.input != nullptr && t.input_type == wire && t.prescale == 1.0;
+    readable = readable && input_as_wire(t, wire);
   });
   return readable;
 }
@@ -275,7 +280,7 @@ Status ShmBackend::reduce_chunks(std::span<const FusedTensor> tensors, DataType 
             std::byte* into = mine + (first + to) * element;
             if (t.input == nullptr) {
               std::memset(into, 0, count * element);
-            } else if (run.streaming() && t.input_type == wire && t.prescale == 1.0) {
+            } else if (run.streaming() && input_as_wire(t, wire)) {
               stream_copy(into, at(t.input, from * element), count * element);
             } else {
               cpu::convert_scale(into, wire,
