@@ -53,6 +53,11 @@ class ShmBackend final : public Backend {
              ShmStores stores = ShmStores::Auto)
       : mpi_(std::move(mpi)), ring_(std::move(ring)) {
     staging_.fill(StagingChoice(stores));
+    // Every rank chooses from host rank 0's costs (Note [Streaming stores]).
+    static_assert(kFamilies * StagingChoice::kBoardWords <= ShmRing::kBoardWords);
+    for (std::size_t f = 0; f < kFamilies; ++f) {
+      staging_[f].share(ring_->board(0) + f * StagingChoice::kBoardWords, ring_->rank() == 0);
+    }
   }
 
   std::string_view name() const override { return "shared memory"; }
@@ -88,6 +93,9 @@ class ShmBackend final : public Backend {
   std::uint64_t chunks_taken() const { return ring_->chunks_taken(); }
   // The collectives this rank staged with streaming stores: what tells a test which stores ran.
   std::uint64_t streamed() const;
+  // Measured reductions whose cost this rank took from its own measurement, not host rank 0's
+  // (Note [Streaming stores]): what tells a test that the ranks share one choice.
+  std::uint64_t reductions_own_costs() const { return staging_[kReduce].own_costs(); }
   void route_host(HostRoutes over_mpi) override { over_mpi_ = over_mpi & kAllHostRoutes; }
 
  private:

@@ -15,8 +15,11 @@ namespace tutti::ops::shm {
 namespace {
 
 constexpr int kCounters = 3;
-// The counters' cache lines, then the slots.
-constexpr std::size_t kHeaderBytes = kCounters * kCacheLine;
+// The counters' cache lines, the board's, then the slots.
+constexpr std::size_t kCounterBytes = kCounters * kCacheLine;
+constexpr std::size_t kBoardBytes = ShmRing::kBoardWords * sizeof(std::uint64_t);
+static_assert(kBoardBytes % kCacheLine == 0);
+constexpr std::size_t kHeaderBytes = kCounterBytes + kBoardBytes;
 // The smallest page size Linux uses on the CPUs Tutti runs on: touching a byte every this many
 // faults in every page (Note [Faulting the ring in]).
 constexpr std::size_t kPageBytes = 4096;
@@ -104,10 +107,13 @@ Result<std::unique_ptr<ShmRing>> ShmRing::create(MPI_Comm comm, std::size_t slot
         static_cast<std::byte*>(base) + (round_up(address, kCacheLine) - address);
   }
   static_cast<void>(mine);
-  // Counters start at zero, and nobody may read them before they are.
+  // Counters and board start at zero, and nobody may read them before they are.
   for (int c = 0; c < kCounters; ++c) {
     std::atomic_ref<std::uint64_t>(*ring->counter(ring->rank_, static_cast<Counter>(c)))
         .store(0, std::memory_order_relaxed);
+  }
+  for (std::size_t w = 0; w < kBoardWords; ++w) {
+    std::atomic_ref<std::uint64_t>(ring->board(ring->rank_)[w]).store(0, std::memory_order_relaxed);
   }
   // Note [Faulting the ring in]: each rank writes its own slots (so that its pages are
   // placed by their writer, near its NUMA node), then maps every peer's by reading a byte a
@@ -139,6 +145,10 @@ ShmRing::~ShmRing() {
 std::byte* ShmRing::slot(int rank, std::uint64_t chunk) const {
   return regions_[static_cast<std::size_t>(rank)] + kHeaderBytes +
          slot_bytes_ * static_cast<std::size_t>(chunk % static_cast<std::uint64_t>(slots_));
+}
+
+std::uint64_t* ShmRing::board(int rank) const {
+  return reinterpret_cast<std::uint64_t*>(regions_[static_cast<std::size_t>(rank)] + kCounterBytes);
 }
 
 std::uint64_t* ShmRing::counter(int rank, Counter which) const {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shared memory the intra-host collectives move data through: one MPI-3 shared window
-// over a communicator whose ranks share a host, holding per rank three progress counters and a
-// ring of slots that every peer can read. Communication thread only.
+// over a communicator whose ranks share a host, holding per rank three progress counters, a few
+// words of board (what the backend shares besides data) and a ring of slots that every peer can
+// read. Communication thread only.
 //
 // Note [Shared-memory ring]
 // Collectives move data in chunks of at most slot_bytes(). Chunk number `c` counts the chunks
@@ -40,6 +41,8 @@ inline constexpr std::size_t kCacheLine = 64;
 class ShmRing {
  public:
   enum class Counter : int { Staged = 0, Reduced = 1, Consumed = 2 };
+  // Words of each rank's board.
+  static constexpr std::size_t kBoardWords = 32;
 
   // Collective over `comm`, whose ranks must share a host (MPI_COMM_TYPE_SHARED); `comm` must
   // outlive the ring. slot_bytes is rounded up to a multiple of 64. `oversubscribed`: the host
@@ -71,6 +74,11 @@ class ShmRing {
   void wait(int rank, Counter counter, std::uint64_t chunk) const;
   // Returns once every rank has.
   void wait_all(Counter counter, std::uint64_t chunk) const;
+
+  // `rank`'s board: kBoardWords words, zero at creation, on cache lines of their own, that the
+  // ring itself never touches. Its owner writes them and any rank may read them, through
+  // std::atomic_ref; what orders them is the backend's (Note [Streaming stores] in staging.h).
+  std::uint64_t* board(int rank) const;
 
  private:
   ShmRing() = default;

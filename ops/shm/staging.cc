@@ -2,6 +2,8 @@
 #include "ops/shm/staging.h"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -40,37 +42,78 @@ void stream_copy(void* to, const void* from, std::size_t bytes) {
 #endif
 }
 
+namespace {
+
+// A cost as the board holds it: the collective's number in the high half (so that a reader can
+// tell it from an older cost in the same word, or from none) and the nanoseconds per byte as a
+// float in the low half. One word, so a reader sees both halves of one write.
+std::uint64_t tagged(std::uint64_t n, double per_byte) {
+  return (n << 32) | std::bit_cast<std::uint32_t>(static_cast<float>(per_byte));
+}
+
+bool untag(std::uint64_t word, std::uint64_t n, double* per_byte) {
+  if ((word >> 32) != (n & 0xFFFF'FFFFu)) return false;
+  *per_byte = std::bit_cast<float>(static_cast<std::uint32_t>(word));
+  return true;
+}
+
+}  // namespace
+
 bool StagingChoice::streaming(std::size_t bytes) {
   bool streaming = false;
   if (mode_ == ShmStores::Streaming) {
     streaming = true;
   } else if (measures(bytes)) {
     const std::uint64_t n = measured_++;
-    if (cost_[0] == 0) {
-      streaming = false;  // The warm-up, then each kind is measured once.
-    } else if (cost_[1] == 0) {
-      streaming = true;
+    if (n >= kLag) learn(n - kLag);
+    if (n <= 1) {
+      streaming = false;  // The warm-up, then ordinary stores measured once,
+    } else if (n == 2) {
+      streaming = true;  // and streaming ones.
+    } else if (cost_[0] == 0 || cost_[1] == 0) {
+      streaming = use_streaming_;  // Their costs are not in yet.
     } else {
       const bool far = cost_[use_streaming_ ? 0 : 1] >= 2 * cost_[use_streaming_ ? 1 : 0];
       const std::uint64_t period = far ? kFarExplorePeriod : kExplorePeriod;
       streaming = n % period == 0 ? !use_streaming_ : use_streaming_;
     }
+    streamed_at_[n % kBoardWords] = streaming;
   }
   if (streaming) ++streamed_;
   return streaming;
 }
 
-void StagingChoice::record(bool streaming, std::size_t bytes, std::chrono::nanoseconds took) {
-  if (!measures(bytes)) return;
-  if (!warmed_up_) {  // The warm-up (Note [Streaming stores]): the next one measures again.
-    warmed_up_ = true;
-    return;
+void StagingChoice::record(std::size_t bytes, std::chrono::nanoseconds took) {
+  if (!measures(bytes) || measured_ == 0) return;
+  const std::uint64_t n = measured_ - 1;
+  const double per_byte =
+      std::max(1e-6, static_cast<double>(took.count()) / static_cast<double>(bytes));
+  own_[n % kBoardWords] = tagged(n, per_byte);
+  if (board_ != nullptr && writes_board_) {
+    // Relaxed: what orders it for the readers is the ring's next release (Note [Streaming
+    // stores]); and a reader that sees an older word falls back on its own cost.
+    std::atomic_ref<std::uint64_t>(board_[n % kBoardWords])
+        .store(tagged(n, per_byte), std::memory_order_relaxed);
   }
+}
+
+void StagingChoice::learn(std::uint64_t n) {
+  if (n == 0) return;  // The warm-up is not learned (Note [Streaming stores]).
+  double per_byte = 0;
+  const bool on_board =
+      board_ != nullptr &&
+      untag(std::atomic_ref<std::uint64_t>(board_[n % kBoardWords]).load(std::memory_order_relaxed),
+            n, &per_byte);
+  if (!on_board) {
+    // Every collective has a cost of its own (StagingRun records each); one that had none
+    // would better be left out than guessed.
+    if (!untag(own_[n % kBoardWords], n, &per_byte)) return;
+    ++own_costs_;
+  }
+  const bool streaming = streamed_at_[n % kBoardWords];
   // Weight of a new sample of the kind in use: a few collectives' worth of memory, so that one
   // disturbed collective (the rank descheduled) does not switch kinds.
   constexpr double kWeight = 0.25;
-  const double per_byte =
-      std::max(1e-6, static_cast<double>(took.count()) / static_cast<double>(bytes));
   double& cost = cost_[streaming ? 1 : 0];
   cost = (cost == 0 || streaming != use_streaming_) ? per_byte : cost + kWeight * (per_byte - cost);
   // The other kind takes over only when clearly cheaper: collectives of different make-up

@@ -23,18 +23,28 @@
 // and the wait for the last rank to arrive scatter the samples. Every kExplorePeriod-th measured
 // collective (every kFarExplorePeriod-th where the other kind cost twice as much) tries the
 // other kind again, so a placement that makes the kind not in use the cheaper one is noticed
-// within that many collectives; one that makes the kind in use costlier is noticed at once.
-// The first measured collective of a family is a warm-up and is not recorded: it pays what only
+// within that many collectives; one that makes the kind in use costlier is noticed at once (two
+// collectives late: see below). The first measured collective of a family is a warm-up and is
+// not learned from: it pays what only
 // a first use pays (cold caches and code, a peer arriving late from its own first collective),
 // and on a 2-core AMD EPYC VM it took 0.30 ns a byte with ordinary stores against 0.11-0.12 for
 // the next ones (0.8-1.0 before the ring's pages were faulted in at its creation, Note [Faulting
 // the ring in] in shm_ring.cc), enough to make streaming stores look cheaper and, measured
 // twice as cheap, to keep them for the long period: P1's first four steps ran at 14-18 ms
-// against 9. Smaller collectives are latency-bound and stage with ordinary stores. The choice is
-// local to a rank (it changes no result), yet ranks mostly agree: they explore at the same
-// collectives (they run the same ones in the same order) and measure nearly the same times, since
-// each waits for the others. TUTTI_SHM_STREAMING_STORES fixes the choice (0: ordinary, 1:
-// streaming).
+// against 9. Smaller collectives are latency-bound and stage with ordinary stores.
+// Every rank of the host makes the same choice, from the same samples: host rank 0's. What a
+// kind costs depends on what every rank does (each reads what the others staged), and ranks that
+// chose from their own samples came apart: with 4 ranks on a 2-core AMD EPYC VM one rank kept
+// ordinary stores while three streamed, and, measuring its ordinary stores while its peers
+// streamed, found them dear and stayed; another switched to streaming on a few slow
+// collectives of its own. P1 took 9-21 % more than with streaming stores everywhere. So host
+// rank 0 writes each measured collective's cost on its board (ShmRing::board), tagged with the
+// collective's number, and every rank decides collective n from the costs of collectives up to
+// n - 2 (kLag). Those are on the board by then where the family's collectives read every rank's
+// slot (the reductions, allgather): a rank starting n has finished n - 1, in which it read a slot
+// rank 0 filled after recording n - 2. Where a family does not order it so (a broadcast's
+// other ranks read the root's slot alone), a rank that finds the cost not yet on the board uses
+// its own. TUTTI_SHM_STREAMING_STORES fixes the choice (0: ordinary, 1: streaming).
 #pragma once
 
 #include <chrono>
@@ -60,8 +70,20 @@ class StagingChoice {
   // a wide gap loses little to the tries.
   static constexpr std::uint64_t kExplorePeriod = 32;
   static constexpr std::uint64_t kFarExplorePeriod = 4 * kExplorePeriod;
+  // Collective n is decided from the costs of collectives up to n - kLag.
+  static constexpr std::uint64_t kLag = 2;
+  // Words of board a family takes: the costs of its last kBoardWords measured collectives.
+  static constexpr std::size_t kBoardWords = 4;
+  static_assert(kBoardWords > kLag);
 
   explicit StagingChoice(ShmStores mode = ShmStores::Auto) : mode_(mode) {}
+
+  // Takes the costs from `board` (kBoardWords words that outlive this object), where one rank,
+  // the one given `writes` true, records them; a choice with no board uses its own.
+  void share(std::uint64_t* board, bool writes) {
+    board_ = board;
+    writes_board_ = writes;
+  }
 
   // Whether the next collective, moving `bytes` in total, stages with streaming stores.
   bool streaming(std::size_t bytes);
@@ -69,21 +91,34 @@ class StagingChoice {
   bool measures(std::size_t bytes) const {
     return mode_ == ShmStores::Auto && bytes >= kMeasuredBytes;
   }
-  // That collective's wall time. `streaming` is what streaming() answered for it.
-  void record(bool streaming, std::size_t bytes, std::chrono::nanoseconds took);
+  // The wall time of the collective streaming() answered last (moving `bytes` in total).
+  void record(std::size_t bytes, std::chrono::nanoseconds took);
   // Collectives staged with streaming stores so far.
   std::uint64_t streamed() const { return streamed_; }
+  // Collectives whose cost was learned from this rank's own measurement: all of them without a
+  // board, none on the board's writer.
+  std::uint64_t own_costs() const { return own_costs_; }
 
  private:
+  // Takes measured collective `n`'s cost into the choice: the board's if it is there, else
+  // this rank's own.
+  void learn(std::uint64_t n);
+
   ShmStores mode_;
   std::uint64_t measured_ = 0;  // Measured collectives decided so far.
   // Nanoseconds per byte of each kind (index: streaming), 0 until measured. The kind in use
   // follows its collectives with a moving average; a sample of the other kind replaces its
   // value, which may date from an earlier placement.
   double cost_[2] = {0, 0};
-  bool warmed_up_ = false;  // The first measured collective has been seen (and not recorded).
   bool use_streaming_ = false;
   std::uint64_t streamed_ = 0;
+  std::uint64_t own_costs_ = 0;
+  // Of the last kBoardWords measured collectives (at n % kBoardWords): whether each streamed,
+  // and its cost as this rank measured it, tagged as on the board (staging.cc, tagged()).
+  bool streamed_at_[kBoardWords] = {};
+  std::uint64_t own_[kBoardWords] = {};
+  std::uint64_t* board_ = nullptr;
+  bool writes_board_ = false;
 };
 
 // Chooses one collective's stores and, when it ends, records its time where the choice
@@ -100,7 +135,7 @@ class StagingRun {
   StagingRun(const StagingRun&) = delete;
   StagingRun& operator=(const StagingRun&) = delete;
   ~StagingRun() {
-    if (measured_) choice_.record(streaming_, bytes_, std::chrono::steady_clock::now() - start_);
+    if (measured_) choice_.record(bytes_, std::chrono::steady_clock::now() - start_);
   }
 
   bool streaming() const { return streaming_; }

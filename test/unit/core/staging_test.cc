@@ -49,7 +49,7 @@ int run(StagingChoice& choice, int count, double cached, double streaming) {
     const bool s = choice.streaming(kBytes);
     streamed += s ? 1 : 0;
     const double per_byte = s ? streaming : cached;
-    choice.record(s, kBytes, nanoseconds(static_cast<std::int64_t>(per_byte * kBytes)));
+    choice.record(kBytes, nanoseconds(static_cast<std::int64_t>(per_byte * kBytes)));
   }
   return streamed;
 }
@@ -70,7 +70,7 @@ TEST_CASE("Auto stages small collectives with ordinary stores and measures none"
   for (int i = 0; i < 100; ++i) {
     CHECK_FALSE(choice.streaming(kBytes - 1));
     // Costs of small collectives are not measured: streaming would look 100x cheaper.
-    choice.record(false, kBytes - 1, nanoseconds(100 * kBytes));
+    choice.record(kBytes - 1, nanoseconds(100 * kBytes));
   }
   // The first measured collective is still the first of its kind.
   CHECK_FALSE(choice.streaming(kBytes));
@@ -123,9 +123,56 @@ TEST_CASE("Auto does not switch on one disturbed collective", "[staging]") {
   for (int i = 0; i < 3; ++i) {
     const bool s = choice.streaming(kBytes);
     REQUIRE_FALSE(s);
-    choice.record(s, kBytes, nanoseconds(static_cast<std::int64_t>((i == 0 ? 2.5 : 1.0) * kBytes)));
+    choice.record(kBytes, nanoseconds(static_cast<std::int64_t>((i == 0 ? 2.5 : 1.0) * kBytes)));
   }
   CHECK(run(choice, 20, 1.0, 1.5) == 0);
+}
+
+TEST_CASE("Auto decides each collective from the costs of the collectives two before",
+          "[staging]") {
+  StagingChoice choice;
+  run(choice, 5, 1.0, 1.5);  // Collectives 0-4: ordinary stores are cheaper and in use.
+  // From collective 5 on, ordinary stores cost 3 ns a byte. Collective n learns n - 2's cost:
+  // collective 7 learns 5's (the average of ordinary stores goes to 1.5), 8 learns 6's (1.875)
+  // and 9 learns 7's (2.156): 1.5 is less than 0.8 times that, so collective 9 streams.
+  CHECK(run(choice, 4, 3.0, 1.5) == 0);
+  CHECK(run(choice, 1, 3.0, 1.5) == 1);
+}
+
+TEST_CASE("Ranks that share a board choose alike, from the writer's costs", "[staging]") {
+  std::uint64_t board[StagingChoice::kBoardWords] = {};
+  StagingChoice writer;
+  StagingChoice reader;
+  writer.share(board, true);
+  reader.share(board, false);
+  // Host rank 0 finds ordinary stores cheaper; another rank, which waited for its peers in the
+  // collectives that used them, finds them three times as dear as streaming ones.
+  constexpr int kCollectives = 200;
+  bool alike = true;
+  for (int i = 0; i < kCollectives; ++i) {
+    const bool w = writer.streaming(kBytes);
+    const bool r = reader.streaming(kBytes);
+    alike = alike && w == r;
+    writer.record(kBytes, nanoseconds(static_cast<std::int64_t>((w ? 1.5 : 1.0) * kBytes)));
+    reader.record(kBytes, nanoseconds(static_cast<std::int64_t>((r ? 1.0 : 3.0) * kBytes)));
+  }
+  CHECK(alike);
+  // Both streamed collective 2 and the tries, every period-th.
+  const auto tries =
+      static_cast<std::uint64_t>(1 + (kCollectives - 1) / StagingChoice::kExplorePeriod);
+  CHECK(writer.streamed() == tries);
+  CHECK(reader.streamed() == tries);
+}
+
+TEST_CASE("A rank that finds no cost on the board uses its own", "[staging]") {
+  // The writer has not got there yet: every word is older than what the reader looks for.
+  std::uint64_t board[StagingChoice::kBoardWords] = {};
+  StagingChoice reader;
+  reader.share(board, false);
+  // Streaming stores cost a third: they are in use from collective 4 on (when collective 2's
+  // cost is learned), and ordinary stores, three times as dear, are tried at multiples of the
+  // long period only. Collectives 0, 1, 3 and 128 use ordinary stores.
+  CHECK(run(reader, 200, 3.0, 1.0) == 196);
 }
 
 }  // namespace
