@@ -376,7 +376,7 @@ Status ShmBackend::gatherv(const void* input, void* output, std::span<const std:
   if (me == root && my_bytes > 0 && at(output, blocks.offset(me)) != input) {
     std::memmove(at(output, blocks.offset(me)), input, my_bytes);
   }
-  const StagingRun run(staging_[kGather], blocks.total);
+  const StagingRun run(staging_[kRootedGather], blocks.total);
   const std::size_t round = ring_->slot_bytes();
   for (std::size_t done = 0; done < blocks.largest; done += round) {
     const std::uint64_t chunk = ring_->take_chunk();

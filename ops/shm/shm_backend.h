@@ -106,7 +106,10 @@ class ShmBackend final : public Backend {
   Status reduce_chunks(std::span<const FusedTensor> tensors, DataType wire, WireOp op, int root);
 
   // The collective families, each with its own choice of stores: their costs per byte differ.
-  enum Family { kReduce, kGather, kBroadcast, kScatter, kReduceScatter, kFamilies };
+  // A gather to a root is apart from allgather: its other ranks read no slot, so host rank 0's
+  // costs need not have reached them (Note [Streaming stores]), and ranks that choose apart there
+  // must not take allgather's choice apart with them.
+  enum Family { kReduce, kGather, kRootedGather, kBroadcast, kScatter, kReduceScatter, kFamilies };
 
   std::unique_ptr<Backend> mpi_;
   std::unique_ptr<ShmRing> ring_;     // Destroyed first: its window lives on mpi_'s communicator.

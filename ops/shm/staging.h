@@ -42,9 +42,12 @@
 // collective's number, and every rank decides collective n from the costs of collectives up to
 // n - 2 (kLag). Those are on the board by then where the family's collectives read every rank's
 // slot (the reductions, allgather): a rank starting n has finished n - 1, in which it read a slot
-// rank 0 filled after recording n - 2. Where a family does not order it so (a broadcast's
-// other ranks read the root's slot alone), a rank that finds the cost not yet on the board uses
-// its own. TUTTI_SHM_STREAMING_STORES fixes the choice (0: ordinary, 1: streaming).
+// rank 0 filled after recording n - 2. Where a family does not order it so (a gather's other
+// ranks read no slot, a broadcast's only the root's), a rank that finds the cost not yet on the
+// board uses its own, and the ranks may choose apart: in P11's gather to rank 0 at 4 ranks on a
+// 2-core AMD EPYC VM, the other ranks took 60-100 of 296 costs from their own measurements, and
+// rank 0 streamed 45 of the collectives, the others 28, 29 and 256. TUTTI_SHM_STREAMING_STORES
+// fixes the choice (0: ordinary, 1: streaming).
 #pragma once
 
 #include <chrono>
