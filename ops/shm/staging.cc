@@ -88,12 +88,12 @@ void StagingChoice::record(std::size_t bytes, std::chrono::nanoseconds took) {
   const std::uint64_t n = measured_ - 1;
   const double per_byte =
       std::max(1e-6, static_cast<double>(took.count()) / static_cast<double>(bytes));
-  own_[n % kBoardWords] = tagged(n, per_byte);
+  const std::uint64_t word = tagged(n, per_byte);
+  own_[n % kBoardWords] = word;
   if (board_ != nullptr && writes_board_) {
     // Relaxed: what orders it for the readers is the ring's next release (Note [Streaming
     // stores]); and a reader that sees an older word falls back on its own cost.
-    std::atomic_ref<std::uint64_t>(board_[n % kBoardWords])
-        .store(tagged(n, per_byte), std::memory_order_relaxed);
+    std::atomic_ref<std::uint64_t>(board_[n % kBoardWords]).store(word, std::memory_order_relaxed);
   }
 }
 
