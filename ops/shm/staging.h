@@ -46,7 +46,11 @@
 // ranks read no slot, a broadcast's only the root's), a rank that finds the cost not yet on the
 // board uses its own, and the ranks may choose apart: in P11's gather to rank 0 at 4 ranks on a
 // 2-core AMD EPYC VM, the other ranks took 60-100 of 296 costs from their own measurements, and
-// rank 0 streamed 45 of the collectives, the others 28, 29 and 256. TUTTI_SHM_STREAMING_STORES
+// rank 0 streamed 45 of the collectives, the others 28, 29 and 256. Agreement there, each rank
+// deciding from rank 0's costs slots + 2 collectives back (where the ring's flow control
+// guarantees them), made that gather slower, 16 ms at the median against 14: only its other
+// ranks stage, each for the root alone, and they need not be served best by one kind
+// (examples/BENCHMARK_LOG.md, twenty-seventh round). TUTTI_SHM_STREAMING_STORES
 // fixes the choice (0: ordinary, 1: streaming).
 #pragma once
 
