@@ -31,6 +31,21 @@ class ControlPlane {
   virtual bool receiving() const = 0;
   // True once every queued send has completed. Never blocks.
   virtual bool sends_done() = 0;
+
+  // ---- Ending the coordinator's long naps (Note [Doorbell] in ops/mpi/doorbell.h). A plane
+  // without a doorbell (a rank not on the coordinator's host, a host of one rank, a transport
+  // that has none) does nothing here, and wait_for_ring() returns false at once.
+  // Whether this rank is the coordinator and the ranks of its host ring it.
+  virtual bool rung_here() const { return false; }
+  // This rank naps now, long: senders on its host ring it until nap_ends(), which is due
+  // whatever this returns. True if a message has arrived meanwhile: then poll, do not nap.
+  virtual bool nap_begins() { return false; }
+  virtual void nap_ends() {}
+  // Blocks until a sender rings (true) or stop_ring_waits() is called (false). One thread,
+  // any (the ring is shared memory, not the plane's MPI).
+  virtual bool wait_for_ring() { return false; }
+  // Any thread.
+  virtual void stop_ring_waits() {}
 };
 
 }  // namespace tutti::ops

@@ -48,7 +48,20 @@ Status MpiControlPlane::send(int destination, std::string bytes) {
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Isend(send.bytes.data(), to_mpi_count(send.bytes.size()), MPI_BYTE,
                                       destination, tag_, comm_.get(), &send.request));
   static_cast<void>(sends_done());  // Frees the buffers of completed sends.
+  if (doorbell_ != nullptr && destination == coordinator_ && !doorbell_->rung_here()) {
+    doorbell_->ring();  // After the send: Note [Doorbell].
+  }
   return Status();
+}
+
+bool MpiControlPlane::nap_begins() {
+  if (!rung_here()) return false;
+  doorbell_->nap_begins();
+  // The last look (Note [Doorbell]): a message sent before the sender could see `napping`.
+  if (receiving_) return true;
+  int arrived = 0;  // Left 0 by a failed probe: the nap goes ahead, and its end finds the message.
+  MPI_Iprobe(MPI_ANY_SOURCE, tag_, comm_.get(), &arrived, MPI_STATUS_IGNORE);
+  return arrived != 0;
 }
 
 bool MpiControlPlane::sends_done() {

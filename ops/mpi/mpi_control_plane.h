@@ -5,10 +5,12 @@
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "ops/control_plane.h"
+#include "ops/mpi/doorbell.h"
 #include "ops/mpi/mpi_comm.h"
 
 namespace tutti::ops::mpi {
@@ -25,6 +27,23 @@ class MpiControlPlane final : public ControlPlane {
   bool receiving() const override { return receiving_.has_value(); }
   bool sends_done() override;
 
+  // Note [Doorbell] in doorbell.h: `doorbell` (null: none) rings rank `coordinator` of this
+  // plane's communicator after each message sent to it, or is rung here if this is that rank.
+  // Before the plane is used.
+  void set_doorbell(std::unique_ptr<Doorbell> doorbell, int coordinator) {
+    doorbell_ = std::move(doorbell);
+    coordinator_ = coordinator;
+  }
+  bool rung_here() const override { return doorbell_ != nullptr && doorbell_->rung_here(); }
+  bool nap_begins() override;
+  void nap_ends() override {
+    if (rung_here()) doorbell_->nap_ends();
+  }
+  bool wait_for_ring() override { return rung_here() && doorbell_->wait_for_ring(); }
+  void stop_ring_waits() override {
+    if (rung_here()) doorbell_->stop_ring_waits();
+  }
+
  private:
   struct PendingSend {
     std::string bytes;
@@ -36,6 +55,8 @@ class MpiControlPlane final : public ControlPlane {
   // The message being received, once matched; one at a time keeps each sender's order.
   std::optional<Message> receiving_;
   MPI_Request receive_ = MPI_REQUEST_NULL;
+  std::unique_ptr<Doorbell> doorbell_;
+  int coordinator_ = 0;
 };
 
 }  // namespace tutti::ops::mpi

@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 
+#include "ops/mpi/doorbell.h"
 #include "ops/mpi/mpi_control_plane.h"
 #include "ops/mpi/mpi_error.h"
 #include "ops/mpi/mpi_hierarchy.h"
@@ -98,6 +99,7 @@ class MpiTransport final : public Transport {
     TUTTI_ASSIGN_OR_RETURN(MpiComm p2p, MpiComm::duplicate(transport->base_.get()));
     transport->p2p_ = make_p2p_channel(std::move(p2p));
     TUTTI_RETURN_IF_ERROR(transport->read_topology());
+    TUTTI_RETURN_IF_ERROR(transport->add_doorbell());
     return std::unique_ptr<Transport>(std::move(transport));
   }
 
@@ -151,6 +153,21 @@ class MpiTransport final : public Transport {
     return Status();
   }
 
+  // The ranks on the coordinator's host ring it after each message they send it (Note
+  // [Doorbell] in doorbell.h). Collective over base_.
+  Status add_doorbell() {
+    MPI_Comm host = MPI_COMM_NULL;
+    TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(base_.get(), MPI_COMM_TYPE_SHARED, topology_.rank,
+                                                  MPI_INFO_NULL, &host));
+    std::unique_ptr<Doorbell> doorbell = Doorbell::create(host, topology_.rank, kCoordinator);
+    MPI_Comm_free(&host);
+    control_->set_doorbell(std::move(doorbell), kCoordinator);
+    return Status();
+  }
+
+  // The coordinator's rank in base_ and in the control plane's communicator, a duplicate of it
+  // (Note [Negotiation] in src/core/negotiation/coordinator.h).
+  static constexpr int kCoordinator = 0;
   Topology topology_;
   MpiComm base_;
   std::unique_ptr<MpiControlPlane> control_;

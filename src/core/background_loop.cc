@@ -103,6 +103,7 @@ Status BackgroundLoop::run_cycles(const std::atomic<bool>& stop_requested) {
     // Outside the lock, which a driver may be waiting for.
     if (pause.yield) std::this_thread::yield();
     if (pause.nap > microseconds{0}) parts_.queue.wait_for_work(pause.nap);
+    if (pause.rung) parts_.plane.nap_ends();
   }
 }
 
@@ -126,6 +127,16 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
                        .receiving = parts_.plane.receiving(),
                        .p2p_busy = parts_.p2p.busy(),
                        .queue_empty = parts_.queue.empty()});
+  // Only the idle coordinator's naps (no op of its own in flight) go past kBusyCap, and only
+  // they are rung: shorter ones end soon anyway, and each ring costs the sender a system call.
+  if (pause->nap > kBusyCap && parts_.plane.rung_here()) {
+    if (parts_.plane.nap_begins()) {
+      parts_.plane.nap_ends();  // A message came meanwhile: the next cycle takes it.
+      *pause = Pause{};
+    } else {
+      pause->rung = true;
+    }
+  }
   return std::nullopt;
 }
 

@@ -40,6 +40,9 @@ struct IdleFacts {
 struct Pause {
   bool yield = false;
   std::chrono::microseconds nap{0};
+  // The coordinator's nap, which ranks on its host end with a message (Note [Doorbell] in
+  // ops/mpi/doorbell.h): ControlPlane::nap_ends() is due after it. Set by the loop, not here.
+  bool rung = false;
 };
 
 // The loop's idle policy. Whenever it goes on polling, it yields between polls: a thread of

@@ -134,6 +134,12 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
     if (!timeline.ok()) TUTTI_LOG_ERROR("TUTTI_TIMELINE: ", timeline.message());
   }
   session->thread_ = std::thread([raw = session.get()] { raw->run(); });
+  if (session->transport_->control_plane().rung_here()) {
+    session->doorbell_thread_ = std::thread([raw = session.get()] {
+      pthread_setname_np(pthread_self(), "tutti-doorbell");
+      while (raw->transport_->control_plane().wait_for_ring()) raw->queue_.wake();
+    });
+  }
   if (cpu) {
     // Horovod's HOROVOD_THREAD_AFFINITY: keeps the communication thread off the cores the
     // application's compute threads use. Checked above, so only an odd kernel refuses.
@@ -207,6 +213,10 @@ void Session::stop() {
     stop_requested_.store(true);
     queue_.wake();
     thread_.join();
+  }
+  if (doorbell_thread_.joinable()) {
+    transport_->control_plane().stop_ring_waits();
+    doorbell_thread_.join();
   }
   timeline_.stop();  // Leaves a complete JSON file.
   signal_dumper_.reset();

@@ -129,6 +129,9 @@ class Session {
   std::atomic<bool> stopped_on_error_{false};  // Set by finish(): the job stopped on an error.
   std::atomic<bool> loop_done_{false};
   std::thread thread_;  // Started by create(), joined by stop().
+  // The coordinator's, where ranks of its host ring it: ends the communication thread's nap at
+  // each ring (Note [Doorbell] in ops/mpi/doorbell.h). Started by create(), joined by stop().
+  std::thread doorbell_thread_;
 };
 
 }  // namespace tutti::core
