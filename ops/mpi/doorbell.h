@@ -7,8 +7,9 @@
 // member of too. With no op of its own in flight, its communication thread naps between polls
 // for up to 10 ms (kIdleCap in src/core/idle_policy.h), and MPI has no way to wake it: a request
 // sent to it waited for the nap to end. A one-float allreduce on the set of ranks 1 and 2, 3
-// ranks on a 2-core AMD EPYC VM, one op every 50 ms: 3.2-3.7 ms at the median and up to 7.2,
-// against 0.4 ms on the global set, where rank 0's own submission wakes it.
+// ranks on a 2-core AMD EPYC VM, one op every 50 ms: 3.3-4.9 ms at the median, against 0.3-0.4
+// ms on the global set, where rank 0's own submission wakes it; 0.38-0.42 ms with the doorbell
+// (examples/set_latency_benchmark; README, Process sets).
 // So the ranks of the coordinator's host share one page with it: a `napping` word the coordinator
 // sets for the length of a long nap, and a futex word that a sender, having sent the coordinator
 // a message, bumps and wakes (FUTEX_WAKE without the private flag, which works across processes)
