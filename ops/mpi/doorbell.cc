@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -42,13 +43,19 @@ struct Setup {
   char name[64] = {};  // For shm_open.
 };
 
-// A new page under `name`, mapped, or null. A stale object of that name (a crashed process of
-// the same pid, long ago) is replaced.
-void* create_page(const char* name) {
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0 && errno == EEXIST) {
-    shm_unlink(name);
+// A new page, mapped, under a name of its own written to `name` (at least 64 bytes), or null.
+// The name has the pid, a count and the clock in it, and is never taken over: another job's
+// (in another pid namespace, sharing /dev/shm) may be in use.
+void* create_page(char* name) {
+  static std::atomic<unsigned> pages{0};
+  int fd = -1;
+  for (int attempt = 0; attempt < 3 && fd < 0; ++attempt) {
+    std::snprintf(name, 64, "/tutti-doorbell-%ld-%u-%llx", static_cast<long>(getpid()),
+                  pages.fetch_add(1),
+                  static_cast<unsigned long long>(
+                      std::chrono::steady_clock::now().time_since_epoch().count()));
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0) {
     TUTTI_LOG_INFO("no doorbell for the coordinator: shm_open(", name, "): ", std::strerror(errno));
@@ -65,7 +72,7 @@ void* create_page(const char* name) {
     TUTTI_LOG_INFO("no doorbell for the coordinator: mapping ", name, ": ", std::strerror(error));
     return nullptr;
   }
-  std::memset(page, 0, kPageBytes);  // Zero already (ftruncate); said, not assumed.
+  std::memset(page, 0, kPageBytes);  // Both words start at 0 (as ftruncate left them).
   return page;
 }
 
@@ -96,9 +103,7 @@ std::unique_ptr<Doorbell> Doorbell::create(MPI_Comm host, int global_rank, int c
   Setup setup;
   void* page = nullptr;
   if (host_rank == 0 && global_rank == coordinator && host_size > 1) {
-    static std::atomic<unsigned> sessions{0};
-    std::snprintf(setup.name, sizeof setup.name, "/tutti-doorbell-%ld-%u",
-                  static_cast<long>(getpid()), sessions.fetch_add(1));
+    static_assert(sizeof setup.name >= 64);
     page = create_page(setup.name);
     setup.ok = page != nullptr ? 1 : 0;
   }
