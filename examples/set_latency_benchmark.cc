@@ -57,7 +57,12 @@ int main(int argc, char** argv) {
   int iterations = 30;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    const int value = i + 1 < argc ? std::atoi(argv[i + 1]) : -1;
+    // A whole number, or -1: "5x" or a missing value is refused, not read as 5 or 0.
+    char* end = nullptr;
+    const long parsed = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : -1;
+    const int value = end != nullptr && end != argv[i + 1] && *end == '\0' && parsed <= 1'000'000
+                          ? static_cast<int>(parsed)
+                          : -1;
     if ((arg != "--gap-ms" && arg != "--iterations") || value < (arg == "--gap-ms" ? 0 : 1)) {
       std::fprintf(stderr,
                    "set_latency_benchmark: bad argument '%s'\n"
