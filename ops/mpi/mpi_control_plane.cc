@@ -48,9 +48,8 @@ Status MpiControlPlane::send(int destination, std::string bytes) {
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Isend(send.bytes.data(), to_mpi_count(send.bytes.size()), MPI_BYTE,
                                       destination, tag_, comm_.get(), &send.request));
   static_cast<void>(sends_done());  // Frees the buffers of completed sends.
-  if (doorbell_ != nullptr && destination == coordinator_ && !doorbell_->rung_here()) {
-    doorbell_->ring();  // After the send: Note [Doorbell].
-  }
+  // After the send: Note [Doorbell]. (The coordinator never sends to itself.)
+  if (doorbell_ != nullptr && destination == coordinator_) doorbell_->ring();
   return Status();
 }
 
