@@ -37,6 +37,9 @@ class ControlPlane {
   // that has none) does nothing here, and wait_for_ring() returns false at once.
   // Whether this rank is the coordinator and the ranks of its host ring it.
   virtual bool rung_here() const { return false; }
+  // Whether this rank is the coordinator and every message it may be sent ends its long naps:
+  // every other rank rings it, or there is none (Note [Quiet naps] in src/core/idle_policy.h).
+  virtual bool all_senders_ring() const { return false; }
   // This rank naps now, long: senders on its host ring it until nap_ends(), which is due
   // whatever this returns. True if a message has arrived meanwhile: then poll, do not nap.
   virtual bool nap_begins() { return false; }

@@ -94,7 +94,8 @@ void* open_page(const char* name) {
 
 }  // namespace
 
-std::unique_ptr<Doorbell> Doorbell::create(MPI_Comm host, int global_rank, int coordinator) {
+std::unique_ptr<Doorbell> Doorbell::create(MPI_Comm host, int global_rank, int coordinator,
+                                           int job_size) {
   int host_rank = 0;
   int host_size = 1;
   MPI_Comm_rank(host, &host_rank);
@@ -110,14 +111,18 @@ std::unique_ptr<Doorbell> Doorbell::create(MPI_Comm host, int global_rank, int c
   MPI_Bcast(&setup, sizeof setup, MPI_BYTE, 0, host);
   if (setup.ok == 0) return nullptr;
   if (host_rank != 0) page = open_page(setup.name);
-  // Every rank has mapped it or given up: the name can go.
-  MPI_Barrier(host);
+  // Once every rank has mapped it or given up, the name can go; and the coordinator learns
+  // whether all of them ring.
+  int mapped = page != nullptr ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &mapped, 1, MPI_INT, MPI_MIN, host);
   if (host_rank == 0) shm_unlink(setup.name);
   if (page == nullptr) return nullptr;
-  return std::unique_ptr<Doorbell>(new Doorbell(page, host_rank == 0));
+  const bool everyone = mapped == 1 && host_size == job_size;
+  return std::unique_ptr<Doorbell>(new Doorbell(page, host_rank == 0, everyone));
 }
 
-Doorbell::Doorbell(void* page, bool owner) : page_(page), owner_(owner) {}
+Doorbell::Doorbell(void* page, bool owner, bool everyone)
+    : page_(page), owner_(owner), everyone_(everyone) {}
 
 Doorbell::~Doorbell() { munmap(page_, kPageBytes); }
 

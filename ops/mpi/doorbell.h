@@ -21,6 +21,8 @@
 // store comes before its load, so at least one of them sees the other's. A message MPI hands
 // over later is found when the nap ends, as without a doorbell, and so is every message from
 // another host: those ranks cannot ring.
+// Where every rank of the job rings (one host, and each mapped the page), the coordinator's
+// idle naps may be longer still: Note [Quiet naps] in src/core/idle_policy.h.
 // The page is POSIX shared memory (shm_open), unlinked as soon as every rank of the host has
 // mapped it, so nothing outlives the job. A rank that cannot map it does not ring, and a host
 // whose coordinator cannot create it has no doorbell: its naps end as before.
@@ -37,16 +39,20 @@ namespace tutti::ops::mpi {
 class Doorbell {
  public:
   // Collective over `host` (the ranks sharing this host, MPI_COMM_TYPE_SHARED, ordered by
-  // global rank): the doorbell of `coordinator`, a global rank, where it is on this host and
-  // the host has other ranks; else null on every rank of the host. Null also where the page
-  // cannot be shared (a log line at INFO says why).
-  static std::unique_ptr<Doorbell> create(MPI_Comm host, int global_rank, int coordinator);
+  // global rank) of a job of `job_size` ranks: the doorbell of `coordinator`, a global rank,
+  // where it is on this host and the host has other ranks; else null on every rank of the
+  // host. Null also where the page cannot be shared (a log line at INFO says why).
+  static std::unique_ptr<Doorbell> create(MPI_Comm host, int global_rank, int coordinator,
+                                          int job_size);
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
   ~Doorbell();  // Local: unmaps the page. stop_ring_waits() and the waiting thread joined first.
 
   // This rank is the coordinator: the one rung.
   bool rung_here() const { return owner_; }
+  // This rank is the coordinator and every other rank of the job rings it: they all share its
+  // host, and each mapped the page.
+  bool every_rank_rings() const { return owner_ && everyone_; }
 
   // ---- The coordinator's.
   // A nap that rings should end begins (from now on senders ring), and ends.
@@ -64,10 +70,11 @@ class Doorbell {
   void ring();
 
  private:
-  Doorbell(void* page, bool owner);
+  Doorbell(void* page, bool owner, bool everyone);
 
   void* page_;
   bool owner_;
+  bool everyone_;  // Every rank of the job shares the page.
   std::atomic<bool> stopped_{false};
   std::uint32_t seen_ = 0;  // The futex word's value wait_for_ring() last returned on.
   std::atomic<std::uint64_t> heard_{0};

@@ -35,6 +35,10 @@ class MpiControlPlane final : public ControlPlane {
     coordinator_ = coordinator;
   }
   bool rung_here() const override { return doorbell_ != nullptr && doorbell_->rung_here(); }
+  bool all_senders_ring() const override {
+    return rank() == coordinator_ &&
+           (size() == 1 || (doorbell_ != nullptr && doorbell_->every_rank_rings()));
+  }
   bool nap_begins() override;
   void nap_ends() override {
     if (rung_here()) doorbell_->nap_ends();

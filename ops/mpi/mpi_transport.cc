@@ -159,7 +159,8 @@ class MpiTransport final : public Transport {
     MPI_Comm host = MPI_COMM_NULL;
     TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(base_.get(), MPI_COMM_TYPE_SHARED, topology_.rank,
                                                   MPI_INFO_NULL, &host));
-    std::unique_ptr<Doorbell> doorbell = Doorbell::create(host, topology_.rank, kCoordinator);
+    std::unique_ptr<Doorbell> doorbell =
+        Doorbell::create(host, topology_.rank, kCoordinator, topology_.size);
     MPI_Comm_free(&host);
     control_->set_doorbell(std::move(doorbell), kCoordinator);
     return Status();

@@ -126,7 +126,8 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
                        .app_waiting = detail::app_threads_waiting(),
                        .receiving = parts_.plane.receiving(),
                        .p2p_busy = parts_.p2p.busy(),
-                       .queue_empty = parts_.queue.empty()});
+                       .queue_empty = parts_.queue.empty(),
+                       .messages_may_wait = messages_may_wait()});
   // Only the idle coordinator's naps (no op of its own in flight) go past kBusyCap, and only
   // they are rung: shorter ones end soon anyway, and each ring costs the sender a system call.
   if (pause->nap > kBusyCap && parts_.plane.rung_here()) {
@@ -138,6 +139,13 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
     }
   }
   return std::nullopt;
+}
+
+bool BackgroundLoop::messages_may_wait() const {
+  // See Note [Quiet naps] in idle_policy.h.
+  if (sender_.last_sent()) return false;  // The bye is due.
+  if (!is_coordinator()) return true;
+  return parts_.plane.all_senders_ring() && coordinator_->quiet();
 }
 
 Status BackgroundLoop::driven_cycle(bool* in_flight) {

@@ -151,6 +151,9 @@ class BackgroundLoop {
   // ends (OK: the job stopped), or nothing to go on.
   std::optional<Status> step(const std::atomic<bool>& stop_requested, Pause* pause)
       TUTTI_REQUIRES(parts_.driver.cycle_mutex());
+  // Whether no message this rank may be sent needs a look within kIdleCap (Note [Quiet naps]
+  // in idle_policy.h).
+  bool messages_may_wait() const TUTTI_REQUIRES(parts_.driver.cycle_mutex());
   Status receive(bool* did_work);
   Status send_new(bool* did_work);
   // Rank 0: sends `list` to every other rank, then executes it here. With autotune, the list

@@ -16,14 +16,40 @@ namespace tutti::core {
 // AMD EPYC VM with a 5 ms cap, 0.4-0.5 % with this one). Not polling while nobody waits
 // leaves the core to the application's computation: during an overlapped backward pass the
 // hooks' submissions each wake this thread, and polling after each took the core from
-// backward() on machines without spare cores.
+// backward() on machines without spare cores. Where no message needs a prompt look the idle
+// cap is longer still (Note [Quiet naps]).
 inline constexpr std::chrono::microseconds kSpinTime{50};
 inline constexpr std::chrono::microseconds kBusyCap{200};
 inline constexpr std::chrono::microseconds kIdleCap{10000};
+// Nothing in flight and no message due soon (IdleFacts::messages_may_wait): Note [Quiet naps].
+inline constexpr std::chrono::microseconds kQuietCap{100000};
 // Point-to-point ops in flight: poll this long after the last progress (ping-pong latency).
 inline constexpr std::chrono::microseconds kP2PSpinTime{2000};
 // The shortest nap.
 inline constexpr std::chrono::microseconds kMinNap{10};
+
+// Note [Quiet naps]
+// kIdleCap bounds how long a message that no wake-up announces waits for the loop to look: MPI
+// cannot end a nap. Once a rank's loop has nothing in flight, few messages still need such a
+// look, and the loop knows when none does:
+//  - a rank other than the coordinator is sent only the response lists of ops (its own, which
+//    keep its queue busy, and other sets', which it only files and which can wait) and the
+//    coordinator's bye, which may wait as well: no peer's op waits for its answer to a bye it
+//    gets while idle. (After it has sent its own last message it waits for the bye: kIdleCap.)
+//  - the coordinator is sent requests, which a rank on its host announces by ringing its
+//    doorbell (Note [Doorbell] in ops/mpi/doorbell.h); so only where every other rank rings it
+//    (one host, every rank mapped the doorbell's page), and only while it holds no op some rank
+//    has submitted (its stall checks look at those on every cycle).
+// There the cap is kQuietCap, which the nap reaches after 0.8 s of idle (an eighth of it): an
+// idle job's communication threads wake about 10 times a second instead of 100. On the 2-core
+// AMD EPYC VM of family 25 model 1, 2 ranks bound to its cores, each thread of an idle job woke
+// 492 times in 5 s with kIdleCap alone and 49-50 times with kQuietCap, and P4 (the idle
+// runtime's CPU) read 0.074-0.241 % against 0.470-0.898 % (examples/BENCHMARK_LOG.md,
+// twenty-eighth round). What gets slower is what only the loop's look completes: a
+// point-to-point receive of up to 2 KB posted during such a nap, which no thread waits on or
+// polls, completes up to 100 ms after its message came (Note [Waking the loop for
+// point-to-point] in execution/p2p_engine.h); and a rank that idles when the job stops answers
+// the coordinator's bye up to 100 ms later, which the coordinator's shutdown() waits for.
 
 // What the loop knows after a cycle that did no work.
 struct IdleFacts {
@@ -33,6 +59,8 @@ struct IdleFacts {
   bool receiving = false;    // The control plane holds a message partly received.
   bool p2p_busy = false;     // Point-to-point ops are in flight.
   bool queue_empty = true;   // No collective is in flight (TensorQueue::empty()).
+  // No message this rank may be sent needs a look within kIdleCap (Note [Quiet naps]).
+  bool messages_may_wait = false;
 };
 
 // Between two cycles: yield the CPU once, or nap on the queue up to `nap` (a submission ends

@@ -45,8 +45,9 @@
 // without; one-way 1.34-1.37 us against 1.30-1.33. Where such a wake-up is dear it was worse:
 // once idle past kP2PSpinTime the loop sleeps again after each look, so every message paid two
 // context switches and a timer (examples/BENCHMARK_LOG.md, sixteenth round). The loop still finds
-// such a receive on its own: it naps for at most kIdleCap (idle_policy.h), then polls while ops are
-// in flight, so a receive nobody waits on is still watched for stalls and completed.
+// such a receive on its own: it naps for at most kQuietCap (Note [Quiet naps] in idle_policy.h),
+// then polls while ops are in flight, so a receive nobody waits on is still watched for stalls
+// and completed.
 #pragma once
 
 #include <atomic>

@@ -457,6 +457,12 @@ void Coordinator::change_sets(Response& response, Decided& decided,
   cache_.erase_set(id, evicted);
 }
 
+bool Coordinator::empty() const {
+  return ready_.empty() && hits_.empty() && orphans_.empty() &&
+         std::all_of(states_.begin(), states_.end(),
+                     [](const auto& entry) { return entry.second.pending.empty(); });
+}
+
 std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
                                                     Clock::duration after) const {
   std::vector<Stall> result;

@@ -129,6 +129,8 @@ class Coordinator {
     Clock::duration waited{};
   };
   std::vector<Stall> stalls(Clock::time_point now, Clock::duration after) const;
+  // No op is pending: nothing submitted by some rank and not yet answered.
+  bool empty() const;
 
  private:
   struct Pending {

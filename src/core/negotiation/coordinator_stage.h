@@ -37,6 +37,9 @@ class CoordinatorStage {
   // ends after the same ones). Nothing after the bye.
   std::optional<ResponseList> take_list(Clock::time_point now);
 
+  // Nothing to decide or watch until a rank sends something: no op pending, no shutdown begun
+  // (Note [Quiet naps] in idle_policy.h).
+  bool quiet() const { return !shutdown_ && coordinator_.empty(); }
   bool bye_sent() const { return bye_sent_; }
   // Whether every other rank's last message has arrived (the handshake's end).
   bool all_last_messages() const { return last_messages_ == size_ - 1; }

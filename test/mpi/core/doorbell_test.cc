@@ -29,10 +29,11 @@ using ops::mpi::Doorbell;
 using namespace std::chrono_literals;
 
 // The doorbell of global rank 0 over MPI_COMM_WORLD's host (every test rank shares one host).
-std::unique_ptr<Doorbell> world_doorbell() {
+// `job_size` larger than the world stands for a job with ranks on other hosts.
+std::unique_ptr<Doorbell> world_doorbell(int job_size = world_size()) {
   MPI_Comm host = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL, &host);
-  std::unique_ptr<Doorbell> doorbell = Doorbell::create(host, world_rank(), 0);
+  std::unique_ptr<Doorbell> doorbell = Doorbell::create(host, world_rank(), 0, job_size);
   MPI_Comm_free(&host);
   return doorbell;
 }
@@ -67,6 +68,8 @@ TEST_CASE("Only the coordinator's host has a doorbell, and only with other ranks
   }
   REQUIRE(doorbell != nullptr);
   CHECK(doorbell->rung_here() == (world_rank() == 0));
+  // Every rank shares the host and mapped the page: all of them ring (Note [Quiet naps]).
+  CHECK(doorbell->every_rank_rings() == (world_rank() == 0));
   // The page's name is gone once every rank has mapped it: nothing is left in /dev/shm.
   if (world_rank() == 0) {
     const std::string prefix = "tutti-doorbell-" + std::to_string(getpid()) + "-";
@@ -76,6 +79,14 @@ TEST_CASE("Only the coordinator's host has a doorbell, and only with other ranks
     }
     CHECK(left == 0);
   }
+}
+
+TEST_CASE("With ranks on other hosts the coordinator is not rung by every rank", "[doorbell]") {
+  std::unique_ptr<Doorbell> doorbell = world_doorbell(world_size() + 1);
+  if (world_size() == 1 || !std::filesystem::exists("/dev/shm")) return;
+  REQUIRE(doorbell != nullptr);
+  CHECK(doorbell->rung_here() == (world_rank() == 0));
+  CHECK_FALSE(doorbell->every_rank_rings());
 }
 
 TEST_CASE("A ring during the coordinator's nap wakes its waiting thread; one outside does not",

@@ -193,6 +193,40 @@ TEST_CASE("A joined rank's absence releases ops; the last join answers with the 
   CHECK(done.responses[0].last_joined_rank == 0);
 }
 
+TEST_CASE("The coordinator is empty exactly while no submitted op awaits its answer",
+          "[coordinator]") {
+  // What lets rank 0 nap long (Note [Quiet naps] in idle_policy.h): a pending op keeps it
+  // looking, for its stall checks.
+  Job job(2);
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::int32_t> resend;
+  CHECK(c.empty());
+  c.receive(0, list_of({allreduce("a", {2})}), t0, &resend);
+  CHECK_FALSE(c.empty());  // Submitted by one rank.
+  c.receive(1, list_of({allreduce("a", {2})}), t0, &resend);
+  CHECK_FALSE(c.empty());  // Ready, not yet taken.
+  const ResponseList first = c.take_ready();
+  CHECK(c.empty());
+  // Cache hits, counted rather than filed by name.
+  REQUIRE(first.cache_ids.size() == 1);
+  c.receive(1, list_of({}, {first.cache_ids[0]}), t0, &resend);
+  CHECK_FALSE(c.empty());
+  c.receive(0, list_of({}, {first.cache_ids[0]}), t0, &resend);
+  CHECK_FALSE(c.empty());
+  CHECK(c.take_ready().hit == std::vector<std::int32_t>{1});
+  CHECK(c.empty());
+  // A join waits for the other member.
+  Request join;
+  join.name = std::string(kJoinName);
+  join.op = Collective::Join;
+  c.receive(0, list_of({join}), t0, &resend);
+  CHECK_FALSE(c.empty());
+  c.receive(1, list_of({join}), t0, &resend);
+  CHECK(c.take_ready().responses.size() == 1);
+  CHECK(c.empty());
+  CHECK(resend.empty());
+}
+
 TEST_CASE("Set changes: numbered in decision order, duplicates and unknown sets refused",
           "[coordinator][process_set]") {
   Job job(2);

@@ -282,6 +282,9 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
       INFO("step " << step << ", op " << name);
       CHECK(completed[name] == 1);
     }
+    // Every op answered: nothing is left pending, counted or kept for a list.
+    INFO("step " << step);
+    CHECK(c.empty());
   }
 }
 

@@ -47,6 +47,21 @@ TEST_CASE("Nobody waiting, the loop naps at once, longer as it idles, up to a ca
   CHECK(kBusyCap < kIdleCap);
 }
 
+TEST_CASE("Where no message needs a prompt look, an idle loop naps up to kQuietCap", "[idle]") {
+  // Note [Quiet naps]: about ten wake-ups a second once idle for 0.8 s.
+  check_naps({.idle = microseconds{100'000}, .messages_may_wait = true}, microseconds{12'500});
+  check_naps({.idle = 8 * kQuietCap, .messages_may_wait = true}, kQuietCap);
+  check_naps({.idle = microseconds{10'000'000}, .messages_may_wait = true}, kQuietCap);
+  CHECK(kIdleCap < kQuietCap);
+  // Anything in flight still caps the nap short.
+  check_naps({.idle = microseconds{10'000'000}, .queue_empty = false, .messages_may_wait = true},
+             kBusyCap);
+  check_naps({.idle = microseconds{10'000'000}, .p2p_busy = true, .messages_may_wait = true},
+             kBusyCap);
+  // And what keeps it polling still does.
+  check_polls({.idle = microseconds{10'000'000}, .receiving = true, .messages_may_wait = true});
+}
+
 TEST_CASE("A message partly received keeps the loop polling however long", "[idle]") {
   check_polls({.idle = microseconds{0}, .receiving = true});
   check_polls({.idle = microseconds{1'000'000}, .receiving = true});
