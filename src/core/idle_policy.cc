@@ -15,10 +15,10 @@ Pause idle_pause(const IdleFacts& facts) {
   const bool poll = (facts.idle < kSpinTime && facts.app_waiting) || facts.receiving ||
                     (facts.p2p_busy && (facts.idle < kP2PSpinTime || facts.app_waiting));
   if (poll) return Pause{.yield = true};
-  const bool idle = facts.queue_empty && !facts.p2p_busy;
+  const bool in_flight = !facts.queue_empty || facts.p2p_busy;
   // See Note [Quiet naps] in idle_policy.h.
   const std::chrono::microseconds cap =
-      !idle ? kBusyCap : (facts.messages_may_wait ? kQuietCap : kIdleCap);
+      in_flight ? kBusyCap : (facts.messages_may_wait ? kQuietCap : kIdleCap);
   return Pause{.nap = std::clamp(facts.idle / 8, kMinNap, cap)};
 }
 

@@ -39,7 +39,10 @@ inline constexpr std::chrono::microseconds kMinNap{10};
 //  - the coordinator is sent requests, which a rank on its host announces by ringing its
 //    doorbell (Note [Doorbell] in ops/mpi/doorbell.h); so only where every other rank rings it
 //    (one host, every rank mapped the doorbell's page), and only while it holds no op some rank
-//    has submitted (its stall checks look at those on every cycle).
+//    has submitted (its stall checks look at those on every cycle). A message that MPI hands
+//    over only after its sender rang would wait out the nap, as that Note says; but the nap is
+//    this long only after 0.8 s without a message, and each look drains what MPI has queued for
+//    the coordinator, so a new message finds nothing ahead of it to hold it back.
 // There the cap is kQuietCap, which the nap reaches after 0.8 s of idle (an eighth of it): an
 // idle job's communication threads wake about 10 times a second instead of 100. On the 2-core
 // AMD EPYC VM of family 25 model 1, 2 ranks bound to its cores, each thread of an idle job woke
