@@ -122,12 +122,14 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
     parts_.timeline.mark_cycle();
     return std::nullopt;
   }
-  *pause = idle_pause({.idle = std::chrono::duration_cast<microseconds>(now - last_work_),
-                       .app_waiting = detail::app_threads_waiting(),
-                       .receiving = parts_.plane.receiving(),
-                       .p2p_busy = parts_.p2p.busy(),
-                       .queue_empty = parts_.queue.empty(),
-                       .messages_may_wait = messages_may_wait()});
+  IdleFacts facts{.idle = std::chrono::duration_cast<microseconds>(now - last_work_),
+                  .app_waiting = detail::app_threads_waiting(),
+                  .receiving = parts_.plane.receiving(),
+                  .p2p_busy = parts_.p2p.busy(),
+                  .queue_empty = parts_.queue.empty()};
+  // Read only by an idle loop's cap: not worked out between the polls of a busy one.
+  facts.messages_may_wait = facts.queue_empty && !facts.p2p_busy && messages_may_wait();
+  *pause = idle_pause(facts);
   // Only the idle coordinator's naps (no op of its own in flight) go past kBusyCap, and only
   // they are rung: shorter ones end soon anyway, and each ring costs the sender a system call.
   if (pause->nap > kBusyCap && parts_.plane.rung_here()) {
