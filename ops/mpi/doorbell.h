@@ -21,8 +21,9 @@
 // store comes before its load, so at least one of them sees the other's. A message MPI hands
 // over later is found when the nap ends, as without a doorbell, and so is every message from
 // another host: those ranks cannot ring.
-// Where every rank of the job rings (one host, and each mapped the page), the coordinator's
-// idle naps may be longer still: Note [Quiet naps] in src/core/idle_policy.h.
+// Where every rank of the job rings (one host, and each mapped the page), or the coordinator is
+// in every process set, its idle naps may be longer still: Note [Quiet naps] in
+// src/core/idle_policy.h.
 // The page is POSIX shared memory (shm_open), unlinked as soon as every rank of the host has
 // mapped it, so nothing outlives the job. A rank that cannot map it does not ring, and a host
 // whose coordinator cannot create it has no doorbell: its naps end as before.

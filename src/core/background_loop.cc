@@ -147,7 +147,9 @@ bool BackgroundLoop::messages_may_wait() const {
   // See Note [Quiet naps] in idle_policy.h.
   if (sender_.last_sent()) return false;  // The bye is due.
   if (!is_coordinator()) return true;
-  return parts_.plane.all_senders_ring() && coordinator_->quiet();
+  // Where this rank is in every set, a request from a rank that cannot ring names an op this
+  // rank submits too, and that submission ends the nap.
+  return coordinator_->quiet() && (parts_.plane.all_senders_ring() || parts_.sets.in_every_set());
 }
 
 Status BackgroundLoop::driven_cycle(bool* in_flight) {

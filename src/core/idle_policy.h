@@ -36,22 +36,33 @@ inline constexpr std::chrono::microseconds kMinNap{10};
 //    keep its queue busy, and other sets', which it only files and which can wait) and the
 //    coordinator's bye, which may wait as well: no peer's op waits for its answer to a bye it
 //    gets while idle. (After it has sent its own last message it waits for the bye: kIdleCap.)
-//  - the coordinator is sent requests, which a rank on its host announces by ringing its
-//    doorbell (Note [Doorbell] in ops/mpi/doorbell.h); so only where every other rank rings it
-//    (one host, every rank mapped the doorbell's page), and only while it holds no op some rank
-//    has submitted (its stall checks look at those on every cycle). A message that MPI hands
-//    over only after its sender rang would wait out the nap, as that Note says; but the nap is
-//    this long only after 0.8 s without a message, and each look drains what MPI has queued for
-//    the coordinator, so a new message finds nothing ahead of it to hold it back.
+//  - the coordinator is sent requests. It may wait only while it holds no op some rank has
+//    submitted (its stall checks look at those on every cycle), and only where either
+//    - every other rank rings its doorbell as it sends (one host, every rank mapped the
+//      doorbell's page: Note [Doorbell] in ops/mpi/doorbell.h). A message that MPI hands over
+//      only after its sender rang would wait out the nap, as that Note says; but the nap is
+//      this long only after 0.8 s without a message, and each look drains what MPI has queued
+//      for the coordinator, so a new message finds nothing ahead of it to hold it back; or
+//    - it is a member of every process set, as in most jobs on several hosts (whose ranks
+//      elsewhere cannot ring). Then every op a request names waits for the coordinator's own
+//      submission as well, which ends the nap, and the request is read on that look. What
+//      waits out a nap is what no submission of its own follows: the requests of an op the
+//      coordinator never submits (a stall, which its warning reports that much later), and a
+//      rank's last message while the coordinator runs on (after shutdown() or an error there,
+//      the job stops up to 100 ms later than before). With a set it is not in, requests from
+//      ranks that do not ring have no submission of its own to end the nap: kIdleCap.
 // There the cap is kQuietCap, which the nap reaches after 0.8 s of idle (an eighth of it): an
 // idle job's communication threads wake about 10 times a second instead of 100. On the 2-core
 // AMD EPYC VM of family 25 model 1, 2 ranks bound to its cores, each thread of an idle job woke
 // 492 times in 5 s with kIdleCap alone and 49-50 times with kQuietCap, and P4 (the idle
 // runtime's CPU) read 0.074-0.241 % against 0.470-0.898 % (examples/BENCHMARK_LOG.md,
-// twenty-eighth round). What gets slower is what only the loop's look completes: a
-// point-to-point receive of up to 2 KB posted during such a nap, which no thread waits on or
-// polls, completes up to 100 ms after its message came (Note [Waking the loop for
-// point-to-point] in execution/p2p_engine.h); and a rank that idles when the job stops answers
+// twenty-eighth round). In a job on 2 hosts of scripts/netns_cluster, one rank each, the
+// coordinator's thread woke 489-490 times in 5 s of idle before the second rule and 50 with it
+// (its CPU 40-50 ms against 0), and a lone allreduce after 1.2 s of idle took 0.53-0.57 ms at
+// the median against 0.48-0.54 before (twenty-ninth round). What gets slower is what only the
+// loop's look completes: a point-to-point receive of up to 2 KB posted during such a nap, which no
+// thread waits on or polls, completes up to 100 ms after its message came (Note [Waking the loop
+// for point-to-point] in execution/p2p_engine.h); and a rank that idles when the job stops answers
 // the coordinator's bye up to 100 ms later, which the coordinator's shutdown() waits for.
 
 // What the loop knows after a cycle that did no work.

@@ -46,6 +46,12 @@ std::vector<SetInfo> ProcessSetTable::all() const {
   return result;
 }
 
+bool ProcessSetTable::in_every_set() const {
+  detail::MutexLock lock(mutex_);
+  return std::all_of(infos_.begin(), infos_.end(),
+                     [](const auto& id_and_info) { return id_and_info.second.includes_me(); });
+}
+
 std::map<int, std::vector<int>> ProcessSetTable::membership() const {
   detail::MutexLock lock(mutex_);
   std::map<int, std::vector<int>> sets;
