@@ -49,6 +49,24 @@ class ControlPlane {
   virtual bool wait_for_ring() { return false; }
   // Any thread.
   virtual void stop_ring_waits() {}
+
+  // ---- The coordinator's bell for ranks on other hosts (Note [Net bell] in
+  // ops/mpi/net_bell.h). A plane without one does nothing here, and wait_for_net_ring()
+  // returns false at once.
+  // Whether this rank is the coordinator and ranks on other hosts ring it.
+  virtual bool net_rung_here() const { return false; }
+  // Blocks until a ring (true) or stop_net_ring_waits() (false). One thread, any.
+  virtual bool wait_for_net_ring() { return false; }
+  // Any thread. Logs (INFO) how many rings came and from which ranks.
+  virtual void stop_net_ring_waits() {}
+  // Whether a ring came since the last call: its message may reach the plane a little after
+  // it, so the caller should look again soon. Communication thread.
+  virtual bool take_net_ring() { return false; }
+  // Whether this rank rings the coordinator's net bell (it is on another host).
+  virtual bool rings_net_bell() const { return false; }
+  // After a message to the coordinator that should end its nap: rings, unless the coordinator
+  // was heard from lately (so it cannot be napping long). Communication thread.
+  virtual void ring_net_bell() {}
 };
 
 }  // namespace tutti::ops

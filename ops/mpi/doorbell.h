@@ -19,8 +19,8 @@
 // receiver's queue when MPI_Isend returns): the coordinator sets `napping` and then looks for a
 // message once more before it naps; a sender sends, fences, then reads `napping`. Each side's
 // store comes before its load, so at least one of them sees the other's. A message MPI hands
-// over later is found when the nap ends, as without a doorbell, and so is every message from
-// another host: those ranks cannot ring.
+// over later is found when the nap ends, as without a doorbell. Ranks on other hosts cannot ring
+// it: they send a datagram instead (Note [Net bell] in net_bell.h).
 // Where every rank of the job rings (one host, and each mapped the page), or the coordinator is
 // in every process set, its idle naps may be longer still: Note [Quiet naps] in
 // src/core/idle_policy.h.

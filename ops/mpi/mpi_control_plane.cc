@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ops/mpi/mpi_control_plane.h"
 
+#include <string>
+
 #include "ops/mpi/mpi_error.h"
 #include "ops/mpi/mpi_types.h"
+#include "src/common/logging.h"
 
 namespace tutti::ops::mpi {
 namespace {
@@ -48,9 +51,26 @@ Status MpiControlPlane::send(int destination, std::string bytes) {
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Isend(send.bytes.data(), to_mpi_count(send.bytes.size()), MPI_BYTE,
                                       destination, tag_, comm_.get(), &send.request));
   static_cast<void>(sends_done());  // Frees the buffers of completed sends.
-  // After the send: Note [Doorbell]. (The coordinator never sends to itself.)
+  // After the send: Note [Doorbell]. (The coordinator never sends to itself.) Ranks on other
+  // hosts ring when their caller asks (ring_net_bell()).
   if (doorbell_ != nullptr && destination == coordinator_) doorbell_->ring();
   return Status();
+}
+
+bool MpiControlPlane::wait_for_net_ring() {
+  if (!net_rung_here() || !net_bell_->wait_for_ring()) return false;
+  net_rung_.store(true);
+  return true;
+}
+
+void MpiControlPlane::stop_net_ring_waits() {
+  if (!net_rung_here()) return;
+  net_bell_->stop_ring_waits();
+  std::string from;
+  for (int rank : net_bell_->ranks_heard())
+    from += (from.empty() ? " " : ", ") + std::to_string(rank);
+  TUTTI_LOG_INFO("the net bell rang ", net_bell_->rings_heard(), " times",
+                 from.empty() ? std::string() : ", from ranks" + from);
 }
 
 bool MpiControlPlane::nap_begins() {
@@ -81,7 +101,10 @@ Result<std::optional<Message>> MpiControlPlane::poll() {
     MPI_Status status;
     TUTTI_MPI_RETURN_IF_ERROR(
         MPI_Improbe(MPI_ANY_SOURCE, tag_, comm_.get(), &arrived, &matched, &status));
-    if (!arrived) return std::optional<Message>();
+    if (!arrived) {
+      if (rings_afar_) ring_policy_.looked(RingPolicy::Clock::now());
+      return std::optional<Message>();
+    }
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     receiving_.emplace(Message{.source = status.MPI_SOURCE,
@@ -94,6 +117,7 @@ Result<std::optional<Message>> MpiControlPlane::poll() {
   int done = 0;
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Test(&receive_, &done, MPI_STATUS_IGNORE));
   if (!done) return std::optional<Message>();
+  if (rings_afar_ && receiving_->source == coordinator_) ring_policy_.heard();
   std::optional<Message> message = std::move(receiving_);
   receiving_.reset();
   return message;

@@ -4,6 +4,7 @@
 // (RPC's payloads) completes over later polls, and poll() never waits for its bytes.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "ops/control_plane.h"
 #include "ops/mpi/doorbell.h"
 #include "ops/mpi/mpi_comm.h"
+#include "ops/mpi/net_bell.h"
 
 namespace tutti::ops::mpi {
 
@@ -48,6 +50,23 @@ class MpiControlPlane final : public ControlPlane {
     if (rung_here()) doorbell_->stop_ring_waits();
   }
 
+  // Note [Net bell] in net_bell.h: `bell` (null: none) rings the coordinator (ring_net_bell()),
+  // or is rung here if this is the coordinator. Before the plane is used.
+  void set_net_bell(std::unique_ptr<NetBell> bell) {
+    net_bell_ = std::move(bell);
+    rings_afar_ = net_bell_ != nullptr && !net_bell_->rung_here();
+  }
+  bool net_rung_here() const override { return net_bell_ != nullptr && net_bell_->rung_here(); }
+  bool wait_for_net_ring() override;
+  void stop_net_ring_waits() override;
+  bool take_net_ring() override {
+    return net_rung_.load(std::memory_order_relaxed) && net_rung_.exchange(false);
+  }
+  bool rings_net_bell() const override { return rings_afar_; }
+  void ring_net_bell() override {
+    if (rings_afar_ && ring_policy_.due(RingPolicy::Clock::now())) net_bell_->ring();
+  }
+
  private:
   struct PendingSend {
     std::string bytes;
@@ -61,6 +80,10 @@ class MpiControlPlane final : public ControlPlane {
   MPI_Request receive_ = MPI_REQUEST_NULL;
   std::unique_ptr<Doorbell> doorbell_;
   int coordinator_ = 0;
+  std::unique_ptr<NetBell> net_bell_;
+  bool rings_afar_ = false;            // This rank rings net_bell_.
+  RingPolicy ring_policy_;             // When it rings.
+  std::atomic<bool> net_rung_{false};  // The coordinator's: a ring not yet taken.
 };
 
 }  // namespace tutti::ops::mpi

@@ -16,6 +16,7 @@
 #include "ops/mpi/mpi_error.h"
 #include "ops/mpi/mpi_hierarchy.h"
 #include "ops/mpi/mpi_p2p.h"
+#include "ops/mpi/net_bell.h"
 #include "ops/transport.h"
 #include "src/base/strings.h"
 
@@ -154,15 +155,21 @@ class MpiTransport final : public Transport {
   }
 
   // The ranks on the coordinator's host ring it after each message they send it (Note
-  // [Doorbell] in doorbell.h). Collective over base_.
+  // [Doorbell] in doorbell.h), those on other hosts after a message it may nap through (Note
+  // [Net bell] in net_bell.h). Collective over base_.
   Status add_doorbell() {
     MPI_Comm host = MPI_COMM_NULL;
     TUTTI_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(base_.get(), MPI_COMM_TYPE_SHARED, topology_.rank,
                                                   MPI_INFO_NULL, &host));
     std::unique_ptr<Doorbell> doorbell =
         Doorbell::create(host, topology_.rank, kCoordinator, topology_.size);
+    int with_coordinator = topology_.rank == kCoordinator ? 1 : 0;
+    const int reduced = MPI_Allreduce(MPI_IN_PLACE, &with_coordinator, 1, MPI_INT, MPI_MAX, host);
     MPI_Comm_free(&host);
+    TUTTI_MPI_RETURN_IF_ERROR(reduced);
     control_->set_doorbell(std::move(doorbell), kCoordinator);
+    control_->set_net_bell(
+        NetBell::create(base_.get(), kCoordinator, /*remote=*/with_coordinator == 0));
     return Status();
   }
 

@@ -122,6 +122,9 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
     parts_.timeline.mark_cycle();
     return std::nullopt;
   }
+  // A ring from another host may come before the request it announces: look often again
+  // (Note [Net bell] in ops/mpi/net_bell.h).
+  if (parts_.plane.take_net_ring()) last_work_ = now;
   IdleFacts facts{.idle = std::chrono::duration_cast<microseconds>(now - last_work_),
                   .app_waiting = detail::app_threads_waiting(),
                   .receiving = parts_.plane.receiving(),
@@ -149,7 +152,16 @@ bool BackgroundLoop::messages_may_wait() const {
   if (!is_coordinator()) return true;
   // Where this rank is in every set, a request from a rank that cannot ring names an op this
   // rank submits too, and that submission ends the nap.
-  return coordinator_->quiet() && (parts_.plane.all_senders_ring() || parts_.sets.in_every_set());
+  return coordinator_->quiet() &&
+         (parts_.plane.all_senders_ring() || parts_.sets.every_set_includes(rank_));
+}
+
+void BackgroundLoop::ring_from_afar(bool last) {
+  // See Note [Net bell] in ops/mpi/net_bell.h. Where the coordinator is in every set, its own
+  // submission of each op ends its nap; only a rank's last message needs the ring then.
+  if (parts_.plane.rings_net_bell() && (last || !parts_.sets.every_set_includes(0))) {
+    parts_.plane.ring_net_bell();
+  }
 }
 
 Status BackgroundLoop::driven_cycle(bool* in_flight) {
@@ -204,6 +216,7 @@ Status BackgroundLoop::receive(bool* did_work) {
     // Evicted hits go out again in full before the list runs (they cannot be in it).
     if (std::optional<RequestList> again = sender_.take_resend(list.resend)) {
       TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(*again)));
+      ring_from_afar(/*last=*/false);
     }
     adopt_cycle_time(list);
     TUTTI_RETURN_IF_ERROR(executor_.execute(std::move(list)));
@@ -221,7 +234,11 @@ Status BackgroundLoop::send_new(bool* did_work) {
   std::optional<RequestList> list = sender_.take_new(/*batch_by_yielding=*/!parts_.driver.driven());
   if (!list) return Status();
   *did_work = true;
-  if (!is_coordinator()) return parts_.plane.send(0, encode(*list));
+  if (!is_coordinator()) {
+    TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(*list)));
+    ring_from_afar(/*last=*/false);
+    return Status();
+  }
   const std::vector<std::int32_t> resend =
       coordinator_->receive(rank_, std::move(*list), Clock::now());
   TUTTI_CHECK(resend.empty(), "the coordinator's own cache hits went stale");
@@ -249,7 +266,11 @@ Status BackgroundLoop::stop_here(const Status& why) {
   if (sender_.last_sent()) return Status();
   RequestList last = sender_.take_last(why);
   TUTTI_LOG_DEBUG("stopping: ", why.ok() ? "shutdown() was called" : why.message());
-  if (!is_coordinator()) return parts_.plane.send(0, encode(last));
+  if (!is_coordinator()) {
+    TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(last)));
+    ring_from_afar(/*last=*/true);
+    return Status();
+  }
   coordinator_->begin_shutdown(
       why.ok() ? Status(ErrorCode::ShutDown, "rank 0 shut down")
                : Status(ErrorCode::ShutDown, str_cat("rank 0 stopped: ", why.message())),

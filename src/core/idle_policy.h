@@ -44,13 +44,16 @@ inline constexpr std::chrono::microseconds kMinNap{10};
 //      this long only after 0.8 s without a message, and each look drains what MPI has queued
 //      for the coordinator, so a new message finds nothing ahead of it to hold it back; or
 //    - it is a member of every process set, as in most jobs on several hosts (whose ranks
-//      elsewhere cannot ring). Then every op a request names waits for the coordinator's own
+//      elsewhere ring only the net bell, whose datagrams may be lost: Note [Net bell] in
+//      ops/mpi/net_bell.h). Then every op a request names waits for the coordinator's own
 //      submission as well, which ends the nap, and the request is read on that look. What
 //      waits out a nap is what no submission of its own follows: the requests of an op the
 //      coordinator never submits (a stall, which its warning reports that much later), and a
-//      rank's last message while the coordinator runs on (after shutdown() or an error there,
-//      the job stops up to 100 ms later than before). With a set it is not in, requests from
-//      ranks that do not ring have no submission of its own to end the nap: kIdleCap.
+//      rank's last message while the coordinator runs on, where the net bell's ring for it does
+//      not arrive (after shutdown() or an error there, the job then stops up to 100 ms later
+//      than before). With a set it is not in, requests from
+//      ranks that do not ring the doorbell have no submission of its own to end the nap:
+//      kIdleCap, and the net bell's ring, where it comes, ends the nap earlier.
 // There the cap is kQuietCap, which the nap reaches after 0.8 s of idle (an eighth of it): an
 // idle job's communication threads wake about 10 times a second instead of 100. On the 2-core
 // AMD EPYC VM of family 25 model 1, 2 ranks bound to its cores, each thread of an idle job woke

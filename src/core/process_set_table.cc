@@ -46,10 +46,11 @@ std::vector<SetInfo> ProcessSetTable::all() const {
   return result;
 }
 
-bool ProcessSetTable::in_every_set() const {
+bool ProcessSetTable::every_set_includes(int global_rank) const {
   detail::MutexLock lock(mutex_);
-  return std::all_of(infos_.begin(), infos_.end(),
-                     [](const auto& id_and_info) { return id_and_info.second.includes_me(); });
+  return std::all_of(infos_.begin(), infos_.end(), [global_rank](const auto& id_and_info) {
+    return id_and_info.second.set_rank_of(global_rank) >= 0;
+  });
 }
 
 std::map<int, std::vector<int>> ProcessSetTable::membership() const {

@@ -63,9 +63,10 @@ class ProcessSetTable {
   std::vector<SetInfo> all() const TUTTI_EXCLUDES(mutex_);
   // Any thread. Every known set's sorted global ranks, by id (for flight-recorder dumps).
   std::map<int, std::vector<int>> membership() const TUTTI_EXCLUDES(mutex_);
-  // Any thread. Whether this rank is a member of every set there is (on the coordinator: the
-  // ops of every set wait for a submission of its own; Note [Quiet naps] in idle_policy.h).
-  bool in_every_set() const TUTTI_EXCLUDES(mutex_);
+  // Any thread. Whether `global_rank` is a member of every set there is. For the coordinator:
+  // the ops of every set wait for a submission of its own (Note [Quiet naps] in idle_policy.h,
+  // Note [Net bell] in ops/mpi/net_bell.h).
+  bool every_set_includes(int global_rank) const TUTTI_EXCLUDES(mutex_);
 
   // Communication thread, collective over ALL ranks of the job in the same order: creates the
   // set's communicator and host backend (null on non-members) and files its members.

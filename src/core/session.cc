@@ -140,6 +140,12 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
       while (raw->transport_->control_plane().wait_for_ring()) raw->queue_.wake();
     });
   }
+  if (session->transport_->control_plane().net_rung_here()) {
+    session->net_bell_thread_ = std::thread([raw = session.get()] {
+      pthread_setname_np(pthread_self(), "tutti-netbell");
+      while (raw->transport_->control_plane().wait_for_net_ring()) raw->queue_.wake();
+    });
+  }
   if (cpu) {
     // Horovod's HOROVOD_THREAD_AFFINITY: keeps the communication thread off the cores the
     // application's compute threads use. Checked above, so only an odd kernel refuses.
@@ -217,6 +223,10 @@ void Session::stop() {
   if (doorbell_thread_.joinable()) {
     transport_->control_plane().stop_ring_waits();
     doorbell_thread_.join();
+  }
+  if (net_bell_thread_.joinable()) {
+    transport_->control_plane().stop_net_ring_waits();
+    net_bell_thread_.join();
   }
   timeline_.stop();  // Leaves a complete JSON file.
   signal_dumper_.reset();

@@ -132,6 +132,8 @@ class Session {
   // The coordinator's, where ranks of its host ring it: ends the communication thread's nap at
   // each ring (Note [Doorbell] in ops/mpi/doorbell.h). Started by create(), joined by stop().
   std::thread doorbell_thread_;
+  // Likewise where ranks on other hosts ring it over UDP (Note [Net bell] in ops/mpi/net_bell.h).
+  std::thread net_bell_thread_;
 };
 
 }  // namespace tutti::core

@@ -13,6 +13,8 @@
 #   mnist PROGRAM [ARGS]                 examples/fashion_mnist on 1 host and on 2 hosts: the same
 #                                        accuracy (see case_mnist)
 #   p10 PROGRAM [ARGS]                   allreduce_benchmark --p10 on 2 hosts x 2 (prints P10)
+#   bell SPEC PROGRAM                    test/cluster/bell_program on SPEC's hosts: the
+#                                        coordinator's net bell rang, from the remote ranks only
 #   elastic kill|grow-shrink PROGRAM     test/cluster/elastic_program through tuttirun's elastic
 #                                        mode: a rank killed; hosts added and removed (see
 #                                        elastic_kill, elastic_grow_shrink)
@@ -274,6 +276,35 @@ def case_p10(args):
         fail("no P10 line")
 
 
+BELL_OPS = 8
+BELL_GAP_MS = 150
+
+
+def case_bell(args):
+    """test/cluster/bell_program on SPEC's hosts: ops on the set without rank 0 after gaps that
+    let rank 0 nap. Rank 0's INFO line must say that its net bell rang at least once per op, and
+    only from the ranks on other hosts than its own (those on its host ring its doorbell)."""
+    spec, program = args[0], args[1]
+    slots = [int(n) for n in spec.split(",")]
+    total = sum(slots)
+    status, out, err = tuttirun(["-np", str(total), "-H", hosts_of(spec), "--log-level", "INFO",
+                                 program, str(BELL_OPS), str(BELL_GAP_MS)], timeout=120)
+    if status != 0:
+        fail(f"bell_program exited {status}")
+    found = re.search(r"rank 0\].*the net bell rang (\d+) times(?:, from ranks ([0-9, ]+))?",
+                      out + err)
+    if not found:
+        fail("rank 0 logged no net bell line")
+    rings = int(found.group(1))
+    ranks = [int(r) for r in found.group(2).split(",")] if found.group(2) else []
+    remote = list(range(slots[0], total))
+    if ranks != remote:
+        fail(f"rings came from ranks {ranks}, expected those on other hosts: {remote}")
+    if rings < BELL_OPS:
+        fail(f"{rings} rings for {BELL_OPS} ops")
+    print(f"cluster_test: {rings} rings from ranks {ranks}", flush=True)
+
+
 # Elastic training (issue 28). The README's bound on the time from a rank's death to training
 # resumed on the surviving host (Open MPI notices at once; a relaunch on netns hosts takes a
 # few seconds on 2 loaded cores).
@@ -474,7 +505,7 @@ def case_elastic(args):
 
 
 CASES = {"layout": case_layout, "sweep": case_sweep, "fault": case_fault, "mnist": case_mnist,
-         "p10": case_p10, "elastic": case_elastic}
+         "p10": case_p10, "elastic": case_elastic, "bell": case_bell}
 
 
 def host_count(case, args):

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +20,7 @@
 #include <mpi.h>
 
 #include "test/support/mpi_test_util.h"
+#include "test/support/ring_waiter.h"
 
 namespace tutti::test {
 namespace {
@@ -38,20 +38,7 @@ std::unique_ptr<Doorbell> world_doorbell(int job_size = world_size()) {
   return doorbell;
 }
 
-// Rank 0's thread in wait_for_ring(), its answer to be had within `limit` (else it is stopped
-// and the answer is false, with `in_time` false).
-struct Waiter {
-  explicit Waiter(Doorbell& doorbell)
-      : doorbell(doorbell),
-        answer(std::async(std::launch::async, [&doorbell] { return doorbell.wait_for_ring(); })) {}
-  bool get(std::chrono::milliseconds limit, bool* in_time) {
-    *in_time = answer.wait_for(limit) == std::future_status::ready;
-    if (!*in_time) doorbell.stop_ring_waits();
-    return answer.get();
-  }
-  Doorbell& doorbell;
-  std::future<bool> answer;
-};
+using Waiter = RingWaiter<Doorbell>;
 
 TEST_CASE("Only the coordinator's host has a doorbell, and only with other ranks on it",
           "[doorbell]") {
@@ -136,16 +123,7 @@ TEST_CASE("A ring during the coordinator's nap wakes its waiting thread; one out
   }
   if (coordinator) doorbell->nap_ends();
 
-  // stop_ring_waits() ends a wait with false, and every later one at once.
-  if (coordinator) {
-    Waiter stopped(*doorbell);
-    std::this_thread::sleep_for(10ms);
-    doorbell->stop_ring_waits();
-    bool in_time = false;
-    CHECK_FALSE(stopped.get(60s, &in_time));
-    CHECK(in_time);
-    CHECK_FALSE(doorbell->wait_for_ring());
-  }
+  if (coordinator) check_stop_ends_waits(*doorbell);
   MPI_Barrier(MPI_COMM_WORLD);
 }
 

@@ -12,20 +12,26 @@
 namespace tutti::core {
 namespace {
 
-TEST_CASE("The coordinator is in every set until a set leaves it out", "[process_set]") {
+TEST_CASE("A rank is in every set until a set leaves it out", "[process_set]") {
   test::Job job(4);  // Rank 0's table; set 0 holds every rank.
-  CHECK(job.sets.in_every_set());
+  CHECK(job.sets.every_set_includes(0));
+  CHECK(job.sets.every_set_includes(3));
   REQUIRE(job.sets.add(1, {0, 3}).ok());
-  CHECK(job.sets.in_every_set());
+  CHECK(job.sets.every_set_includes(0));
+  CHECK(job.sets.every_set_includes(3));
+  CHECK_FALSE(job.sets.every_set_includes(1));
   REQUIRE(job.sets.add(2, {1, 2}).ok());
-  CHECK_FALSE(job.sets.in_every_set());
+  CHECK_FALSE(job.sets.every_set_includes(0));
+  CHECK_FALSE(job.sets.every_set_includes(3));
   REQUIRE(job.sets.add(3, {0, 1, 2}).ok());
-  CHECK_FALSE(job.sets.in_every_set());  // Set 2 still leaves rank 0 out.
+  CHECK_FALSE(job.sets.every_set_includes(0));  // Set 2 still leaves rank 0 out.
   job.sets.remove(2);
-  CHECK(job.sets.in_every_set());
+  CHECK(job.sets.every_set_includes(0));
+  CHECK_FALSE(job.sets.every_set_includes(3));  // Set 3 leaves it out.
   job.sets.remove(1);
   job.sets.remove(3);
-  CHECK(job.sets.in_every_set());
+  CHECK(job.sets.every_set_includes(0));
+  CHECK(job.sets.every_set_includes(1));
 }
 
 }  // namespace
