@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -26,19 +27,13 @@ namespace {
 
 constexpr int kMaxAddresses = 16;
 
-// An IPv4 address and its netmask, in network byte order.
-struct Interface {
-  std::uint32_t address = 0;
-  std::uint32_t netmask = 0;
-};
-
 // What the coordinator tells every rank. No padding: every byte broadcast is set.
 struct Setup {
   std::uint64_t token = 0;
   std::int32_t ok = 0;     // A socket listens on `port`.
   std::uint32_t port = 0;  // sin_port as it is (network byte order).
   std::int32_t addresses = 0;
-  Interface interfaces[kMaxAddresses] = {};
+  Ipv4Interface interfaces[kMaxAddresses] = {};
   char host[260] = {};
 };
 static_assert(sizeof(Setup) == 8 + 3 * 4 + kMaxAddresses * 8 + 260);
@@ -52,46 +47,35 @@ struct Datagram {
 static_assert(sizeof(Datagram) == 16);
 
 // This host's IPv4 interfaces that are up, loopback excepted.
-std::vector<Interface> ipv4_interfaces() {
-  std::vector<Interface> found;
+std::vector<Ipv4Interface> ipv4_interfaces() {
+  std::vector<Ipv4Interface> found;
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return found;
   for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
     if (entry->ifa_addr == nullptr || entry->ifa_netmask == nullptr) continue;
     if (entry->ifa_addr->sa_family != AF_INET) continue;
     if ((entry->ifa_flags & IFF_UP) == 0 || (entry->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    found.push_back(
-        Interface{.address = reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr.s_addr,
-                  .netmask = reinterpret_cast<sockaddr_in*>(entry->ifa_netmask)->sin_addr.s_addr});
+    found.push_back(Ipv4Interface{
+        .address = reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr.s_addr,
+        .netmask = reinterpret_cast<sockaddr_in*>(entry->ifa_netmask)->sin_addr.s_addr});
   }
   freeifaddrs(list);
   return found;
 }
 
-bool is_loopback(std::uint32_t address) { return (ntohl(address) >> 24) == 127; }
-
-// The address of the coordinator's that this host reaches (Note [Net bell]), or none.
-std::optional<std::uint32_t> coordinator_address(const Setup& setup) {
-  const std::vector<Interface> mine = ipv4_interfaces();
-  for (int i = 0; i < setup.addresses; ++i) {
-    const Interface& theirs = setup.interfaces[i];
-    for (const Interface& own : mine) {
-      if ((own.address & own.netmask) == (theirs.address & own.netmask)) return theirs.address;
-    }
-  }
+// What `host` resolves to (IPv4).
+std::vector<std::uint32_t> resolve(const char* host) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* results = nullptr;
-  if (getaddrinfo(setup.host, nullptr, &hints, &results) != 0) return std::nullopt;
-  std::optional<std::uint32_t> address;
-  for (addrinfo* result = results; result != nullptr && !address; result = result->ai_next) {
-    const std::uint32_t candidate =
-        reinterpret_cast<sockaddr_in*>(result->ai_addr)->sin_addr.s_addr;
-    if (!is_loopback(candidate)) address = candidate;
+  std::vector<std::uint32_t> addresses;
+  if (getaddrinfo(host, nullptr, &hints, &results) != 0) return addresses;
+  for (addrinfo* result = results; result != nullptr; result = result->ai_next) {
+    addresses.push_back(reinterpret_cast<sockaddr_in*>(result->ai_addr)->sin_addr.s_addr);
   }
   freeaddrinfo(results);
-  return address;
+  return addresses;
 }
 
 // Keeps stray datagrams out, not attackers: the clock stands in where no random device works.
@@ -129,8 +113,10 @@ int listen_socket(std::uint32_t* port) {
 }
 
 // A remote rank's socket, connected to the coordinator's, or -1.
-int ringing_socket(const Setup& setup) {
-  const std::optional<std::uint32_t> to = coordinator_address(setup);
+int ringing_socket(const Setup& setup, bool own_allowed) {
+  const std::optional<std::uint32_t> to = choose_coordinator_address(
+      std::vector<Ipv4Interface>(setup.interfaces, setup.interfaces + setup.addresses),
+      ipv4_interfaces(), [&setup] { return resolve(setup.host); }, own_allowed);
   if (!to) {
     TUTTI_LOG_INFO("cannot ring the coordinator over the network: no IPv4 address of host ",
                    setup.host, " is on this host's subnets, and its name does not resolve to one");
@@ -157,7 +143,32 @@ int ringing_socket(const Setup& setup) {
 
 }  // namespace
 
-std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool remote) {
+std::optional<std::uint32_t> choose_coordinator_address(
+    const std::vector<Ipv4Interface>& theirs, const std::vector<Ipv4Interface>& mine,
+    const std::function<std::vector<std::uint32_t>()>& resolve_host, bool own_allowed) {
+  const auto usable = [&mine, own_allowed](std::uint32_t address) {
+    const bool loopback = (ntohl(address) >> 24) == 127;
+    const bool own = std::any_of(mine.begin(), mine.end(), [address](const Ipv4Interface& i) {
+      return i.address == address;
+    });
+    return !loopback && (own_allowed || !own);
+  };
+  for (const Ipv4Interface& candidate : theirs) {
+    if (!usable(candidate.address)) continue;
+    for (const Ipv4Interface& own : mine) {
+      if ((own.address & own.netmask) == (candidate.address & own.netmask)) {
+        return candidate.address;
+      }
+    }
+  }
+  for (std::uint32_t candidate : resolve_host()) {
+    if (usable(candidate)) return candidate;
+  }
+  return std::nullopt;
+}
+
+std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool remote,
+                                         bool own_addresses_allowed) {
   int rank = 0;
   int size = 1;
   MPI_Comm_rank(job, &rank);
@@ -182,7 +193,7 @@ std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool rem
     if (fd >= 0) {
       setup.ok = 1;
       setup.token = random_token();
-      for (const Interface& own : ipv4_interfaces()) {
+      for (const Ipv4Interface& own : ipv4_interfaces()) {
         if (setup.addresses == kMaxAddresses) break;
         setup.interfaces[setup.addresses++] = own;
       }
@@ -191,7 +202,7 @@ std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool rem
   }
   MPI_Bcast(&setup, sizeof setup, MPI_BYTE, coordinator, job);
   if (setup.ok == 0) return nullptr;
-  if (remote) fd = ringing_socket(setup);
+  if (remote) fd = ringing_socket(setup, own_addresses_allowed);
   int ringers = remote && fd >= 0 ? 1 : 0;
   MPI_Reduce(rank == coordinator ? MPI_IN_PLACE : &ringers, &ringers, 1, MPI_INT, MPI_SUM,
              coordinator, job);

@@ -17,7 +17,8 @@
 //    and broadcasts the port, a random token, its IPv4 addresses with their netmasks and its
 //    host name. A rank on another host sends to the first of those addresses that is on a
 //    subnet of one of its own interfaces (the network MPI most likely uses), else to what rank
-//    0's host name resolves to, loopback excepted. Where neither gives an address (an IPv6-only
+//    0's host name resolves to; never to a loopback address or one its own host has too (every
+//    host with Docker has 172.17.0.1). Where neither gives an address (an IPv6-only
 //    network) the rank does not ring, and an INFO line says so.
 //  - What rings. A request needs the ring only while some process set leaves the coordinator
 //    out: in every other case the coordinator's own submission of the op ends its nap (Note
@@ -45,12 +46,30 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <mpi.h>
 
 namespace tutti::ops::mpi {
+
+// An IPv4 address and its netmask, in network byte order.
+struct Ipv4Interface {
+  std::uint32_t address = 0;
+  std::uint32_t netmask = 0;
+};
+
+// Which address a rank on another host sends its rings to (Note [Net bell]): the first of the
+// coordinator's addresses, `theirs`, that is on the subnet of one of this host's, `mine`; else
+// the first that `resolve_host` (the coordinator's host name, resolved only then) gives. Never
+// a loopback address, nor, unless `own_allowed` (tests that declare ranks of one host remote),
+// an address of `mine`, which would reach this host (every host with Docker has 172.17.0.1).
+// None where nothing qualifies.
+std::optional<std::uint32_t> choose_coordinator_address(
+    const std::vector<Ipv4Interface>& theirs, const std::vector<Ipv4Interface>& mine,
+    const std::function<std::vector<std::uint32_t>()>& resolve_host, bool own_allowed);
 
 // A rank on another host: whether a message it just sent the coordinator should ring
 // (Note [Net bell]). The control plane tells it of its looks and of what the coordinator sent.
@@ -79,8 +98,11 @@ class NetBell {
   // Collective over `job` (every rank of the job; `coordinator` a rank of it). `remote`: this
   // rank is not on the coordinator's host. Returns the bell on the coordinator where any remote
   // rank can ring it, on each remote rank that can, and null elsewhere (INFO lines say why a
-  // rank cannot). Never fails the job: a socket error only leaves the bell out.
-  static std::unique_ptr<NetBell> create(MPI_Comm job, int coordinator, bool remote);
+  // rank cannot). Never fails the job: a socket error only leaves the bell out. A remote rank
+  // skips the coordinator's addresses that its own host has too (they would reach its own
+  // host), unless `own_addresses_allowed`: for tests that declare ranks of one host remote.
+  static std::unique_ptr<NetBell> create(MPI_Comm job, int coordinator, bool remote,
+                                         bool own_addresses_allowed = false);
   NetBell(const NetBell&) = delete;
   NetBell& operator=(const NetBell&) = delete;
   ~NetBell();  // Closes the sockets. stop_ring_waits() and the waiting thread joined first.

@@ -48,6 +48,12 @@ void send_to(std::uint16_t port, const void* bytes, std::size_t size) {
   close(fd);
 }
 
+// The bell of a job whose ranks other than 0 are declared remote: they send to rank 0's address
+// on this host's subnet, which is also theirs.
+std::unique_ptr<NetBell> remote_bell() {
+  return NetBell::create(MPI_COMM_WORLD, 0, world_rank() != 0, /*own_addresses_allowed=*/true);
+}
+
 TEST_CASE("A remote rank rings unless it heard from the coordinator within kQuietFor",
           "[net_bell]") {
   using Clock = RingPolicy::Clock;
@@ -68,10 +74,52 @@ TEST_CASE("A remote rank rings unless it heard from the coordinator within kQuie
   CHECK_FALSE(policy.due(t0 + 10ms + RingPolicy::kQuietFor / 2));
 }
 
+// A dotted IPv4 address in network byte order.
+std::uint32_t ip(const char* dotted) {
+  in_addr address{};
+  REQUIRE(inet_pton(AF_INET, dotted, &address) == 1);
+  return address.s_addr;
+}
+
+TEST_CASE("A remote rank rings the coordinator's address on its subnet, never its own host",
+          "[net_bell]") {
+  const std::uint32_t mask16 = ip("255.255.0.0");
+  const std::uint32_t mask24 = ip("255.255.255.0");
+  const ops::mpi::Ipv4Interface docker_0{ip("172.17.0.1"), mask16};
+  int resolved = 0;  // How often the host name was resolved.
+  const auto resolving_to = [&resolved](std::vector<std::uint32_t> addresses) {
+    return [&resolved, addresses] {
+      ++resolved;
+      return addresses;
+    };
+  };
+  const std::vector<ops::mpi::Ipv4Interface> mine = {docker_0, {ip("10.1.0.7"), mask24}};
+  // Rank 0's Docker bridge has the same address as this host's: skipped; its data network's
+  // address is on this host's subnet: taken, and the name is never resolved.
+  CHECK(ops::mpi::choose_coordinator_address({docker_0, {ip("10.1.0.3"), mask24}}, mine,
+                                             resolving_to({ip("192.168.5.3")}),
+                                             false) == ip("10.1.0.3"));
+  CHECK(resolved == 0);
+  // No address of rank 0's on a subnet here: what its name resolves to, loopback and this
+  // host's own addresses excepted.
+  CHECK(ops::mpi::choose_coordinator_address(
+            {docker_0, {ip("10.2.0.3"), mask24}}, mine,
+            resolving_to({ip("127.0.1.1"), ip("10.1.0.7"), ip("192.168.5.3")}),
+            false) == ip("192.168.5.3"));
+  CHECK(resolved == 1);
+  CHECK_FALSE(ops::mpi::choose_coordinator_address({docker_0}, mine,
+                                                   resolving_to({ip("127.0.1.1")}), false));
+  // A test on one host: rank 0's address is this host's, and allowed.
+  CHECK(ops::mpi::choose_coordinator_address({{ip("10.1.0.7"), mask24}}, mine, resolving_to({}),
+                                             true) == ip("10.1.0.7"));
+  CHECK_FALSE(ops::mpi::choose_coordinator_address({{ip("10.1.0.7"), mask24}}, mine,
+                                                   resolving_to({}), false));
+}
+
 TEST_CASE("Only the coordinator and the ranks on other hosts get a net bell", "[net_bell]") {
   // Every rank on the coordinator's host: no bell anywhere.
   CHECK(NetBell::create(MPI_COMM_WORLD, 0, /*remote=*/false) == nullptr);
-  std::unique_ptr<NetBell> bell = NetBell::create(MPI_COMM_WORLD, 0, world_rank() != 0);
+  std::unique_ptr<NetBell> bell = remote_bell();
   if (world_size() == 1) {
     CHECK(bell == nullptr);
     return;
@@ -87,7 +135,7 @@ TEST_CASE("Only the coordinator and the ranks on other hosts get a net bell", "[
 
 TEST_CASE("A ring wakes the coordinator's waiting thread; datagrams that are not rings do not",
           "[net_bell]") {
-  std::unique_ptr<NetBell> bell = NetBell::create(MPI_COMM_WORLD, 0, world_rank() != 0);
+  std::unique_ptr<NetBell> bell = remote_bell();
   if (world_size() == 1 || bell == nullptr) return;
   const bool coordinator = world_rank() == 0;
 
@@ -107,7 +155,7 @@ TEST_CASE("A ring wakes the coordinator's waiting thread; datagrams that are not
   MPI_Barrier(MPI_COMM_WORLD);
 
   // Each other rank rings in turn, and each ring wakes the waiting thread.
-  bell = NetBell::create(MPI_COMM_WORLD, 0, world_rank() != 0);  // stop_ring_waits() is for good.
+  bell = remote_bell();  // stop_ring_waits() is for good.
   REQUIRE(bell != nullptr);
   for (int ringer = 1; ringer < world_size(); ++ringer) {
     std::optional<Waiter> waiter;
