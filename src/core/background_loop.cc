@@ -112,6 +112,9 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
   if (executor_.shutdown()) return Status();
   if (stop_requested.load() && !sender_.last_sent()) {
     TUTTI_RETURN_IF_ERROR(stop_here(Status()));
+    // Work like any other send: the bye it asks for comes soon, and the naps that wait for it
+    // start short again instead of at the idle job's cap.
+    last_work_ = Clock::now();
     return std::nullopt;
   }
   bool did_work = false;
