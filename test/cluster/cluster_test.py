@@ -509,7 +509,7 @@ CASES = {"layout": case_layout, "sweep": case_sweep, "fault": case_fault, "mnist
 
 
 def host_count(case, args):
-    return len(args[0].split(",")) if case in ("layout", "sweep") else 2
+    return len(args[0].split(",")) if case in ("layout", "sweep", "bell") else 2
 
 
 def main(argv):
