@@ -24,7 +24,7 @@
 //    out: in every other case the coordinator's own submission of the op ends its nap (Note
 //    [Quiet naps] in src/core/idle_policy.h), and ringing at each training step would only wake
 //    its thread once per rank on another host. A rank's last message (after shutdown() or an
-//    error) rings too, so that the job stops promptly (BackgroundLoop::ring_from_afar()).
+//    error) rings too, so that the job stops promptly (BackgroundLoop::send_to_coordinator()).
 //  - When. Nothing tells a remote rank whether the coordinator naps: there is no shared word to
 //    read, and clocks cannot be compared across hosts. But the coordinator sends every response
 //    list to every rank, and its nap is an eighth of its idle time: a rank that heard from it

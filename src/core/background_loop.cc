@@ -159,12 +159,14 @@ bool BackgroundLoop::messages_may_wait() const {
          (parts_.plane.all_senders_ring() || parts_.sets.every_set_includes(rank_));
 }
 
-void BackgroundLoop::ring_from_afar(bool last) {
+Status BackgroundLoop::send_to_coordinator(const RequestList& list) {
+  TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(list)));
   // See Note [Net bell] in ops/mpi/net_bell.h. Where the coordinator is in every set, its own
   // submission of each op ends its nap; only a rank's last message needs the ring then.
-  if (parts_.plane.rings_net_bell() && (last || !parts_.sets.every_set_includes(0))) {
+  if (parts_.plane.rings_net_bell() && (list.shutdown || !parts_.sets.every_set_includes(0))) {
     parts_.plane.ring_net_bell();
   }
+  return Status();
 }
 
 Status BackgroundLoop::driven_cycle(bool* in_flight) {
@@ -218,8 +220,7 @@ Status BackgroundLoop::receive(bool* did_work) {
     TUTTI_ASSIGN_OR_RETURN(ResponseList list, decode_response_list(message->bytes));
     // Evicted hits go out again in full before the list runs (they cannot be in it).
     if (std::optional<RequestList> again = sender_.take_resend(list.resend)) {
-      TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(*again)));
-      ring_from_afar(/*last=*/false);
+      TUTTI_RETURN_IF_ERROR(send_to_coordinator(*again));
     }
     adopt_cycle_time(list);
     TUTTI_RETURN_IF_ERROR(executor_.execute(std::move(list)));
@@ -237,11 +238,7 @@ Status BackgroundLoop::send_new(bool* did_work) {
   std::optional<RequestList> list = sender_.take_new(/*batch_by_yielding=*/!parts_.driver.driven());
   if (!list) return Status();
   *did_work = true;
-  if (!is_coordinator()) {
-    TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(*list)));
-    ring_from_afar(/*last=*/false);
-    return Status();
-  }
+  if (!is_coordinator()) return send_to_coordinator(*list);
   const std::vector<std::int32_t> resend =
       coordinator_->receive(rank_, std::move(*list), Clock::now());
   TUTTI_CHECK(resend.empty(), "the coordinator's own cache hits went stale");
@@ -269,11 +266,7 @@ Status BackgroundLoop::stop_here(const Status& why) {
   if (sender_.last_sent()) return Status();
   RequestList last = sender_.take_last(why);
   TUTTI_LOG_DEBUG("stopping: ", why.ok() ? "shutdown() was called" : why.message());
-  if (!is_coordinator()) {
-    TUTTI_RETURN_IF_ERROR(parts_.plane.send(0, encode(last)));
-    ring_from_afar(/*last=*/true);
-    return Status();
-  }
+  if (!is_coordinator()) return send_to_coordinator(last);
   coordinator_->begin_shutdown(
       why.ok() ? Status(ErrorCode::ShutDown, "rank 0 shut down")
                : Status(ErrorCode::ShutDown, str_cat("rank 0 stopped: ", why.message())),

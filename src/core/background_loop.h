@@ -154,10 +154,9 @@ class BackgroundLoop {
   // Whether no message this rank may be sent needs a look within kIdleCap (Note [Quiet naps]
   // in idle_policy.h).
   bool messages_may_wait() const TUTTI_REQUIRES(parts_.driver.cycle_mutex());
-  // A rank on another host than the coordinator's, after it sent the coordinator a message
-  // (its `last`, or a request): rings the coordinator's net bell where that may end a nap the
-  // message would wait out (Note [Net bell] in ops/mpi/net_bell.h).
-  void ring_from_afar(bool last);
+  // A rank other than the coordinator: sends it `list`, then rings its net bell where that may
+  // end a nap the list would wait out (Note [Net bell] in ops/mpi/net_bell.h).
+  Status send_to_coordinator(const RequestList& list);
   Status receive(bool* did_work);
   Status send_new(bool* did_work);
   // Rank 0: sends `list` to every other rank, then executes it here. With autotune, the list
