@@ -12,13 +12,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <exception>
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
+#include <system_error>
 
 #include "src/common/logging.h"
 
@@ -31,12 +35,13 @@ constexpr int kMaxAddresses = 16;
 struct Setup {
   std::uint64_t token = 0;
   std::int32_t ok = 0;     // A socket listens on `port`.
-  std::uint32_t port = 0;  // sin_port as it is (network byte order).
+  std::uint32_t port = 0;  // The port as a sockaddr holds it (network byte order).
+  std::int32_t ipv6 = 0;   // The socket takes IPv6 datagrams too.
   std::int32_t addresses = 0;
-  Ipv4Interface interfaces[kMaxAddresses] = {};
-  char host[260] = {};
+  InterfaceAddress interfaces[kMaxAddresses] = {};
+  char host[264] = {};
 };
-static_assert(sizeof(Setup) == 8 + 3 * 4 + kMaxAddresses * 8 + 260);
+static_assert(sizeof(Setup) == 8 + 4 * 4 + kMaxAddresses * sizeof(InterfaceAddress) + 264);
 
 // What a ring sends. No padding either.
 struct Datagram {
@@ -46,36 +51,99 @@ struct Datagram {
 };
 static_assert(sizeof(Datagram) == 16);
 
-// This host's IPv4 interfaces that are up, loopback excepted.
-std::vector<Ipv4Interface> ipv4_interfaces() {
-  std::vector<Ipv4Interface> found;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return found;
-  for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_netmask == nullptr) continue;
-    if (entry->ifa_addr->sa_family != AF_INET) continue;
-    if ((entry->ifa_flags & IFF_UP) == 0 || (entry->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    found.push_back(Ipv4Interface{
-        .address = reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr.s_addr,
-        .netmask = reinterpret_cast<sockaddr_in*>(entry->ifa_netmask)->sin_addr.s_addr});
-  }
-  freeifaddrs(list);
-  return found;
+// The number of leading one bits of a netmask's `size` bytes.
+std::uint8_t prefix_of(const std::uint8_t* mask, std::size_t size) {
+  int bits = 0;
+  for (std::size_t i = 0; i < size; ++i) bits += std::popcount(mask[i]);
+  return static_cast<std::uint8_t>(bits);
 }
 
-// What `host` resolves to (IPv4).
-std::vector<std::uint32_t> resolve(const char* host) {
+// `address` (an AF_INET or AF_INET6 sockaddr) with `prefix` bits; none for another family.
+std::optional<InterfaceAddress> from_sockaddr(const sockaddr* address, std::uint8_t prefix) {
+  InterfaceAddress out;
+  out.prefix_bits = prefix;
+  if (address->sa_family == AF_INET) {
+    out.family = 4;
+    std::memcpy(out.bytes, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, 4);
+    return out;
+  }
+  if (address->sa_family == AF_INET6) {
+    out.family = 6;
+    std::memcpy(out.bytes, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, 16);
+    return out;
+  }
+  return std::nullopt;
+}
+
+// This host's interfaces that are up, with an IPv4 address or (`ipv6`) an IPv6 one, loopback
+// and IPv6 link-local addresses excepted; IPv4 first.
+std::vector<InterfaceAddress> host_interfaces(bool ipv6) {
+  std::vector<InterfaceAddress> v4;
+  std::vector<InterfaceAddress> v6;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return v4;
+  for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_netmask == nullptr) continue;
+    if ((entry->ifa_flags & IFF_UP) == 0 || (entry->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    std::optional<InterfaceAddress> found;
+    if (entry->ifa_addr->sa_family == AF_INET) {
+      found = from_sockaddr(
+          entry->ifa_addr,
+          prefix_of(reinterpret_cast<const std::uint8_t*>(
+                        &reinterpret_cast<const sockaddr_in*>(entry->ifa_netmask)->sin_addr),
+                    4));
+    } else if (entry->ifa_addr->sa_family == AF_INET6 && ipv6) {
+      found = from_sockaddr(
+          entry->ifa_addr,
+          prefix_of(reinterpret_cast<const std::uint8_t*>(
+                        &reinterpret_cast<const sockaddr_in6*>(entry->ifa_netmask)->sin6_addr),
+                    16));
+    }
+    if (!found || found->loopback() || found->link_local()) continue;
+    (found->family == 4 ? v4 : v6).push_back(*found);
+  }
+  freeifaddrs(list);
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  return v4;
+}
+
+// What `host` resolves to: IPv4 addresses, and IPv6 ones where `ipv6`, in the resolver's order.
+std::vector<InterfaceAddress> resolve(const char* host, bool ipv6) {
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = ipv6 ? AF_UNSPEC : AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* results = nullptr;
-  std::vector<std::uint32_t> addresses;
+  std::vector<InterfaceAddress> addresses;
   if (getaddrinfo(host, nullptr, &hints, &results) != 0) return addresses;
   for (addrinfo* result = results; result != nullptr; result = result->ai_next) {
-    addresses.push_back(reinterpret_cast<sockaddr_in*>(result->ai_addr)->sin_addr.s_addr);
+    if (std::optional<InterfaceAddress> found = from_sockaddr(result->ai_addr, 0))
+      addresses.push_back(*found);
   }
   freeaddrinfo(results);
   return addresses;
+}
+
+// A sockaddr for `address` and `port` (network byte order), and its length.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+};
+SocketAddress to_sockaddr(const InterfaceAddress& address, std::uint32_t port) {
+  SocketAddress out;
+  if (address.family == 4) {
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&out.storage);
+    v4->sin_family = AF_INET;
+    std::memcpy(&v4->sin_addr, address.bytes, 4);
+    v4->sin_port = static_cast<in_port_t>(port);
+    out.length = sizeof(sockaddr_in);
+  } else {
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&out.storage);
+    v6->sin6_family = AF_INET6;
+    std::memcpy(&v6->sin6_addr, address.bytes, 16);
+    v6->sin6_port = static_cast<in_port_t>(port);
+    out.length = sizeof(sockaddr_in6);
+  }
+  return out;
 }
 
 // Keeps stray datagrams out, not attackers: the clock stands in where no random device works.
@@ -89,86 +157,171 @@ std::uint64_t random_token() {
   }
 }
 
-// The coordinator's socket, bound to an ephemeral port on every interface, and its port; or
-// -1 (an INFO line says why).
-int listen_socket(std::uint32_t* port) {
-  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    TUTTI_LOG_INFO("no net bell for the coordinator: socket(): ", std::strerror(errno));
-    return -1;
+// A UDP socket of `family` bound to an ephemeral port on every interface (an IPv6 one taking
+// IPv4 datagrams too), and its port; or -1 with errno set.
+int bound_socket(int family, std::uint32_t* port) {
+  const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  if (family == AF_INET6) {
+    const int off = 0;  // Whatever net.ipv6.bindv6only says: IPv4 rings must get through too.
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0) {
+      const int error = errno;
+      close(fd);
+      errno = error;
+      return -1;
+    }
+    auto* any = reinterpret_cast<sockaddr_in6*>(&storage);
+    any->sin6_family = AF_INET6;
+    any->sin6_addr = in6addr_any;
+    length = sizeof(sockaddr_in6);
+  } else {
+    auto* any = reinterpret_cast<sockaddr_in*>(&storage);
+    any->sin_family = AF_INET;
+    any->sin_addr.s_addr = htonl(INADDR_ANY);
+    length = sizeof(sockaddr_in);
   }
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;
-  socklen_t length = sizeof address;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    TUTTI_LOG_INFO("no net bell for the coordinator: binding a UDP socket: ", std::strerror(errno));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) {
+    const int error = errno;
     close(fd);
+    errno = error;
     return -1;
   }
-  *port = address.sin_port;
+  *port = family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port
+                             : reinterpret_cast<sockaddr_in*>(&storage)->sin_port;
   return fd;
 }
 
-// A remote rank's socket, connected to the coordinator's, or -1.
-int ringing_socket(const Setup& setup, bool own_allowed) {
-  const std::optional<std::uint32_t> to = choose_coordinator_address(
-      std::vector<Ipv4Interface>(setup.interfaces, setup.interfaces + setup.addresses),
-      ipv4_interfaces(), [&setup] { return resolve(setup.host); }, own_allowed);
+// The coordinator's socket and its port: IPv6 and IPv4 where the host has IPv6 (`*ipv6` set),
+// else IPv4 only; or -1 (an INFO line says why).
+int listen_socket(std::uint32_t* port, bool* ipv6) {
+  int fd = bound_socket(AF_INET6, port);
+  *ipv6 = fd >= 0;
+  if (fd < 0) fd = bound_socket(AF_INET, port);
+  if (fd < 0) {
+    TUTTI_LOG_INFO("no net bell for the coordinator: a UDP socket: ", std::strerror(errno));
+  }
+  return fd;
+}
+
+// A remote rank's socket, connected to the coordinator's, or -1; the address's family in
+// `*family`.
+int ringing_socket(const Setup& setup, bool own_allowed, int only_family, int* family) {
+  const bool ipv6 = setup.ipv6 != 0;
+  const auto of_family = [only_family](std::vector<InterfaceAddress> addresses) {
+    if (only_family != 0) {
+      std::erase_if(addresses,
+                    [only_family](const InterfaceAddress& a) { return a.family != only_family; });
+    }
+    return addresses;
+  };
+  const std::optional<InterfaceAddress> to = choose_coordinator_address(
+      of_family(
+          std::vector<InterfaceAddress>(setup.interfaces, setup.interfaces + setup.addresses)),
+      host_interfaces(ipv6), [&] { return of_family(resolve(setup.host, ipv6)); }, own_allowed);
   if (!to) {
-    TUTTI_LOG_INFO("cannot ring the coordinator over the network: no IPv4 address of host ",
-                   setup.host, " is on this host's subnets, and its name does not resolve to one");
+    TUTTI_LOG_INFO("cannot ring the coordinator over the network: no address of host ", setup.host,
+                   " is on this host's subnets, and its name does not resolve to one",
+                   ipv6 ? "" : " (it listens on IPv4 only)");
     return -1;
   }
-  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int fd =
+      socket(to->family == 4 ? AF_INET : AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     TUTTI_LOG_INFO("cannot ring the coordinator over the network: socket(): ",
                    std::strerror(errno));
     return -1;
   }
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = *to;
-  address.sin_port = static_cast<in_port_t>(setup.port);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+  const SocketAddress address = to_sockaddr(*to, setup.port);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&address.storage), address.length) != 0) {
     TUTTI_LOG_INFO("cannot ring the coordinator over the network: connect(): ",
                    std::strerror(errno));
     close(fd);
     return -1;
   }
+  *family = to->family;
   return fd;
 }
 
 }  // namespace
 
-std::optional<std::uint32_t> choose_coordinator_address(
-    const std::vector<Ipv4Interface>& theirs, const std::vector<Ipv4Interface>& mine,
-    const std::function<std::vector<std::uint32_t>()>& resolve_host, bool own_allowed) {
-  const auto usable = [&mine, own_allowed](std::uint32_t address) {
-    const bool loopback = (ntohl(address) >> 24) == 127;
-    const bool own = std::any_of(mine.begin(), mine.end(), [address](const Ipv4Interface& i) {
-      return i.address == address;
-    });
-    return !loopback && (own_allowed || !own);
-  };
-  for (const Ipv4Interface& candidate : theirs) {
-    if (!usable(candidate.address)) continue;
-    for (const Ipv4Interface& own : mine) {
-      if ((own.address & own.netmask) == (candidate.address & own.netmask)) {
-        return candidate.address;
-      }
+std::optional<InterfaceAddress> InterfaceAddress::parse(std::string_view text) {
+  const std::size_t slash = text.find('/');
+  const std::string address(text.substr(0, slash));
+  InterfaceAddress out;
+  if (inet_pton(AF_INET, address.c_str(), out.bytes) == 1) {
+    out.family = 4;
+  } else if (inet_pton(AF_INET6, address.c_str(), out.bytes) == 1) {
+    out.family = 6;
+  } else {
+    return std::nullopt;
+  }
+  const int max_bits = out.family == 4 ? 32 : 128;
+  int bits = max_bits;
+  if (slash != std::string_view::npos) {
+    const std::string_view digits = text.substr(slash + 1);
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), bits);
+    if (error != std::errc{} || end != digits.data() + digits.size() || bits < 0 ||
+        bits > max_bits) {
+      return std::nullopt;
     }
   }
-  for (std::uint32_t candidate : resolve_host()) {
+  out.prefix_bits = static_cast<std::uint8_t>(bits);
+  return out;
+}
+
+bool InterfaceAddress::same_address(const InterfaceAddress& other) const {
+  return family == other.family && std::memcmp(bytes, other.bytes, sizeof bytes) == 0;
+}
+
+bool InterfaceAddress::on_subnet_of(const InterfaceAddress& other) const {
+  if (family != other.family) return false;
+  const int whole = prefix_bits / 8;
+  const int rest = prefix_bits % 8;
+  if (std::memcmp(bytes, other.bytes, static_cast<std::size_t>(whole)) != 0) return false;
+  if (rest == 0) return true;
+  const auto mask = static_cast<std::uint8_t>(0xff << (8 - rest));
+  return (bytes[whole] & mask) == (other.bytes[whole] & mask);
+}
+
+bool InterfaceAddress::loopback() const {
+  static constexpr std::uint8_t kV6Loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  static constexpr std::uint8_t kV4Mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (family == 4) return bytes[0] == 127;
+  return std::memcmp(bytes, kV6Loopback, 16) == 0 ||
+         (std::memcmp(bytes, kV4Mapped, 12) == 0 && bytes[12] == 127);
+}
+
+bool InterfaceAddress::link_local() const {
+  return family == 6 && bytes[0] == 0xfe && (bytes[1] & 0xc0) == 0x80;
+}
+
+std::optional<InterfaceAddress> choose_coordinator_address(
+    const std::vector<InterfaceAddress>& theirs, const std::vector<InterfaceAddress>& mine,
+    const std::function<std::vector<InterfaceAddress>()>& resolve_host, bool own_allowed) {
+  const auto usable = [&mine, own_allowed](const InterfaceAddress& address) {
+    const bool own = std::any_of(mine.begin(), mine.end(), [&address](const InterfaceAddress& i) {
+      return i.same_address(address);
+    });
+    return address.family != 0 && !address.loopback() && !address.link_local() &&
+           (own_allowed || !own);
+  };
+  for (const InterfaceAddress& candidate : theirs) {
+    if (!usable(candidate)) continue;
+    for (const InterfaceAddress& own : mine) {
+      if (own.on_subnet_of(candidate)) return candidate;
+    }
+  }
+  for (const InterfaceAddress& candidate : resolve_host()) {
     if (usable(candidate)) return candidate;
   }
   return std::nullopt;
 }
 
 std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool remote,
-                                         bool own_addresses_allowed) {
+                                         bool own_addresses_allowed, int only_family) {
   int rank = 0;
   int size = 1;
   MPI_Comm_rank(job, &rank);
@@ -181,7 +334,9 @@ std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool rem
   int fd = -1;
   int stop_event = -1;
   if (rank == coordinator) {
-    fd = listen_socket(&setup.port);
+    bool ipv6 = false;
+    fd = listen_socket(&setup.port, &ipv6);
+    setup.ipv6 = ipv6 ? 1 : 0;
     if (fd >= 0) {
       stop_event = eventfd(0, EFD_CLOEXEC);
       if (stop_event < 0) {
@@ -193,7 +348,7 @@ std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool rem
     if (fd >= 0) {
       setup.ok = 1;
       setup.token = random_token();
-      for (const Ipv4Interface& own : ipv4_interfaces()) {
+      for (const InterfaceAddress& own : host_interfaces(setup.ipv6 != 0)) {
         if (setup.addresses == kMaxAddresses) break;
         setup.interfaces[setup.addresses++] = own;
       }
@@ -202,7 +357,8 @@ std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool rem
   }
   MPI_Bcast(&setup, sizeof setup, MPI_BYTE, coordinator, job);
   if (setup.ok == 0) return nullptr;
-  if (remote) fd = ringing_socket(setup, own_addresses_allowed);
+  int family = 0;
+  if (remote) fd = ringing_socket(setup, own_addresses_allowed, only_family, &family);
   int ringers = remote && fd >= 0 ? 1 : 0;
   MPI_Reduce(rank == coordinator ? MPI_IN_PLACE : &ringers, &ringers, 1, MPI_INT, MPI_SUM,
              coordinator, job);
@@ -215,11 +371,11 @@ std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool rem
   if (fd < 0) return nullptr;
   return std::unique_ptr<NetBell>(new NetBell(fd, stop_event, rank == coordinator,
                                               ntohs(static_cast<in_port_t>(setup.port)),
-                                              setup.token, rank, size));
+                                              setup.token, rank, size, family));
 }
 
 NetBell::NetBell(int socket, int stop_event, bool rung_here, std::uint16_t port,
-                 std::uint64_t token, int rank, int job_size)
+                 std::uint64_t token, int rank, int job_size, int ring_family)
     : socket_(socket),
       stop_event_(stop_event),
       rung_here_(rung_here),
@@ -227,7 +383,8 @@ NetBell::NetBell(int socket, int stop_event, bool rung_here, std::uint16_t port,
       token_(token),
       rank_(rank),
       heard_from_(rung_here ? new std::atomic<bool>[job_size]() : nullptr),
-      job_size_(job_size) {}
+      job_size_(job_size),
+      ring_family_(ring_family) {}
 
 NetBell::~NetBell() {
   close(socket_);

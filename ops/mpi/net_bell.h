@@ -14,12 +14,14 @@
 // blocks on, and a datagram there ends the nap as a ring of the doorbell does: the same op took
 // 0.74-0.94 ms (examples/BENCHMARK_LOG.md, thirtieth round).
 //  - Setup, collective at init(): rank 0 binds a socket to an ephemeral port on every interface
-//    and broadcasts the port, a random token, its IPv4 addresses with their netmasks and its
-//    host name. A rank on another host sends to the first of those addresses that is on a
-//    subnet of one of its own interfaces (the network MPI most likely uses), else to what rank
-//    0's host name resolves to; never to a loopback address or one its own host has too (every
-//    host with Docker has 172.17.0.1). Where neither gives an address (an IPv6-only
-//    network) the rank does not ring, and an INFO line says so.
+//    (an IPv6 socket that takes IPv4 datagrams too, where the host has IPv6; else an IPv4 one)
+//    and broadcasts the port, a random token, its addresses with their prefixes (IPv4, then
+//    IPv6 where its socket takes IPv6) and its host name. A rank on another host sends to the
+//    first of those addresses that is on a subnet of one of its own interfaces (the network MPI
+//    most likely uses), else to the first address rank 0's host name resolves to; never to a
+//    loopback address, an IPv6 link-local one (it names an interface of the sender's, which
+//    differs from host to host), or one its own host has too (every host with Docker has
+//    172.17.0.1). Where nothing qualifies the rank does not ring, and an INFO line says so.
 //  - What rings. A request needs the ring only while some process set leaves the coordinator
 //    out: in every other case the coordinator's own submission of the op ends its nap (Note
 //    [Quiet naps] in src/core/idle_policy.h), and ringing at each training step would only wake
@@ -49,27 +51,44 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include <mpi.h>
 
 namespace tutti::ops::mpi {
 
-// An IPv4 address and its netmask, in network byte order.
-struct Ipv4Interface {
-  std::uint32_t address = 0;
-  std::uint32_t netmask = 0;
+// An address of an interface and the length of its subnet's prefix: IPv4 (in the first 4 of
+// `bytes`) or IPv6, in network byte order. No padding: it is broadcast as bytes.
+struct InterfaceAddress {
+  std::uint8_t family = 0;  // 4 or 6; 0: none.
+  std::uint8_t prefix_bits = 0;
+  std::uint8_t reserved[2] = {};
+  std::uint8_t bytes[16] = {};
+
+  // `text` as "10.1.0.7/24" or "fd00::2/64" (no "/N": a host's own, all bits); none when it
+  // is neither.
+  static std::optional<InterfaceAddress> parse(std::string_view text);
+  // The same address (family and bytes; the prefix aside).
+  bool same_address(const InterfaceAddress& other) const;
+  // `other` is on this address's subnet: the same family and the first prefix_bits bits.
+  bool on_subnet_of(const InterfaceAddress& other) const;
+  // 127.0.0.0/8, ::1, and IPv4 loopback mapped into IPv6.
+  bool loopback() const;
+  // fe80::/10, which needs the sending host's interface to mean anything.
+  bool link_local() const;
 };
+static_assert(sizeof(InterfaceAddress) == 20);
 
 // Which address a rank on another host sends its rings to (Note [Net bell]): the first of the
 // coordinator's addresses, `theirs`, that is on the subnet of one of this host's, `mine`; else
 // the first that `resolve_host` (the coordinator's host name, resolved only then) gives. Never
-// a loopback address, nor, unless `own_allowed` (tests that declare ranks of one host remote),
-// an address of `mine`, which would reach this host (every host with Docker has 172.17.0.1).
-// None where nothing qualifies.
-std::optional<std::uint32_t> choose_coordinator_address(
-    const std::vector<Ipv4Interface>& theirs, const std::vector<Ipv4Interface>& mine,
-    const std::function<std::vector<std::uint32_t>()>& resolve_host, bool own_allowed);
+// a loopback or IPv6 link-local address, nor, unless `own_allowed` (tests that declare ranks of
+// one host remote), an address of `mine`, which would reach this host (every host with Docker
+// has 172.17.0.1). None where nothing qualifies.
+std::optional<InterfaceAddress> choose_coordinator_address(
+    const std::vector<InterfaceAddress>& theirs, const std::vector<InterfaceAddress>& mine,
+    const std::function<std::vector<InterfaceAddress>()>& resolve_host, bool own_allowed);
 
 // A rank on another host: whether a message it just sent the coordinator should ring
 // (Note [Net bell]). The control plane tells it of its looks and of what the coordinator sent.
@@ -101,8 +120,10 @@ class NetBell {
   // rank cannot). Never fails the job: a socket error only leaves the bell out. A remote rank
   // skips the coordinator's addresses that its own host has too (they would reach its own
   // host), unless `own_addresses_allowed`: for tests that declare ranks of one host remote.
+  // `only_family` 4 or 6: remote ranks ring only addresses of that family (tests of each path
+  // on hosts that have both); 0, the default: either.
   static std::unique_ptr<NetBell> create(MPI_Comm job, int coordinator, bool remote,
-                                         bool own_addresses_allowed = false);
+                                         bool own_addresses_allowed = false, int only_family = 0);
   NetBell(const NetBell&) = delete;
   NetBell& operator=(const NetBell&) = delete;
   ~NetBell();  // Closes the sockets. stop_ring_waits() and the waiting thread joined first.
@@ -122,13 +143,15 @@ class NetBell {
   std::uint64_t rings_heard() const { return heard_.load(); }
   std::vector<int> ranks_heard() const;
 
-  // ---- A remote rank's, after it sent the coordinator a message: one datagram. Never blocks
-  // (a full socket buffer drops it: the coordinator's nap then ends as without a bell).
+  // ---- A remote rank's: the family of the address it rings (4 or 6).
+  int ring_family() const { return ring_family_; }
+  // After it sent the coordinator a message: one datagram. Never blocks (a full socket buffer
+  // drops it: the coordinator's nap then ends as without a bell).
   void ring();
 
  private:
   NetBell(int socket, int stop_event, bool rung_here, std::uint16_t port, std::uint64_t token,
-          int rank, int job_size);
+          int rank, int job_size, int ring_family);
 
   int socket_;
   int stop_event_;  // The coordinator's: an eventfd that stop_ring_waits() makes readable.
@@ -141,6 +164,7 @@ class NetBell {
   // Per rank, whether a ring came from it: written by the waiting thread, read after.
   std::unique_ptr<std::atomic<bool>[]> heard_from_;
   int job_size_;
+  int ring_family_;  // A remote rank's; 0 on the coordinator.
 };
 
 }  // namespace tutti::ops::mpi
