@@ -20,6 +20,7 @@
 #include <exception>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -51,28 +52,37 @@ struct Datagram {
 };
 static_assert(sizeof(Datagram) == 16);
 
-// The number of leading one bits of a netmask's `size` bytes.
-std::uint8_t prefix_of(const std::uint8_t* mask, std::size_t size) {
-  int bits = 0;
-  for (std::size_t i = 0; i < size; ++i) bits += std::popcount(mask[i]);
-  return static_cast<std::uint8_t>(bits);
+// The address bytes of `address` read as a sockaddr of `family`: 4 for AF_INET, 16 for
+// AF_INET6, empty for another family. (A netmask is read with its address's family.)
+std::span<const std::uint8_t> address_bytes(const sockaddr* address, int family) {
+  if (family == AF_INET) {
+    return {reinterpret_cast<const std::uint8_t*>(
+                &reinterpret_cast<const sockaddr_in*>(address)->sin_addr),
+            4};
+  }
+  if (family == AF_INET6) {
+    return {reinterpret_cast<const std::uint8_t*>(
+                &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr),
+            16};
+  }
+  return {};
 }
 
-// `address` (an AF_INET or AF_INET6 sockaddr) with `prefix` bits; none for another family.
-std::optional<InterfaceAddress> from_sockaddr(const sockaddr* address, std::uint8_t prefix) {
+// `address` with the prefix of `netmask` (null: 0 bits); none for a family other than IPv4
+// and IPv6.
+std::optional<InterfaceAddress> from_sockaddr(const sockaddr* address, const sockaddr* netmask) {
+  const std::span<const std::uint8_t> bytes = address_bytes(address, address->sa_family);
+  if (bytes.empty()) return std::nullopt;
   InterfaceAddress out;
-  out.prefix_bits = prefix;
-  if (address->sa_family == AF_INET) {
-    out.family = 4;
-    std::memcpy(out.bytes, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, 4);
-    return out;
+  out.family = bytes.size() == 4 ? 4 : 6;
+  std::copy(bytes.begin(), bytes.end(), out.bytes);
+  int bits = 0;
+  if (netmask != nullptr) {
+    for (std::uint8_t byte : address_bytes(netmask, address->sa_family))
+      bits += std::popcount(byte);
   }
-  if (address->sa_family == AF_INET6) {
-    out.family = 6;
-    std::memcpy(out.bytes, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, 16);
-    return out;
-  }
-  return std::nullopt;
+  out.prefix_bits = static_cast<std::uint8_t>(bits);
+  return out;
 }
 
 // This host's interfaces that are up, with an IPv4 address or (`ipv6`) an IPv6 one, loopback
@@ -85,20 +95,9 @@ std::vector<InterfaceAddress> host_interfaces(bool ipv6) {
   for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
     if (entry->ifa_addr == nullptr || entry->ifa_netmask == nullptr) continue;
     if ((entry->ifa_flags & IFF_UP) == 0 || (entry->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    std::optional<InterfaceAddress> found;
-    if (entry->ifa_addr->sa_family == AF_INET) {
-      found = from_sockaddr(
-          entry->ifa_addr,
-          prefix_of(reinterpret_cast<const std::uint8_t*>(
-                        &reinterpret_cast<const sockaddr_in*>(entry->ifa_netmask)->sin_addr),
-                    4));
-    } else if (entry->ifa_addr->sa_family == AF_INET6 && ipv6) {
-      found = from_sockaddr(
-          entry->ifa_addr,
-          prefix_of(reinterpret_cast<const std::uint8_t*>(
-                        &reinterpret_cast<const sockaddr_in6*>(entry->ifa_netmask)->sin6_addr),
-                    16));
-    }
+    if (entry->ifa_addr->sa_family == AF_INET6 && !ipv6) continue;
+    const std::optional<InterfaceAddress> found =
+        from_sockaddr(entry->ifa_addr, entry->ifa_netmask);
     if (!found || found->loopback() || found->link_local()) continue;
     (found->family == 4 ? v4 : v6).push_back(*found);
   }
@@ -116,7 +115,7 @@ std::vector<InterfaceAddress> resolve(const char* host, bool ipv6) {
   std::vector<InterfaceAddress> addresses;
   if (getaddrinfo(host, nullptr, &hints, &results) != 0) return addresses;
   for (addrinfo* result = results; result != nullptr; result = result->ai_next) {
-    if (std::optional<InterfaceAddress> found = from_sockaddr(result->ai_addr, 0))
+    if (std::optional<InterfaceAddress> found = from_sockaddr(result->ai_addr, nullptr))
       addresses.push_back(*found);
   }
   freeaddrinfo(results);
@@ -162,16 +161,17 @@ std::uint64_t random_token() {
 int bound_socket(int family, std::uint32_t* port) {
   const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
+  const auto fail = [fd] {
+    const int error = errno;  // close() may change it.
+    close(fd);
+    errno = error;
+    return -1;
+  };
   sockaddr_storage storage{};
   socklen_t length = 0;
   if (family == AF_INET6) {
     const int off = 0;  // Whatever net.ipv6.bindv6only says: IPv4 rings must get through too.
-    if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0) {
-      const int error = errno;
-      close(fd);
-      errno = error;
-      return -1;
-    }
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0) return fail();
     auto* any = reinterpret_cast<sockaddr_in6*>(&storage);
     any->sin6_family = AF_INET6;
     any->sin6_addr = in6addr_any;
@@ -184,10 +184,7 @@ int bound_socket(int family, std::uint32_t* port) {
   }
   if (bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) {
-    const int error = errno;
-    close(fd);
-    errno = error;
-    return -1;
+    return fail();
   }
   *port = family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port
                              : reinterpret_cast<sockaddr_in*>(&storage)->sin_port;
