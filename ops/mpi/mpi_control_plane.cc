@@ -69,8 +69,16 @@ void MpiControlPlane::stop_net_ring_waits() {
   std::string from;
   for (int rank : net_bell_->ranks_heard())
     from += (from.empty() ? " " : ", ") + std::to_string(rank);
-  TUTTI_LOG_INFO("the net bell rang ", net_bell_->rings_heard(), " times",
-                 from.empty() ? std::string() : ", from ranks" + from);
+  const std::uint64_t rings = net_bell_->rings_heard();
+  const std::uint64_t over_ipv6 = net_bell_->rings_heard_over_ipv6();
+  std::string over;
+  if (rings > 0) {
+    over = over_ipv6 == 0       ? ", over IPv4"
+           : over_ipv6 == rings ? ", over IPv6"
+                                : ", " + std::to_string(over_ipv6) + " of them over IPv6";
+  }
+  TUTTI_LOG_INFO("the net bell rang ", rings, " times",
+                 from.empty() ? std::string() : ", from ranks" + from, over);
 }
 
 bool MpiControlPlane::nap_begins() {

@@ -401,12 +401,19 @@ bool NetBell::wait_for_ring() {
     if (watched[1].revents != 0) return false;  // stop_ring_waits().
     // One byte more than a ring: a longer datagram is not one.
     char bytes[sizeof(Datagram) + 1];
-    const ssize_t got = recv(socket_, bytes, sizeof bytes, MSG_DONTWAIT);
+    sockaddr_storage sender{};
+    socklen_t sender_length = sizeof sender;
+    const ssize_t got = recvfrom(socket_, bytes, sizeof bytes, MSG_DONTWAIT,
+                                 reinterpret_cast<sockaddr*>(&sender), &sender_length);
     if (got != static_cast<ssize_t>(sizeof(Datagram))) continue;
     Datagram ring;
     std::memcpy(&ring, bytes, sizeof ring);
     if (ring.token != token_ || ring.rank < 0 || ring.rank >= job_size_) continue;
     heard_from_[ring.rank].store(true, std::memory_order_relaxed);
+    if (sender.ss_family == AF_INET6 &&
+        !IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<const sockaddr_in6*>(&sender)->sin6_addr)) {
+      heard_over_ipv6_.fetch_add(1);
+    }
     heard_.fetch_add(1);
     return true;
   }

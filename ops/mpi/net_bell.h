@@ -142,6 +142,9 @@ class NetBell {
   // Rings heard so far (wait_for_ring() returned true), and the ranks they came from.
   std::uint64_t rings_heard() const { return heard_.load(); }
   std::vector<int> ranks_heard() const;
+  // Of rings_heard(), those that came over IPv6 (from an IPv6 address; an IPv4 datagram on the
+  // dual-stack socket comes from an IPv4-mapped one and counts as IPv4).
+  std::uint64_t rings_heard_over_ipv6() const { return heard_over_ipv6_.load(); }
 
   // ---- A remote rank's: the family of the address it rings (4 or 6).
   int ring_family() const { return ring_family_; }
@@ -161,6 +164,7 @@ class NetBell {
   int rank_;
   std::atomic<bool> stopped_{false};
   std::atomic<std::uint64_t> heard_{0};
+  std::atomic<std::uint64_t> heard_over_ipv6_{0};
   // Per rank, whether a ring came from it: written by the waiting thread, read after.
   std::unique_ptr<std::atomic<bool>[]> heard_from_;
   int job_size_;

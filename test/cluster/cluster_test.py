@@ -14,7 +14,10 @@
 #                                        accuracy (see case_mnist)
 #   p10 PROGRAM [ARGS]                   allreduce_benchmark --p10 on 2 hosts x 2 (prints P10)
 #   bell SPEC PROGRAM                    test/cluster/bell_program on SPEC's hosts: the
-#                                        coordinator's net bell rang, from the remote ranks only
+#                                        coordinator's net bell rang, from the remote ranks only,
+#                                        over IPv4
+#   bell6 SPEC PROGRAM                   the same on hosts that have IPv6 addresses only (Open
+#                                        MPI too runs over IPv6): the bell rang over IPv6
 #   elastic kill|grow-shrink PROGRAM     test/cluster/elastic_program through tuttirun's elastic
 #                                        mode: a rank killed; hosts added and removed (see
 #                                        elastic_kill, elastic_grow_shrink)
@@ -280,10 +283,11 @@ BELL_OPS = 8
 BELL_GAP_MS = 150
 
 
-def case_bell(args):
+def case_bell(args, family="IPv4"):
     """test/cluster/bell_program on SPEC's hosts: ops on the set without rank 0 after gaps that
-    let rank 0 nap. Rank 0's INFO line must say that its net bell rang at least once per op, and
-    only from the ranks on other hosts than its own (those on its host ring its doorbell)."""
+    let rank 0 nap. Rank 0's INFO line must say that its net bell rang at least once per op, only
+    from the ranks on other hosts than its own (those on its host ring its doorbell), and all
+    over `family` (the cluster's only one with bell6)."""
     spec, program = args[0], args[1]
     slots = [int(n) for n in spec.split(",")]
     total = sum(slots)
@@ -291,8 +295,8 @@ def case_bell(args):
                                  program, str(BELL_OPS), str(BELL_GAP_MS)], timeout=120)
     if status != 0:
         fail(f"bell_program exited {status}")
-    found = re.search(r"rank 0\].*the net bell rang (\d+) times(?:, from ranks ([0-9, ]+))?",
-                      out + err)
+    found = re.search(r"rank 0\].*the net bell rang (\d+) times"
+                      r"(?:, from ranks (\d+(?:, \d+)*))?(?:, (.*))?", out + err)
     if not found:
         fail("rank 0 logged no net bell line")
     rings = int(found.group(1))
@@ -302,7 +306,13 @@ def case_bell(args):
         fail(f"rings came from ranks {ranks}, expected those on other hosts: {remote}")
     if rings < BELL_OPS:
         fail(f"{rings} rings for {BELL_OPS} ops")
-    print(f"cluster_test: {rings} rings from ranks {ranks}", flush=True)
+    if found.group(3) != f"over {family}":
+        fail(f"the rings came '{found.group(3)}', expected all over {family}")
+    print(f"cluster_test: {rings} rings from ranks {ranks} over {family}", flush=True)
+
+
+def case_bell6(args):
+    case_bell(args, family="IPv6")
 
 
 # Elastic training (issue 28). The README's bound on the time from a rank's death to training
@@ -505,11 +515,11 @@ def case_elastic(args):
 
 
 CASES = {"layout": case_layout, "sweep": case_sweep, "fault": case_fault, "mnist": case_mnist,
-         "p10": case_p10, "elastic": case_elastic, "bell": case_bell}
+         "p10": case_p10, "elastic": case_elastic, "bell": case_bell, "bell6": case_bell6}
 
 
 def host_count(case, args):
-    return len(args[0].split(",")) if case in ("layout", "sweep", "bell") else 2
+    return len(args[0].split(",")) if case in ("layout", "sweep", "bell", "bell6") else 2
 
 
 def main(argv):
@@ -528,8 +538,9 @@ def main(argv):
               "here is not Open MPI", flush=True)
         return SKIP
     # Into a fresh cluster; its exit status (77 where none can be built) is ours.
-    command = [NETNS_CLUSTER, "--hosts", str(host_count(case, args)), "--",
-               sys.executable, os.path.abspath(__file__)] + argv
+    command = ([NETNS_CLUSTER, "--hosts", str(host_count(case, args))] +
+               (["--ipv6-only"] if case == "bell6" else []) +
+               ["--", sys.executable, os.path.abspath(__file__)] + argv)
     return subprocess.run(command, check=False).returncode
 
 

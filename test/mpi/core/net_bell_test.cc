@@ -205,21 +205,27 @@ TEST_CASE("Only the coordinator and the ranks on other hosts get a net bell", "[
   if (world_rank() == 0) CHECK(bell->port() != 0);
 }
 
-// Each rank but 0 rings `bell` in turn, and each ring wakes the coordinator's waiting thread;
-// then stop_ring_waits() ends the waits. Collective.
+// Each rank but 0 rings `bell` in turn, and each ring wakes the coordinator's waiting thread,
+// which counts it as over IPv6 exactly when the ringer rings an IPv6 address; then
+// stop_ring_waits() ends the waits. Collective.
 void check_rings(NetBell& bell) {
   const bool coordinator = world_rank() == 0;
+  std::uint64_t over_ipv6 = 0;
   for (int ringer = 1; ringer < world_size(); ++ringer) {
     std::optional<Waiter> waiter;
     if (coordinator) waiter.emplace(bell);
+    int family = world_rank() == ringer ? bell.ring_family() : 0;
+    MPI_Bcast(&family, 1, MPI_INT, ringer, MPI_COMM_WORLD);
+    if (family == 6) ++over_ipv6;
     MPI_Barrier(MPI_COMM_WORLD);
     if (world_rank() == ringer) bell.ring();
     if (coordinator) {
       bool in_time = false;
-      INFO("the ring of rank " << ringer);
+      INFO("the ring of rank " << ringer << " over IPv" << family);
       CHECK(waiter->get(60s, &in_time));
       CHECK(in_time);
       CHECK(bell.rings_heard() == static_cast<std::uint64_t>(ringer));
+      CHECK(bell.rings_heard_over_ipv6() == over_ipv6);
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
