@@ -6,8 +6,9 @@
 // Usage: cuda_fusion_benchmark [--grads FILE] [--repeats N] [--device I]
 //   --grads FILE  another gradient list, one element count per line (default: the built-in
 //                 ResNet-50 list, examples/grad_list.h, so it runs from anywhere)
-// Exits 77 with "no CUDA device" when there is none, 1 if a CUDA call fails or the kernel's
-// round trip changes a tensor.
+// Its first line is the machine's (examples/machine_line.h; "mpi=none": one process, no MPI),
+// then the device's. Exits 77 with "no CUDA device" when there is none, 1 if a CUDA call fails
+// or the kernel's round trip changes a tensor.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 
 #include "examples/fusion_kernel_figures.h"
 #include "examples/grad_list.h"
+#include "examples/machine_line.h"
 #include "ops/device_ops.h"
 
 int main(int argc, char** argv) {
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: skipping\n");
     return 77;
   }
+  std::printf("%s\n", tutti::examples::machine_line_alone().c_str());
   std::vector<std::size_t> counts;
   for (std::int64_t n : tutti::examples::grads_or_default(grads_path))
     counts.push_back(static_cast<std::size_t>(n));

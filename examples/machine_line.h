@@ -78,13 +78,13 @@ inline std::string own_cpus() {
   return cpus;
 }
 
-inline std::string line_of(const std::vector<std::string>& cpus_by_rank) {
+inline std::string line_of(const std::vector<std::string>& cpus_by_rank, const std::string& mpi) {
   std::string binding;
   for (std::size_t r = 0; r < cpus_by_rank.size(); ++r) {
     binding += (r ? ";" : "") + std::to_string(r) + ":" + cpus_by_rank[r];
   }
   return "cpu=" + cpu_model() + " cpu_family=" + cpuinfo_value("cpu family") +
-         " cpu_model=" + cpuinfo_value("model") + " l2=" + l2_size() + " mpi=" + mpi_library() +
+         " cpu_model=" + cpuinfo_value("model") + " l2=" + l2_size() + " mpi=" + mpi +
          " ranks=" + std::to_string(cpus_by_rank.size()) + " binding=" + binding;
 }
 
@@ -94,7 +94,8 @@ inline std::string line_of(const std::vector<std::string>& cpus_by_rank) {
 // first line> ranks=<n> binding=<r>:<cpus>;..."
 // Collective over Tutti's global set (tutti::init() first).
 inline std::string machine_line() {
-  return detail::line_of(allgather_object(detail::own_cpus(), "machine_line.binding"));
+  return detail::line_of(allgather_object(detail::own_cpus(), "machine_line.binding"),
+                         detail::mpi_library());
 }
 
 // The same over MPI_COMM_WORLD, for a program that runs MPI itself (MPI initialized, no Tutti
@@ -113,7 +114,11 @@ inline std::string machine_line_mpi() {
                  MPI_CHAR, MPI_COMM_WORLD);
   std::vector<std::string> cpus;
   for (int r = 0; r < size; ++r) cpus.push_back(all.substr(offsets[r], lengths[r]));
-  return detail::line_of(cpus);
+  return detail::line_of(cpus, detail::mpi_library());
 }
+
+// The same for a program of one process that uses no MPI (a device-only benchmark): "mpi=none
+// ranks=1", its own binding. Not collective.
+inline std::string machine_line_alone() { return detail::line_of({detail::own_cpus()}, "none"); }
 
 }  // namespace tutti::examples
