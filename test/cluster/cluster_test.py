@@ -15,9 +15,10 @@
 #   p10 PROGRAM [ARGS]                   allreduce_benchmark --p10 on 2 hosts x 2 (prints P10)
 #   bell SPEC PROGRAM                    test/cluster/bell_program on SPEC's hosts: the
 #                                        coordinator's net bell rang, from the remote ranks only,
-#                                        over IPv4
-#   bell6 SPEC PROGRAM                   the same on hosts that have IPv6 addresses only (Open
-#                                        MPI too runs over IPv6): the bell rang over IPv6
+#                                        over the cluster's family of addresses (IPv4 unless
+#                                        NETNS_CLUSTER_ARGS says --ipv6-only)
+#   bell6 SPEC PROGRAM                   bell on hosts that have IPv6 addresses only (Open MPI
+#                                        too runs over IPv6): the bell rang over IPv6
 #   elastic kill|grow-shrink PROGRAM     test/cluster/elastic_program through tuttirun's elastic
 #                                        mode: a rank killed; hosts added and removed (see
 #                                        elastic_kill, elastic_grow_shrink)
@@ -28,7 +29,9 @@
 # network namespaces built by scripts/netns_cluster (the script re-runs itself inside one), so
 # it needs root; without root or network namespaces, or under an MPI other than Open MPI, it
 # exits 77 (meson: SKIP) with the reason. Jobs are launched by scripts/tuttirun, as a user
-# would. Environment: NETNS_CLUSTER and TUTTIRUN, the paths of those scripts.
+# would. Environment: NETNS_CLUSTER and TUTTIRUN, the paths of those scripts;
+# NETNS_CLUSTER_ARGS, more options for scripts/netns_cluster (`--ipv6-only` runs a case on hosts
+# with IPv6 addresses only: `NETNS_CLUSTER_ARGS=--ipv6-only meson test --suite cluster`).
 
 import os
 import re
@@ -283,11 +286,12 @@ BELL_OPS = 8
 BELL_GAP_MS = 150
 
 
-def case_bell(args, family="IPv4"):
+def case_bell(args):
     """test/cluster/bell_program on SPEC's hosts: ops on the set without rank 0 after gaps that
     let rank 0 nap. Rank 0's INFO line must say that its net bell rang at least once per op, only
     from the ranks on other hosts than its own (those on its host ring its doorbell), and all
-    over `family` (the cluster's only one with bell6)."""
+    over the family of the cluster's addresses (NETNS_CLUSTER_FAMILY)."""
+    family = "IPv6" if os.environ.get("NETNS_CLUSTER_FAMILY") == "6" else "IPv4"
     spec, program = args[0], args[1]
     slots = [int(n) for n in spec.split(",")]
     total = sum(slots)
@@ -312,7 +316,10 @@ def case_bell(args, family="IPv4"):
 
 
 def case_bell6(args):
-    case_bell(args, family="IPv6")
+    """bell; main() builds its cluster with --ipv6-only."""
+    if os.environ.get("NETNS_CLUSTER_FAMILY") != "6":
+        fail("bell6 runs on an --ipv6-only cluster")
+    case_bell(args)
 
 
 # Elastic training (issue 28). The README's bound on the time from a rank's death to training
@@ -538,8 +545,10 @@ def main(argv):
               "here is not Open MPI", flush=True)
         return SKIP
     # Into a fresh cluster; its exit status (77 where none can be built) is ours.
-    command = ([NETNS_CLUSTER, "--hosts", str(host_count(case, args))] +
-               (["--ipv6-only"] if case == "bell6" else []) +
+    extra = os.environ.get("NETNS_CLUSTER_ARGS", "").split()
+    if case == "bell6" and "--ipv6-only" not in extra:
+        extra.append("--ipv6-only")
+    command = ([NETNS_CLUSTER, "--hosts", str(host_count(case, args))] + extra +
                ["--", sys.executable, os.path.abspath(__file__)] + argv)
     return subprocess.run(command, check=False).returncode
 
