@@ -167,27 +167,21 @@ int bound_socket(int family, std::uint32_t* port) {
     errno = error;
     return -1;
   };
-  sockaddr_storage storage{};
-  socklen_t length = 0;
   if (family == AF_INET6) {
     const int off = 0;  // Whatever net.ipv6.bindv6only says: IPv4 rings must get through too.
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0) return fail();
-    auto* any = reinterpret_cast<sockaddr_in6*>(&storage);
-    any->sin6_family = AF_INET6;
-    any->sin6_addr = in6addr_any;
-    length = sizeof(sockaddr_in6);
-  } else {
-    auto* any = reinterpret_cast<sockaddr_in*>(&storage);
-    any->sin_family = AF_INET;
-    any->sin_addr.s_addr = htonl(INADDR_ANY);
-    length = sizeof(sockaddr_in);
   }
-  if (bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) {
+  // All-zero bytes are either family's wildcard address (INADDR_ANY, in6addr_any); port 0 asks
+  // for an ephemeral one.
+  SocketAddress address = to_sockaddr(
+      InterfaceAddress{.family = family == AF_INET6 ? std::uint8_t{6} : std::uint8_t{4}},
+      /*port=*/0);
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&address.storage), address.length) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address.storage), &address.length) != 0) {
     return fail();
   }
-  *port = family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port
-                             : reinterpret_cast<sockaddr_in*>(&storage)->sin_port;
+  *port = family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&address.storage)->sin6_port
+                             : reinterpret_cast<sockaddr_in*>(&address.storage)->sin_port;
   return fd;
 }
 
