@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -65,17 +66,18 @@ bool StagingChoice::streaming(std::size_t bytes) {
     streaming = true;
   } else if (measures(bytes)) {
     const std::uint64_t n = measured_++;
-    if (n >= kLag) learn(n - kLag);
+    if (n >= kLag && learn(n - kLag)) last_try_ = n;
     if (n <= 1) {
       streaming = false;  // The warm-up, then ordinary stores measured once,
     } else if (n == 2) {
       streaming = true;  // and streaming ones.
+      last_try_ = n;
     } else if (cost_[0] == 0 || cost_[1] == 0) {
       streaming = use_streaming_;  // Their costs are not in yet.
     } else {
-      const bool far = cost_[use_streaming_ ? 0 : 1] >= 2 * cost_[use_streaming_ ? 1 : 0];
-      const std::uint64_t period = far ? kFarExplorePeriod : kExplorePeriod;
-      streaming = n % period == 0 ? !use_streaming_ : use_streaming_;
+      const bool try_other = n - last_try_ >= explore_period();
+      if (try_other) last_try_ = n;
+      streaming = try_other ? !use_streaming_ : use_streaming_;
     }
     streamed_at_[n % kBoardWords] = streaming;
   }
@@ -97,8 +99,17 @@ void StagingChoice::record(std::size_t bytes, std::chrono::nanoseconds took) {
   }
 }
 
-void StagingChoice::learn(std::uint64_t n) {
-  if (n == 0) return;  // The warm-up is not learned (Note [Streaming stores]).
+std::uint64_t StagingChoice::explore_period() const {
+  // A try costs `extra` of a collective more than the kind in use would have.
+  const double extra = cost_[use_streaming_ ? 0 : 1] / cost_[use_streaming_ ? 1 : 0] - 1;
+  const double period = std::ceil(extra / kExploreBudget);
+  if (!(period > static_cast<double>(kMinExplorePeriod))) return kMinExplorePeriod;
+  return period < static_cast<double>(kMaxExplorePeriod) ? static_cast<std::uint64_t>(period)
+                                                         : kMaxExplorePeriod;
+}
+
+bool StagingChoice::learn(std::uint64_t n) {
+  if (n == 0) return false;  // The warm-up is not learned (Note [Streaming stores]).
   double per_byte = 0;
   const bool on_board =
       board_ != nullptr &&
@@ -107,7 +118,7 @@ void StagingChoice::learn(std::uint64_t n) {
   if (!on_board) {
     // Every collective has a cost of its own (StagingRun records each); one that had none
     // would better be left out than guessed.
-    if (!untag(own_[n % kBoardWords], n, &per_byte)) return;
+    if (!untag(own_[n % kBoardWords], n, &per_byte)) return false;
     ++own_costs_;
   }
   const bool streaming = streamed_at_[n % kBoardWords];
@@ -122,7 +133,11 @@ void StagingChoice::learn(std::uint64_t n) {
   constexpr double kSwitchRatio = 0.8;
   const double in_use = cost_[use_streaming_ ? 1 : 0];
   const double other = cost_[use_streaming_ ? 0 : 1];
-  if (in_use > 0 && other > 0 && other < kSwitchRatio * in_use) use_streaming_ = !use_streaming_;
+  if (in_use > 0 && other > 0 && other < kSwitchRatio * in_use) {
+    use_streaming_ = !use_streaming_;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace tutti::ops::shm

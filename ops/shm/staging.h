@@ -20,38 +20,59 @@
 // the placement moves under a running job, so each collective family keeps the measured cost per
 // byte of each kind for its collectives of at least kMeasuredBytes and uses the cheaper one. The
 // other takes over only when it costs less than 0.8 times as much: collectives of different make-up
-// and the wait for the last rank to arrive scatter the samples. Every kExplorePeriod-th measured
-// collective (every kFarExplorePeriod-th where the other kind cost twice as much) tries the
-// other kind again, so a placement that makes the kind not in use the cheaper one is noticed
-// within that many collectives; one that makes the kind in use costlier is noticed at once (two
-// collectives late: see below). The first measured collective of a family is a warm-up and is
-// not learned from: it pays what only
-// a first use pays (cold caches and code, a peer arriving late from its own first collective),
-// and on a 2-core AMD EPYC VM it took 0.30 ns a byte with ordinary stores against 0.11-0.12 for
-// the next ones (0.8-1.0 before the ring's pages were faulted in at its creation, Note [Faulting
-// the ring in] in shm_ring.cc), enough to make streaming stores look cheaper and, measured
-// twice as cheap, to keep them for the long period: P1's first four steps ran at 14-18 ms
-// against 9. Smaller collectives are latency-bound and stage with ordinary stores.
-// Every rank of the host makes the same choice, from the same samples: host rank 0's. What a
-// kind costs depends on what every rank does (each reads what the others staged), and ranks that
-// chose from their own samples came apart: with 4 ranks on a 2-core AMD EPYC VM one rank kept
-// ordinary stores while three streamed, and, measuring its ordinary stores while its peers
-// streamed, found them dear and stayed; another switched to streaming on a few slow
-// collectives of its own. P1 took 9-21 % more than with streaming stores everywhere. So host
-// rank 0 writes each measured collective's cost on its board (ShmRing::board), tagged with the
-// collective's number, and every rank decides collective n from the costs of collectives up to
-// n - 2 (kLag). Those are on the board by then where the family's collectives read every rank's
-// slot (the reductions, allgather): a rank starting n has finished n - 1, in which it read a slot
-// rank 0 filled after recording n - 2. Where a family does not order it so (a gather's other
-// ranks read no slot, a broadcast's only the root's), a rank that finds the cost not yet on the
-// board uses its own, and the ranks may choose apart: in P11's gather to rank 0 at 4 ranks on a
-// 2-core AMD EPYC VM, the other ranks took 60-100 of 296 costs from their own measurements, and
-// rank 0 streamed 45 of the collectives, the others 28, 29 and 256. Agreement there, each rank
-// deciding from rank 0's costs slots + 2 collectives back (where the ring's flow control
-// guarantees them), made that gather slower, 16 ms at the median against 14: only its other
+// and the wait for the last rank to arrive scatter the samples. Now and then a collective tries
+// the other kind again (Note [How often the other kind is tried]), so a placement that makes the
+// kind not in use the cheaper one is noticed within that many collectives; one that makes the
+// kind in use costlier is noticed at once (two collectives late: see below). The first measured
+// collective of a family is a warm-up and is not learned from: it pays what only a first use pays
+// (cold caches and code, a peer arriving late from its own first collective), and on a 2-core AMD
+// EPYC VM it took 0.30 ns a byte with ordinary stores against 0.11-0.12 for the next ones (0.8-1.0
+// before the ring's pages were faulted in at its creation, Note [Faulting the ring in] in
+// shm_ring.cc), enough to make streaming stores look cheaper and, measured twice as cheap, to keep
+// them for a long period: P1's first four steps ran at 14-18 ms against 9. Smaller collectives
+// are latency-bound and stage with ordinary stores. Every rank of the host makes the same choice,
+// from the same samples: host rank 0's. What a kind costs depends on what every rank does (each
+// reads what the others staged), and ranks that chose from their own samples came apart: with 4
+// ranks on a 2-core AMD EPYC VM one rank kept ordinary stores while three streamed, and, measuring
+// its ordinary stores while its peers streamed, found them dear and stayed; another switched to
+// streaming on a few slow collectives of its own. P1 took 9-21 % more than with streaming stores
+// everywhere. So host rank 0 writes each measured collective's cost on its board (ShmRing::board),
+// tagged with the collective's number, and every rank decides collective n from the costs of
+// collectives up to n - 2 (kLag). Those are on the board by then where the family's collectives
+// read every rank's slot (the reductions, allgather): a rank starting n has finished n - 1, in
+// which it read a slot rank 0 filled after recording n - 2. Where a family does not order it so (a
+// gather's other ranks read no slot, a broadcast's only the root's), a rank that finds the cost not
+// yet on the board uses its own, and the ranks may choose apart: in P11's gather to rank 0 at 4
+// ranks on a 2-core AMD EPYC VM, the other ranks took 60-100 of 296 costs from their own
+// measurements, and rank 0 streamed 45 of the collectives, the others 28, 29 and 256. Agreement
+// there, each rank deciding from rank 0's costs slots + 2 collectives back (where the ring's flow
+// control guarantees them), made that gather slower, 16 ms at the median against 14: only its other
 // ranks stage, each for the root alone, and they need not be served best by one kind
 // (examples/BENCHMARK_LOG.md, twenty-seventh round). TUTTI_SHM_STREAMING_STORES
 // fixes the choice (0: ordinary, 1: streaming).
+//
+// Note [How often the other kind is tried]
+// A try costs what the kind not in use costs more than the one in use, and it used to come every
+// 32nd measured collective (every 128th where that kind had cost twice as much or more). That
+// is a tax on every byte: on a 2-core AMD EPYC VM of family 25 model 17 streaming stores cost
+// 1.6 times as much as ordinary ones with the vCPUs close (0.22-0.23 ns a byte against 0.14), so
+// 1 collective in 32 at that cost made 1.8-2.0 % more time, and with the vCPUs apart ordinary
+// stores cost 2.3-3.1 times as much as streaming ones (0.59-0.62 against 0.20-0.25), 1 in 128 at
+// that cost 1.1-1.6 %. So the period now follows the measured gap: as many measured collectives
+// since the last try as keep a try's extra cost within kExploreBudget (0.25 %) of their time,
+// that is (cost of the other kind / cost of the kind in use - 1) / kExploreBudget, but at least
+// kMinExplorePeriod (32) and at most kMaxExplorePeriod (512): 230-250 with the vCPUs close there,
+// 512 with them apart (where the budget would ask for 540-830). The longest period bounds the
+// delay in noticing a placement that made the kind not in use the cheaper one, and it balances
+// the two costs: on that VM 30 of 196 rounds of `allreduce_benchmark --stores` (1-2 s each) saw
+// the placement change, and every change to the close placement costs half a period on average
+// at 1.6 times the time, some 70 ms with 512 (0.2-0.4 % of the time at that rate), while the
+// tries cost 0.26-0.4 % with the vCPUs apart; 1,024 would halve the second and double the first.
+// P1 (ResNet-50's 102 MB of gradients in 1 MiB fusion buffers) makes some 33 measured
+// collectives a step, so 512 is some 15 steps. The period counts from the last try or switch of
+// kinds (either measured both kinds lately) and is the same on every rank, since every rank
+// decides from the same costs (host rank 0's; a rooted family's ranks that use their own may try
+// at other times, as they may choose apart).
 #pragma once
 
 #include <chrono>
@@ -72,11 +93,13 @@ class StagingChoice {
  public:
   // Collectives that move fewer bytes in total are not measured and stage with ordinary stores.
   static constexpr std::size_t kMeasuredBytes = 512 * 1024;
-  // Every this many measured collectives, the kind not in use is measured again; four times
-  // as rarely while it was last measured at least twice as costly, so that a placement with
-  // a wide gap loses little to the tries.
-  static constexpr std::uint64_t kExplorePeriod = 32;
-  static constexpr std::uint64_t kFarExplorePeriod = 4 * kExplorePeriod;
+  // The kind not in use is measured again once its tries' extra cost, at the gap last
+  // measured, is at most kExploreBudget of the measured collectives since the last try, but
+  // after kMinExplorePeriod of them at the soonest and kMaxExplorePeriod at the latest (Note
+  // [How often the other kind is tried]).
+  static constexpr double kExploreBudget = 1.0 / 400;
+  static constexpr std::uint64_t kMinExplorePeriod = 32;
+  static constexpr std::uint64_t kMaxExplorePeriod = 512;
   // Collective n is decided from the costs of collectives up to n - kLag.
   static constexpr std::uint64_t kLag = 2;
   // Words of board a family takes: the costs of its last kBoardWords measured collectives.
@@ -108,8 +131,11 @@ class StagingChoice {
 
  private:
   // Takes measured collective `n`'s cost into the choice: the board's if it is there, else
-  // this rank's own.
-  void learn(std::uint64_t n);
+  // this rank's own. Whether the other kind is now in use.
+  bool learn(std::uint64_t n);
+  // Measured collectives from one try of the kind not in use to the next, at the costs now
+  // known (both are).
+  std::uint64_t explore_period() const;
 
   ShmStores mode_;
   std::uint64_t measured_ = 0;  // Measured collectives decided so far.
@@ -118,6 +144,9 @@ class StagingChoice {
   // value, which may date from an earlier placement.
   double cost_[2] = {0, 0};
   bool use_streaming_ = false;
+  // The last collective that tried the kind not in use, or that switched kinds (it measured
+  // both lately).
+  std::uint64_t last_try_ = 0;
   std::uint64_t streamed_ = 0;
   std::uint64_t own_costs_ = 0;
   // Of the last kBoardWords measured collectives (at n % kBoardWords): whether each streamed,

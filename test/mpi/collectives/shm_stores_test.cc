@@ -194,10 +194,11 @@ TEST_CASE("Every rank chooses its stores from host rank 0's costs", "[shm]") {
     return;
   }
   REQUIRE(shm != nullptr);
-  // Enough measured allreduces for several tries of the kind not in use, each 1.2 MB of
-  // (r + 1)s: their sum is n (n + 1) / 2.
-  constexpr int kAllreduces = 3 * static_cast<int>(ops::shm::StagingChoice::kExplorePeriod);
-  constexpr std::size_t kCount = 300001;
+  // Enough measured allreduces for two tries of the kind not in use whatever the costs (Note
+  // [How often the other kind is tried]), each of (r + 1)s, just over the smallest measured
+  // size: their sum is n (n + 1) / 2.
+  constexpr int kAllreduces = 3 + 2 * static_cast<int>(ops::shm::StagingChoice::kMaxExplorePeriod);
+  constexpr std::size_t kCount = ops::shm::StagingChoice::kMeasuredBytes / sizeof(float) + 1;
   std::vector<float> data(kCount);
   bool ok = true;
   for (int i = 0; i < kAllreduces; ++i) {

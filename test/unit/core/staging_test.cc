@@ -77,42 +77,89 @@ TEST_CASE("Auto stages small collectives with ordinary stores and measures none"
   CHECK(choice.streamed() == 0);
 }
 
-TEST_CASE("Auto uses the cheaper kind and tries the other every period", "[staging]") {
-  const int period = static_cast<int>(StagingChoice::kExplorePeriod);
-  StagingChoice choice;
-  // Ordinary stores cost 1 ns a byte, streaming 1.5: the first two collectives (the warm-up and
-  // the first measured) are staged with ordinary stores, the third streams, and then every
-  // period-th (by count) streams.
-  const int collectives = 10 * period;
-  CHECK(run(choice, collectives, 1.0, 1.5) == 1 + (collectives - 1) / period);
-  // The placement changes (ordinary stores now cost 2.5 ns a byte). Within a period it
-  // switches: the first ordinary collectives at the new cost move the average past
-  // streaming's 1.5. From then on only every period-th collective uses ordinary stores.
-  run(choice, period, 2.5, 1.5);
-  CHECK(run(choice, 4 * period, 2.5, 1.5) == 4 * period - 4);
-  // And back, once the ordinary stores are measured cheaper again.
-  run(choice, period, 1.0, 1.5);
-  CHECK(run(choice, 4 * period, 1.0, 1.5) == 4);
+// The collectives of `count` run on `choice` that used the kind not in use at the end: the
+// tries (Note [How often the other kind is tried]), with each one's cost as given.
+std::vector<int> tries(StagingChoice& choice, int count, double cached, double streaming) {
+  std::vector<bool> streamed;
+  for (int i = 0; i < count; ++i) streamed.push_back(run(choice, 1, cached, streaming) == 1);
+  const bool in_use = streamed.back();
+  std::vector<int> at;
+  for (int i = 0; i < count; ++i) {
+    if (streamed[static_cast<std::size_t>(i)] != in_use) at.push_back(i);
+  }
+  return at;
 }
 
-TEST_CASE("Auto tries a kind measured twice as costly four times as rarely", "[staging]") {
-  const int far = static_cast<int>(StagingChoice::kFarExplorePeriod);
+TEST_CASE("Auto uses the cheaper kind and tries the other as its gap allows", "[staging]") {
+  // A try may cost at most 1/400 of the collectives since the last one: with the other kind
+  // (cost c) and the kind in use (cost u), every ceil((c / u - 1) * 400) collectives, at least
+  // every 32nd and at most every 512th. The first two collectives (the warm-up and the first
+  // measured) use ordinary stores and the third streams: it counts as a try.
+  SECTION("Streaming stores cost 1.5 times as much: every 200th") {
+    StagingChoice choice;
+    CHECK(tries(choice, 1000, 1.0, 1.5) == std::vector<int>{2, 202, 402, 602, 802});
+  }
+  SECTION("Twice as much: every 400th") {
+    StagingChoice choice;
+    CHECK(tries(choice, 1000, 1.0, 2.0) == std::vector<int>{2, 402, 802});
+  }
+  SECTION("Three times as much: every 512th, the longest period") {
+    StagingChoice choice;
+    CHECK(tries(choice, 1100, 1.0, 3.0) == std::vector<int>{2, 514, 1026});
+  }
+  SECTION("Within 8 %: every 32nd, the shortest period") {
+    StagingChoice choice;
+    CHECK(tries(choice, 100, 1.0, 1.0625) == std::vector<int>{2, 34, 66, 98});
+  }
+  SECTION("Ordinary stores cost three times as much: streaming ones in use, tried likewise") {
+    // Collective 3 still uses ordinary stores (streaming ones' cost, collective 2's, is learned
+    // at 4); collective 4 switches, and the period (the longest) counts from there: ordinary
+    // stores at 0, 1, 3, then 516 and 1028.
+    StagingChoice choice;
+    std::vector<int> ordinary;
+    for (int i = 0; i < 1100; ++i) {
+      if (run(choice, 1, 3.0, 1.0) == 0) ordinary.push_back(i);
+    }
+    CHECK(ordinary == std::vector<int>{0, 1, 3, 516, 1028});
+  }
+}
+
+TEST_CASE("Auto switches when the kind in use gets costlier, and back after a try", "[staging]") {
   StagingChoice choice;
-  run(choice, 3, 1.0, 3.0);  // The warm-up, then one of each: streaming cost three times as much.
-  // Collectives 3 .. 3 + 4 far - 1: the tries are at multiples of the long period.
-  CHECK(run(choice, 4 * far, 1.0, 3.0) == 4);
+  run(choice, 300, 1.0, 1.5);  // Ordinary stores in use; the last try was collective 202.
+  // The placement changes: ordinary stores now cost 2.5 ns a byte. Collective n learns n - 2's
+  // cost, and their average moves a quarter of the way each time: 1.375 at collective 302, 1.656
+  // at 303. At 302 the gap to streaming's 1.5 has narrowed to 1.5 / 1.375 - 1 = 0.09, a period
+  // of 37, and 100 collectives have passed since the last try: 302 tries streaming stores.
+  CHECK(run(choice, 2, 2.5, 1.5) == 0);
+  CHECK(run(choice, 1, 2.5, 1.5) == 1);
+  // 305 learns 303's cost (1.867), 306 learns 304's (2.025): 1.5 is less than 0.8 times that,
+  // so 306 switches to streaming stores, and the period counts from there.
+  CHECK(run(choice, 3, 2.5, 1.5) == 0);
+  CHECK(run(choice, 1, 2.5, 1.5) == 1);
+  // 307 learns 305's 2.5, which replaces the average of the kind no longer in use: a period of
+  // ceil((2.5 / 1.5 - 1) * 400) = 267, so ordinary stores are tried at 573, then at 840.
+  CHECK(run(choice, 266, 2.5, 1.5) == 266);
+  CHECK(run(choice, 1, 2.5, 1.5) == 0);
+  CHECK(run(choice, 141, 2.5, 1.5) == 141);
+  // From 715 on ordinary stores cost 1.0 again, below 0.8 times 1.5; the try at 840 measures
+  // that, and 842, which learns it, switches back. Streaming stores are next tried 200 later.
+  CHECK(run(choice, 125, 1.0, 1.5) == 125);
+  CHECK(run(choice, 1, 1.0, 1.5) == 0);
+  CHECK(run(choice, 1, 1.0, 1.5) == 1);
+  CHECK(run(choice, 200, 1.0, 1.5) == 0);
+  CHECK(run(choice, 1, 1.0, 1.5) == 1);
 }
 
 TEST_CASE("Auto does not record the first measured collective", "[staging]") {
-  const int period = static_cast<int>(StagingChoice::kExplorePeriod);
   StagingChoice choice;
   // The first collective pays first-use costs: ten times what ordinary stores cost after.
-  // Recorded, it would make streaming (1.5) look cheaper than ordinary stores (1.0), and more
-  // than twice as cheap, so that ordinary stores would be tried again only every long period.
+  // Recorded, it would make streaming (1.5) look cheaper than ordinary stores (1.0), and the
+  // choice would stream from collective 4 on.
   CHECK(run(choice, 1, 10.0, 1.5) == 0);
-  // Not recorded: the next measures ordinary stores again, the one after streaming, and from
-  // then on only every period-th collective streams (collectives 1 .. 4 period - 1 here).
-  CHECK(run(choice, 4 * period - 1, 1.0, 1.5) == 1 + 3);
+  // Not recorded: the next measures ordinary stores again, the one after streaming, and the
+  // next try is 200 collectives later (collectives 1 .. 199 here: collective 2 alone streams).
+  CHECK(run(choice, 199, 1.0, 1.5) == 1);
 }
 
 TEST_CASE("Auto does not switch on one disturbed collective", "[staging]") {
@@ -147,7 +194,7 @@ TEST_CASE("Ranks that share a board choose alike, from the writer's costs", "[st
   reader.share(board, false);
   // Host rank 0 finds ordinary stores cheaper; another rank, which waited for its peers in the
   // collectives that used them, finds them three times as dear as streaming ones.
-  constexpr int kCollectives = 200;
+  constexpr int kCollectives = 600;
   bool alike = true;
   for (int i = 0; i < kCollectives; ++i) {
     const bool w = writer.streaming(kBytes);
@@ -157,11 +204,10 @@ TEST_CASE("Ranks that share a board choose alike, from the writer's costs", "[st
     reader.record(kBytes, nanoseconds(static_cast<std::int64_t>((r ? 1.0 : 3.0) * kBytes)));
   }
   CHECK(alike);
-  // Both streamed collective 2 and the tries, every period-th.
-  const auto tries =
-      static_cast<std::uint64_t>(1 + (kCollectives - 1) / StagingChoice::kExplorePeriod);
-  CHECK(writer.streamed() == tries);
-  CHECK(reader.streamed() == tries);
+  // Both streamed collective 2 and the writer's tries: streaming stores cost 1.5 times as much
+  // there, so every 200th (collectives 202 and 402).
+  CHECK(writer.streamed() == 3);
+  CHECK(reader.streamed() == 3);
 }
 
 TEST_CASE("A rank that finds no cost on the board uses its own", "[staging]") {
@@ -170,9 +216,9 @@ TEST_CASE("A rank that finds no cost on the board uses its own", "[staging]") {
   StagingChoice reader;
   reader.share(board, false);
   // Streaming stores cost a third: they are in use from collective 4 on (when collective 2's
-  // cost is learned), and ordinary stores, three times as dear, are tried at multiples of the
-  // long period only. Collectives 0, 1, 3 and 128 use ordinary stores.
-  CHECK(run(reader, 200, 3.0, 1.0) == 196);
+  // cost is learned), and ordinary stores, three times as dear, are tried every 512th from
+  // there. Collectives 0, 1, 3 and 516 use ordinary stores.
+  CHECK(run(reader, 1000, 3.0, 1.0) == 996);
 }
 
 }  // namespace
