@@ -77,8 +77,8 @@ TEST_CASE("Auto stages small collectives with ordinary stores and measures none"
   CHECK(choice.streamed() == 0);
 }
 
-// The collectives of `count` run on `choice` that used the kind not in use at the end: the
-// tries (Note [How often the other kind is tried]), with each one's cost as given.
+// Runs `count` collectives on `choice` at the given costs and returns the positions of those
+// that used the kind not in use at the end: its tries (Note [How often the other kind is tried]).
 std::vector<int> tries(StagingChoice& choice, int count, double cached, double streaming) {
   std::vector<bool> streamed;
   for (int i = 0; i < count; ++i) streamed.push_back(run(choice, 1, cached, streaming) == 1);
