@@ -66,7 +66,10 @@ bool StagingChoice::streaming(std::size_t bytes) {
     streaming = true;
   } else if (measures(bytes)) {
     const std::uint64_t n = measured_++;
-    if (n >= kLag && learn(n - kLag)) last_try_ = n;
+    if (n >= kLag && learn(n - kLag)) {
+      last_try_ = n;  // A switch measured both kinds lately, and may have been a mistake:
+      period_ = kMinExplorePeriod;  // the kind left is tried again soon.
+    }
     if (n <= 1) {
       streaming = false;  // The warm-up, then ordinary stores measured once,
     } else if (n == 2) {
@@ -75,8 +78,12 @@ bool StagingChoice::streaming(std::size_t bytes) {
     } else if (cost_[0] == 0 || cost_[1] == 0) {
       streaming = use_streaming_;  // Their costs are not in yet.
     } else {
-      const bool try_other = n - last_try_ >= explore_period();
-      if (try_other) last_try_ = n;
+      const std::uint64_t budget = explore_period();
+      const bool try_other = n - last_try_ >= std::min(period_, budget);
+      if (try_other) {
+        last_try_ = n;
+        period_ = std::min(2 * period_, budget);
+      }
       streaming = try_other ? !use_streaming_ : use_streaming_;
     }
     streamed_at_[n % kBoardWords] = streaming;

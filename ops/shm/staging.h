@@ -53,26 +53,29 @@
 //
 // Note [How often the other kind is tried]
 // A try costs what the kind not in use costs more than the one in use, and it used to come every
-// 32nd measured collective (every 128th where that kind had cost twice as much or more). That
-// is a tax on every byte: on a 2-core AMD EPYC VM of family 25 model 17 streaming stores cost
-// 1.6 times as much as ordinary ones with the vCPUs close (0.22-0.23 ns a byte against 0.14), so
-// 1 collective in 32 at that cost made 1.8-2.0 % more time, and with the vCPUs apart ordinary
-// stores cost 2.3-3.1 times as much as streaming ones (0.59-0.62 against 0.20-0.25), 1 in 128 at
-// that cost 1.1-1.6 %. So the period now follows the measured gap: as many measured collectives
-// since the last try as keep a try's extra cost within kExploreBudget (0.25 %) of their time,
-// that is (cost of the other kind / cost of the kind in use - 1) / kExploreBudget, but at least
-// kMinExplorePeriod (32) and at most kMaxExplorePeriod (512): 230-250 with the vCPUs close there,
-// 512 with them apart (where the budget would ask for 540-830). The longest period bounds the
-// delay in noticing a placement that made the kind not in use the cheaper one, and it balances
-// the two costs: on that VM 30 of 196 rounds of `allreduce_benchmark --stores` (1-2 s each) saw
-// the placement change, and every change to the close placement costs half a period on average
-// at 1.6 times the time, some 70 ms with 512 (0.2-0.4 % of the time at that rate), while the
-// tries cost 0.26-0.4 % with the vCPUs apart; 1,024 would halve the second and double the first.
-// P1 (ResNet-50's 102 MB of gradients in 1 MiB fusion buffers) makes some 33 measured
-// collectives a step, so 512 is some 15 steps. The period counts from the last try or switch of
-// kinds (either measured both kinds lately) and is the same on every rank, since every rank
-// decides from the same costs (host rank 0's; a rooted family's ranks that use their own may try
-// at other times, as they may choose apart).
+// 32nd measured collective (every 128th where that kind had cost twice as much or more): a tax on
+// every byte while the placement stays. On a 2-core AMD EPYC VM of family 25 model 17 streaming
+// stores cost 1.6 times as much as ordinary ones with the vCPUs close (0.22-0.23 ns a byte
+// against 0.14), so 1 collective in 32 at that cost made 1.8-2.0 % more time; with the vCPUs
+// apart ordinary stores cost 2.3-3.1 times as much as streaming ones (0.59-0.62 against
+// 0.20-0.25), and 1 in 128 at that cost 1.1-1.6 %. Tries are not all tax, though: a switch may
+// have been a mistake (a collective whose rank was descheduled moves the average of the kind in
+// use by a quarter of its excess), and only a try of the kind left can undo it. Two first
+// builds waited as long as keeps the tries within 0.25 % of the time at the measured gap, up to
+// 512 and up to 128 collectives, counted from the last try or switch: with 4 ranks on the 2
+// cores, where samples scatter most, `auto` then took 1.070 and 1.059 of the better kind's time
+// at the median (18 rounds each of `allreduce_benchmark --stores`), against 0.989 and 1.015
+// before in the same sessions. So the wait now backs off: after a switch it is kMinExplorePeriod
+// (32) measured collectives, and each try doubles it, up to kMaxExplorePeriod (128, the old
+// longest) or, if sooner, what keeps a try's extra cost within kExploreBudget (0.25 %) of the
+// collectives since the last one: (cost of the other kind / cost of the kind in use - 1) /
+// kExploreBudget, at least 32. A mistaken switch is tried back 32 collectives later, as before; a
+// settled choice with the vCPUs close tries the other kind every 128th collective instead of every
+// 32nd (some 0.5 % of the time instead of 1.9); and no wait is longer than the old longest, 128
+// collectives. P1 (ResNet-50's 102 MB of gradients in 1 MiB fusion buffers) makes some
+// 33 measured collectives a step. Every rank waits alike, since every rank decides from the same
+// costs (host rank 0's; a rooted family's ranks that use their own may try at other times, as they
+// may choose apart).
 #pragma once
 
 #include <chrono>
@@ -93,13 +96,13 @@ class StagingChoice {
  public:
   // Collectives that move fewer bytes in total are not measured and stage with ordinary stores.
   static constexpr std::size_t kMeasuredBytes = 512 * 1024;
-  // The kind not in use is measured again once its tries' extra cost, at the gap last
-  // measured, is at most kExploreBudget of the measured collectives since the last try, but
-  // after kMinExplorePeriod of them at the soonest and kMaxExplorePeriod at the latest (Note
-  // [How often the other kind is tried]).
+  // The kind not in use is measured again after a wait of measured collectives that starts at
+  // kMinExplorePeriod after a switch and doubles with each try, up to kMaxExplorePeriod or the
+  // number that keeps its tries' extra cost, at the gap last measured, within kExploreBudget of
+  // the collectives between them (Note [How often the other kind is tried]).
   static constexpr double kExploreBudget = 1.0 / 400;
   static constexpr std::uint64_t kMinExplorePeriod = 32;
-  static constexpr std::uint64_t kMaxExplorePeriod = 512;
+  static constexpr std::uint64_t kMaxExplorePeriod = 128;
   // Collective n is decided from the costs of collectives up to n - kLag.
   static constexpr std::uint64_t kLag = 2;
   // Words of board a family takes: the costs of its last kBoardWords measured collectives.
@@ -133,8 +136,8 @@ class StagingChoice {
   // Takes measured collective `n`'s cost into the choice: the board's if it is there, else
   // this rank's own. Whether the other kind is now in use.
   bool learn(std::uint64_t n);
-  // Measured collectives from one try of the kind not in use to the next, at the costs now
-  // known (both are).
+  // The longest wait between tries that the budget allows at the costs now known (both are),
+  // within [kMinExplorePeriod, kMaxExplorePeriod].
   std::uint64_t explore_period() const;
 
   ShmStores mode_;
@@ -145,8 +148,10 @@ class StagingChoice {
   double cost_[2] = {0, 0};
   bool use_streaming_ = false;
   // The last collective that tried the kind not in use, or that switched kinds (it measured
-  // both lately).
+  // both lately), and the measured collectives from it to the next try, before the budget's
+  // limit (Note [How often the other kind is tried]).
   std::uint64_t last_try_ = 0;
+  std::uint64_t period_ = kMinExplorePeriod;
   std::uint64_t streamed_ = 0;
   std::uint64_t own_costs_ = 0;
   // Of the last kBoardWords measured collectives (at n % kBoardWords): whether each streamed,

@@ -91,63 +91,68 @@ std::vector<int> tries(StagingChoice& choice, int count, double cached, double s
 }
 
 TEST_CASE("Auto uses the cheaper kind and tries the other as its gap allows", "[staging]") {
-  // A try may cost at most 1/400 of the collectives since the last one: with the other kind
-  // (cost c) and the kind in use (cost u), every ceil((c / u - 1) * 400) collectives, at least
-  // every 32nd and at most every 512th. The first two collectives (the warm-up and the first
-  // measured) use ordinary stores and the third streams: it counts as a try.
-  SECTION("Streaming stores cost 1.5 times as much: every 200th") {
+  // The first two collectives (the warm-up and the first measured) use ordinary stores and the
+  // third streams: it counts as a try. From there the wait for the next try starts at 32
+  // collectives and doubles with each try, up to 128, or up to what keeps a try's extra cost
+  // within 1/400 of the collectives since the last: ceil((c / u - 1) * 400) collectives for the
+  // other kind's cost c and the kind in use's u, at least 32.
+  SECTION("Streaming stores cost 1.5 times as much: the budget allows 200, the longest is 128") {
     StagingChoice choice;
-    CHECK(tries(choice, 1000, 1.0, 1.5) == std::vector<int>{2, 202, 402, 602, 802});
+    CHECK(tries(choice, 1000, 1.0, 1.5) ==
+          std::vector<int>{2, 34, 98, 226, 354, 482, 610, 738, 866, 994});
   }
-  SECTION("Twice as much: every 400th") {
+  SECTION("Three times as much: the same") {
     StagingChoice choice;
-    CHECK(tries(choice, 1000, 1.0, 2.0) == std::vector<int>{2, 402, 802});
+    CHECK(tries(choice, 600, 1.0, 3.0) == std::vector<int>{2, 34, 98, 226, 354, 482});
   }
-  SECTION("Three times as much: every 512th, the longest period") {
+  SECTION("1.25 times as much: the budget's 100") {
     StagingChoice choice;
-    CHECK(tries(choice, 1100, 1.0, 3.0) == std::vector<int>{2, 514, 1026});
+    CHECK(tries(choice, 400, 1.0, 1.25) == std::vector<int>{2, 34, 98, 198, 298, 398});
   }
-  SECTION("Within 8 %: every 32nd, the shortest period") {
+  SECTION("Within 8 %: every 32nd, the shortest wait") {
     StagingChoice choice;
     CHECK(tries(choice, 100, 1.0, 1.0625) == std::vector<int>{2, 34, 66, 98});
   }
   SECTION("Ordinary stores cost three times as much: streaming ones in use, tried likewise") {
     // Collective 3 still uses ordinary stores (streaming ones' cost, collective 2's, is learned
-    // at 4); collective 4 switches, and the period (the longest) counts from there: ordinary
-    // stores at 0, 1, 3, then 516 and 1028.
+    // at 4); collective 4 switches, and the wait starts again from there at 32: ordinary stores
+    // at 0, 1, 3, then 36, 100, 228 and 356.
     StagingChoice choice;
     std::vector<int> ordinary;
-    for (int i = 0; i < 1100; ++i) {
+    for (int i = 0; i < 400; ++i) {
       if (run(choice, 1, 3.0, 1.0) == 0) ordinary.push_back(i);
     }
-    CHECK(ordinary == std::vector<int>{0, 1, 3, 516, 1028});
+    CHECK(ordinary == std::vector<int>{0, 1, 3, 36, 100, 228, 356});
   }
 }
 
 TEST_CASE("Auto switches when the kind in use gets costlier, and back after a try", "[staging]") {
   StagingChoice choice;
-  run(choice, 300, 1.0, 1.5);  // Ordinary stores in use; the last try was collective 202.
+  // Ordinary stores in use; streaming ones tried at 2, 34, 98 and 226, the wait now 128.
+  run(choice, 300, 1.0, 1.5);
   // The placement changes: ordinary stores now cost 2.5 ns a byte. Collective n learns n - 2's
   // cost, and their average moves a quarter of the way each time: 1.375 at collective 302, 1.656
-  // at 303. At 302 the gap to streaming's 1.5 has narrowed to 1.5 / 1.375 - 1 = 0.09, a period
-  // of 37, and 100 collectives have passed since the last try: 302 tries streaming stores.
+  // at 303. At 302 the gap to streaming's 1.5 has narrowed to 1.5 / 1.375 - 1 = 0.09, a budget
+  // of 37 collectives, and 76 have passed since the last try: 302 tries streaming stores.
   CHECK(run(choice, 2, 2.5, 1.5) == 0);
   CHECK(run(choice, 1, 2.5, 1.5) == 1);
   // 305 learns 303's cost (1.867), 306 learns 304's (2.025): 1.5 is less than 0.8 times that,
-  // so 306 switches to streaming stores, and the period counts from there.
+  // so 306 switches to streaming stores, and the wait starts again at 32.
   CHECK(run(choice, 3, 2.5, 1.5) == 0);
   CHECK(run(choice, 1, 2.5, 1.5) == 1);
-  // 307 learns 305's 2.5, which replaces the average of the kind no longer in use: a period of
-  // ceil((2.5 / 1.5 - 1) * 400) = 267, so ordinary stores are tried at 573, then at 840.
-  CHECK(run(choice, 266, 2.5, 1.5) == 266);
+  // Ordinary stores are tried at 338, 402 and 530 (waits of 32, 64 and 128).
+  CHECK(run(choice, 31, 2.5, 1.5) == 31);
   CHECK(run(choice, 1, 2.5, 1.5) == 0);
-  CHECK(run(choice, 141, 2.5, 1.5) == 141);
-  // From 715 on ordinary stores cost 1.0 again, below 0.8 times 1.5; the try at 840 measures
-  // that, and 842, which learns it, switches back. Streaming stores are next tried 200 later.
-  CHECK(run(choice, 125, 1.0, 1.5) == 125);
+  CHECK(run(choice, 63, 2.5, 1.5) == 63);
+  CHECK(run(choice, 1, 2.5, 1.5) == 0);
+  CHECK(run(choice, 127, 2.5, 1.5) == 127);
+  CHECK(run(choice, 1, 2.5, 1.5) == 0);
+  // From 531 on ordinary stores cost 1.0 again, below 0.8 times 1.5; the try at 658 measures
+  // that, and 660, which learns it, switches back. Streaming stores are next tried at 692.
+  CHECK(run(choice, 127, 1.0, 1.5) == 127);
   CHECK(run(choice, 1, 1.0, 1.5) == 0);
   CHECK(run(choice, 1, 1.0, 1.5) == 1);
-  CHECK(run(choice, 200, 1.0, 1.5) == 0);
+  CHECK(run(choice, 32, 1.0, 1.5) == 0);
   CHECK(run(choice, 1, 1.0, 1.5) == 1);
 }
 
@@ -157,9 +162,9 @@ TEST_CASE("Auto does not record the first measured collective", "[staging]") {
   // Recorded, it would make streaming (1.5) look cheaper than ordinary stores (1.0), and the
   // choice would stream from collective 4 on.
   CHECK(run(choice, 1, 10.0, 1.5) == 0);
-  // Not recorded: the next measures ordinary stores again, the one after streaming, and the
-  // next try is 200 collectives later (collectives 1 .. 199 here: collective 2 alone streams).
-  CHECK(run(choice, 199, 1.0, 1.5) == 1);
+  // Not recorded: the next measures ordinary stores again, the one after streaming, and then
+  // only the tries stream (collectives 1 .. 199 here: 2, 34 and 98).
+  CHECK(run(choice, 199, 1.0, 1.5) == 3);
 }
 
 TEST_CASE("Auto does not switch on one disturbed collective", "[staging]") {
@@ -204,10 +209,9 @@ TEST_CASE("Ranks that share a board choose alike, from the writer's costs", "[st
     reader.record(kBytes, nanoseconds(static_cast<std::int64_t>((r ? 1.0 : 3.0) * kBytes)));
   }
   CHECK(alike);
-  // Both streamed collective 2 and the writer's tries: streaming stores cost 1.5 times as much
-  // there, so every 200th (collectives 202 and 402).
-  CHECK(writer.streamed() == 3);
-  CHECK(reader.streamed() == 3);
+  // Both streamed the writer's tries: collectives 2, 34, 98, 226, 354 and 482.
+  CHECK(writer.streamed() == 6);
+  CHECK(reader.streamed() == 6);
 }
 
 TEST_CASE("A rank that finds no cost on the board uses its own", "[staging]") {
@@ -216,9 +220,10 @@ TEST_CASE("A rank that finds no cost on the board uses its own", "[staging]") {
   StagingChoice reader;
   reader.share(board, false);
   // Streaming stores cost a third: they are in use from collective 4 on (when collective 2's
-  // cost is learned), and ordinary stores, three times as dear, are tried every 512th from
-  // there. Collectives 0, 1, 3 and 516 use ordinary stores.
-  CHECK(run(reader, 1000, 3.0, 1.0) == 996);
+  // cost is learned), and ordinary stores, three times as dear, are tried after waits of 32, 64
+  // and then 128 collectives from there. Collectives 0, 1, 3, 36, 100, 228, 356, 484, 612, 740,
+  // 868 and 996 use ordinary stores.
+  CHECK(run(reader, 1000, 3.0, 1.0) == 988);
 }
 
 }  // namespace
