@@ -22,28 +22,28 @@
 // other takes over only when it costs less than 0.8 times as much: collectives of different make-up
 // and the wait for the last rank to arrive scatter the samples. Now and then a collective tries
 // the other kind again (Note [How often the other kind is tried]), so a placement that makes the
-// kind not in use the cheaper one is noticed within that many collectives; one that makes the
-// kind in use costlier is noticed at once (two collectives late: see below). The first measured
-// collective of a family is a warm-up and is not learned from: it pays what only a first use pays
-// (cold caches and code, a peer arriving late from its own first collective), and on a 2-core AMD
-// EPYC VM it took 0.30 ns a byte with ordinary stores against 0.11-0.12 for the next ones (0.8-1.0
-// before the ring's pages were faulted in at its creation, Note [Faulting the ring in] in
-// shm_ring.cc), enough to make streaming stores look cheaper and, measured twice as cheap, to keep
-// them for a long period: P1's first four steps ran at 14-18 ms against 9. Smaller collectives
-// are latency-bound and stage with ordinary stores. Every rank of the host makes the same choice,
-// from the same samples: host rank 0's. What a kind costs depends on what every rank does (each
-// reads what the others staged), and ranks that chose from their own samples came apart: with 4
-// ranks on a 2-core AMD EPYC VM one rank kept ordinary stores while three streamed, and, measuring
-// its ordinary stores while its peers streamed, found them dear and stayed; another switched to
-// streaming on a few slow collectives of its own. P1 took 9-21 % more than with streaming stores
-// everywhere. So host rank 0 writes each measured collective's cost on its board (ShmRing::board),
-// tagged with the collective's number, and every rank decides collective n from the costs of
-// collectives up to n - 2 (kLag). Those are on the board by then where the family's collectives
-// read every rank's slot (the reductions, allgather): a rank starting n has finished n - 1, in
-// which it read a slot rank 0 filled after recording n - 2. Where a family does not order it so (a
-// gather's other ranks read no slot, a broadcast's only the root's), a rank that finds the cost not
-// yet on the board uses its own, and the ranks may choose apart: in P11's gather to rank 0 at 4
-// ranks on a 2-core AMD EPYC VM, the other ranks took 60-100 of 296 costs from their own
+// kind not in use the cheaper one is noticed at the next try, within 128 measured collectives;
+// one that makes the kind in use costlier is noticed at once (two collectives late: see below). The
+// first measured collective of a family is a warm-up and is not learned from: it pays what only a
+// first use pays (cold caches and code, a peer arriving late from its own first collective), and on
+// a 2-core AMD EPYC VM it took 0.30 ns a byte with ordinary stores against 0.11-0.12 for the next
+// ones (0.8-1.0 before the ring's pages were faulted in at its creation, Note [Faulting the ring
+// in] in shm_ring.cc), enough to make streaming stores look cheaper and, measured twice as cheap,
+// to keep them for a long period: P1's first four steps ran at 14-18 ms against 9. Smaller
+// collectives are latency-bound and stage with ordinary stores. Every rank of the host makes the
+// same choice, from the same samples: host rank 0's. What a kind costs depends on what every rank
+// does (each reads what the others staged), and ranks that chose from their own samples came apart:
+// with 4 ranks on a 2-core AMD EPYC VM one rank kept ordinary stores while three streamed, and,
+// measuring its ordinary stores while its peers streamed, found them dear and stayed; another
+// switched to streaming on a few slow collectives of its own. P1 took 9-21 % more than with
+// streaming stores everywhere. So host rank 0 writes each measured collective's cost on its board
+// (ShmRing::board), tagged with the collective's number, and every rank decides collective n from
+// the costs of collectives up to n - 2 (kLag). Those are on the board by then where the family's
+// collectives read every rank's slot (the reductions, allgather): a rank starting n has finished n
+// - 1, in which it read a slot rank 0 filled after recording n - 2. Where a family does not order
+// it so (a gather's other ranks read no slot, a broadcast's only the root's), a rank that finds the
+// cost not yet on the board uses its own, and the ranks may choose apart: in P11's gather to rank 0
+// at 4 ranks on a 2-core AMD EPYC VM, the other ranks took 60-100 of 296 costs from their own
 // measurements, and rank 0 streamed 45 of the collectives, the others 28, 29 and 256. Agreement
 // there, each rank deciding from rank 0's costs slots + 2 collectives back (where the ring's flow
 // control guarantees them), made that gather slower, 16 ms at the median against 14: only its other
