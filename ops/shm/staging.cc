@@ -109,10 +109,9 @@ void StagingChoice::record(std::size_t bytes, std::chrono::nanoseconds took) {
 std::uint64_t StagingChoice::explore_period() const {
   // A try costs `extra` of a collective more than the kind in use would have.
   const double extra = cost_[use_streaming_ ? 0 : 1] / cost_[use_streaming_ ? 1 : 0] - 1;
-  const double period = std::ceil(extra / kExploreBudget);
-  if (!(period > static_cast<double>(kMinExplorePeriod))) return kMinExplorePeriod;
-  return period < static_cast<double>(kMaxExplorePeriod) ? static_cast<std::uint64_t>(period)
-                                                         : kMaxExplorePeriod;
+  return static_cast<std::uint64_t>(std::clamp(std::ceil(extra / kExploreBudget),
+                                               static_cast<double>(kMinExplorePeriod),
+                                               static_cast<double>(kMaxExplorePeriod)));
 }
 
 bool StagingChoice::learn(std::uint64_t n) {
