@@ -26,7 +26,8 @@
 //       on that stream, Tutti's stream made to wait for it), averaged over 10,000 ops
 // Usage: mpirun -n 2 allreduce_benchmark [--device cpu|cuda] [--grads FILE] [--repeats N]
 //                                        [--kernel-repeats N] [--sweep-fusion]
-//                                        [--transport LIST] [--sweep-sizes] [--p10 [--p10-mb N]]
+//                                        [--transport LIST] [--sweep-sizes] [--autotune]
+//                                        [--stores] [--recorder] [--p10 [--p10-mb N]]
 //   --grads FILE        another gradient list, one element count per line (default: the
 //                       built-in ResNet-50 list, examples/grad_list.h)
 //   --repeats N         timed rounds after one warm-up; figures are the best (default 5)
@@ -47,11 +48,18 @@
 //   --stores            --device cpu only, instead of P1-P4: --repeats rounds of P1 (median of 20
 //                       steps) under TUTTI_SHM_STREAMING_STORES=0, 1 and auto, each round with
 //                       the cache-line round trip between ranks 0 and 1 (examples/p1_stores.h)
+//   --recorder          --device cpu only, instead of P1-P4: --repeats rounds of P3 (median of 9
+//                       steps) with the flight recorder on and off, alternated in one process,
+//                       and raw MPI's loop (examples/p3_recorder.h)
+// --p10, --autotune, --stores and --recorder each replace P1-P4, so they exclude one another and
+// the flags that change P1 (--sweep-fusion, --transport, --sweep-sizes); --p10-mb needs --p10,
+// --kernel-repeats --device cuda, and --recorder takes no --grads (P3 has its own tensors).
 // P2 and P3 are preceded by "P2 detail" and "P3 detail" lines: context switches and CPU time per
 // op, one value per rank, Tutti's and raw MPI's (examples/process_usage.h).
-// Exits 2 for a bad flag, or --device cuda in a build without CUDA; 77 with "no CUDA device"
-// when a rank sees none. A CUDA build links tutti_core (D2 drives ops::DeviceOps directly), a
-// CPU build the public library; examples/meson.build sets TUTTI_BENCHMARK_CUDA to match.
+// Exits 1 if a P3 step's sums are wrong; 2 for a bad flag or combination, or --device cuda in a
+// build without CUDA; 77 with "no CUDA device" when a rank sees none. A CUDA build links tutti_core
+// (D2 drives ops::DeviceOps directly), a CPU build the public library; examples/meson.build sets
+// TUTTI_BENCHMARK_CUDA to match.
 #include <tutti/tutti.h>
 #include <unistd.h>
 
@@ -74,9 +82,12 @@
 
 #include "examples/grad_list.h"
 #include "examples/machine_line.h"
+#include "examples/median.h"
 #include "examples/p10_hierarchical.h"
 #include "examples/p1_autotune.h"
 #include "examples/p1_stores.h"
+#include "examples/p3_recorder.h"
+#include "examples/p3_workload.h"
 #include "examples/process_usage.h"
 
 #if TUTTI_BENCHMARK_CUDA
@@ -92,6 +103,7 @@
 
 namespace {
 
+using tutti::examples::median_of;
 using tutti::examples::per_op;
 using tutti::examples::process_usage;
 using tutti::examples::ProcessUsage;
@@ -149,16 +161,12 @@ double p1_raw(std::vector<float>& flat, std::size_t piece_bytes, int repeats) {
   return best;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // A figure of Tutti's against raw MPI's, with what each cost the process per op
 // (examples/process_usage.h; on rank 0 only, one value per rank).
 struct AgainstRaw {
   double tutti = 0, raw = 0;
   std::string tutti_usage, raw_usage;
+  bool wrong = false;  // P3: a step left a wrong sum (P3Workload::wrong()).
 };
 
 AgainstRaw p2() {
@@ -181,52 +189,36 @@ AgainstRaw p2() {
   }
   const ProcessUsage raw_usage = per_op(before, process_usage(), kIterations);
   AgainstRaw figures;
-  figures.tutti = max_over_ranks(median(t));
-  figures.raw = max_over_ranks(median(raw));
+  figures.tutti = max_over_ranks(median_of(t));
+  figures.raw = max_over_ranks(median_of(raw));
   figures.tutti_usage = usage_by_rank(tutti_usage, MPI_COMM_WORLD);
   figures.raw_usage = usage_by_rank(raw_usage, MPI_COMM_WORLD);
   return figures;
 }
 
 AgainstRaw p3(int repeats) {
-  constexpr int kTensors = 10000;
-  std::vector<float> values(kTensors, 1.0f);
-  std::vector<std::string> names(kTensors);
-  for (int i = 0; i < kTensors; ++i) names[i] = "tiny." + std::to_string(i);
-  std::vector<tutti::Handle> handles(kTensors);
+  tutti::examples::P3Workload workload;
+  // Per op over the timed steps (a barrier and a max a step are noise beside 10,000 ops).
+  const double timed_ops = static_cast<double>(repeats) * tutti::examples::P3Workload::kTensors;
   AgainstRaw figures;
   double best = 1e30;
   ProcessUsage before;
   for (int r = 0; r < repeats + 2; ++r) {  // Two warm-up steps fill the response cache.
     if (r == 2) before = process_usage();
-    MPI_Barrier(MPI_COMM_WORLD);
-    const Clock::time_point start = Clock::now();
-    for (int i = 0; i < kTensors; ++i) {
-      handles[i] = tutti::allreduce_async(tutti::TensorView(&values[i], {1}), names[i],
-                                          {.op = tutti::ReduceOp::Sum});
-    }
-    for (tutti::Handle& h : handles) h.wait();
-    const double ms = max_over_ranks(ms_since(start));
+    const double ms = workload.tutti_step_ms();
     if (r > 1) best = std::min(best, ms);
   }
   figures.tutti = best;
-  // Per op over the timed steps (a barrier and a max a step are noise beside 10,000 ops).
-  figures.tutti_usage = usage_by_rank(
-      per_op(before, process_usage(), static_cast<double>(repeats) * kTensors), MPI_COMM_WORLD);
+  figures.tutti_usage = usage_by_rank(per_op(before, process_usage(), timed_ops), MPI_COMM_WORLD);
   best = 1e30;
   for (int r = 0; r < repeats + 1; ++r) {
     if (r == 1) before = process_usage();
-    MPI_Barrier(MPI_COMM_WORLD);
-    const Clock::time_point start = Clock::now();
-    for (int i = 0; i < kTensors; ++i) {
-      MPI_Allreduce(MPI_IN_PLACE, &values[i], 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    }
-    const double ms = max_over_ranks(ms_since(start));
+    const double ms = workload.raw_step_ms();
     if (r > 0) best = std::min(best, ms);
   }
   figures.raw = best;
-  figures.raw_usage = usage_by_rank(
-      per_op(before, process_usage(), static_cast<double>(repeats) * kTensors), MPI_COMM_WORLD);
+  figures.raw_usage = usage_by_rank(per_op(before, process_usage(), timed_ops), MPI_COMM_WORLD);
+  figures.wrong = workload.wrong();
   return figures;
 }
 
@@ -255,7 +247,29 @@ struct Options {
   std::int64_t p10_mb = 16;  // Largest single tensor of P10.
   bool autotune = false;     // --autotune: see run_autotune().
   bool stores = false;       // --stores: see examples/p1_stores.h.
+  bool recorder = false;     // --recorder: see examples/p3_recorder.h.
+  // Whether these were given (the combinations parse_options() refuses).
+  bool grads_given = false, p10_mb_given = false, kernel_repeats_given = false;
 };
+
+// The combination's fault, or empty if it is one the benchmark runs as asked (see the header).
+std::string combination_fault(const Options& o) {
+  const int modes = int{o.p10} + int{o.autotune} + int{o.stores} + int{o.recorder};
+  const bool p1_flags = o.sweep || !o.transports.empty() || o.sweep_sizes;
+  if (modes > 1) return "--p10, --autotune, --stores and --recorder exclude one another";
+  if (modes == 1 && p1_flags) {
+    return "--sweep-fusion, --transport and --sweep-sizes change P1-P4, which --p10, --autotune, "
+           "--stores and --recorder replace";
+  }
+  if ((o.autotune || o.stores || o.recorder || p1_flags) && o.cuda)
+    return "--autotune, --stores, --recorder, --sweep-fusion, --transport and --sweep-sizes run "
+           "on the CPU only";
+  if (o.p10 && o.cuda) return "--p10 runs on the CPU only";
+  if (o.p10_mb_given && !o.p10) return "--p10-mb needs --p10";
+  if (o.kernel_repeats_given && !o.cuda) return "--kernel-repeats needs --device cuda";
+  if (o.recorder && o.grads_given) return "--recorder takes no --grads (P3 has its own tensors)";
+  return "";
+}
 
 // "mpi,shm" -> {"mpi", "shm"}; false for a value other than auto, mpi, shm.
 bool parse_transports(const std::string& list, std::vector<std::string>* out) {
@@ -282,10 +296,12 @@ bool parse_options(int argc, char** argv, Options* options) {
       ++i;
     } else if (arg == "--grads" && i + 1 < argc) {
       options->grads_path = argv[++i];
+      options->grads_given = true;
     } else if (arg == "--repeats" && i + 1 < argc) {
       options->repeats = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--kernel-repeats" && i + 1 < argc) {
       options->kernel_repeats = std::max(1, std::atoi(argv[++i]));
+      options->kernel_repeats_given = true;
     } else if (arg == "--sweep-fusion") {
       options->sweep = true;
     } else if (arg == "--transport" && i + 1 < argc) {
@@ -296,23 +312,25 @@ bool parse_options(int argc, char** argv, Options* options) {
       options->p10 = true;
     } else if (arg == "--p10-mb" && i + 1 < argc) {
       options->p10_mb = std::max(0, std::atoi(argv[++i]));
+      options->p10_mb_given = true;
     } else if (arg == "--autotune") {
       options->autotune = true;
     } else if (arg == "--stores") {
       options->stores = true;
+    } else if (arg == "--recorder") {
+      options->recorder = true;
     } else {
       ok = false;
     }
   }
-  if (ok && !((options->sweep || options->sweep_sizes || !options->transports.empty() ||
-               options->autotune || options->stores) &&
-              options->cuda))
-    return true;
+  const std::string fault = ok ? combination_fault(*options) : "";
+  if (ok && fault.empty()) return true;
   if (world_rank() == 0) {
+    if (!fault.empty()) std::fprintf(stderr, "%s: %s\n", argv[0], fault.c_str());
     std::fprintf(stderr,
                  "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
                  "[--kernel-repeats N] [--sweep-fusion] [--transport auto|mpi|shm[,...]] "
-                 "[--sweep-sizes] [--autotune] [--stores] (the last five cpu only) "
+                 "[--sweep-sizes] [--autotune] [--stores] [--recorder] (the last six cpu only) "
                  "[--p10 [--p10-mb N]]\n",
                  argv[0]);
   }
@@ -342,7 +360,7 @@ double median_us(int rounds, Op op) {
     op();
     t = ms_since(start) * 1000.0;
   }
-  return max_over_ranks(median(us));
+  return max_over_ranks(median_of(us));
 }
 
 // --sweep-sizes: one float32 allreduce (Sum) of 4 B to 64 MB through Tutti on each host
@@ -378,6 +396,7 @@ int run_host(const Options& options) {
   const int repeats = options.repeats;
   // P3 reuses 10,000 names per step; "cache warm" needs room for all of them (default 1024).
   setenv("TUTTI_CACHE_CAPACITY", "16384", 0);
+  if (options.recorder) return tutti::examples::run_p3_recorder(repeats, 9);
   const std::vector<std::int64_t> counts = tutti::examples::grads_or_default(options.grads_path);
   std::vector<std::vector<float>> grads;
   std::size_t total = 0;
@@ -445,6 +464,10 @@ int run_host(const Options& options) {
     std::printf("P3 tutti_ms=%.2f raw_ms=%.2f ratio=%.3f\n", p3_figures.tutti, p3_figures.raw,
                 p3_figures.tutti / p3_figures.raw);
     std::printf("P4 idle_cpu_percent=%.3f\n", idle);
+  }
+  if (p3_figures.wrong) {
+    if (root) std::fprintf(stderr, "P3: a step left a sum other than the number of ranks\n");
+    return 1;
   }
   return 0;
 }

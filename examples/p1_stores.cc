@@ -10,6 +10,8 @@
 
 #include <mpi.h>
 
+#include "examples/median.h"
+
 namespace tutti::examples {
 namespace {
 
@@ -19,11 +21,6 @@ double slowest_rank(double value) {
   double result = 0;
   MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return result;
-}
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // P1 in the current session: the median of `steps` steps after one warm-up step.
