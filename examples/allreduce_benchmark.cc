@@ -53,7 +53,7 @@
 //                       and raw MPI's loop (examples/p3_recorder.h)
 // --p10, --autotune, --stores and --recorder each replace P1-P4, so they exclude one another and
 // the flags that change P1 (--sweep-fusion, --transport, --sweep-sizes); --p10-mb needs --p10,
-// --kernel-repeats --device cuda, and --recorder takes no --grads (P3 has its own tensors).
+// --kernel-repeats needs --device cuda, and --recorder takes no --grads (P3 has its own tensors).
 // P2 and P3 are preceded by "P2 detail" and "P3 detail" lines: context switches and CPU time per
 // op, one value per rank, Tutti's and raw MPI's (examples/process_usage.h).
 // Exits 1 if a P3 step's sums are wrong; 2 for a bad flag or combination, or --device cuda in a
