@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include "examples/cuda_check.h"
 #include "ops/device_ops.h"
 #include "src/common/status.h"
 
@@ -22,18 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using ops::CopySpec;
-
-void check(cudaError_t code, const char* what) {
-  if (code != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(code));
-  }
-}
-
-void check(const Status& status, const char* what) {
-  if (!status.ok()) {
-    throw std::runtime_error(std::string(what) + " failed: " + std::string(status.message()));
-  }
-}
 
 // Seconds per run of `enqueue` (which only enqueues), after warm-up, including the host's
 // launch cost: each repeat is what a fusion cycle pays.

@@ -13,25 +13,19 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include "examples/cuda_check.h"
 #include "ops/cuda/device_ops.h"
 #include "ops/device_ops.h"
 
 namespace tutti::examples {
 namespace {
 
-void check(cudaError_t code, const char* what) {
-  if (code != cudaSuccess)
-    throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(code));
-}
+// cuda_check.h's overloads beside this one (a name declared here would hide them).
+using tutti::examples::check;
 
 void check(ncclResult_t code, const char* what) {
   if (code != ncclSuccess)
     throw std::runtime_error(std::string(what) + " failed: " + ncclGetErrorString(code));
-}
-
-void check(const Status& status, const char* what) {
-  if (!status.ok())
-    throw std::runtime_error(std::string(what) + " failed: " + std::string(status.message()));
 }
 
 // Owners that release on every way out; destructors have no one to report to.
