@@ -80,9 +80,9 @@
 
 #include <mpi.h>
 
+#include "examples/figures.h"
 #include "examples/grad_list.h"
 #include "examples/machine_line.h"
-#include "examples/median.h"
 #include "examples/p10_hierarchical.h"
 #include "examples/p1_autotune.h"
 #include "examples/p1_stores.h"
@@ -103,27 +103,19 @@
 
 namespace {
 
+using tutti::examples::max_over_ranks;
 using tutti::examples::median_of;
+using tutti::examples::ms_since;
 using tutti::examples::per_op;
 using tutti::examples::process_usage;
 using tutti::examples::ProcessUsage;
 using tutti::examples::usage_by_rank;
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
 int world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
-}
-
-// The slowest rank's time decides: every figure is the max over ranks.
-double max_over_ranks(double value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return value;
 }
 
 // All of `tensors` via allreduce_async (Average), then all waited; the best of `repeats`

@@ -13,6 +13,8 @@
 
 #include <mpi.h>
 
+#include "examples/figures.h"
+
 namespace tutti::examples {
 namespace {
 
@@ -22,16 +24,6 @@ using Clock = std::chrono::steady_clock;
 // on a shared machine the best of four draws is lower than one draw, whatever is measured.
 constexpr std::size_t kRawPieceMb[] = {1, 4, 16, 64};
 constexpr int kSetRuns = static_cast<int>(std::size(kRawPieceMb));
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-// The slowest rank decides.
-double max_over_ranks(double value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return value;
-}
 
 // Best over `runs` (after `warmups`) of f(), each timed between barriers: on a shared machine
 // the best run is the one the scheduler disturbed least.

@@ -10,18 +10,12 @@
 
 #include <mpi.h>
 
-#include "examples/median.h"
+#include "examples/figures.h"
 
 namespace tutti::examples {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double slowest_rank(double value) {
-  double result = 0;
-  MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return result;
-}
 
 // P1 in the current session: the median of `steps` steps after one warm-up step.
 double p1_median_ms(const std::vector<tutti::TensorView>& views, int steps) {
@@ -34,8 +28,7 @@ double p1_median_ms(const std::vector<tutti::TensorView>& views, int steps) {
       handles[i] = tutti::allreduce_async(views[i], "grad." + std::to_string(i));
     }
     for (tutti::Handle& h : handles) h.wait();
-    const double took =
-        slowest_rank(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    const double took = max_over_ranks(ms_since(start));
     if (s > 0) ms.push_back(took);
   }
   return median_of(ms);

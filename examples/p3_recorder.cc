@@ -11,7 +11,7 @@
 
 #include <mpi.h>
 
-#include "examples/median.h"
+#include "examples/figures.h"
 #include "examples/p3_workload.h"
 
 namespace tutti::examples {

@@ -6,18 +6,9 @@
 
 #include <mpi.h>
 
+#include "examples/figures.h"
+
 namespace tutti::examples {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double slowest_rank_ms(Clock::time_point start) {
-  double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  MPI_Allreduce(MPI_IN_PLACE, &ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return ms;
-}
-
-}  // namespace
 
 P3Workload::P3Workload() : values_(kTensors, 1.0f), names_(kTensors), handles_(kTensors) {
   for (int i = 0; i < kTensors; ++i) names_[i] = "tiny." + std::to_string(i);
@@ -37,13 +28,13 @@ void P3Workload::check() {
 double P3Workload::tutti_step_ms() {
   reset();
   MPI_Barrier(MPI_COMM_WORLD);
-  const Clock::time_point start = Clock::now();
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   for (int i = 0; i < kTensors; ++i) {
     handles_[i] = tutti::allreduce_async(tutti::TensorView(&values_[i], {1}), names_[i],
                                          {.op = tutti::ReduceOp::Sum});
   }
   for (tutti::Handle& handle : handles_) handle.wait();
-  const double ms = slowest_rank_ms(start);
+  const double ms = max_over_ranks(ms_since(start));
   check();
   return ms;
 }
@@ -51,10 +42,10 @@ double P3Workload::tutti_step_ms() {
 double P3Workload::raw_step_ms() {
   reset();
   MPI_Barrier(MPI_COMM_WORLD);
-  const Clock::time_point start = Clock::now();
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   for (float& value : values_)
     MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  const double ms = slowest_rank_ms(start);
+  const double ms = max_over_ranks(ms_since(start));
   check();
   return ms;
 }

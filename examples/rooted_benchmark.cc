@@ -32,18 +32,17 @@
 
 #include <mpi.h>
 
+#include "examples/figures.h"
 #include "examples/grad_list.h"
 #include "examples/machine_line.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using tutti::examples::max_over_ranks;
+using tutti::examples::ms_since;
 
 constexpr int kRoot = 0;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 int world_rank() {
   int rank = 0;
@@ -66,12 +65,6 @@ int world_size() {
   }
   MPI_Finalize();
   std::exit(2);
-}
-
-// The slowest rank's time decides.
-double max_over_ranks(double value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return value;
 }
 
 // Best of `repeats` rounds of `round` after a warm-up round, each started together.
