@@ -13,6 +13,9 @@
 #   mnist PROGRAM [ARGS]                 examples/fashion_mnist on 1 host and on 2 hosts: the same
 #                                        accuracy (see case_mnist)
 #   p10 PROGRAM [ARGS]                   allreduce_benchmark --p10 on 2 hosts x 2 (prints P10)
+#   rate RATE PROGRAM                    netns_cluster --rate RATE: test/cluster/rate_program on
+#                                        2 hosts x 1 takes at least the time RATE allows each
+#                                        way, every link end is shaped, and a bad RATE is refused
 #   bell SPEC PROGRAM                    test/cluster/bell_program on SPEC's hosts: the
 #                                        coordinator's net bell rang, from the remote ranks only,
 #                                        over the cluster's family of addresses (IPv4 unless
@@ -282,6 +285,50 @@ def case_p10(args):
         fail("no P10 line")
 
 
+RATE_BYTES = 4 * 1024 * 1024
+RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+RATE_BURST = 65536  # netns_cluster's smallest burst (1 ms at RATE is less below 524 Mbit/s).
+RATE_MARGIN = 0.9  # Of the least time the rate allows: for the clocks' and the bucket's edges.
+
+
+def case_rate(args):
+    """rate_program's transfers take at least what RATE allows (the token buckets start full,
+    so a burst goes through free), both ways; each host's link is shaped at both ends; and
+    netns_cluster refuses rates it cannot apply, with exit 2."""
+    rate, program = args[0], args[1]
+    match = re.fullmatch(r"([0-9.]+)(bit|kbit|mbit|gbit|tbit)", rate)
+    bits_per_s = float(match.group(1)) * RATE_UNITS[match.group(2)]
+    if bits_per_s > 524e6:
+        fail("this case's bound assumes the 64 KiB burst of rates below 524 Mbit/s")
+    least_s = (RATE_BYTES - RATE_BURST) * 8 / bits_per_s
+    status, out, _ = tuttirun(["-np", "2", "-H", hosts_of("1,1"), program, str(RATE_BYTES)],
+                              timeout=120)
+    if status != 0:
+        fail(f"rate_program exited {status}")
+    found = re.search(r"to1_s=([0-9.]+) to0_s=([0-9.]+)", out)
+    if not found:
+        fail("no rate_program line")
+    for way, text in (("to rank 1", found.group(1)), ("to rank 0", found.group(2))):
+        seconds = float(text)
+        print(f"cluster_test: {RATE_BYTES} bytes {way} in {seconds:.4f} s; the rate allows "
+              f"{least_s:.4f} s at least", flush=True)
+        if seconds < RATE_MARGIN * least_s:
+            fail(f"{RATE_BYTES} bytes went {way} in {seconds:.4f} s, faster than {rate} allows")
+    with open(os.path.join(os.environ["NETNS_CLUSTER_DIR"], "nodes"), encoding="utf-8") as nodes:
+        for name, namespace, _, veth in (line.split() for line in nodes):
+            for where in (["dev", veth], ["-n", namespace, "dev", "eth0"]):
+                argv = ["tc"] + where[:-2] + ["qdisc", "show"] + where[-2:]
+                shown = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+                if "tbf" not in shown:
+                    fail(f"{name}: no token bucket on {' '.join(where)}: {shown.strip()}")
+    for bad in ("fast", "4mbit", "1gbps", "500gbit"):
+        refused = subprocess.run([NETNS_CLUSTER, "--rate", bad, "--", "true"], capture_output=True,
+                                 text=True, check=False)
+        if refused.returncode != 2 or "--rate " + bad not in refused.stderr:
+            fail(f"--rate {bad}: exit {refused.returncode}, stderr {refused.stderr.strip()!r}; "
+                 "want 2 and a message naming it")
+
+
 BELL_OPS = 8
 BELL_GAP_MS = 150
 
@@ -522,7 +569,8 @@ def case_elastic(args):
 
 
 CASES = {"layout": case_layout, "sweep": case_sweep, "fault": case_fault, "mnist": case_mnist,
-         "p10": case_p10, "elastic": case_elastic, "bell": case_bell, "bell6": case_bell6}
+         "p10": case_p10, "rate": case_rate, "elastic": case_elastic, "bell": case_bell,
+         "bell6": case_bell6}
 
 
 def host_count(case, args):
@@ -548,6 +596,8 @@ def main(argv):
     extra = os.environ.get("NETNS_CLUSTER_ARGS", "").split()
     if case == "bell6" and "--ipv6-only" not in extra:
         extra.append("--ipv6-only")
+    if case == "rate":
+        extra += ["--rate", args[0]]
     command = ([NETNS_CLUSTER, "--hosts", str(host_count(case, args))] + extra +
                ["--", sys.executable, os.path.abspath(__file__)] + argv)
     return subprocess.run(command, check=False).returncode
