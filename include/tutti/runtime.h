@@ -30,7 +30,8 @@ TUTTI_API int cross_rank();  // Among the ranks with the same local_rank, across
 TUTTI_API int cross_size();
 TUTTI_API bool is_homogeneous();         // Every host runs the same number of ranks.
 TUTTI_API bool mpi_threads_supported();  // MPI provides MPI_THREAD_MULTIPLE.
-// Some host runs at least as many of the job's ranks as it has cores. The same on every rank.
+// Some host runs at least as many of the job's ranks as it has cores (its online CPUs within
+// the limits of the ranks' cgroups: a cpuset, a CPU quota). The same on every rank.
 TUTTI_API bool cores_shared();
 // The gradient groups of an optim::DistributedOptimizer whose options name no num_groups and
 // no groups: 1 (one grouped allreduce once every gradient is ready) or 0 (each gradient's

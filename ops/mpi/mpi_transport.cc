@@ -18,6 +18,7 @@
 #include "ops/mpi/mpi_p2p.h"
 #include "ops/mpi/net_bell.h"
 #include "ops/transport.h"
+#include "src/base/host_cpus.h"
 #include "src/base/strings.h"
 
 namespace tutti::ops {
@@ -114,7 +115,7 @@ class MpiTransport final : public Transport {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
     if (!comm.valid()) return std::unique_ptr<Backend>();
     BackendOptions with_host = options;
-    const unsigned cpus = std::thread::hardware_concurrency();
+    const unsigned cpus = base::host_cpus();
     with_host.host_oversubscribed = cpus == 0 || static_cast<unsigned>(topology_.local_size) > cpus;
     return make_set_backend(std::move(comm), with_host);
   }
@@ -144,9 +145,10 @@ class MpiTransport final : public Transport {
     TUTTI_MPI_RETURN_IF_ERROR(
         MPI_Allreduce(MPI_IN_PLACE, &max_local, 1, MPI_INT, MPI_MAX, base_.get()));
     t.homogeneous = min_local == max_local;
-    // std::thread::hardware_concurrency(): the host's online CPUs, not this rank's binding
-    // (mpirun binds each rank to one core); 0 when unknown, then this host counts as roomy.
-    const unsigned cores = std::thread::hardware_concurrency();
+    // The host's CPUs within this process's cgroup limits, not this rank's binding (mpirun
+    // binds each rank to one core; Note [The host's CPUs] in src/base/host_cpus.h); 0 when
+    // unknown, then this host counts as roomy.
+    const unsigned cores = base::host_cpus();
     int shared = cores != 0 && static_cast<unsigned>(t.local_size) >= cores ? 1 : 0;
     TUTTI_MPI_RETURN_IF_ERROR(
         MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, base_.get()));

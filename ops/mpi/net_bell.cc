@@ -33,7 +33,7 @@ namespace {
 constexpr int kMaxAddresses = 16;
 
 // What the coordinator tells every rank. No padding: every byte broadcast is set.
-struct Setup {
+struct BellSetup {
   std::uint64_t token = 0;
   std::int32_t ok = 0;     // A socket listens on `port`.
   std::uint32_t port = 0;  // The port as a sockaddr holds it (network byte order).
@@ -42,7 +42,7 @@ struct Setup {
   InterfaceAddress interfaces[kMaxAddresses] = {};
   char host[264] = {};
 };
-static_assert(sizeof(Setup) == 8 + 4 * 4 + kMaxAddresses * sizeof(InterfaceAddress) + 264);
+static_assert(sizeof(BellSetup) == 8 + 4 * 4 + kMaxAddresses * sizeof(InterfaceAddress) + 264);
 
 // What a ring sends. No padding either.
 struct Datagram {
@@ -199,7 +199,7 @@ int listen_socket(std::uint32_t* port, bool* ipv6) {
 
 // A remote rank's socket, connected to the coordinator's, or -1; the address's family in
 // `*family`.
-int ringing_socket(const Setup& setup, bool own_allowed, int only_family, int* family) {
+int ringing_socket(const BellSetup& setup, bool own_allowed, int only_family, int* family) {
   const bool ipv6 = setup.ipv6 != 0;
   const auto of_family = [only_family](std::vector<InterfaceAddress> addresses) {
     if (only_family != 0) {
@@ -321,7 +321,7 @@ std::unique_ptr<NetBell> NetBell::create(MPI_Comm job, int coordinator, bool rem
   MPI_Allreduce(MPI_IN_PLACE, &remotes, 1, MPI_INT, MPI_SUM, job);
   if (remotes == 0) return nullptr;  // One host: the doorbell's.
 
-  Setup setup;
+  BellSetup setup;
   int fd = -1;
   int stop_event = -1;
   if (rank == coordinator) {

@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+// host_cpus(): the CPUs this host gives the job, which decide whether its ranks fill the host's
+// cores (Topology::cores_shared, tutti::cores_shared(), the default gradient grouping) and
+// whether a spinning thread would keep a CPU a peer needs (CpuSharing).
+//
+// Note [The host's CPUs]
+// std::thread::hardware_concurrency() counts the machine's online CPUs. A container limited to
+// some of them still sees all of them there: by a cpuset (docker --cpuset-cpus, Kubernetes'
+// static CPU manager, Slurm's task cgroups) or by a CPU quota (docker --cpus, a Kubernetes CPU
+// limit, the usual way). Four ranks in a container of 2 CPUs on a 64-CPU machine were taken
+// for four ranks with CPUs to spare: one allreduce per gradient where one group is what pays,
+// threads spinning where the peers need the CPU. A rank's own affinity does not tell either:
+// mpirun binds each rank to one core of the set. The cgroup does: the CPUs of this process's
+// cpuset (cgroup v2's cpuset.cpus.effective, v1's cpuset.effective_cpus) and its CPU quota over
+// its period (v2's cpu.max, v1's cpu.cfs_quota_us and cpu.cfs_period_us), the smallest quota
+// on the path from its cgroup up to the hierarchy's root, since each of them applies. A quota
+// of 1.5 CPUs counts as 2: the ranks can use both, half the time. Files that are missing or
+// unreadable limit nothing, so a machine without cgroups counts its online CPUs, as before.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tutti::base {
+
+// The CPUs of a cpuset list as the kernel writes it ("0-3,8,10-11\n": 7); nullopt for text
+// that is not one (empty, a descending range, anything but digits, ',', '-' and whitespace).
+std::optional<int> count_cpu_list(std::string_view list);
+
+// A CPU quota in CPUs, from cgroup v2's cpu.max ("150000 100000": 1.5); nullopt for no quota
+// ("max 100000") or text that is not one.
+std::optional<double> quota_of_cpu_max(std::string_view text);
+
+// The same from cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us ("-1": no quota).
+std::optional<double> quota_of_cfs(std::string_view quota_us, std::string_view period_us);
+
+// What the cgroups of a process limit its CPUs to.
+struct CgroupCpuLimit {
+  std::optional<int> cpuset;    // CPUs in its cpuset.
+  std::optional<double> quota;  // Its smallest CPU quota, in CPUs.
+};
+
+// The limits of this process's cgroups, read from `root`/proc/self/{cgroup,mountinfo} and the
+// cgroup files they point to under `root` (tests pass a directory laid out like /; "" reads
+// the real files). See Note [The host's CPUs].
+CgroupCpuLimit read_cgroup_cpu_limit(const std::string& root = "");
+
+// `online` CPUs (0: unknown) as `limit` leaves them: the smallest of the online CPUs, the
+// cpuset's and the quota rounded up, at least 1; 0 when none of them is known.
+unsigned host_cpus_within(unsigned online, const CgroupCpuLimit& limit);
+
+// This host's CPUs for this process's job: the online CPUs within its cgroups' limits.
+unsigned host_cpus();
+
+}  // namespace tutti::base
