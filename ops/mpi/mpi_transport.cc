@@ -115,7 +115,8 @@ class MpiTransport final : public Transport {
     TUTTI_ASSIGN_OR_RETURN(MpiComm comm, MpiComm::subset(base_.get(), ranks));
     if (!comm.valid()) return std::unique_ptr<Backend>();
     BackendOptions with_host = options;
-    const unsigned cpus = base::host_cpus();
+    // Online CPUs, not the cgroup's limit: see Note [The host's CPUs] in src/base/host_cpus.h.
+    const unsigned cpus = std::thread::hardware_concurrency();
     with_host.host_oversubscribed = cpus == 0 || static_cast<unsigned>(topology_.local_size) > cpus;
     return make_set_backend(std::move(comm), with_host);
   }

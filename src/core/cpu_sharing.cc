@@ -3,7 +3,7 @@
 
 #include <sched.h>
 
-#include "src/base/host_cpus.h"
+#include <thread>
 
 namespace tutti::core {
 
@@ -27,7 +27,9 @@ CpuSharing this_process_cpu_sharing(const ops::Topology& topology, bool comm_thr
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   const int count = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
-  return decide_cpu_sharing(count, base::host_cpus(), topology, comm_thread_pinned);
+  // Online CPUs, not the cgroup's limit: see Note [The host's CPUs] in src/base/host_cpus.h.
+  return decide_cpu_sharing(count, std::thread::hardware_concurrency(), topology,
+                            comm_thread_pinned);
 }
 
 }  // namespace tutti::core

@@ -27,9 +27,9 @@ struct CpuSharing {
 inline constexpr std::chrono::nanoseconds kLockSpin{20'000};
 
 // `allowed_cpus`: the CPUs this process may run on (sched_getaffinity; 0 if unknown);
-// `host_cpus`: the host's online CPUs within this process's cgroup limits (base::host_cpus(); 0
-// if unknown); `comm_thread_pinned`: TUTTI_THREAD_AFFINITY gives the communication thread a CPU
-// of its own.
+// `host_cpus`: the host's online CPUs (0 if unknown; Note [The host's CPUs] in
+// src/base/host_cpus.h says why not within its cgroup's limits); `comm_thread_pinned`:
+// TUTTI_THREAD_AFFINITY gives the communication thread a CPU of its own.
 CpuSharing decide_cpu_sharing(int allowed_cpus, unsigned host_cpus, const ops::Topology& topology,
                               bool comm_thread_pinned);
 
