@@ -174,12 +174,9 @@ std::optional<int> count_cpu_list(std::string_view list) {
 }
 
 std::optional<double> quota_of_cpu_max(std::string_view text) {
+  // "QUOTA PERIOD", or "max PERIOD", which is no quota as v1's -1 is.
   const std::vector<std::string_view> fields = split(trimmed(text), ' ');
-  if (fields.size() != 2) return std::nullopt;
-  const std::optional<std::int64_t> quota = whole_number(fields[0]);
-  const std::optional<std::int64_t> period = whole_number(fields[1]);
-  if (!quota || !period || *quota == 0 || *period == 0) return std::nullopt;
-  return static_cast<double>(*quota) / static_cast<double>(*period);
+  return fields.size() == 2 ? quota_of_cfs(fields[0], fields[1]) : std::nullopt;
 }
 
 std::optional<double> quota_of_cfs(std::string_view quota_us, std::string_view period_us) {

@@ -49,6 +49,13 @@ CgroupCpuLimit limit_of(std::optional<int> cpuset, std::optional<double> quota) 
   return CgroupCpuLimit{.cpuset = cpuset, .quota = quota};
 }
 
+// The limit read is `cpuset` CPUs and a quota of `quota` CPUs.
+void check_limit(const CgroupCpuLimit& limit, int cpuset, double quota) {
+  CHECK(limit.cpuset == cpuset);
+  REQUIRE(limit.quota);
+  CHECK(*limit.quota == Approx(quota));
+}
+
 constexpr const char* kV2Mount = "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
 
 TEST_CASE("cpuset lists count their CPUs", "[host_cpus]") {
@@ -92,9 +99,7 @@ TEST_CASE("cgroup v2 in a container: its own cgroup is the mount's root", "[host
   root.write("sys/fs/cgroup/cpuset.cpus.effective", "0-1\n");
   root.write("sys/fs/cgroup/cpu.max", "150000 100000\n");
   const CgroupCpuLimit limit = read_cgroup_cpu_limit(root.path());
-  CHECK(limit.cpuset == 2);
-  REQUIRE(limit.quota);
-  CHECK(*limit.quota == Approx(1.5));
+  check_limit(limit, 2, 1.5);
 }
 
 TEST_CASE("cgroup v2 nested: the nearest cpuset, the smallest quota on the way up", "[host_cpus]") {
@@ -107,9 +112,7 @@ TEST_CASE("cgroup v2 nested: the nearest cpuset, the smallest quota on the way u
   root.write("sys/fs/cgroup/job/step/cpu.max", "400000 100000\n");
   root.write("sys/fs/cgroup/job/cpu.max", "200000 100000\n");
   const CgroupCpuLimit limit = read_cgroup_cpu_limit(root.path());
-  CHECK(limit.cpuset == 4);
-  REQUIRE(limit.quota);
-  CHECK(*limit.quota == Approx(2.0));
+  check_limit(limit, 4, 2.0);
 }
 
 TEST_CASE("cgroup v1 as a container without a cgroup namespace sees it", "[host_cpus]") {
@@ -126,9 +129,7 @@ TEST_CASE("cgroup v1 as a container without a cgroup namespace sees it", "[host_
   root.write("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "300000\n");
   root.write("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
   const CgroupCpuLimit limit = read_cgroup_cpu_limit(root.path());
-  CHECK(limit.cpuset == 2);
-  REQUIRE(limit.quota);
-  CHECK(*limit.quota == Approx(3.0));
+  check_limit(limit, 2, 3.0);
   CHECK(host_cpus_within(64, limit) == 2);
 }
 
