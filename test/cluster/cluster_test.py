@@ -135,7 +135,11 @@ def case_layout(args):
         where = ["--hostfile", hostfile.name]
     else:
         where = ["-H", hosts]
-    status, out, _ = tuttirun(["-np", str(total)] + where + [program, hosts], timeout=120)
+    try:
+        status, out, _ = tuttirun(["-np", str(total)] + where + [program, hosts], timeout=120)
+    finally:
+        if use_hostfile:
+            os.unlink(hostfile.name)
     if status != 0:
         fail(f"the layout job exited {status}")
     if len(re.findall(r": ok$", out, flags=re.MULTILINE)) != total:
