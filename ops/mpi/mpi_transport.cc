@@ -3,9 +3,11 @@
 // parent communicator.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "ops/transport.h"
 #include "src/base/host_cpus.h"
 #include "src/base/strings.h"
+#include "src/common/logging.h"
 
 namespace tutti::ops {
 namespace mpi {
@@ -39,9 +42,62 @@ void finalize_at_exit() {
   g_finalize_returned.store(true);
 }
 
-// MPI as the application left it, or initialized by us (then finalized at exit, so init()
-// after shutdown() works: MPI cannot be initialized twice).
-Status ensure_initialized(bool* threads_multiple) {
+using Clock = std::chrono::steady_clock;
+
+// Note [A start timeout that covers MPI_Init]
+// Open MPI's and MPICH's MPI_Init_thread return only once every process of the job has called
+// it (they exchange the processes' addresses), so a rank slow to reach init(), or one that never
+// does, held the others inside it for as long as it took: TUTTI_START_TIMEOUT timed only the
+// barrier after it (wait_for_everyone()), which is all it times where the application started
+// MPI itself. A call into MPI_Init_thread cannot be left, and init() cannot return while its
+// thread is inside one; so a watchdog waits beside it, and if MPI_Init_thread has not returned
+// by init()'s deadline it says why and ends the process with status 1 (std::_Exit: at-exit
+// handlers would call into the MPI library that is still starting). The launcher then ends the
+// job's other processes, the late one included, as it does for any process that fails.
+//
+// The job's rank as the launcher tells it (before MPI starts, nothing else knows it); empty if
+// no launcher we know set one.
+std::string launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') return value;
+  }
+  return {};
+}
+
+// MPI_Init_thread with MPI_THREAD_MULTIPLE, or the end of the process if it has not returned by
+// `deadline` (Note [A start timeout that covers MPI_Init]).
+int init_thread_by(Clock::time_point deadline, std::chrono::milliseconds timeout, int* provided) {
+  std::mutex mutex;
+  std::condition_variable returned;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(mutex);
+    if (returned.wait_until(lock, deadline, [&] { return done; })) return;
+    const std::string rank = launcher_rank();
+    detail::log_message(
+        detail::LogLevel::Error,
+        detail::str_cat("MPI_Init_thread", rank.empty() ? "" : " on rank ", rank,
+                        " did not return within TUTTI_START_TIMEOUT (", timeout.count() / 1000.0,
+                        " s): not every process of the job has called tutti::init() (one may "
+                        "still be starting, or have failed before it); this process ends "
+                        "with status 1. Raise TUTTI_START_TIMEOUT if ranks do long work "
+                        "before init()."));
+    std::_Exit(1);
+  });
+  const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, provided);
+  {
+    std::lock_guard lock(mutex);
+    done = true;
+  }
+  returned.notify_one();
+  watchdog.join();
+  return rc;
+}
+
+// MPI as the application left it, or initialized by us by `deadline` (then finalized at exit, so
+// init() after shutdown() works: MPI cannot be initialized twice).
+Status ensure_initialized(Clock::time_point deadline, std::chrono::milliseconds timeout,
+                          bool* threads_multiple) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   int finalized = 0;
@@ -49,7 +105,7 @@ Status ensure_initialized(bool* threads_multiple) {
   if (finalized) return Status(ErrorCode::InvalidArgument, "MPI was finalized; Tutti cannot start");
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
-    TUTTI_MPI_RETURN_IF_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    TUTTI_MPI_RETURN_IF_ERROR(init_thread_by(deadline, timeout, &provided));
     std::atexit(finalize_at_exit);
   } else {
     MPI_Query_thread(&provided);
@@ -64,16 +120,17 @@ Status ensure_initialized(bool* threads_multiple) {
 }
 
 // Every later step is a blocking collective over `parent`, which would wait forever for a
-// rank that never calls init(): so first a non-blocking barrier, waited for at most
-// `timeout`. After a timeout the barrier stays pending; init() has failed anyway.
-Status wait_for_everyone(MPI_Comm parent, std::chrono::milliseconds timeout) {
+// rank that never calls init(): so first a non-blocking barrier, waited for until `deadline`,
+// init()'s start plus `timeout`. After a timeout the barrier stays pending; init() has failed
+// anyway.
+Status wait_for_everyone(MPI_Comm parent, Clock::time_point deadline,
+                         std::chrono::milliseconds timeout) {
   MPI_Request request = MPI_REQUEST_NULL;
   TUTTI_MPI_RETURN_IF_ERROR(MPI_Ibarrier(parent, &request));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int done = 0;;) {
     TUTTI_MPI_RETURN_IF_ERROR(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return Status();
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (Clock::now() > deadline) {
       return Status(
           ErrorCode::Communication,
           detail::str_cat("not every rank called tutti::init() within TUTTI_START_TIMEOUT (",
@@ -88,8 +145,10 @@ class MpiTransport final : public Transport {
   static Result<std::unique_ptr<Transport>> create(MPI_Comm parent,
                                                    std::chrono::milliseconds start_timeout) {
     auto transport = std::unique_ptr<MpiTransport>(new MpiTransport());
-    TUTTI_RETURN_IF_ERROR(ensure_initialized(&transport->topology_.threads_multiple));
-    TUTTI_RETURN_IF_ERROR(wait_for_everyone(parent, start_timeout));
+    const Clock::time_point deadline = Clock::now() + start_timeout;
+    TUTTI_RETURN_IF_ERROR(
+        ensure_initialized(deadline, start_timeout, &transport->topology_.threads_multiple));
+    TUTTI_RETURN_IF_ERROR(wait_for_everyone(parent, deadline, start_timeout));
     TUTTI_ASSIGN_OR_RETURN(transport->base_, MpiComm::duplicate(parent));
     TUTTI_ASSIGN_OR_RETURN(MpiComm control, MpiComm::duplicate(transport->base_.get()));
     transport->control_ = std::make_unique<MpiControlPlane>(std::move(control));
