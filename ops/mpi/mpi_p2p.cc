@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <thread>
 #include <unordered_map>
 
 #include <mpi.h>
@@ -126,6 +127,16 @@ class MpiP2PChannel final : public P2PChannel {
 
   bool active(Id id) const override { return transfers_.count(id) != 0; }
 
+  // Note [Sends finished before their buffers are released]
+  // An abandoned send fails its op, and the caller may then free or reuse the buffer (a send
+  // completes when its buffer may be reused, tutti/p2p.h). A large payload goes by rendezvous:
+  // MPI reads the sender's buffer only once the receiver takes the message, and every rank's
+  // session ends at about the same time (after the coordinator's bye), each taking what arrived
+  // for it (discard_arrived()). A send request freed at once left MPI reading a buffer the caller
+  // had freed, as the peer took the message: a crash in Open MPI's vader (the peer's single copy
+  // failing with EFAULT, then the sender's fallback pipeline reading freed memory). So the sends
+  // in flight get up to kSendDrainTime to complete as the peers take them, while this rank takes
+  // theirs; only a send whose peer is gone or stuck is then freed unfinished.
   void abandon() override {
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       MPI_Request& request = requests_[i];
@@ -133,9 +144,14 @@ class MpiP2PChannel final : public P2PChannel {
       MPI_Cancel(&request);
       MPI_Wait(&request, MPI_STATUS_IGNORE);
     }
-    // Before the sends are freed: an unmatched send to this rank itself is among the arrived
-    // messages, and MPICH over UCX crashes receiving a self-send whose request was freed.
-    discard_arrived();
+    // Discarding before any send is freed: an unmatched send to this rank itself is among the
+    // arrived messages, and MPICH over UCX crashes receiving a self-send whose request was freed.
+    const auto deadline = std::chrono::steady_clock::now() + kSendDrainTime;
+    for (;;) {
+      discard_arrived();
+      if (sends_finished() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       MPI_Request& request = requests_[i];
       if (request != MPI_REQUEST_NULL && !receive_[i]) {
@@ -149,6 +165,23 @@ class MpiP2PChannel final : public P2PChannel {
   }
 
  private:
+  // How long abandon() waits for its sends to complete (Note [Sends finished before their
+  // buffers are released]): a peer taking a large message copies it meanwhile.
+  static constexpr std::chrono::seconds kSendDrainTime{2};
+
+  // Whether every send in flight has completed (their requests then MPI_REQUEST_NULL). Tests
+  // each; never blocks.
+  bool sends_finished() {
+    bool finished = true;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      MPI_Request& request = requests_[i];
+      if (request == MPI_REQUEST_NULL || receive_[i]) continue;
+      int done = 0;
+      if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) finished = false;
+    }
+    return finished;
+  }
+
   struct Transfer {
     std::string header;  // Kept alive until its send completes.
     int remaining = 0;   // MPI requests not yet complete.
