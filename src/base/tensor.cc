@@ -31,6 +31,19 @@ std::size_t element_size(DataType dtype) {
               detail::str_cat("unknown DataType ", static_cast<int>(dtype)));
 }
 
+namespace {
+
+// An enum class holds any value of its underlying type: a tensor on an unknown kind of device
+// would reach the coordinator, which takes its request for a corrupt message and stops the job.
+void check_device(Device device) {
+  if (device.kind != Device::Kind::CPU && device.kind != Device::Kind::CUDA) {
+    throw Error(ErrorCode::InvalidArgument,
+                detail::str_cat("unknown Device kind ", static_cast<int>(device.kind)));
+  }
+}
+
+}  // namespace
+
 std::string_view to_string(DataType dtype) {
   switch (dtype) {
     case DataType::UInt8: return "uint8";
@@ -76,6 +89,7 @@ std::int64_t num_elements(const Shape& shape) { return detail::num_elements(shap
 
 TensorView::TensorView(void* data, DataType dtype, Shape shape, Device device)
     : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {
+  check_device(device_);
   count_ = tutti::num_elements(shape_);
   const std::size_t element_bytes = element_size(dtype_);  // Rejects unknown dtypes.
   // Byte offsets (fusion, pieces, copies) are int64 and size_t: the size in bytes must fit.
@@ -104,6 +118,7 @@ void TensorView::check_span(DataType requested) const {
 }
 
 Tensor::Tensor(DataType dtype, Shape shape, Device device) {
+  check_device(device);
   const std::int64_t count = tutti::num_elements(shape);
   const std::size_t bytes = static_cast<std::size_t>(count) * element_size(dtype);
   storage_ = base::allocate_zeroed(bytes, device);
@@ -111,6 +126,7 @@ Tensor::Tensor(DataType dtype, Shape shape, Device device) {
 }
 
 Tensor Tensor::empty(DataType dtype, Shape shape, Device device) {
+  check_device(device);
   const std::int64_t count = tutti::num_elements(shape);
   const std::size_t bytes = static_cast<std::size_t>(count) * element_size(dtype);
   Tensor t;

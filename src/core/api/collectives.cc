@@ -132,6 +132,12 @@ struct Submission {
 
 void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options,
                   Collective op) {
+  // An enum class holds any value of its underlying type: an unknown one would reach the
+  // coordinator, which takes the request for a corrupt message and stops the job.
+  if (options.op > ReduceOp::Adasum) {
+    invalid(
+        str_cat(to_string(op), " '", name, "': unknown ReduceOp ", static_cast<int>(options.op)));
+  }
   const DataType dtype = tensor.dtype();
   if (dtype == DataType::Bool && options.op != ReduceOp::Min && options.op != ReduceOp::Max) {
     invalid(str_cat(to_string(op), " '", name, "': bool tensors reduce only with MIN or MAX, not ",

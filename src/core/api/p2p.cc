@@ -111,6 +111,11 @@ std::vector<Handle> batch_isend_irecv(std::vector<P2POp> ops, ProcessSet process
   std::vector<core::P2POpEntry> entries;
   entries.reserve(ops.size());
   for (const P2POp& op : ops) {
+    if (op.kind != P2POp::Kind::Send && op.kind != P2POp::Kind::Recv) {
+      // Before anything is submitted: an invalid batch sends nothing.
+      detail::throw_invalid_argument("batch_isend_irecv: unknown P2POp kind ",
+                                     static_cast<int>(op.kind));
+    }
     const bool is_send = op.kind == P2POp::Kind::Send;
     if (op.peer == any_source) {
       detail::throw_invalid_argument(

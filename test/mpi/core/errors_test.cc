@@ -70,6 +70,21 @@ TEST_CASE("argument errors are thrown by the call", "[errors]") {
   CHECK(error_of([&] { grouped_allreduce_async({}, "g"); }) == ErrorCode::InvalidArgument);
   CHECK(error_of([&] { broadcast_async(t, world_size(), "root"); }) == ErrorCode::InvalidArgument);
   CHECK(error_of([&] { Handle().wait(); }) == ErrorCode::InvalidArgument);
+  // Values outside an enum class's list (it holds any value of its underlying type) are refused
+  // by the call; before, an unknown ReduceOp or device kind reached the coordinator, which took
+  // the request for a corrupt message and stopped the job (at one rank: a failed check).
+  const auto unknown_op = static_cast<ReduceOp>(42);
+  CHECK(error_of([&] { allreduce_async(t, "op42", {.op = unknown_op}); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message.find("unknown ReduceOp 42") != std::string::npos);
+  CHECK(error_of([&] { reduce_async(t, 0, "op42.reduce", {.op = unknown_op}); }) ==
+        ErrorCode::InvalidArgument);
+  const Device unknown_device{static_cast<Device::Kind>(7), 0};
+  CHECK(error_of([&] { TensorView(v.data(), DataType::Float32, {4}, unknown_device); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message.find("unknown Device kind 7") != std::string::npos);
+  CHECK(error_of([&] { Tensor(DataType::Float32, {4}, unknown_device); }) ==
+        ErrorCode::InvalidArgument);
   CHECK(all_ranks(sum_works()));
   shutdown();
 }

@@ -307,6 +307,11 @@ TEST_CASE("bad peers and tags are InvalidArgument from the call; nothing is sent
                batch_isend_irecv({{P2POp::Kind::Send, TensorView(first.data(), {2}), right(), 9},
                                   {P2POp::Kind::Send, t, right(), 40000}});
              }) == ErrorCode::InvalidArgument;
+  // An op kind outside the enum's list (before, it counted as a receive that then stalled).
+  ok = ok && error_of([&] {
+               batch_isend_irecv({{P2POp::Kind::Send, TensorView(first.data(), {2}), right(), 9},
+                                  {static_cast<P2POp::Kind>(5), t, right(), 9}});
+             }) == ErrorCode::InvalidArgument;
   std::vector<float> second(2, 2.0f);
   Handle s = isend(TensorView(second.data(), {2}), right(), 9);
   std::vector<float> got(2);
