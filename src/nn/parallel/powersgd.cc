@@ -141,7 +141,33 @@ struct Matrix {
   std::int64_t offset, rows, cols, rank, p_offset, q_offset;
 };
 
-// Fresh random Q's (when there are no factors to start warm from), then every Q orthogonalized.
+// Note [Warm factors keep their rank]
+// With warm start a pass begins from the last pass's Q, and Q = Mᵀ·P carries a zero column
+// wherever P had one: where the gradient was zero (a layer unused in that step) or of lower
+// rank than the factors. Orthogonalizing keeps such a column zero, so P = M·Q gets a zero
+// column again, pass after pass: the direction was lost for the rest of training (a gradient
+// unused once was never sent again, even at full rank). So a column that comes out zero is
+// drawn afresh, from the same seeded generator on every rank (their Q's are equal: each is the
+// average), and the matrix orthogonalized again; a random direction is independent of the
+// others with probability 1.
+void refill_zero_columns(const Shared& shared, Memory& memory, const GradBucket& bucket, float* q,
+                         std::int64_t rows, std::int64_t cols) {
+  std::vector<float> fresh(static_cast<std::size_t>(rows * cols));
+  nn::detail::fill_normal(fresh, shared.options.random_seed,
+                          static_cast<std::uint64_t>(bucket.index), memory.draws++);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    bool zero = true;
+    for (std::int64_t r = 0; r < rows && zero; ++r) zero = q[r * cols + c] == 0.0f;
+    if (!zero) continue;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      q[r * cols + c] = fresh[static_cast<std::size_t>(r * cols + c)];
+    }
+  }
+  nn::detail::orthogonalize(q, rows, cols, shared.options.orthogonalization_epsilon);
+}
+
+// Fresh random Q's (when there are no factors to start warm from), then every Q orthogonalized,
+// its lost columns drawn afresh (Note [Warm factors keep their rank]).
 void prepare_q(const Shared& shared, Memory& memory, const GradBucket& bucket,
                const std::vector<Matrix>& matrices, std::int64_t p_size, std::int64_t q_size) {
   if (memory.p.num_elements() != p_size || memory.q.num_elements() != q_size) {
@@ -151,8 +177,9 @@ void prepare_q(const Shared& shared, Memory& memory, const GradBucket& bucket,
                             static_cast<std::uint64_t>(bucket.index), memory.draws++);
   }
   for (const Matrix& m : matrices) {
-    nn::detail::orthogonalize(float_data(memory.q) + m.q_offset, m.cols, m.rank,
-                              shared.options.orthogonalization_epsilon);
+    float* q = float_data(memory.q) + m.q_offset;
+    if (nn::detail::orthogonalize(q, m.cols, m.rank, shared.options.orthogonalization_epsilon) > 0)
+      refill_zero_columns(shared, memory, bucket, q, m.cols, m.rank);
   }
 }
 

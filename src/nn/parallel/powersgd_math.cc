@@ -35,7 +35,7 @@ bool should_compress(std::int64_t rows, std::int64_t cols, std::int64_t rank,
   return compressed * min_compression_rate < uncompressed;
 }
 
-void orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double epsilon) {
+std::int64_t orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double epsilon) {
   const auto at = [&](std::int64_t row, std::int64_t col) -> float& {
     return data[row * cols + col];
   };
@@ -46,6 +46,7 @@ void orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double eps
   };
   std::vector<double> original(static_cast<std::size_t>(cols));
   for (std::int64_t i = 0; i < cols; ++i) original[static_cast<std::size_t>(i)] = norm_of(i);
+  std::int64_t zeroed = 0;
   for (std::int64_t i = 0; i < cols; ++i) {
     const double residual = norm_of(i);
     // A column (numerically) in the span of the previous ones carries no direction of its own:
@@ -55,7 +56,10 @@ void orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double eps
     const bool dependent = residual <= kDependentColumn * original[static_cast<std::size_t>(i)];
     const double scale = dependent ? 0.0 : 1.0 / (residual + epsilon);
     for (std::int64_t k = 0; k < rows; ++k) at(k, i) = static_cast<float>(at(k, i) * scale);
-    if (dependent) continue;
+    if (dependent) {
+      ++zeroed;
+      continue;
+    }
     for (std::int64_t j = i + 1; j < cols; ++j) {
       double dot = 0;
       for (std::int64_t k = 0; k < rows; ++k) dot += static_cast<double>(at(k, i)) * at(k, j);
@@ -64,6 +68,7 @@ void orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double eps
       }
     }
   }
+  return zeroed;
 }
 
 void fill_normal(std::span<float> out, std::uint64_t seed, std::uint64_t stream,

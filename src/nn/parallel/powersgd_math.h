@@ -20,7 +20,8 @@ bool should_compress(std::int64_t rows, std::int64_t cols, std::int64_t rank,
 // PyTorch, a column left with less than 1e-4 of its norm (dependent on the previous ones, or
 // zero) becomes zero instead of normalized rounding noise (or NaN): the nonzero columns stay
 // orthonormal and span what the input spanned. Norms and dot products are accumulated in double.
-void orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double epsilon);
+// Returns how many columns became zero.
+std::int64_t orthogonalize(float* data, std::int64_t rows, std::int64_t cols, double epsilon);
 
 // Fills `out` with standard normal values drawn from a generator seeded by (seed, stream, draw):
 // the same three numbers give the same values on every rank and every run, independent of any

@@ -202,11 +202,11 @@ TEST_CASE("Gram-Schmidt makes the columns orthonormal; epsilon shrinks them; zer
   CHECK(worst < 1e-5);
   // One column: divided by (norm + epsilon), so its norm is norm / (norm + epsilon).
   std::vector<float> col = {3, 4};
-  detail::orthogonalize(col.data(), 2, 1, 5.0);
+  CHECK(detail::orthogonalize(col.data(), 2, 1, 5.0) == 0);
   CHECK(col[0] == Approx(0.3).epsilon(1e-6));
   CHECK(col[1] == Approx(0.4).epsilon(1e-6));
-  std::vector<float> zero = {0, 0, 0, 1, 0, 2};  // Column 0 zero, column 1 (0, 1, 2).
-  detail::orthogonalize(zero.data(), 3, 2, 0);
+  std::vector<float> zero = {0, 0, 0, 1, 0, 2};             // Column 0 zero, column 1 (0, 1, 2).
+  CHECK(detail::orthogonalize(zero.data(), 3, 2, 0) == 1);  // How many it zeroed.
   CHECK(zero[0] == 0);
   CHECK(zero[2] == 0);
   CHECK(zero[4] == 0);
@@ -214,7 +214,7 @@ TEST_CASE("Gram-Schmidt makes the columns orthonormal; epsilon shrinks them; zer
   CHECK(zero[5] == Approx(2 / std::sqrt(5.0)));
   // A column dependent on the previous ones becomes zero, not normalized rounding noise.
   std::vector<float> dependent = {1, 2, 0.1f, 2, 4, 0.3f, 3, 6, 0.2f};  // Column 1 = 2 x column 0.
-  detail::orthogonalize(dependent.data(), 3, 3, 0);
+  CHECK(detail::orthogonalize(dependent.data(), 3, 3, 0) == 1);
   CHECK(dependent[1] == 0);
   CHECK(dependent[4] == 0);
   CHECK(dependent[7] == 0);
