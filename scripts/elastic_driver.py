@@ -8,12 +8,15 @@
 #   - Open MPI reports a rank killed by a signal or a host lost: the host is excluded from
 #     later launches until the discovery script drops it and lists it again (it was replaced);
 #     a rank that aborted or exited without finalizing is relaunched where it was.
-# Another non-zero status is the program's own error, which a relaunch would repeat: the job
-# ends with it. While the job runs, the discovery script is polled (TUTTI_ELASTIC_DISCOVERY_
-# INTERVAL seconds); when the launch it allows differs from the running one (a host added
-# below --max-np, a host in use removed), tuttirun sends SIGUSR2 to mpirun, which forwards it
-# to every rank, and the job stops at its next State::commit() (elastic::HostsUpdated).
-# Each launch uses the hosts available within [--min-np, --max-np] slots; below --min-np it
+# A rank that died of SIGABRT (an uncaught exception, a failed assert; Tutti's runtime stops
+# with status 75 or MPI_Abort instead) or another non-zero status is the program's own error,
+# which a relaunch would repeat: the job ends with it, as Horovod's elastic mode resets on
+# HorovodInternalError and host failures and lets other exceptions end the job. While the job
+# runs, the discovery script is polled (TUTTI_ELASTIC_DISCOVERY_INTERVAL seconds); when the
+# launch it allows differs from the running one (a host added below --max-np, a host in use
+# removed), tuttirun sends SIGUSR2 to mpirun, which forwards it to every rank, and the job
+# stops at its next State::commit() (elastic::HostsUpdated). Each launch uses every usable
+# slot up to --max-np (as horovodrun; -np is what the first launch waits for); below --min-np it
 # waits up to --elastic-timeout seconds, then fails naming what is missing. --max-restarts
 # bounds the relaunches after failures over the whole job; relaunches tuttirun asked for do
 # not count. Every decision is one line on stderr starting "tuttirun: elastic: ".
@@ -38,10 +41,14 @@ DISCOVERY_TIMEOUT_S = 30
 # Open MPI failure kinds (tuttirun's HOST_FAILURES) after which the host is not used again:
 # its daemon was lost, or a rank on it was killed by a signal.
 EXCLUDING_KINDS = ("lost", "signal")
+# The kind of a rank that aborted itself (SIGABRT): the program's error, not the host's.
+PROGRAM_KIND = "program"
 # Variables naming files or folders a launch writes: a relaunch gets its own, so that it keeps
-# those of the launch before it. Seam for the flight recorder (not built yet): its dump folder,
-# TUTTI_FLIGHT_RECORDER_DIR, belongs here, so each launch leaves its own dumps.
-PER_LAUNCH_PATHS = ("TUTTI_TIMELINE", "TUTTI_AUTOTUNE_LOG")
+# those of the launch before it. The runtime reads HOROVOD_<NAME> when TUTTI_<NAME> is unset,
+# so both spellings are renamed. The flight recorder's dump folder is one: a launch that failed
+# keeps the dumps that explain why (unset, every launch dumps to the one default folder).
+PER_LAUNCH_PATHS = ("TUTTI_TIMELINE", "TUTTI_AUTOTUNE_LOG", "TUTTI_FLIGHT_RECORDER_DIR",
+                    "HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE_LOG", "HOROVOD_FLIGHT_RECORDER_DIR")
 
 
 class ElasticError(Exception):
@@ -59,7 +66,7 @@ def hosts_text(host_slots):
 def run_discovery(script, parse_hosts):
     """[(host, slots)] from the script's 'host[:slots]' lines ('#' comments and blank lines
     allowed; a bare host has 1 slot; a host named twice gets the sum). Raises ElasticError
-    when the script fails, times out or prints a malformed line."""
+    when the script fails, times out or prints a malformed line (named by its number)."""
     try:
         result = subprocess.run([script], capture_output=True, text=True, errors="replace",
                                 timeout=DISCOVERY_TIMEOUT_S, check=False)
@@ -77,9 +84,10 @@ def run_discovery(script, parse_hosts):
         line = line.split("#", 1)[0].strip()
         if line:
             try:
-                entries += parse_hosts(line)
+                entries += parse_hosts(line, what="host entry")
             except ValueError as e:
-                raise ElasticError(f"the discovery script {script}, line {number}: {e}") from None
+                raise ElasticError(f"the discovery script {script} printed a bad line "
+                                   f"{number} ('{line}'): {e}") from None
     merged = {}
     for host, slots in entries:
         merged[host] = merged.get(host, 0) + slots
@@ -154,8 +162,8 @@ class Launch:
 class ElasticDriver:
     """The relaunch loop. make_command(np, host_slots, launch, env) returns (argv, env) of one
     launch; make_scanner() a fresh Open MPI failure scanner (failures: host -> reason, kinds:
-    host -> kind); relay(pipe, sink, scanner) copies stderr through it; parse_hosts parses one
-    'host[:slots]' entry."""
+    host -> kind); relay(pipe, sink, scanner) copies stderr through it; parse_hosts(text, what)
+    parses one line of 'host[:slots]' entries, calling an entry `what` in its errors."""
 
     def __init__(self, args, environ, make_command, make_scanner, relay, parse_hosts,
                  forward_sigint=True):
@@ -272,11 +280,17 @@ class ElasticDriver:
             why = "as asked" if asked else "its runtime stopped on an error"
             log(f"launch {number} stopped at a commit to be relaunched ({why}, status {code})")
             return True, not asked
+        detail = "; ".join(f"host {host}: {why}" for host, why in failed.items())
+        # Only when every host's report is a rank aborting itself: a rank that aborted after
+        # another host was lost is not the failure's cause.
+        if failed and all(scanner.kinds.get(host) == PROGRAM_KIND for host in failed):
+            log(f"launch {number} failed (status {code}): {detail}: the program's own error, "
+                "which a relaunch would repeat: not relaunching")
+            return False, False
         if failed:
             blamed = [host for host in failed if scanner.kinds.get(host) in EXCLUDING_KINDS]
             for host in blamed:
                 self.excluded[host] = failed[host]
-            detail = "; ".join(f"host {host}: {why}" for host, why in failed.items())
             excluded = f"; excluding {', '.join(blamed)}" if blamed else ""
             log(f"launch {number} failed (status {code}): {detail}{excluded}")
             return True, True
@@ -291,6 +305,11 @@ class ElasticDriver:
         self.interrupted = signum
         if self.launch is not None and (signum != signal.SIGINT or self.forward_sigint):
             self.launch.signal(signum)
+
+    def exit_status(self, code):
+        """tuttirun's status for a last launch that ended with code: 128+N after our signal N
+        unless the job still succeeded, as for a plain job (mpirun exits 1 after SIGTERM)."""
+        return 128 + self.interrupted if self.interrupted and code != 0 else code
 
     def run(self):
         """Runs the job to its end; returns tuttirun's exit status."""
@@ -333,7 +352,7 @@ class ElasticDriver:
             relaunch, counts = self.outcome(number, code, scanner)
             self.launch = None
             if not relaunch:
-                return code
+                return self.exit_status(code)
             if counts:
                 restarts += 1
                 if restarts > self.max_restarts:

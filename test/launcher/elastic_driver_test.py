@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Tests of tuttirun's elastic mode (scripts/elastic_driver.py and its flags in scripts/tuttirun)
 # with a fake job in place of mpirun (fake_elastic_job.py): which launches happen on which
-# hosts after a failure, a change of hosts, too few hosts; --max-restarts; the flags' checks.
+# hosts after a failure, a change of hosts, too few hosts; --max-restarts; the flags' checks;
+# and tuttirun itself over a fake mpirun: each launch's file names, its exit status on a signal.
 # Real elastic jobs run in the cluster suite (test/cluster/cluster_test.py, 'elastic').
 #
 # Usage: TUTTIRUN=scripts/tuttirun python3 test/launcher/elastic_driver_test.py [-v]
@@ -13,6 +14,7 @@ import importlib.util
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +59,22 @@ class Cluster:
 
     def remove(self):
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def fake_mpirun_environ(cluster, body, **extra):
+    """An environment for running tuttirun as a subprocess with, first on its PATH, an
+    executable 'mpirun' (in cluster's folder) that runs the sh `body` in place of Open MPI's;
+    no TUTTI_*/HOROVOD_* variables but extra, commits under the cluster's folder."""
+    bin_dir = os.path.join(cluster.dir, "bin")
+    os.mkdir(bin_dir)
+    with open(os.path.join(bin_dir, "mpirun"), "w", encoding="utf-8") as f:
+        f.write("#!/bin/sh\n" + body)
+    os.chmod(os.path.join(bin_dir, "mpirun"), 0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUTTI_", "HOROVOD_"))}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TUTTI_ELASTIC_DISCOVERY_INTERVAL="0.1",
+               TUTTI_ELASTIC_DIR=os.path.join(cluster.dir, "commits"))
+    env.update(extra)
+    return env
 
 
 class DriverTest(unittest.TestCase):
@@ -137,6 +155,26 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(len(self.launches), 1)
         self.assertTrue(self.logged("the program's own error"), self.log)
 
+    def test_a_rank_aborting_itself_is_the_programs_error(self):
+        # SIGABRT: an uncaught exception or a failed assert, which would recur on any host.
+        cluster = Cluster("a:1,b:1")
+        self.addCleanup(cluster.remove)
+        code = self.drive(cluster, [["killed", "b", "6", "134"], ["exit", "0"]])
+        self.assertEqual(code, 134)
+        self.assertEqual(self.launches, [(2, "a:1,b:1")])
+        self.assertTrue(self.logged("launch 1 failed (status 134): host b: rank 1 aborted "
+                                    "(SIGABRT: an uncaught exception or a failed assertion): "
+                                    "the program's own error"), self.log)
+        self.assertFalse(self.logged("excluding"), self.log)
+
+    def test_np_is_what_the_first_launch_waits_for_and_max_np_caps_it(self):
+        # As horovodrun: every listed slot up to --max-np is used, whatever -np.
+        cluster = Cluster("a:4")
+        self.addCleanup(cluster.remove)
+        self.assertEqual(self.drive(cluster, [["exit", "0"]], num_proc=2), 0)
+        self.assertEqual(self.drive(cluster, [["exit", "0"]], num_proc=2, max_np=2), 0)
+        self.assertEqual(self.launches, [(4, "a:4"), (2, "a:2")])
+
     def test_a_change_of_hosts_stops_the_job_and_is_not_a_restart(self):
         cluster = Cluster("a:1")
         self.addCleanup(cluster.remove)
@@ -152,7 +190,8 @@ class DriverTest(unittest.TestCase):
         cluster = Cluster("a:2")
         self.addCleanup(cluster.remove)
         threading.Timer(0.3, cluster.set_hosts, args=("a:2,b:2",)).start()
-        code = self.drive(cluster, [["exit", "0"]], max_np=2)
+        # The job runs past the change (which the driver polls every 0.1 s).
+        code = self.drive(cluster, [["sleep", "1.5"]], max_np=2)
         self.assertEqual(code, 0)
         self.assertFalse(self.logged("asking the job to stop"), self.log)
 
@@ -252,7 +291,10 @@ class DiscoveryTest(unittest.TestCase):
                          [("a", 3), ("b", 1)])
 
     def test_failures_are_named(self):
-        for body, text in (("echo 'a:x'\n", "line 1: malformed -H entry 'a:x'"),
+        for body, text in (("echo 'a:x'\n", "printed a bad line 1 ('a:x'): malformed host entry "
+                                           "'a:x': slots must be a positive integer"),
+                           ("echo a; echo 'b c'\n", "printed a bad line 2 ('b c'): malformed "
+                                                    "host entry 'b c': expected host[:slots]"),
                            ("echo oops >&2; exit 4\n", "exited with status 4: oops")):
             with self.subTest(body=body):
                 with self.assertRaises(elastic_driver.ElasticError) as caught:
@@ -329,6 +371,57 @@ class FlagTest(unittest.TestCase):
                                 env=dict(os.environ, TUTTI_ELASTIC_DISCOVERY_INTERVAL="0"))
         self.assertEqual(result.returncode, 2)
         self.assertIn("TUTTI_ELASTIC_DISCOVERY_INTERVAL: '0' must be between 0.05", result.stderr)
+
+
+class FakeMpirunTest(unittest.TestCase):
+    """tuttirun in elastic mode as a subprocess, with a fake mpirun (fake_mpirun_environ)."""
+
+    def test_each_launch_after_the_first_writes_its_own_files(self):
+        cluster = Cluster("localhost:1")
+        self.addCleanup(cluster.remove)
+        record = os.path.join(cluster.dir, "record")
+        # Launch 1 stops to be relaunched (status 75), launch 2 finishes.
+        env = fake_mpirun_environ(
+            cluster, f'echo "$TUTTI_TIMELINE $TUTTI_AUTOTUNE_LOG $HOROVOD_TIMELINE '
+                     f'$HOROVOD_AUTOTUNE_LOG $TUTTI_FLIGHT_RECORDER_DIR" >> {record}\n'
+                     f'[ "$(wc -l < {record})" -ge 2 ] && exit 0\nexit 75\n',
+            HOROVOD_TIMELINE="/d/h.json", HOROVOD_AUTOTUNE_LOG="/d/ha.csv",
+            TUTTI_FLIGHT_RECORDER_DIR="/d/dumps")
+        result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                 cluster.script, "--timeline-filename", "/d/t.json",
+                                 "--autotune-log-file", "/d/a.csv", "prog"],
+                                capture_output=True, text=True, env=env, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(record, encoding="utf-8") as f:
+            self.assertEqual(f.read().splitlines(), [
+                "/d/t.json /d/a.csv /d/h.json /d/ha.csv /d/dumps",
+                "/d/t.launch2.json /d/a.launch2.csv /d/h.launch2.json /d/ha.launch2.csv "
+                "/d/dumps.launch2"])
+
+    def test_a_signal_ends_the_job_with_128_plus_its_number(self):
+        # As a plain job (tuttirun_test.py); mpirun itself exits 1 after forwarding SIGTERM.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with self.subTest(signal=signum.name):
+                cluster = Cluster("localhost:1")
+                self.addCleanup(cluster.remove)
+                started = os.path.join(cluster.dir, "started")
+                env = fake_mpirun_environ(cluster, "trap 'kill $child; exit 1' TERM INT\n"
+                                          f"sleep 30 & child=$!\ntouch {started}\nwait $child\n")
+                child = subprocess.Popen([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                          cluster.script, "prog"], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         env=env)
+                deadline = time.monotonic() + 20
+                while not os.path.exists(started) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                child.send_signal(signum)
+                try:
+                    returncode = child.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+                    self.fail("the job outlived the signal")
+                self.assertEqual(returncode, 128 + signum)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 # Stands in for mpirun in the elastic driver's tests (elastic_driver_test.py): prints what
 # Open MPI prints when a rank fails, exits as a Tutti job would.
 #   exit CODE                  exits with CODE
+#   sleep SECONDS              exits 0 after SECONDS (SIGUSR2 kills it)
 #   killed HOST SIGNAL CODE    Open MPI's report of a rank on HOST killed by SIGNAL; exits CODE
 #   aborted HOST CODE          Open MPI's report of a rank on HOST calling abort; exits CODE
 #   wait-stop                  exits 75 (the relaunch status) on SIGUSR2; 0 after 30 s
@@ -15,13 +16,16 @@ import time
 
 def report_killed(host, signum):
     print(f"mpirun noticed that process rank 1 with PID 4242 on node {host} exited on signal "
-          f"{signum} (Killed).", file=sys.stderr, flush=True)
+          f"{signum} ({signal.strsignal(int(signum))}).", file=sys.stderr, flush=True)
 
 
 def main(argv):
     action = argv[0]
     if action == "exit":
         return int(argv[1])
+    if action == "sleep":
+        time.sleep(float(argv[1]))
+        return 0
     if action == "killed":
         report_killed(argv[1], argv[2])
         return int(argv[3])

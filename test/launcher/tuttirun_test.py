@@ -73,6 +73,9 @@ class FlagMappingTest(unittest.TestCase):
         (["--fusion-threshold-mb", "8"], "TUTTI_FUSION_THRESHOLD", "8388608"),
         (["--fusion-threshold-mb", "0"], "TUTTI_FUSION_THRESHOLD", "0"),
         (["--fusion-threshold-mb", "0.5"], "TUTTI_FUSION_THRESHOLD", "524288"),
+        # 1e-7 MB = 0.105 bytes: a positive threshold is at least 1 byte, as 0 turns fusion off.
+        (["--fusion-threshold-mb", "0.0000001"], "TUTTI_FUSION_THRESHOLD", "1"),
+        (["--fusion-threshold-mb", "0.000002"], "TUTTI_FUSION_THRESHOLD", "2"),  # 2.097 bytes
         (["--cycle-time-ms", "2.5"], "TUTTI_CYCLE_TIME", "2.5"),
         (["--cycle-time-ms", "3"], "TUTTI_CYCLE_TIME", "3"),
         (["--cache-capacity", "2048"], "TUTTI_CACHE_CAPACITY", "2048"),
@@ -240,6 +243,28 @@ class HostsTest(unittest.TestCase):
     def test_malformed_line_is_named(self):
         path = self.write("node1 slots=2\nnode2 slots=two\n")
         with self.assertRaisesRegex(ValueError, re.escape(path) + ":2: malformed"):
+            tuttirun.parse_hostfile(path)
+
+    def test_max_slots_below_slots_is_refused_naming_the_line(self):
+        # mpirun refuses such a line with an "internal error" after starting.
+        path = self.write("node1 slots=4\nnode2 slots=2 max_slots=1\n")
+        with self.assertRaisesRegex(ValueError, re.escape(
+                f"{path}:2: max_slots=1 is below slots=2 in 'node2 slots=2 max_slots=1'")):
+            tuttirun.parse_hostfile(path)
+        path = self.write("node1 slots=2 max_slots=2\n")
+        self.assertEqual(tuttirun.parse_hostfile(path), [("node1", 2)])
+
+    def test_a_host_on_several_lines_reaches_mpirun_merged(self):
+        # mpirun refuses a host on two 'slots=' lines; tuttirun hands it what it checked.
+        path = self.write("a slots=2\nb slots=1\na slots=1\n")
+        command, _ = build(["-np", "4", "--hostfile", path, "prog"], cpu_count=1)
+        self.assertEqual(command[command.index("-H") + 1], "a:3,b:1")
+        self.assertNotIn("--hostfile", command)
+
+    def test_a_repeated_host_with_max_slots_is_refused(self):
+        path = self.write("a slots=2 max_slots=4\nb slots=1\na slots=1\n")
+        with self.assertRaisesRegex(ValueError, re.escape(
+                f"{path}:1: host 'a' is also on line(s) 3, and max_slots cannot be kept")):
             tuttirun.parse_hostfile(path)
 
     def test_missing_hostfile(self):
@@ -467,6 +492,12 @@ class ErrorTest(unittest.TestCase):
                                 "-np 4 exceeds the 3 slots")
         self.assert_usage_error(["-np", "2", "--hostfile", "/nonexistent/hosts", "true"],
                                 "cannot read hostfile")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "hosts")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("localhost slots=2 max_slots=1\n")
+            self.assert_usage_error(["-np", "2", "--hostfile", path, "true"],
+                                    f"{path}:1: max_slots=1 is below slots=2")
 
     def test_missing_program(self):
         self.assert_usage_error(["-np", "1", "no-such-program-xyz"],
@@ -620,8 +651,18 @@ class RealJobTest(unittest.TestCase):
                     child.kill()
                     child.wait()
                     self.fail("the job outlived the signal")
-                self.assertNotEqual(returncode, 0)
+                # As a shell reports a command the signal ended (mpirun itself exits 1).
+                self.assertEqual(returncode, 128 + signum)
                 self.assertLess(time.monotonic() - start, 20)
+
+    def test_a_hostfile_naming_a_host_twice_runs(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "hosts")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("localhost slots=2\nlocalhost slots=1\n")
+            result = run_launcher(["-np", "3", "--hostfile", path, "sh", "-c", "echo ok"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.count("<stdout>:ok"), 3, result.stdout)
 
 if __name__ == "__main__":
     unittest.main()
