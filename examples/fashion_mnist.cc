@@ -42,8 +42,10 @@
 //                 feedback and the averager's step count are not committed: a relaunched job
 //                 starts them afresh (PowerSGD's warm-up of plain allreduces included)
 // Rank 0 prints progress, a line per epoch and, last, "final test accuracy: XX.XX%".
-// Exit status: 0; 1 for missing data, a bad checkpoint or a runtime error; 2 for bad flags;
-// with --elastic, 75 when the job stopped to be relaunched (tutti::elastic::kRelaunchExitCode).
+// Exit status: 0 (--help too); 1 for missing data, a bad checkpoint or a runtime error; 2 for
+// bad flags (a flag of a wrapper or hook not chosen included, such as --period without
+// --wrapper localsgd, which would be ignored); with --elastic, 75 when the job stopped to be
+// relaunched (tutti::elastic::kRelaunchExitCode).
 #include <tutti/data.h>
 #include <tutti/elastic.h>
 #include <tutti/nn.h>
@@ -67,6 +69,7 @@
 #include <utility>
 #include <vector>
 
+#include "examples/flag_reader.h"
 #include "fashion_mnist_checkpoint.h"
 
 namespace {
@@ -75,6 +78,7 @@ namespace nn = tutti::nn;
 namespace optim = tutti::optim;
 using tutti::Tensor;
 using tutti::TensorView;
+using tutti::examples::FlagReader;
 
 constexpr char kUsage[] =
     "usage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size B] [--lr LR]\n"
@@ -105,64 +109,65 @@ struct Flags {
   std::size_t commit_every = 100;  // Steps, with --elastic.
 };
 
-// The number in `text` if it is finite, >= `min` and (with `integer`) whole and at most 1e9.
-std::optional<double> to_number(const std::string& text, double min, bool integer) {
-  char* end = nullptr;
-  const double x = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(x) || x < min) return std::nullopt;
-  if (integer && (x != std::floor(x) || x > 1e9)) return std::nullopt;
-  return x;
+constexpr std::int64_t kMaxCount = 1'000'000'000;  // Epochs, steps, images, seeds: a sanity bound.
+
+// Why the flags given ask for something this run would not do (a flag of a mode not chosen,
+// which it would ignore); empty if nothing.
+std::string combination_fault(const Flags& f, const FlagReader& given) {
+  if (given.given("--commit-every") && !f.elastic) return "--commit-every needs --elastic";
+  if (f.elastic && !f.checkpoint.empty()) return "--elastic keeps its own state: no --checkpoint";
+  if (!f.hook.empty() && f.wrapper != "ddp") return "--hook needs --wrapper ddp";
+  for (const char* flag : {"--period", "--warmup-steps"}) {
+    if (given.given(flag) && f.wrapper != "localsgd")
+      return std::string(flag) + " needs --wrapper localsgd";
+  }
+  for (const char* flag : {"--powersgd-rank", "--powersgd-start"}) {
+    if (given.given(flag) && f.hook != "powersgd")
+      return std::string(flag) + " needs --hook powersgd";
+  }
+  return "";
 }
 
-std::optional<Flags> parse_flags(int argc, char** argv) {
-  Flags f;
-  bool commit_every_set = false;
-  for (int i = 1; i < argc;) {
-    const std::string flag = argv[i++];
-    if (flag == "--elastic") {  // The one flag without a value.
+// Reads the flags into `f`; a fault or --help ends the reading (FlagReader::exit_status).
+void parse_flags(FlagReader& flags, Flags& f) {
+  const auto count = [&](std::int64_t min) { return flags.integer(min, kMaxCount); };
+  while (flags.next()) {
+    if (flags.is("--elastic"))  // The one flag without a value.
       f.elastic = true;
-      continue;
-    }
-    if (i == argc) return std::nullopt;  // A flag without its value.
-    const std::string value = argv[i++];
-    std::optional<double> x = 0.0;
-    if (flag == "--model" && (value == "mlp" || value == "cnn"))
-      f.model = value;
-    else if (flag == "--epochs" && (x = to_number(value, 0, true)))
-      f.epochs = static_cast<int>(*x);
-    else if (flag == "--batch-size" && (x = to_number(value, 1, true)))
-      f.batch_size = static_cast<std::size_t>(*x);
-    else if (flag == "--lr" && (x = to_number(value, 0, false)))
-      f.lr = *x;
-    else if (flag == "--data-dir")
-      f.data_dir = value;
-    else if (flag == "--checkpoint")
-      f.checkpoint = value;
-    else if (flag == "--seed" && (x = to_number(value, 0, true)))
-      f.seed = static_cast<std::uint64_t>(*x);
-    else if (flag == "--limit" && (x = to_number(value, 1, true)))
-      f.limit = static_cast<std::size_t>(*x);
-    else if (flag == "--wrapper" && (value == "optimizer" || value == "ddp" || value == "localsgd"))
-      f.wrapper = value;
-    else if (flag == "--hook" && (value == "allreduce" || value == "fp16" || value == "powersgd"))
-      f.hook = value;
-    else if (flag == "--powersgd-rank" && (x = to_number(value, 1, true)))
-      f.powersgd_rank = static_cast<int>(*x);
-    else if (flag == "--powersgd-start" && (x = to_number(value, 2, true)))
-      f.powersgd_start = static_cast<int>(*x);
-    else if (flag == "--period" && (x = to_number(value, 1, true)))
-      f.period = static_cast<int>(*x);
-    else if (flag == "--warmup-steps" && (x = to_number(value, 0, true)))
-      f.warmup_steps = static_cast<int>(*x);
-    else if (flag == "--commit-every" && (x = to_number(value, 1, true)))
-      f.commit_every = static_cast<std::size_t>(*x), commit_every_set = true;
+    else if (flags.is("--model"))
+      f.model = flags.choice({"mlp", "cnn"});
+    else if (flags.is("--epochs"))
+      f.epochs = static_cast<int>(count(0));
+    else if (flags.is("--batch-size"))
+      f.batch_size = static_cast<std::size_t>(count(1));
+    else if (flags.is("--lr"))
+      f.lr = flags.positive_real();
+    else if (flags.is("--data-dir"))
+      f.data_dir = flags.text();
+    else if (flags.is("--checkpoint"))
+      f.checkpoint = flags.text();
+    else if (flags.is("--seed"))
+      f.seed = static_cast<std::uint64_t>(count(0));
+    else if (flags.is("--limit"))
+      f.limit = static_cast<std::size_t>(count(1));
+    else if (flags.is("--wrapper"))
+      f.wrapper = flags.choice({"optimizer", "ddp", "localsgd"});
+    else if (flags.is("--hook"))
+      f.hook = flags.choice({"allreduce", "fp16", "powersgd"});
+    else if (flags.is("--powersgd-rank"))
+      f.powersgd_rank = static_cast<int>(count(1));
+    else if (flags.is("--powersgd-start"))
+      f.powersgd_start = static_cast<int>(count(2));
+    else if (flags.is("--period"))
+      f.period = static_cast<int>(count(1));
+    else if (flags.is("--warmup-steps"))
+      f.warmup_steps = static_cast<int>(count(0));
+    else if (flags.is("--commit-every"))
+      f.commit_every = static_cast<std::size_t>(count(1));
     else
-      return std::nullopt;
+      flags.unknown();
   }
-  // --commit-every means nothing without --elastic, and --elastic keeps its own state.
-  if ((commit_every_set && !f.elastic) || (f.elastic && !f.checkpoint.empty())) return std::nullopt;
-  if (!f.hook.empty() && f.wrapper != "ddp") return std::nullopt;  // Hooks are DDP's.
-  return f;
+  flags.fail(combination_fault(f, flags));
 }
 
 std::shared_ptr<nn::Sequential> make_model(const std::string& kind) {
@@ -514,18 +519,19 @@ int train_elastic(const Flags& flags, Training& t) {
 
 int main(int argc, char** argv) {
   tutti::init();
-  const std::optional<Flags> flags = parse_flags(argc, argv);
-  if (!flags) {
-    if (tutti::rank() == 0) std::fputs(kUsage, stderr);
+  FlagReader reader("fashion_mnist", argc, argv);
+  Flags flags;
+  parse_flags(reader, flags);
+  if (const std::optional<int> exit_status = reader.exit_status(kUsage, tutti::rank() == 0)) {
     tutti::shutdown();
-    return 2;
+    return *exit_status;
   }
   int status = 1;
   try {
-    Training training(*flags);
+    Training training(flags);
     if (training.load_data()) {
       training.build_model();
-      status = flags->elastic ? train_elastic(*flags, training) : train(*flags, training);
+      status = flags.elastic ? train_elastic(flags, training) : train(flags, training);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: rank %d: %s\n", tutti::rank(), e.what());

@@ -3,7 +3,8 @@
 // each rank on its own shard of the data, gradients averaged by the DistributedOptimizer.
 // Usage: scripts/tuttirun -np 2 build/examples/linear_regression
 // Rank 0 prints the learned weight and bias; the exit status is 1 unless the weight is within
-// 0.1 of 3 and the bias within 0.1 of 2 (the smoke test in examples/meson.build relies on it).
+// 0.1 of 3 and the bias within 0.1 of 2 (the smoke test in examples/meson.build relies on it);
+// 2 for any argument (it takes none; --help prints the usage).
 #include <tutti/nn.h>
 #include <tutti/optim.h>
 #include <tutti/tutti.h>
@@ -11,10 +12,19 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <vector>
 
-int main() {
+#include "examples/flag_reader.h"
+
+constexpr char kUsage[] = "usage: linear_regression   (it takes no flags)\n";
+
+int main(int argc, char** argv) {
+  // It takes no flags: anything on the command line is refused rather than ignored.
+  tutti::examples::FlagReader flags("linear_regression", argc, argv);
+  while (flags.next()) flags.unknown();
+  if (const std::optional<int> exit_status = flags.exit_status(kUsage)) return *exit_status;
   tutti::init();
   constexpr std::int64_t kSamplesPerRank = 256;
 

@@ -5,6 +5,8 @@
 // communication thread idles.
 //
 // Usage: mpirun -n 2 build/examples/p2p_benchmark [--iterations N] [--mb-iterations M]
+//   --iterations     1-float round trips timed, 1 to 10^6 (default 2000)
+//   --mb-iterations  64 MB round trips timed, 1 to 10^6 (default 20)
 // Ends with: P6 latency_us=<x> raw_us=<y> bandwidth_ratio=<tutti 64 MB bandwidth / raw>
 // Before it, for the latency runs, what a profile would say first (examples/process_usage.h):
 //   P6 detail tutti: latency_us by tenth of the run=<median of each tenth, in order>
@@ -16,12 +18,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <mpi.h>
 
+#include "examples/flag_reader.h"
 #include "examples/machine_line.h"
 #include "examples/process_usage.h"
 
@@ -32,6 +35,9 @@ using tutti::examples::process_usage;
 using tutti::examples::ProcessUsage;
 using tutti::examples::usage_by_rank;
 using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] = "usage: p2p_benchmark [--iterations N] [--mb-iterations M]\n";
+constexpr std::int64_t kMaxIterations = 1'000'000;
 
 double median(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
@@ -98,11 +104,16 @@ std::vector<double> time_raw(MPI_Comm comm, int rank, std::int64_t count, int it
 int main(int argc, char** argv) {
   int iterations = 2000;
   int mb_iterations = 20;
-  for (int i = 1; i + 1 < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--iterations") iterations = std::max(1, std::atoi(argv[i + 1]));
-    if (arg == "--mb-iterations") mb_iterations = std::max(1, std::atoi(argv[i + 1]));
+  tutti::examples::FlagReader flags("p2p_benchmark", argc, argv);
+  while (flags.next()) {
+    if (flags.is("--iterations"))
+      iterations = static_cast<int>(flags.integer(1, kMaxIterations));
+    else if (flags.is("--mb-iterations"))
+      mb_iterations = static_cast<int>(flags.integer(1, kMaxIterations));
+    else
+      flags.unknown();
   }
+  if (const std::optional<int> exit_status = flags.exit_status(kUsage)) return *exit_status;
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   tutti::init();

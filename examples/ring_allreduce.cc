@@ -7,20 +7,28 @@
 // times printed.
 //
 // Usage: mpirun -n 4 build/examples/ring_allreduce [--elements N]
-// Exits 1 if the ring's result differs from tutti::allreduce's.
+//   --elements  the vector's length, 1 to 2^30 (default 2^20)
+// Exits 1 if the ring's result differs from tutti::allreduce's, 2 for bad flags.
 #include <tutti/tutti.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "examples/flag_reader.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] = "usage: ring_allreduce [--elements N]\n";
+// Two float vectors of 2^30 (8 GiB) are more than an example needs.
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 30;
 
 // Sums `data` over every rank in place with a ring of isend/irecv.
 void ring_allreduce(std::vector<float>& data) {
@@ -67,9 +75,14 @@ void ring_allreduce(std::vector<float>& data) {
 
 int main(int argc, char** argv) {
   std::int64_t elements = 1 << 20;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--elements") elements = std::atoll(argv[i + 1]);
+  tutti::examples::FlagReader flags("ring_allreduce", argc, argv);
+  while (flags.next()) {
+    if (flags.is("--elements"))
+      elements = flags.integer(1, kMaxElements);
+    else
+      flags.unknown();
   }
+  if (const std::optional<int> exit_status = flags.exit_status(kUsage)) return *exit_status;
   tutti::init();
   const int rank = tutti::rank();
   std::vector<float> ring(static_cast<std::size_t>(elements));

@@ -2,7 +2,8 @@
 // The example of torch.distributed.autograd's design note, over Tutti's RPC: worker 0 sends t1
 // and t2 to worker 1's my_add, multiplies the result with its own t4, sums, and runs the
 // distributed backward; then it prints the gradients next to those of the same computation
-// done locally, and exits 1 if they differ by more than 1e-6.
+// done locally, and exits 1 if they differ by more than 1e-6 (2 for any argument: it takes none;
+// --help prints the usage).
 //
 // Usage: scripts/tuttirun -np 2 build/examples/rpc_autograd   (at 1 rank worker 0 calls itself)
 #include <tutti/distributed_autograd.h>
@@ -10,14 +11,20 @@
 #include <tutti/rpc.h>
 #include <tutti/tutti.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "examples/flag_reader.h"
 
 namespace {
 
 using tutti::nn::Variable;
+
+constexpr char kUsage[] = "usage: rpc_autograd   (it takes no flags)\n";
 
 tutti::rpc::Message my_add(const tutti::rpc::Message& args) {
   return {.tensors = {args.tensors[0] + args.tensors[1]}, .rrefs = {}, .bytes = {}};
@@ -51,7 +58,11 @@ double show(const char* name, const tutti::Tensor& distributed, const tutti::Ten
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // It takes no flags: anything on the command line is refused rather than ignored.
+  tutti::examples::FlagReader flags("rpc_autograd", argc, argv);
+  while (flags.next()) flags.unknown();
+  if (const std::optional<int> exit_status = flags.exit_status(kUsage)) return *exit_status;
   tutti::init();
   tutti::rpc::register_function("my_add", my_add);
   tutti::rpc::init_rpc("worker" + std::to_string(tutti::rank()));

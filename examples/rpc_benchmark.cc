@@ -5,6 +5,8 @@
 // The raw ping-pong runs on a duplicate of MPI_COMM_WORLD while the RPC agent idles. Medians.
 //
 // Usage: mpirun -n 2 build/examples/rpc_benchmark [--iterations N] [--mb-iterations M]
+//   --iterations     empty round trips timed, 1 to 10^6 (default 2000)
+//   --mb-iterations  1 MiB round trips timed, 1 to 10^6 (default 200)
 // Ends with: P7 rpc_us=<empty rpc_sync> raw_us=<empty raw ping-pong> mb_ratio=<1 MiB rpc / raw>
 #include <tutti/nn.h>
 #include <tutti/rpc.h>
@@ -12,17 +14,23 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <mpi.h>
 
+#include "examples/flag_reader.h"
 #include "examples/machine_line.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] = "usage: rpc_benchmark [--iterations N] [--mb-iterations M]\n";
+constexpr std::int64_t kMaxIterations = 1'000'000;
 
 double median_us(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
@@ -64,13 +72,17 @@ std::vector<double> time_raw(MPI_Comm comm, int rank, std::size_t bytes, int ite
 
 int main(int argc, char** argv) {
   int iterations = 2000, mb_iterations = 200;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--iterations")
-      iterations = std::stoi(argv[i + 1]);
-    else if (flag == "--mb-iterations")
-      mb_iterations = std::stoi(argv[i + 1]);
+  // At least one of each: a median of none would print 0 and a ratio of NaN.
+  tutti::examples::FlagReader flags("rpc_benchmark", argc, argv);
+  while (flags.next()) {
+    if (flags.is("--iterations"))
+      iterations = static_cast<int>(flags.integer(1, kMaxIterations));
+    else if (flags.is("--mb-iterations"))
+      mb_iterations = static_cast<int>(flags.integer(1, kMaxIterations));
+    else
+      flags.unknown();
   }
+  if (const std::optional<int> exit_status = flags.exit_status(kUsage)) return *exit_status;
   tutti::init();
   if (tutti::size() < 2) {
     std::fprintf(stderr, "rpc_benchmark needs 2 ranks\n");

@@ -7,11 +7,13 @@
 //
 // Usage: scripts/tuttirun -np 3 build/examples/rpc_parameter_server [--epochs N] [--batch-size B]
 //          [--lr LR] [--data-dir DIR] [--limit N] [--min-accuracy PERCENT]
-//   --epochs        default 3
-//   --batch-size    per trainer, default 64
-//   --lr            SGD learning rate, default 0.1
-//   --limit         train on the first N images only (smoke tests)
-//   --min-accuracy  exit 1 if the final test accuracy is lower (default 0: never)
+//   --epochs        1 to 10^6, default 3
+//   --batch-size    per trainer, 1 to 10^6, default 64
+//   --lr            SGD learning rate (above 0), default 0.1
+//   --limit         train on the first N images only (N >= 1; smoke tests)
+//   --min-accuracy  exit 1 if the final test accuracy is lower (0 to 100, default 0: never)
+// Exit status: 0; 1 below --min-accuracy or without the data; 2 for bad flags or fewer than 2
+// ranks.
 #include <tutti/data.h>
 #include <tutti/distributed_autograd.h>
 #include <tutti/nn.h>
@@ -20,22 +22,29 @@
 #include <tutti/tutti.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "examples/flag_reader.h"
 
 namespace {
 
 namespace nn = tutti::nn;
 namespace rpc = tutti::rpc;
 using tutti::Tensor;
+using tutti::examples::FlagReader;
 
+constexpr char kUsage[] =
+    "usage: rpc_parameter_server [--epochs N] [--batch-size B] [--lr LR] [--data-dir DIR]\n"
+    "                            [--limit N] [--min-accuracy PERCENT]\n";
 constexpr float kPixelMean = 0.2860f;  // Fashion-MNIST's, as examples/fashion_mnist.cc.
 // The MLP: 784 -> 256 -> 128 -> 10 with ReLUs between.
 constexpr std::pair<int, int> kLayers[] = {{784, 256}, {256, 128}, {128, 10}};
@@ -50,27 +59,26 @@ struct Flags {
   double min_accuracy = 0;
 };
 
-Flags parse(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--epochs")
-      f.epochs = std::stoi(value);
-    else if (flag == "--batch-size")
-      f.batch_size = std::stoul(value);
-    else if (flag == "--lr")
-      f.lr = std::stod(value);
-    else if (flag == "--data-dir")
-      f.data_dir = value;
-    else if (flag == "--limit")
-      f.limit = std::stoul(value);
-    else if (flag == "--min-accuracy")
-      f.min_accuracy = std::stod(value);
+// Reads the flags into `f`; a fault or --help ends the reading (FlagReader::exit_status).
+void parse_flags(FlagReader& flags, Flags& f) {
+  constexpr std::int64_t kMaxCount = 1'000'000;  // Epochs, images per batch: sanity bounds.
+  constexpr std::int64_t kMaxImages = 1'000'000'000;
+  while (flags.next()) {
+    if (flags.is("--epochs"))
+      f.epochs = static_cast<int>(flags.integer(1, kMaxCount));
+    else if (flags.is("--batch-size"))
+      f.batch_size = static_cast<std::size_t>(flags.integer(1, kMaxCount));
+    else if (flags.is("--lr"))
+      f.lr = flags.positive_real();
+    else if (flags.is("--data-dir"))
+      f.data_dir = flags.text();
+    else if (flags.is("--limit"))
+      f.limit = static_cast<std::size_t>(flags.integer(1, kMaxImages));
+    else if (flags.is("--min-accuracy"))
+      f.min_accuracy = flags.real(0, 100);
     else
-      throw std::invalid_argument("unknown flag " + flag);
+      flags.unknown();
   }
-  if (argc % 2 == 0) throw std::invalid_argument("a flag without its value");
-  return f;
 }
 
 // ---- The parameter server (rank 0) ----
@@ -166,9 +174,8 @@ double test_accuracy(const tutti::data::ImageDataset& test) {
 
 // ---- A trainer (every other rank) ----
 
-void train(const Flags& flags) {
+void train(const Flags& flags, const tutti::data::ImageDataset& data) {
   const int trainers = tutti::size() - 1, me = tutti::rank() - 1;
-  tutti::data::ImageDataset data = tutti::data::load_mnist_idx(flags.data_dir, /*train=*/true);
   std::size_t n = static_cast<std::size_t>(data.labels.num_elements());
   if (flags.limit > 0) n = std::min(n, flags.limit);
   std::vector<rpc::RRef> layers;  // The server's layers, by reference.
@@ -202,26 +209,46 @@ void train(const Flags& flags) {
   }
 }
 
+// The data this rank needs (the server the test set, a trainer the training set), or nullopt
+// on every rank after the first rank that could not load it said why. Collective, before RPC
+// starts: a bad --data-dir ends the job with a message, not an uncaught exception on a trainer.
+std::optional<tutti::data::ImageDataset> load_data(const Flags& flags) {
+  std::optional<tutti::data::ImageDataset> data;
+  std::string error;
+  try {
+    data = tutti::data::load_mnist_idx(flags.data_dir, /*train=*/tutti::rank() != 0);
+  } catch (const tutti::Error& e) {
+    error = e.what();
+  }
+  std::int32_t first_failed = error.empty() ? INT_MAX : tutti::rank();
+  tutti::allreduce(tutti::TensorView(&first_failed, {}), "data.failed",
+                   {.op = tutti::ReduceOp::Min});
+  if (first_failed == tutti::rank()) {
+    std::fprintf(stderr, "rpc_parameter_server: no usable Fashion-MNIST data in %s (%s)\n",
+                 flags.data_dir.c_str(), error.c_str());
+  }
+  if (first_failed != INT_MAX) return std::nullopt;
+  return data;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags flags;
-  try {
-    flags = parse(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(
-        stderr,
-        "rpc_parameter_server: %s\nusage: rpc_parameter_server [--epochs N] [--batch-size B] "
-        "[--lr LR] [--data-dir DIR] [--limit N] [--min-accuracy PERCENT]\n",
-        e.what());
-    return 2;
-  }
+  FlagReader reader("rpc_parameter_server", argc, argv);
+  parse_flags(reader, flags);
+  if (const std::optional<int> exit_status = reader.exit_status(kUsage)) return *exit_status;
   tutti::init();
   if (tutti::size() < 2) {
     if (tutti::rank() == 0)
       std::fprintf(stderr, "rpc_parameter_server needs 2 or more ranks (1 server + trainers)\n");
     tutti::shutdown();
     return 2;
+  }
+  const std::optional<tutti::data::ImageDataset> data = load_data(flags);
+  if (!data) {
+    tutti::shutdown();
+    return 1;
   }
   rpc::register_function("ps.layer", layer_parameters);
   rpc::register_function("ps.forward", forward);
@@ -237,16 +264,14 @@ int main(int argc, char** argv) {
     }
     rpc::init_rpc("ps");
     tutti::barrier();  // The trainers are done; the pool served them meanwhile.
-    const tutti::data::ImageDataset test =
-        tutti::data::load_mnist_idx(flags.data_dir, /*train=*/false);
-    const double accuracy = test_accuracy(test);
+    const double accuracy = test_accuracy(*data);
     std::printf(
         "rpc_parameter_server: final test accuracy: %.2f%% (1 server + %d trainers, %d epochs)\n",
         accuracy, tutti::size() - 1, flags.epochs);
     status = accuracy >= flags.min_accuracy ? 0 : 1;
   } else {
     rpc::init_rpc("trainer" + std::to_string(tutti::rank()));
-    train(flags);
+    train(flags, *data);
     tutti::barrier();
   }
   rpc::shutdown();
