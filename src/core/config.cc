@@ -57,6 +57,43 @@ Status parse_autotune(const detail::KnobSource& source, Config* c) {
   return Status();
 }
 
+// TUTTI_TIMELINE and its cycle marks, which mark nothing without a timeline: refused then
+// rather than ignored.
+Status parse_timeline(const detail::KnobSource& source, Config* c) {
+  c->timeline_path = detail::knob_value(detail::knob::TIMELINE, source);
+  TUTTI_ASSIGN_OR_RETURN(c->timeline_mark_cycles,
+                         detail::knob_value(detail::knob::TIMELINE_MARK_CYCLES, source));
+  if (c->timeline_mark_cycles && c->timeline_path.empty()) {
+    return refuse(source, detail::knob::TIMELINE_MARK_CYCLES.name,
+                  "needs TUTTI_TIMELINE (the timeline file the marks go to)");
+  }
+  return Status();
+}
+
+// The stall inspector's limits. With the inspector off (STALL_CHECK_DISABLE=1) a limit set
+// beside it would be ignored, a stalled job then waiting forever: refused instead.
+Status parse_stall_check(const detail::KnobSource& source, Config* c) {
+  TUTTI_ASSIGN_OR_RETURN(c->stall_check_disabled,
+                         detail::knob_value(detail::knob::STALL_CHECK_DISABLE, source));
+  if (c->stall_check_disabled) {
+    for (std::string_view knob : {detail::knob::STALL_CHECK_TIME_SECONDS.name,
+                                  detail::knob::STALL_SHUTDOWN_TIME_SECONDS.name}) {
+      if (source.find(knob)) {
+        return refuse(source, knob,
+                      "is a limit of the stall inspector, which TUTTI_STALL_CHECK_DISABLE=1 "
+                      "turns off: unset one of them");
+      }
+    }
+  }
+  TUTTI_ASSIGN_OR_RETURN(double check_s,
+                         detail::knob_value(detail::knob::STALL_CHECK_TIME_SECONDS, source));
+  c->stall_check_time = Config::seconds_to_ms(check_s);
+  TUTTI_ASSIGN_OR_RETURN(double shutdown_s,
+                         detail::knob_value(detail::knob::STALL_SHUTDOWN_TIME_SECONDS, source));
+  c->stall_shutdown_time = Config::seconds_to_ms(shutdown_s);
+  return Status();
+}
+
 // "0,8,16" -> {0, 8, 16}.
 Result<std::vector<int>> parse_cpus(const detail::KnobSource& source) {
   const std::string text = detail::knob_value(detail::knob::THREAD_AFFINITY, source);
@@ -145,17 +182,8 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   c.shm_stores = stores == ops::HierarchyMode::Auto ? ops::ShmStores::Auto
                  : stores == ops::HierarchyMode::On ? ops::ShmStores::Streaming
                                                     : ops::ShmStores::Cached;
-  c.timeline_path = detail::knob_value(detail::knob::TIMELINE, source);
-  TUTTI_ASSIGN_OR_RETURN(c.timeline_mark_cycles,
-                         detail::knob_value(detail::knob::TIMELINE_MARK_CYCLES, source));
-  TUTTI_ASSIGN_OR_RETURN(c.stall_check_disabled,
-                         detail::knob_value(detail::knob::STALL_CHECK_DISABLE, source));
-  TUTTI_ASSIGN_OR_RETURN(double check_s,
-                         detail::knob_value(detail::knob::STALL_CHECK_TIME_SECONDS, source));
-  c.stall_check_time = seconds_to_ms(check_s);
-  TUTTI_ASSIGN_OR_RETURN(double shutdown_s,
-                         detail::knob_value(detail::knob::STALL_SHUTDOWN_TIME_SECONDS, source));
-  c.stall_shutdown_time = seconds_to_ms(shutdown_s);
+  TUTTI_RETURN_IF_ERROR(parse_timeline(source, &c));
+  TUTTI_RETURN_IF_ERROR(parse_stall_check(source, &c));
   TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allreduce,
                          hierarchy_mode(source, detail::knob::HIERARCHICAL_ALLREDUCE));
   TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allgather,

@@ -122,6 +122,33 @@ TEST_CASE("TUTTI_AUTOTUNE and its settings are parsed, or refused rather than ig
                                        "used") == 0);
 }
 
+TEST_CASE("Settings that would be ignored beside another are refused", "[env]") {
+  {
+    ScopedEnv marks("TUTTI_TIMELINE_MARK_CYCLES", "1");  // Without TUTTI_TIMELINE.
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().code() == ErrorCode::InvalidArgument);
+    CHECK(
+        config.status().message() ==
+        "TUTTI_TIMELINE_MARK_CYCLES='1' needs TUTTI_TIMELINE (the timeline file the marks go to)");
+    ScopedEnv timeline("TUTTI_TIMELINE", "/tmp/timeline.json");
+    CHECK(core::Config::from_env().value().timeline_mark_cycles);
+  }
+  ScopedEnv off("TUTTI_STALL_CHECK_DISABLE", "1");
+  CHECK(core::Config::from_env().value().stall_check_disabled);
+  for (const char* limit :
+       {"TUTTI_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"}) {
+    CAPTURE(limit);
+    ScopedEnv set(limit, "3");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message() ==
+          std::string(limit) +
+              "='3' is a limit of the stall inspector, which "
+              "TUTTI_STALL_CHECK_DISABLE=1 turns off: unset one of them");
+  }
+}
+
 TEST_CASE("TUTTI_DEBUG=DETAIL turns the desync check on and the response cache off", "[env]") {
   CHECK_FALSE(core::Config::from_env().value().desync_check);  // OFF by default.
   {
