@@ -94,25 +94,47 @@ Tensor working_copy(const GradBucket& bucket, std::int64_t padded) {
   return input;
 }
 
-// Error feedback, step 1: adds the bucket's remembered error to `input` and returns a copy of
-// the sum (the error is computed against it after decompression). Undefined without feedback.
-Tensor add_error(const PowerSGDState& options, Memory& memory, const Tensor& input) {
-  if (!options.use_error_feedback) return {};
+// Note [Each rank's own error]
+// Error feedback remembers what a rank's pass did not send and adds it to the next pass. PyTorch
+// remembers its input minus the averaged result, which includes how its gradient differs from
+// the others' average: the ranks' memories then cancel out only in their sum. A rank that has
+// joined (tutti::join()) contributes zeros and keeps its memory out of that sum, and every later
+// pass was off by it (0.12 at full rank, 3 ranks, one joined). So each rank remembers its own
+// compression error, as in the PowerSGD paper (Vogels et al. 2019, Algorithm 2): its input M
+// minus its projection P·(Mᵀ·P)ᵀ on the factors all ranks share, computed before Q is
+// averaged; gradients sent uncompressed leave none. The results are PyTorch's: a pass depends
+// on the ranks' inputs only through their sum, and both memories sum to the same (the sum of
+// the inputs minus the ranks times the result). At full rank the error is zero, so a joined
+// rank loses nothing.
+//
+// Error feedback, step 1: adds the bucket's remembered error to `input`. Whether feedback is on.
+bool add_error(const PowerSGDState& options, Memory& memory, const Tensor& input) {
+  if (!options.use_error_feedback) return false;
   if (memory.error.num_elements() != input.num_elements()) {
     memory.error = Tensor(DataType::Float32, input.shape());
   }
   nn::detail::as_array(input) += nn::detail::as_array(memory.error);
-  return input.clone();
+  return true;
 }
 
-// Error feedback, step 2, then the end of every compressed pass: the error is what this rank
-// meant to send minus what everyone got; factors are dropped without warm start; the result
-// goes back into the bucket's buffer (converted to its dtype).
-Tensor finish_pass(Shared& shared, Memory& memory, const GradBucket& bucket, const Tensor& input,
-                   const Tensor& sent) {
-  if (sent.data() != nullptr) {
-    nn::detail::as_array(memory.error) = nn::detail::as_array(sent) - nn::detail::as_array(input);
+// Error feedback, step 2: this rank's own error (Note [Each rank's own error]) for `matrices`
+// of `input`, P holding the shared orthogonalized factors and Q this rank's Mᵀ·P (before it is
+// averaged); zero for the rest of the bucket.
+template <class Matrices>
+void remember_error(Memory& memory, const Tensor& input, const Matrices& matrices) {
+  nn::detail::as_array(memory.error).setZero();
+  for (const auto& m : matrices) {
+    auto error = as_matrix(memory.error.slice(m.offset, {m.rows * m.cols}), m.rows, m.cols);
+    auto mat = as_matrix(input.slice(m.offset, {m.rows * m.cols}), m.rows, m.cols);
+    auto p = as_matrix(memory.p.slice(m.p_offset, {m.rows * m.rank}), m.rows, m.rank);
+    auto q = as_matrix(memory.q.slice(m.q_offset, {m.cols * m.rank}), m.cols, m.rank);
+    error.noalias() = mat - p * q.transpose();
   }
+}
+
+// The end of every compressed pass: factors are dropped without warm start; the result goes
+// back into the bucket's buffer (converted to its dtype).
+Tensor finish_pass(Shared& shared, Memory& memory, const GradBucket& bucket, const Tensor& input) {
   if (!shared.options.warm_start) memory.p = memory.q = Tensor();
   if (input.data() != bucket.buffer.data()) {
     convert_floats(input.slice(0, {bucket.buffer.num_elements()}), bucket.buffer, "powersgd");
@@ -192,7 +214,7 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
   }
   const std::shared_ptr<Memory> memory = shared->memory_for(bucket);
   const Tensor input = working_copy(bucket, bucket.buffer.num_elements());
-  const Tensor sent = add_error(options, *memory, input);
+  const bool feedback = add_error(options, *memory, input);
 
   // Step I: which gradients are compressed (PyTorch views each as dim 0 x the rest).
   std::vector<Matrix> matrices;
@@ -239,11 +261,14 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
       from += count;
     }
   };
-  const auto done = [shared, memory, bucket, input, sent, unpack_plain](const Tensor&) {
+  const auto done = [shared, memory, bucket, input, unpack_plain](const Tensor&) {
     unpack_plain();
-    return finish_pass(*shared, *memory, bucket, input, sent);
+    return finish_pass(*shared, *memory, bucket, input);
   };
-  if (matrices.empty()) return plain_future.then(done);
+  if (matrices.empty()) {
+    if (feedback) remember_error(*memory, input, matrices);  // Nothing left unsent.
+    return plain_future.then(done);
+  }
 
   // Step III: P = M·Q for every compressed gradient, summed across the ranks.
   prepare_q(*shared, *memory, bucket, matrices, p_size, q_size);
@@ -265,11 +290,12 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
   // Then: orthogonalize the P's, Q = Mᵀ·P, averaged; then M ≈ P·Qᵀ.
   const double epsilon = options.orthogonalization_epsilon;
   return plain_future.then([p_future](const Tensor&) { return p_future; })
-      .then([memory, matrices, product, epsilon, wire, name, set](const Tensor&) {
+      .then([memory, matrices, product, epsilon, wire, name, set, input, feedback](const Tensor&) {
         for (const Matrix& m : matrices) {
           nn::detail::orthogonalize(float_data(memory->p) + m.p_offset, m.rows, m.rank, epsilon);
         }
         product(/*left=*/false);
+        if (feedback) remember_error(*memory, input, matrices);
         return reduce_floats(memory->q, wire, name + ".powersgd.q", ReduceOp::Average, set);
       })
       .then([input, memory, matrices, done](const Tensor& q_result) {
@@ -297,8 +323,8 @@ CommFuture batched(const std::shared_ptr<Shared>& shared, GradBucket& bucket) {
   counters.total_numel_before_compression += count;
   counters.total_numel_after_compression += 2 * side * rank;
   const Tensor input = working_copy(bucket, side * side);  // Zero-padded to side².
-  const Tensor sent = add_error(options, *memory, input);
-  if (side == 0) return CommFuture::ready(finish_pass(*shared, *memory, bucket, input, sent));
+  const bool feedback = add_error(options, *memory, input);
+  if (side == 0) return CommFuture::ready(finish_pass(*shared, *memory, bucket, input));
 
   const Matrix whole{0, side, side, rank, 0, 0};
   prepare_q(*shared, *memory, bucket, {whole}, side * rank, side * rank);
@@ -309,16 +335,17 @@ CommFuture batched(const std::shared_ptr<Shared>& shared, GradBucket& bucket) {
   const ProcessSet set = bucket.process_set;
   const double epsilon = options.orthogonalization_epsilon;
   return reduce_floats(memory->p, wire, name + ".powersgd.p", ReduceOp::Sum, set)
-      .then([input, memory, side, rank, wire, name, set, epsilon](const Tensor&) {
+      .then([input, memory, side, rank, wire, name, set, epsilon, feedback, whole](const Tensor&) {
         nn::detail::orthogonalize(float_data(memory->p), side, rank, epsilon);
         as_matrix(memory->q, side, rank).noalias() =
             as_matrix(input, side, side).transpose() * as_matrix(memory->p, side, rank);
+        if (feedback) remember_error(*memory, input, std::vector<Matrix>{whole});
         return reduce_floats(memory->q, wire, name + ".powersgd.q", ReduceOp::Average, set);
       })
-      .then([shared, memory, bucket, input, sent, side, rank](const Tensor&) {
+      .then([shared, memory, bucket, input, side, rank](const Tensor&) {
         as_matrix(input, side, side).noalias() =
             as_matrix(memory->p, side, rank) * as_matrix(memory->q, side, rank).transpose();
-        return finish_pass(*shared, *memory, bucket, input, sent);
+        return finish_pass(*shared, *memory, bucket, input);
       });
 }
 

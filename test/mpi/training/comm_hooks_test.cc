@@ -309,11 +309,18 @@ TEST_CASE("Hooks under join: a joined rank contributes zeros and nobody hangs", 
   Session session;
   const int rank = tutti::rank();
   const int size = tutti::size();
-  const bool powersgd = GENERATE(false, true);
-  auto state = std::make_shared<hooks::PowerSGDState>();
+  // PowerSGD at rank 1 is checked for agreement only; at full rank, with error feedback and warm
+  // start, against the oracle: each rank remembers its own compression error (Note [Each
+  // rank's own error] in src/nn/parallel/powersgd.cc), zero at full rank, so a joined rank's
+  // memory leaves nothing out (before, the passes after the join were off by up to 0.12).
+  enum class Hook { Allreduce, PowerSGD, FullRankPowerSGD };
+  const Hook kind = GENERATE(Hook::Allreduce, Hook::PowerSGD, Hook::FullRankPowerSGD);
+  const bool powersgd = kind == Hook::PowerSGD;
+  auto state = kind == Hook::FullRankPowerSGD ? full_rank_state(true)
+                                              : std::make_shared<hooks::PowerSGDState>();
   state->start_powerSGD_iter = 2;
   DistributedDataParallel ddp(make_model(13));
-  ddp.register_comm_hook(powersgd ? hooks::powersgd(state) : hooks::allreduce());
+  ddp.register_comm_hook(kind == Hook::Allreduce ? hooks::allreduce() : hooks::powersgd(state));
   const nn::NamedParameters named = ddp.named_parameters();
   optim::SGD sgd(variables(named), {.lr = 0.1});
   // The last rank joins after two passes; the others run four. Expected gradients (allreduce):
@@ -335,7 +342,11 @@ TEST_CASE("Hooks under join: a joined rank contributes zeros and nobody hangs", 
     }
     sgd.zero_grad();
     forward_backward(ddp, shard(rank, size, step));
-    if (!powersgd) ok = ok && max_diff(named, oracle_named, true, 1.0 / size) < 1e-5;
+    if (!powersgd) {
+      const double diff = max_diff(named, oracle_named, true, 1.0 / size);
+      INFO("step " << step << " max |gradient - oracle| " << diff);
+      ok = ok && diff < (kind == Hook::Allreduce ? 1e-5 : 2e-5);
+    }
     sgd.step();
   }
   const int last = tutti::join();
