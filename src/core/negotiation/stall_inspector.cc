@@ -34,7 +34,13 @@ std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
   bool fresh = false;
   for (const Coordinator::Stall& stall : stalls) {
     for (int r : stall.missing) {
-      if (by_rank[r].size() < kNamesPerRank) by_rank[r].push_back(stall.name);
+      // An op of another set is named with it: the same name may be waiting in the global set
+      // on other ranks, and "missing: rank 0: p" would then read as false.
+      if (by_rank[r].size() < kNamesPerRank) {
+        by_rank[r].push_back(stall.process_set_id == 0 ? stall.name
+                                                       : str_cat(stall.name, " (process set ",
+                                                                 stall.process_set_id, ")"));
+      }
     }
     past_limit = past_limit || (shutdown_after_.count() > 0 && stall.waited >= shutdown_after_);
     bool& warned = warned_[cache_key(stall.process_set_id, stall.name)];

@@ -286,6 +286,26 @@ TEST_CASE("Stalls name the missing ranks; past the limit every rank is told Stal
   CHECK_FALSE(stage.take_list(start + seconds(7)).has_value());  // Nothing after the bye.
 }
 
+TEST_CASE("A stalled op of another process set is named with its set", "[coordinator][stall]") {
+  Job job(3);
+  REQUIRE(job.sets.add(1, {0, 1}).ok());
+  Config config;
+  config.stall_check_time = seconds(2);
+  config.stall_shutdown_time = seconds(5);
+  CoordinatorStage stage(config, job.sets, nullptr, 3);
+  const Clock::time_point start = Clock::now();
+  // "p" in set {0, 1} from rank 0 only; "p" in the global set from ranks 1 and 2 only.
+  stage.receive(0, list_of({allreduce("p", {1}, 1)}), start);
+  stage.receive(1, list_of({allreduce("p", {1})}), start);
+  stage.receive(2, list_of({allreduce("p", {1})}), start);
+  const std::optional<ResponseList> bye = stage.take_list(start + seconds(6));
+  REQUIRE(bye.has_value());
+  CHECK(bye->shutdown_code == ErrorCode::Stalled);
+  INFO(bye->shutdown_message);
+  CHECK(bye->shutdown_message.find("missing: rank 0: p; rank 1: p (process set 1)") !=
+        std::string::npos);
+}
+
 TEST_CASE("A rank that stops on an error takes the job down, after the ready responses",
           "[coordinator][shutdown]") {
   Job job(2);
