@@ -338,6 +338,12 @@ void FlightRecorder::append_json(std::string& out, std::size_t index, const Slot
 }
 
 Status FlightRecorder::dump(const std::string& path, std::string_view reason) const {
+  // The OS reads a path up to its first NUL: the dump would go to a file not named.
+  if (path.find('\0') != std::string::npos) {
+    return Status(ErrorCode::InvalidArgument,
+                  "flight recorder dump path contains a NUL character: " +
+                      path.substr(0, path.find('\0')) + "\\0...");
+  }
   std::string out = "{\"format\": \"tutti-flight-recorder\", \"version\": 1";
   flush();
   {

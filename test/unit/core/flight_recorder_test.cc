@@ -85,6 +85,18 @@ TEST_CASE("An op recorded at once is not stamped before the recorder started",
   }
 }
 
+TEST_CASE("A dump path with a NUL in it is refused, nothing written", "[flight_recorder]") {
+  FlightRecorder recorder(4);
+  const std::string dir = std::filesystem::temp_directory_path() / "tutti_nul_path_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const Status dumped = recorder.dump(dir + "/a" + std::string(1, '\0') + "b.json", "test");
+  CHECK(dumped.code() == ErrorCode::InvalidArgument);
+  CHECK(dumped.message().find("NUL") != std::string::npos);
+  CHECK(std::filesystem::is_empty(dir));  // Not even the name before the NUL.
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A queued op's record carries the time the caller submitted it", "[flight_recorder]") {
   FlightRecorder recorder(4);
   TensorQueue queue(&recorder);
