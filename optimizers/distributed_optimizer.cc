@@ -210,6 +210,7 @@ void DistributedOptimizer::step() {
 void DistributedOptimizer::zero_grad() {
   state_->rounds.check_none_in_flight("DistributedOptimizer::zero_grad()");
   inner_.zero_grad();
+  state_->rounds.clear_failure();  // Fresh gradients: a failed round no longer blocks.
 }
 
 StateDict DistributedOptimizer::state_dict() const { return inner_.state_dict(); }

@@ -27,6 +27,17 @@ void warn_line(const std::string& message) {
   static_cast<void>(::write(STDERR_FILENO, line.data(), line.size()));
 }
 
+// The message of a failure rethrown from `error`, for the errors that name it later.
+std::string error_text(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown error";
+  }
+}
+
 }  // namespace
 
 void check_options(const DistributedOptions& o, const char* who) {
@@ -162,19 +173,31 @@ void ReductionRounds::start(UnitState& state) {
 void ReductionRounds::on_gradient(std::size_t index) {
   const detail::MutexLock lock(mutex_);
   if (!alive_ || !is_member()) return;
+  check_not_failed("backward()");
   UnitState& state = units_[unit_of_[index]];
   const int k = options_.backward_passes_per_step;
-  if (passes_[index] >= k) {
-    detail::throw_invalid_argument("DistributedOptimizer: backward() ran ", passes_[index] + 1,
-                                   " times before step() (gradient of '", names_[index],
-                                   "'), but backward_passes_per_step is ", k,
-                                   "; call step() after every ", k,
-                                   " backward passes or raise backward_passes_per_step");
-  }
-  if (state.phase != Phase::Idle) {
-    detail::throw_invalid_argument(
+  // A refused pass has already added into the parameter's gradient. While its unit is in
+  // flight that is the spare or a gradient the result overwrites, and the round goes on; else
+  // it is a gradient this round reduced or will reduce (Note [A failed round]).
+  const auto refuse = [&](const std::string& why) {
+    if (state.phase != Phase::InFlight) fail_round(why);
+    detail::throw_invalid_argument(why);
+  };
+  if (state.phase == Phase::Done) {  // After an explicit synchronize(), whatever the count.
+    refuse(detail::str_cat(
         "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
-        names_[index], "'); the gradients of this step are already reduced");
+        names_[index], "'); the gradients of this step are already reduced"));
+  }
+  if (passes_[index] >= k) {
+    refuse(detail::str_cat("DistributedOptimizer: backward() ran ", passes_[index] + 1,
+                           " times before step() (gradient of '", names_[index],
+                           "'), but backward_passes_per_step is ", k, "; call step() after every ",
+                           k, " backward passes or raise backward_passes_per_step"));
+  }
+  if (state.phase != Phase::Idle) {  // Started by synchronize() before this member's passes.
+    refuse(detail::str_cat(
+        "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
+        names_[index], "'); the gradients of this step are already reduced"));
   }
   if (++passes_[index] < k) return;
   if (++state.ready == state.unit.members.size()) start(state);
@@ -182,6 +205,7 @@ void ReductionRounds::on_gradient(std::size_t index) {
 
 void ReductionRounds::synchronize() {
   const detail::MutexLock lock(mutex_);
+  check_not_failed("synchronize()");
   synchronized_explicitly_ = true;
   synchronize_locked();
 }
@@ -199,7 +223,29 @@ void ReductionRounds::synchronize_locked() {
   }
   const std::exception_ptr wait_error = wait_all(/*write_results=*/true);
   if (!first_error) first_error = wait_error;
-  if (first_error) std::rethrow_exception(first_error);
+  if (first_error) {
+    fail_round(error_text(first_error));
+    std::rethrow_exception(first_error);
+  }
+}
+
+void ReductionRounds::fail_round(std::string why) {
+  static_cast<void>(wait_all(/*write_results=*/false));
+  new_round();
+  synchronized_explicitly_ = false;
+  failure_ = std::move(why);
+}
+
+void ReductionRounds::check_not_failed(const char* what) const {
+  if (failure_.empty()) return;
+  detail::throw_invalid_argument(
+      "DistributedOptimizer: ", what, " after a failed step (", failure_,
+      "): the gradients are partly reduced; call zero_grad() and run backward() again");
+}
+
+void ReductionRounds::clear_failure() {
+  const detail::MutexLock lock(mutex_);
+  failure_.clear();
 }
 
 // Waits for every unit in flight and, with `write_results`, has the wrapper write their results
@@ -237,6 +283,7 @@ void ReductionRounds::new_round() {
 void ReductionRounds::step(bool skipping, const std::function<void()>& inner_step) {
   {
     const detail::MutexLock lock(mutex_);
+    check_not_failed("step()");
     if (!skipping) {
       if (synchronized_explicitly_ && !warned_) {
         warned_ = true;
@@ -247,6 +294,7 @@ void ReductionRounds::step(bool skipping, const std::function<void()>& inner_ste
       }
       synchronize_locked();
     } else if (const std::exception_ptr error = wait_all(/*write_results=*/true)) {
+      fail_round(error_text(error));
       std::rethrow_exception(error);
     }
   }

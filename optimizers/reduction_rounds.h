@@ -43,9 +43,19 @@ namespace tutti::optim::internal {
 // is a (k+1)-th backward before step() and throws InvalidArgument from backward(). The
 // decision to start a unit depends only on this rank's hooks, but the set of names each rank
 // submits per round is the same (all units), which is what name-matched negotiation needs.
-// A failed reduction (a mismatch, a stall, shutdown: errors found before data moves) leaves
-// every gradient as it was: with one failure, no result of that wait is written, so a step
-// never mixes averaged and local gradients.
+//
+// Note [A failed round]
+// A reduction that fails (a mismatch, a stall, shutdown) fails synchronize() or step(), and
+// the inner step is not taken. The gradients are then not this rank's own any more, nor the
+// average: a unit reduced in place (no compression: Note [Gradient buffers]) that completed
+// before another failed holds the average, the rest local values. A backward() refused for an
+// extra pass has likewise added its gradient into a reduced or counted one (unless its unit was
+// in flight: then into the spare, or a gradient the result overwrites). Either way the
+// round is over: the units in flight are waited for, every unit is Idle again, and until
+// zero_grad() (clear_failure()) a step(), a synchronize() or a gradient hook throws
+// InvalidArgument naming what failed. Before, a retried step() found every unit Done and stepped
+// on the mixed gradients, each rank its own (the ranks' weights diverged), and the next
+// backward() was refused as an extra pass.
 
 // One reduction: a single parameter or a group, under an op name identical on every rank.
 struct ReductionUnit {
@@ -101,6 +111,9 @@ class ReductionRounds {
   // InvalidArgument (naming `what`) while a unit is in flight, whose result would overwrite
   // what the caller is about to do (zero_grad()).
   void check_none_in_flight(const char* what) const TUTTI_EXCLUDES(mutex_);
+  // zero_grad() was called: the gradients are fresh, and a failed round no longer blocks
+  // (Note [A failed round]).
+  void clear_failure() TUTTI_EXCLUDES(mutex_);
   // The units started this round so far (by hooks or synchronize()).
   int units_started() const TUTTI_EXCLUDES(mutex_);
   // How many units there are (fixed by the constructor).
@@ -126,6 +139,11 @@ class ReductionRounds {
   void synchronize_locked() TUTTI_REQUIRES(mutex_);
   std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex_);
   void new_round() TUTTI_REQUIRES(mutex_);
+  // Ends the round after `why` (Note [A failed round]): waits for the units in flight, results
+  // not written, then a new round that refuses to go on until clear_failure().
+  void fail_round(std::string why) TUTTI_REQUIRES(mutex_);
+  // InvalidArgument naming the failure while a failed round blocks; `what` is the call refused.
+  void check_not_failed(const char* what) const TUTTI_REQUIRES(mutex_);
 
   // Fixed by the constructor.
   const DistributedOptions options_;
@@ -141,6 +159,8 @@ class ReductionRounds {
   std::optional<bool> included_ TUTTI_GUARDED_BY(mutex_);          // Asked at the first reduction.
   bool synchronized_explicitly_ TUTTI_GUARDED_BY(mutex_) = false;  // Since the last step().
   bool warned_ TUTTI_GUARDED_BY(mutex_) = false;
+  // What failed the last round; empty while none blocks (Note [A failed round]).
+  std::string failure_ TUTTI_GUARDED_BY(mutex_);
 };
 
 }  // namespace tutti::optim::internal

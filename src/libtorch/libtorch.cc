@@ -326,6 +326,7 @@ int DistributedOptimizer::reductions_started() const { return state_->rounds.uni
 void DistributedOptimizer::zero_grad() {
   state_->rounds.check_none_in_flight("DistributedOptimizer::zero_grad()");
   inner_.zero_grad();
+  state_->rounds.clear_failure();  // Fresh gradients: a failed round no longer blocks.
 }
 
 }  // namespace tutti::libtorch

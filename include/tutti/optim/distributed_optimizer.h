@@ -66,13 +66,19 @@ class TUTTI_API DistributedOptimizer : public Optimizer {
   // backward-pass counters restart). After an explicit synchronize() and outside
   // skip_synchronize(), logs once per optimizer the warning "step() called without
   // skip_synchronize()" on stderr; the gradients are not reduced twice. Inside
-  // skip_synchronize(), step() reduces nothing: reductions the hooks already started are
-  // waited for and their results dropped, so inner.step() sees grad() as it is (the reduced
-  // gradients after an explicit synchronize(), this rank's own otherwise).
+  // skip_synchronize(), step() starts no reduction: those the hooks already started are waited
+  // for and their results applied, so inner.step() sees the reduced gradients after an explicit
+  // synchronize(), else what the hooks reduced and this rank's own gradients elsewhere (as
+  // Horovod's in-place reductions). When a reduction fails (Mismatch, Stalled, ShutDown) step()
+  // throws it and inner.step() is not run; the gradients are then partly reduced, so step(),
+  // synchronize() and the next backward() throw Error(InvalidArgument) until zero_grad(). A
+  // backward() refused after synchronize() (or for a pass over backward_passes_per_step) does
+  // the same, having added into gradients the step would use.
   void step() override;
-  // inner.zero_grad(). Throws Error(InvalidArgument) while gradient reductions are in flight
-  // (between the hooks that started them and synchronize()), since they would overwrite the
-  // zeros with the reduced gradient.
+  // inner.zero_grad(), which also ends a failed step's block (see step()). Throws
+  // Error(InvalidArgument) while gradient reductions are in flight (between the hooks that
+  // started them and synchronize()), since they would overwrite the zeros with the reduced
+  // gradient.
   void zero_grad() override;
   StateDict state_dict() const override;                  // inner.state_dict()
   void load_state_dict(const StateDict& state) override;  // inner.load_state_dict(state)
