@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "p2p_benchmark needs at least 2 ranks\n");
     tutti::shutdown();
     MPI_Finalize();
-    return 1;
+    return 2;  // A usage error, as rpc_benchmark's.
   }
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
