@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "src/base/strings.h"
 #include "src/nn/autograd.h"
 #include "src/nn/parallel/reducer.h"
 #include "src/nn/tensor_math.h"
@@ -82,6 +84,58 @@ bool broadcast_all(const std::vector<std::pair<std::string, Tensor>>& tensors, i
   return completed;
 }
 
+// FNV-1a over `bytes`, from `hash`: the same on every rank and build, unlike std::hash.
+std::uint64_t fnv1a(std::uint64_t hash, const void* bytes, std::size_t size) {
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= static_cast<const unsigned char*>(bytes)[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+// Note [One model on every rank]
+// The initial broadcasts are matched by name: a rank whose model has other parameters (more,
+// fewer, other names) submitted names its peers never did, and the job stalled until the stall
+// limit (10 minutes by default) instead of failing. So the root first broadcasts the DDP's id
+// with its model's signature (how many tensors, a hash of their names and shapes), each member
+// compares it with its own, and a MIN allreduce of the answers fails every member alike with
+// Mismatch when any differs.
+std::uint64_t model_signature(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const auto& [name, tensor] : tensors) {
+    hash = fnv1a(hash, name.data(), name.size() + 1);  // With the terminator: "ab","c" != "a","bc".
+    const Shape& shape = tensor.shape();
+    const auto dims = static_cast<std::int64_t>(shape.size());
+    hash = fnv1a(hash, &dims, sizeof dims);
+    hash = fnv1a(hash, shape.data(), shape.size() * sizeof(std::int64_t));
+  }
+  return hash;
+}
+
+// The members agree on `mine` (count, signature) against the root's `root` (Note [One model on
+// every rank]); throws Mismatch on every member if any differs.
+void check_same_model(std::int64_t count, std::int64_t signature,
+                      std::span<const std::int64_t> root, int root_rank, const ProcessSet& set) {
+  const bool same = root[1] == count && root[2] == signature;
+  Tensor agree = Tensor::from<std::int64_t>(std::vector<std::int64_t>{same ? 1 : 0}, {});
+  allreduce(agree, "DistributedDataParallel.init.agree", {.op = ReduceOp::Min, .process_set = set});
+  if (agree.span<std::int64_t>()[0] == 1) return;
+  throw Error(ErrorCode::Mismatch,
+              tutti::detail::str_cat(
+                  "DistributedDataParallel: the model differs across the ranks of its "
+                  "process set (here ",
+                  count, " parameters and buffers, signature ", signature, "; root rank ",
+                  root_rank, ": ", root[1], ", signature ", root[2],
+                  same ? "; this rank's matches the root's, another rank's does not" : "",
+                  "): every rank must build the same model"));
+}
+
+// The prefix of this DDP's op names: the root's rank and instance number, so that DDPs of one
+// set whose roots differ never share it (each root's counts are its own).
+std::string op_prefix(int root_rank, std::int64_t id) {
+  return tutti::detail::str_cat("DistributedDataParallel.", root_rank, ".", id);
+}
+
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
@@ -100,23 +154,31 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
     }
   }
 
-  // The root's instance number names this DDP's ops, so members agree even if their counts
-  // of DDPs made so far differ; blocking, so the fixed "init" names are free again afterwards.
+  // The root's instance number names this DDP's ops (with the root's rank), so members agree
+  // even if their counts of DDPs made so far differ; it travels with the model's signature
+  // (Note [One model on every rank]). Blocking, so the fixed "init" names are free again
+  // afterwards.
   static std::atomic<std::int64_t> next_instance{0};
   std::vector<std::pair<std::string, Tensor>> initial;
-  Tensor id = Tensor::from<std::int64_t>(std::vector<std::int64_t>{next_instance.fetch_add(1)}, {});
-  initial.emplace_back("DistributedDataParallel.init.id", id);
   for (const auto& p : parameters) {
     initial.emplace_back("DistributedDataParallel.init.parameter." + p.name, p.variable.value());
   }
   for (auto& [name, b] : named_buffers()) {
     initial.emplace_back("DistributedDataParallel.init.buffer." + name, b.value());
   }
+  const auto count = static_cast<std::int64_t>(initial.size());
+  const auto signature = static_cast<std::int64_t>(model_signature(initial));
+  Tensor head = Tensor::from<std::int64_t>(
+      std::vector<std::int64_t>{next_instance.fetch_add(1), count, signature}, {3});
+  broadcast_all({{"DistributedDataParallel.init.id", head}}, options_.root_rank,
+                options_.process_set);
+  check_same_model(count, signature, head.span<std::int64_t>(), options_.root_rank,
+                   options_.process_set);
   broadcast_all(initial, options_.root_rank, options_.process_set);
-  id_ = id.span<std::int64_t>()[0];
+  id_ = head.span<std::int64_t>()[0];
 
   detail::Reducer::Config config{
-      .op_prefix = "DistributedDataParallel." + std::to_string(id_),
+      .op_prefix = op_prefix(options_.root_rank, id_),
       .find_unused = options_.find_unused_parameters,
       .as_view = options_.gradient_as_bucket_view,
       .compression = options_.compression,
@@ -144,7 +206,7 @@ Variable DistributedDataParallel::forward(const Variable& input) {
 void DistributedDataParallel::broadcast_buffers() {
   if (options_.process_set.size() == 1 || reducer_->any_joined()) return;
   std::vector<std::pair<std::string, Tensor>> buffers;
-  const std::string prefix = "DistributedDataParallel." + std::to_string(id_) + ".buffer.";
+  const std::string prefix = op_prefix(options_.root_rank, id_) + ".buffer.";
   for (auto& [name, b] : named_buffers()) buffers.emplace_back(prefix + name, b.value());
   if (buffers.empty()) return;
   // The root may have joined since the last reduction told us: every member then gets

@@ -77,7 +77,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     Variable variable;
   };
   struct Config {
-    std::string op_prefix;  // "DistributedDataParallel.<id>", identical on every rank.
+    std::string op_prefix;  // "DistributedDataParallel.<root>.<id>", identical on every rank.
     bool find_unused = false;
     bool as_view = false;
     Compression compression = Compression::None;

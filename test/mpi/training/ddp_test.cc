@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/mpi/training/ddp_test_util.h"
 #include "test/mpi/training/training_test_util.h"
@@ -263,6 +264,66 @@ TEST_CASE("DDP rejects bad arguments before communicating", "[ddp][errors]") {
       all_ranks(build({.compression = static_cast<Compression>(9)}) == ErrorCode::InvalidArgument));
   CHECK(all_ranks(build({.root_rank = size}) == ErrorCode::InvalidArgument));
   CHECK(all_ranks(build({.root_rank = size - 1}) == ErrorCode::Internal));  // Fine: no error.
+}
+
+// Note [One model on every rank] in src/nn/parallel/distributed_data_parallel.cc: a model with
+// another parameter count, or other names, on one rank fails the constructor on every rank with
+// Mismatch, at once; before, the broadcasts matched by name stalled until the stall limit (600 s
+// by default, which this test's 180 s timeout would not reach).
+TEST_CASE("A model that differs across the ranks fails the constructor with Mismatch everywhere",
+          "[ddp][errors]") {
+  Session session;
+  const int size = tutti::size();
+  if (size < 2) return;
+  const bool odd_one = tutti::rank() == size - 1;
+  std::string message;
+  const auto build = [&](std::shared_ptr<nn::Module> model) {
+    const auto [code, what] = error_from([&] { DistributedDataParallel ddp(std::move(model)); });
+    message = what;
+    return code;
+  };
+  auto extra = make_model(3);  // One more layer: more parameters.
+  if (odd_one) extra->add(std::make_shared<nn::Linear>(2, 2));
+  CHECK(all_ranks(build(extra) == ErrorCode::Mismatch));
+  CHECK(message.find("the model differs across the ranks") != std::string::npos);
+  auto renamed = std::make_shared<nn::Sequential>();  // The same count, other names.
+  if (odd_one) renamed->add(std::make_shared<nn::ReLU>());
+  renamed->add(std::make_shared<nn::Linear>(4, 2));
+  CHECK(all_ranks(build(renamed) == ErrorCode::Mismatch));
+  CHECK(all_ranks(build(make_model(3)) == ErrorCode::Internal));  // The same model: no error.
+}
+
+// Two DDPs over one set whose roots differ: each root's count of DDPs is its own, so the ids
+// could be equal (here both 1, rank 0 having built one more DDP alone); the op names carry the
+// root too. Before, a backward through both failed with "already in flight".
+TEST_CASE("Two DDPs of one set with different roots reduce under their own names",
+          "[ddp][process_set]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  if (size < 2) return;
+  ProcessSet first_only = add_process_set({0});
+  if (rank == 0) DistributedDataParallel alone(make_model(5), {.process_set = first_only});
+  DistributedDataParallel a(make_model(6), {.root_rank = 0});
+  DistributedDataParallel b(make_model(7), {.root_rank = 1});
+  const Batch batch = shard(rank, size, 0);
+  nn::Variable loss =
+      nn::mse_loss(a.forward(batch.x), batch.y) + nn::mse_loss(b.forward(batch.x), batch.y);
+  CHECK(all_ranks(error_from([&] { loss.backward(); }).first == ErrorCode::Internal));
+  // Both averaged: the gradients agree on every rank (plain MPI's min and max).
+  std::vector<double> mine;
+  for (const auto* ddp : {&a, &b}) {
+    for (const auto& [name, p] : ddp->named_parameters()) {
+      for (float g : p.grad().span<float>()) mine.push_back(g);
+    }
+  }
+  std::vector<double> low(mine.size()), high(mine.size());
+  MPI_Allreduce(mine.data(), low.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_MIN,
+                MPI_COMM_WORLD);
+  MPI_Allreduce(mine.data(), high.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_MAX,
+                MPI_COMM_WORLD);
+  CHECK(all_ranks(low == high));
+  remove_process_set(first_only);
 }
 
 }  // namespace
