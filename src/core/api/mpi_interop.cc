@@ -13,6 +13,13 @@ void init(MPI_Comm comm) {
   if (!initialized) {
     throw Error(ErrorCode::InvalidArgument, "tutti::init(MPI_Comm) needs MPI to be initialized");
   }
+  // MPI_COMM_NULL is no communicator: the first collective on it would end the job through
+  // MPI's default error handler (MPI_ERRORS_ARE_FATAL) instead of failing this call.
+  if (comm == MPI_COMM_NULL) {
+    throw Error(ErrorCode::InvalidArgument,
+                "tutti::init(MPI_Comm) got MPI_COMM_NULL (a rank outside an MPI_Comm_split's "
+                "colours gets it): call it with a communicator this rank belongs to");
+  }
   core::Runtime::get().init(&comm).throw_if_error();
 }
 

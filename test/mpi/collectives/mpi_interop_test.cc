@@ -79,5 +79,18 @@ TEST_CASE("init(MPI_Comm) reports a malformed setting like init()", "[mpi_intero
   CHECK_FALSE(is_initialized());
 }
 
+// A rank that an MPI_Comm_split left out holds MPI_COMM_NULL: refused by the call, nothing
+// started (before, the first collective on it ended the whole job through MPI's fatal error
+// handler).
+TEST_CASE("init(MPI_COMM_NULL) is InvalidArgument, and Tutti starts afterwards", "[mpi_interop]") {
+  std::string message;
+  CHECK(error_of([] { tutti::init(MPI_COMM_NULL); }, &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("MPI_COMM_NULL") != std::string::npos);
+  CHECK_FALSE(is_initialized());
+  tutti::init(MPI_COMM_WORLD);
+  CHECK(all_ranks(tutti::size() == world_size()));
+  tutti::shutdown();
+}
+
 }  // namespace
 }  // namespace tutti::test
