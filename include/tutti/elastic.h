@@ -48,7 +48,9 @@ class TUTTI_API HostsUpdated : public std::exception {
 class TUTTI_API State {
  public:
   // `name` tells the States of one job (and their files) apart: 1 to 200 letters, digits, '_'
-  // or '-'. Throws Error(InvalidArgument) for another name or a malformed
+  // or '-', one live State per name in a process. Throws Error(InvalidArgument) for another
+  // name, a name a live State of this process holds (their commits would overwrite each
+  // other's), or a malformed
   // TUTTI_ELASTIC_KEEP / HOROVOD_ELASTIC_KEEP. Installs the SIGUSR2 handler through which the
   // launcher asks the job to stop (see commit()); a handler already installed is still called.
   explicit State(std::string name = "state");

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -68,10 +69,47 @@ const char* HostsUpdated::what() const noexcept {
          "host list changed)";
 }
 
+// Note [One State per name]
+// A State's name names its commit files: two live States of one name in a process wrote over
+// each other's commits, and the first one's restore() then failed on the second one's keys. So
+// a name is claimed for the life of its State, and a second claim is InvalidArgument. (Outside
+// the anonymous namespace: State::Impl holds one.)
+class NameClaim {
+ public:
+  explicit NameClaim(const std::string& name) : name_(name) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    if (!claimed().insert(name_).second) {
+      throw_invalid_argument("elastic::State '", name_,
+                             "': another State of this name is alive in this process (their "
+                             "commits would overwrite each other's); give each State its own name");
+    }
+  }
+  ~NameClaim() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    claimed().erase(name_);
+  }
+  NameClaim(const NameClaim&) = delete;
+  NameClaim& operator=(const NameClaim&) = delete;
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<std::string>& claimed() {
+    static std::set<std::string> names;
+    return names;
+  }
+  std::string name_;
+};
+
 struct State::Impl {
   Impl(std::string state_name, const internal::Settings& settings)
-      : name(std::move(state_name)), store(settings.directory, name, settings.keep) {}
+      : claim(state_name),
+        name(std::move(state_name)),
+        store(settings.directory, name, settings.keep) {}
 
+  NameClaim claim;  // First: released last, once nothing writes under the name.
   std::string name;
   internal::CommitStore store;
   std::vector<internal::Entry> entries;

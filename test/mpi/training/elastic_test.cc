@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,23 +124,27 @@ TEST_CASE("restore() brings back the newest commit on every rank", "[elastic]") 
   Session session;
   ElasticDir dir;
   Loop loop;
-  elastic::State state;
-  loop.add_to(state);
+  std::optional<elastic::State> state(std::in_place);
+  loop.add_to(*state);
   loop.train_step(1);
-  state.commit();
+  state->commit();
   loop.train_step(2);
-  state.commit();
+  state->commit();
   const std::vector<double> committed = loop.fingerprint();
+  const std::int64_t commits = state->commits();
   loop.train_step(3);  // Lost: after the last commit.
   loop.scramble(tutti::rank() + 1);
 
-  Loop fresh;  // A relaunched process: new objects, a new State.
+  // A relaunched process: new objects, a new State (the old one gone first: one live State per
+  // name, Note [One State per name] in src/elastic/state.cc).
+  state.reset();
+  Loop fresh;
   fresh.scramble(tutti::rank() + 7);
   elastic::State relaunched;
   fresh.add_to(relaunched);
   CHECK(all_ranks(relaunched.restore()));
   CHECK(all_ranks(fresh.fingerprint() == committed));
-  CHECK(all_ranks(relaunched.commits() == 2 && state.commits() == 2));
+  CHECK(all_ranks(relaunched.commits() == 2 && commits == 2));
   CHECK(all_ranks(relaunched.restored_world_size() == tutti::size()));
   CHECK(all_ranks(fresh.sampler.position() == 2 * static_cast<std::size_t>(tutti::size())));
 }
@@ -168,21 +173,22 @@ TEST_CASE("SIGUSR2 on one rank stops every rank at the next commit, which is wri
   Session session;
   ElasticDir dir;
   Loop loop;
-  elastic::State state;
-  loop.add_to(state);
-  state.commit();  // No request yet.
+  std::optional<elastic::State> state(std::in_place);
+  loop.add_to(*state);
+  state->commit();  // No request yet.
   if (tutti::rank() == tutti::size() - 1) ::raise(SIGUSR2);
   loop.train_step(4);
   const std::vector<double> committed = loop.fingerprint();
   bool stopped = false;
   try {
-    state.commit();
+    state->commit();
   } catch (const elastic::HostsUpdated&) {
     stopped = true;
   }
-  CHECK(all_ranks(stopped && state.commits() == 2));
+  CHECK(all_ranks(stopped && state->commits() == 2));
   // The request is used up, and the commit that stopped the job is the one restored.
-  CHECK_NOTHROW(state.commit());
+  CHECK_NOTHROW(state->commit());
+  state.reset();  // The relaunched process's State replaces it.
   Loop fresh;
   elastic::State relaunched;
   fresh.add_to(relaunched);
@@ -296,10 +302,11 @@ TEST_CASE("Without TUTTI_ELASTIC_DIR commits are agreed but written nowhere", "[
   Session session;
   ElasticDir dir(/*use=*/false);
   Loop loop;
-  elastic::State state;
-  loop.add_to(state);
-  state.commit();
-  CHECK(all_ranks(state.commits() == 1 && fs::is_empty(dir.path())));
+  std::optional<elastic::State> state(std::in_place);
+  loop.add_to(*state);
+  state->commit();
+  CHECK(all_ranks(state->commits() == 1 && fs::is_empty(dir.path())));
+  state.reset();  // The relaunched process's State replaces it.
   Loop fresh;
   elastic::State again;
   fresh.add_to(again);
@@ -325,6 +332,13 @@ TEST_CASE("Bad names, keys and TUTTI_ELASTIC_KEEP are refused by the call", "[el
   CHECK(all_ranks(error_of([] { elastic::State(); }, &message) == ErrorCode::InvalidArgument));
   CHECK(all_ranks(message == "TUTTI_ELASTIC_KEEP='two' is not an integer"));
   ::unsetenv("TUTTI_ELASTIC_KEEP");
+  // Note [One State per name] in src/elastic/state.cc: a second live State of a name would write
+  // over the first one's commits; once the first is gone the name is free again.
+  CHECK(
+      all_ranks(error_of([] { elastic::State("state"); }, &message) == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(message.find("another State of this name is alive") != std::string::npos));
+  { elastic::State other("other"); }
+  CHECK(all_ranks(!error_of([] { elastic::State("other"); }).has_value()));
 }
 
 }  // namespace
