@@ -186,6 +186,17 @@ DistributedOptimizer::DistributedOptimizer(
     DistributedOptions options)
     : Optimizer(inner.parameters()), inner_(inner) {
   internal::check_options(options, "DistributedOptimizer");
+  // Adasum on the CPU (these are Eigen tensors) pairs ranks up recursively: refused here, not
+  // from the first backward()'s hook, where an uncaught error ends the program.
+  if (options.op == ReduceOp::Adasum && tutti::is_initialized()) {
+    const int members = options.process_set.size();
+    if ((members & (members - 1)) != 0) {
+      detail::throw_invalid_argument(
+          "DistributedOptimizer: op Adasum needs a process set of a "
+          "power-of-two size on the CPU, got ",
+          members, " ranks");
+    }
+  }
   std::vector<nn::Variable> params = parameters();
   std::vector<std::string> names = parameter_names(params, named_parameters);
   state_ = std::make_shared<State>(params, names, std::move(options));

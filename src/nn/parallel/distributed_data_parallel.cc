@@ -130,6 +130,13 @@ void check_same_model(std::int64_t count, std::int64_t signature,
                   "): every rank must build the same model"));
 }
 
+// A bucket cap in bytes. A cap of more bytes than an int64 holds (DBL_MAX for "no cap") was
+// cast as it was, which is undefined (it gave one bucket per parameter here): any cap above
+// 2^62 bytes is no cap at all.
+std::int64_t cap_bytes(double mb) {
+  return static_cast<std::int64_t>(std::min(mb * kBytesPerMb, 0x1p62));
+}
+
 // The prefix of this DDP's op names: the root's rank and instance number, so that DDPs of one
 // set whose roots differ never share it (each root's counts are its own).
 std::string op_prefix(int root_rank, std::int64_t id) {
@@ -177,15 +184,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
   broadcast_all(initial, options_.root_rank, options_.process_set);
   id_ = head.span<std::int64_t>()[0];
 
-  detail::Reducer::Config config{
-      .op_prefix = op_prefix(options_.root_rank, id_),
-      .find_unused = options_.find_unused_parameters,
-      .as_view = options_.gradient_as_bucket_view,
-      .compression = options_.compression,
-      .root_rank = options_.root_rank,
-      .process_set = options_.process_set,
-      .first_cap_bytes = static_cast<std::int64_t>(options_.first_bucket_mb * kBytesPerMb),
-      .cap_bytes = static_cast<std::int64_t>(options_.bucket_cap_mb * kBytesPerMb)};
+  detail::Reducer::Config config{.op_prefix = op_prefix(options_.root_rank, id_),
+                                 .find_unused = options_.find_unused_parameters,
+                                 .as_view = options_.gradient_as_bucket_view,
+                                 .compression = options_.compression,
+                                 .root_rank = options_.root_rank,
+                                 .process_set = options_.process_set,
+                                 .first_cap_bytes = cap_bytes(options_.first_bucket_mb),
+                                 .cap_bytes = cap_bytes(options_.bucket_cap_mb)};
   reducer_ = std::make_shared<detail::Reducer>(std::move(parameters), std::move(config));
   reducer_->register_hooks();
 }

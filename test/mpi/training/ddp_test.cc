@@ -6,6 +6,7 @@
 // views. See Note [Collective assertions] in test/support/mpi_test_util.h.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -264,6 +265,15 @@ TEST_CASE("DDP rejects bad arguments before communicating", "[ddp][errors]") {
       all_ranks(build({.compression = static_cast<Compression>(9)}) == ErrorCode::InvalidArgument));
   CHECK(all_ranks(build({.root_rank = size}) == ErrorCode::InvalidArgument));
   CHECK(all_ranks(build({.root_rank = size - 1}) == ErrorCode::Internal));  // Fine: no error.
+}
+
+// A cap too large for an int64 of bytes (DBL_MAX for "no cap") is no cap: one bucket. Before,
+// the cast was undefined and gave a bucket per parameter.
+TEST_CASE("A bucket cap beyond any size puts every gradient in one bucket", "[ddp]") {
+  Session session;
+  const double huge = std::numeric_limits<double>::max();
+  DistributedDataParallel ddp(make_cnn(9), {.bucket_cap_mb = huge, .first_bucket_mb = huge});
+  CHECK(all_ranks(ddp.bucket_names_for_testing().size() == 1));
 }
 
 // Note [One model on every rank] in src/nn/parallel/distributed_data_parallel.cc: a model with
