@@ -17,6 +17,7 @@
 #include "src/base/strings.h"
 #include "src/common/throw.h"
 #include "tutti/half.h"
+#include "tutti/runtime.h"
 
 namespace tutti::optim {
 // Named, not anonymous: State below holds one (a unity build would otherwise see a member of

@@ -176,28 +176,26 @@ void ReductionRounds::on_gradient(std::size_t index) {
   check_not_failed("backward()");
   UnitState& state = units_[unit_of_[index]];
   const int k = options_.backward_passes_per_step;
-  // A refused pass has already added into the parameter's gradient. While its unit is in
-  // flight that is the spare or a gradient the result overwrites, and the round goes on; else
-  // it is a gradient this round reduced or will reduce (Note [A failed round]).
-  const auto refuse = [&](const std::string& why) {
-    if (state.phase != Phase::InFlight) fail_round(why);
-    detail::throw_invalid_argument(why);
-  };
   if (state.phase == Phase::Done) {  // After an explicit synchronize(), whatever the count.
-    refuse(detail::str_cat(
-        "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
-        names_[index], "'); the gradients of this step are already reduced"));
+    refuse_pass(
+        state,
+        detail::str_cat(
+            "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
+            names_[index], "'); the gradients of this step are already reduced"));
   }
   if (passes_[index] >= k) {
-    refuse(detail::str_cat("DistributedOptimizer: backward() ran ", passes_[index] + 1,
-                           " times before step() (gradient of '", names_[index],
-                           "'), but backward_passes_per_step is ", k, "; call step() after every ",
-                           k, " backward passes or raise backward_passes_per_step"));
+    refuse_pass(state, detail::str_cat("DistributedOptimizer: backward() ran ", passes_[index] + 1,
+                                       " times before step() (gradient of '", names_[index],
+                                       "'), but backward_passes_per_step is ", k,
+                                       "; call step() after every ", k,
+                                       " backward passes or raise backward_passes_per_step"));
   }
   if (state.phase != Phase::Idle) {  // Started by synchronize() before this member's passes.
-    refuse(detail::str_cat(
-        "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
-        names_[index], "'); the gradients of this step are already reduced"));
+    refuse_pass(
+        state,
+        detail::str_cat(
+            "DistributedOptimizer: backward() after synchronize() and before step() (gradient of '",
+            names_[index], "'); the gradients of this step are already reduced"));
   }
   if (++passes_[index] < k) return;
   if (++state.ready == state.unit.members.size()) start(state);
@@ -227,6 +225,14 @@ void ReductionRounds::synchronize_locked() {
     fail_round(error_text(first_error));
     std::rethrow_exception(first_error);
   }
+}
+
+void ReductionRounds::refuse_pass(const UnitState& state, const std::string& why) {
+  // The refused pass has already added into the parameter's gradient. While its unit is in
+  // flight that is the spare or a gradient the result overwrites, and the round goes on; else
+  // it is a gradient this round reduced or will reduce (Note [A failed round]).
+  if (state.phase != Phase::InFlight) fail_round(why);
+  detail::throw_invalid_argument(why);
 }
 
 void ReductionRounds::fail_round(std::string why) {

@@ -142,6 +142,10 @@ class ReductionRounds {
   // Ends the round after `why` (Note [A failed round]): waits for the units in flight, results
   // not written, then a new round that refuses to go on until clear_failure().
   void fail_round(std::string why) TUTTI_REQUIRES(mutex_);
+  // Refuses a backward pass of `state`'s unit with InvalidArgument `why`, ending the round
+  // first unless the unit is in flight (Note [A failed round]).
+  [[noreturn]] void refuse_pass(const UnitState& state, const std::string& why)
+      TUTTI_REQUIRES(mutex_);
   // InvalidArgument naming the failure while a failed round blocks; `what` is the call refused.
   void check_not_failed(const char* what) const TUTTI_REQUIRES(mutex_);
 
