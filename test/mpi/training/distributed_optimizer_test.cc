@@ -273,11 +273,7 @@ TEST_CASE("A second backward() before step() is InvalidArgument with one pass pe
   CHECK(all_ranks(code_of([&] { dist.step(); }) == ErrorCode::Internal));
   // Every rank stepped on the same averaged gradients: the weights agree (plain MPI's min and
   // max of each).
-  std::vector<double> mine = flatten_values(named), low(mine.size()), high(mine.size());
-  const int count = static_cast<int>(mine.size());
-  MPI_Allreduce(mine.data(), low.data(), count, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(mine.data(), high.data(), count, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  CHECK(all_ranks(low == high));
+  CHECK(same_on_every_rank(flatten_values(named)));
 }
 
 // Note [A failed round]: a step whose reduction failed (here a Mismatch: one parameter's shape

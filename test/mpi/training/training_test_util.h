@@ -103,4 +103,14 @@ inline std::vector<double> flatten_values(const nn::NamedParameters& params) {
   return out;
 }
 
+// True on every rank iff `mine` holds the same values on every rank of the world (plain MPI's
+// min and max of each; the vectors must have one length everywhere).
+inline bool same_on_every_rank(const std::vector<double>& mine) {
+  std::vector<double> low(mine.size()), high(mine.size());
+  const int count = static_cast<int>(mine.size());
+  MPI_Allreduce(mine.data(), low.data(), count, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(mine.data(), high.data(), count, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return all_ranks(low == high);
+}
+
 }  // namespace tutti::test
