@@ -122,10 +122,12 @@ class VariableBuffers final : public internal::GradientBuffers {
 namespace {
 
 // Each parameter's op name: from `named_parameters`, or "noname.<index>" when it is empty; an
-// empty name for parameters without a gradient (never reduced). Throws InvalidArgument for a
-// repeated parameter or name, an empty Variable, or a trainable parameter without a name.
+// empty name for parameters without a gradient (never reduced), whose given names go to
+// `frozen`. Throws InvalidArgument for a repeated parameter or name, an empty Variable, or a
+// trainable parameter without a name.
 std::vector<std::string> parameter_names(const std::vector<nn::Variable>& params,
-                                         const nn::NamedParameters& named_parameters) {
+                                         const nn::NamedParameters& named_parameters,
+                                         std::set<std::string>& frozen) {
   const std::size_t n = params.size();
   // Parameters are identified by the address of their value tensor, which lives in the shared
   // Variable state: copies of a Variable agree, distinct Variables differ.
@@ -157,6 +159,7 @@ std::vector<std::string> parameter_names(const std::vector<nn::Variable>& params
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (!internal::trainable(params[i])) {
+      if (!names[i].empty()) frozen.insert(names[i]);
       names[i].clear();  // Never reduced: see the header.
     } else if (names[i].empty()) {
       detail::throw_invalid_argument(
@@ -166,6 +169,22 @@ std::vector<std::string> parameter_names(const std::vector<nn::Variable>& params
     }
   }
   return names;
+}
+
+// A frozen parameter has no gradient, so a group cannot wait for it; said here, since the
+// reduction engine only knows the trainable parameters and would call it unknown.
+void refuse_frozen_in_groups(const DistributedOptions& options,
+                             const std::set<std::string>& frozen) {
+  for (std::size_t g = 0; g < options.groups.size(); ++g) {
+    for (const std::string& name : options.groups[g]) {
+      if (frozen.contains(name)) {
+        detail::throw_invalid_argument(
+            "DistributedOptimizer: group ", g, " names '", name,
+            "', a frozen parameter (requires_grad is false): it has no gradient to reduce; "
+            "leave it out of groups");
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -199,7 +218,9 @@ DistributedOptimizer::DistributedOptimizer(
     }
   }
   std::vector<nn::Variable> params = parameters();
-  std::vector<std::string> names = parameter_names(params, named_parameters);
+  std::set<std::string> frozen;
+  std::vector<std::string> names = parameter_names(params, named_parameters, frozen);
+  refuse_frozen_in_groups(options, frozen);
   state_ = std::make_shared<State>(params, names, std::move(options));
   // The hooks hold the state weakly: after the optimizer is gone they find nothing to do.
   const std::weak_ptr<State> weak = state_;

@@ -42,8 +42,9 @@ struct DistributedOptions {
   int num_groups = 0;
   // Explicit groups by parameter name, each reduced as one grouped allreduce once all its
   // gradients are ready; parameters in no list are reduced alone. Must be identical on every
-  // rank. An unknown name (not a parameter of the optimizer), a name repeated within or
-  // across lists, or an empty list is InvalidArgument.
+  // rank. An unknown name (not a parameter of the optimizer), a frozen parameter's name (it
+  // has no gradient), a name repeated within or across lists, or an empty list is
+  // InvalidArgument.
   std::vector<std::vector<std::string>> groups = {};  // "= {}": no -Wextra warning when omitted.
   // The ranks that train together. Ranks outside it may build the optimizer; on them it does
   // not communicate and step() only runs the inner optimizer.

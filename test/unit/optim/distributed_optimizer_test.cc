@@ -95,5 +95,25 @@ TEST_CASE("DistributedOptimizer rejects bad options", "[distributed]") {
   CHECK(build({.groups = {{"c", "w"}}}) == ErrorCode::Internal);
 }
 
+TEST_CASE("A group naming a frozen parameter is refused as frozen, not as unknown",
+          "[distributed]") {
+  Model m;
+  const nn::Variable frozen(Tensor::from<float>(std::vector<float>{4.0f}, {1}), false);
+  SGD sgd({m.w, m.b, m.c, frozen});
+  nn::NamedParameters named = m.named();
+  named.emplace_back("frozen", frozen);
+  std::string message;
+  try {
+    DistributedOptimizer(sgd, named, {.groups = {{"w"}, {"b", "frozen"}}});
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    message = e.what();
+  }
+  CHECK(message.find("group 1 names 'frozen', a frozen parameter") != std::string::npos);
+  CHECK(message.find("not a parameter") == std::string::npos);
+  // Without it in a group, the frozen parameter is simply not reduced.
+  CHECK_NOTHROW(DistributedOptimizer(sgd, named, {.groups = {{"w"}, {"b"}}}));
+}
+
 }  // namespace
 }  // namespace tutti::optim
