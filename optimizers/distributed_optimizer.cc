@@ -171,22 +171,6 @@ std::vector<std::string> parameter_names(const std::vector<nn::Variable>& params
   return names;
 }
 
-// A frozen parameter has no gradient, so a group cannot wait for it; said here, since the
-// reduction engine only knows the trainable parameters and would call it unknown.
-void refuse_frozen_in_groups(const DistributedOptions& options,
-                             const std::set<std::string>& frozen) {
-  for (std::size_t g = 0; g < options.groups.size(); ++g) {
-    for (const std::string& name : options.groups[g]) {
-      if (frozen.contains(name)) {
-        detail::throw_invalid_argument(
-            "DistributedOptimizer: group ", g, " names '", name,
-            "', a frozen parameter (requires_grad is false): it has no gradient to reduce; "
-            "leave it out of groups");
-      }
-    }
-  }
-}
-
 }  // namespace
 
 struct DistributedOptimizer::State {
@@ -220,7 +204,7 @@ DistributedOptimizer::DistributedOptimizer(
   std::vector<nn::Variable> params = parameters();
   std::set<std::string> frozen;
   std::vector<std::string> names = parameter_names(params, named_parameters, frozen);
-  refuse_frozen_in_groups(options, frozen);
+  internal::refuse_frozen_in_groups(options, frozen, "DistributedOptimizer");
   state_ = std::make_shared<State>(params, names, std::move(options));
   // The hooks hold the state weakly: after the optimizer is gone they find nothing to do.
   const std::weak_ptr<State> weak = state_;

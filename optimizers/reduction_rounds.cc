@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,20 @@ void check_options(const DistributedOptions& o, const char* who) {
   }
   if (o.num_groups > 0 && !o.groups.empty()) {
     detail::throw_invalid_argument(who, ": give num_groups or groups, not both");
+  }
+}
+
+void refuse_frozen_in_groups(const DistributedOptions& options, const std::set<std::string>& frozen,
+                             const char* who) {
+  for (std::size_t g = 0; g < options.groups.size(); ++g) {
+    for (const std::string& name : options.groups[g]) {
+      if (frozen.contains(name)) {
+        detail::throw_invalid_argument(
+            who, ": group ", g, " names '", name,
+            "', a frozen parameter (requires_grad is false): it has no gradient to reduce; "
+            "leave it out of groups");
+      }
+    }
   }
 }
 

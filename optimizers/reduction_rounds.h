@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,12 @@ class GradientBuffers {
 
 // Throws InvalidArgument (naming `who`, e.g. "DistributedOptimizer") for bad options.
 void check_options(const DistributedOptions& options, const char* who);
+
+// Throws InvalidArgument (naming `who`) for a `groups` entry that names one of `frozen`, the
+// names of parameters that do not require grad: they have no gradient for a group to wait for,
+// and the rounds, which only know the trainable parameters, would call the name unknown.
+void refuse_frozen_in_groups(const DistributedOptions& options, const std::set<std::string>& frozen,
+                             const char* who);
 
 // The ReduceOptions of every unit: the op, the set and gradient_predivide_factor's split.
 ReduceOptions reduce_options(const DistributedOptions& options);

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -290,6 +291,11 @@ DistributedOptimizer::DistributedOptimizer(
       if (it != index_of.end() && names[it->second].empty()) names[it->second] = item.key();
     }
   }
+  std::set<std::string> frozen;
+  for (const auto& item : named_parameters) {
+    if (!item.value().requires_grad()) frozen.insert(item.key());
+  }
+  optim::internal::refuse_frozen_in_groups(options, frozen, "DistributedOptimizer");
   for (std::size_t i = 0; i < n; ++i) {
     if (names[i].empty()) {
       detail::throw_invalid_argument("DistributedOptimizer: parameter ", i,

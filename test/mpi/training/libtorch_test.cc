@@ -515,6 +515,16 @@ TEST_CASE("LibTorch: bad inputs are InvalidArgument naming the problem", "[libto
   CHECK(error_of([&] { DistributedOptimizer(sgd, model->named_parameters(), unknown); },
                  &message) == ErrorCode::InvalidArgument);
   CHECK(message.find("'nope'") != std::string::npos);
+  torch::nn::Sequential partly_frozen = make_mlp(torch::kFloat32);
+  partly_frozen->named_parameters()["2.bias"].set_requires_grad(false);
+  torch::optim::SGD frozen_sgd(partly_frozen->parameters(), 0.1);
+  DistributedOptions with_frozen;
+  with_frozen.groups = {{"0.weight", "2.bias"}};
+  CHECK(
+      error_of(
+          [&] { DistributedOptimizer(frozen_sgd, partly_frozen->named_parameters(), with_frozen); },
+          &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("names '2.bias', a frozen parameter") != std::string::npos);
   torch::OrderedDict<std::string, torch::Tensor> partial;
   partial.insert("only", model->parameters()[0]);
   CHECK(error_of([&] { DistributedOptimizer(sgd, partial); }, &message) ==
