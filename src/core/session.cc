@@ -4,7 +4,9 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <mutex>
 #include <numeric>
+#include <optional>
 
 #include "ops/device_ops.h"
 #include "ops/transport.h"
@@ -28,6 +30,24 @@ namespace {
 // keep a CPU that a peer rank needs.
 bool waiting_threads_may_drive(const ops::Topology& topology, const CpuSharing& sharing) {
   return topology.threads_multiple && !sharing.ranks_exceed_cpus;
+}
+
+// Note [One TUTTI_TIMELINE file per process]
+// TUTTI_TIMELINE names one file for the process, and the environment does not change when a
+// program calls init() again after shutdown() (a retry, an elastic restart in process, tests).
+// Opening it afresh per session would truncate the earlier sessions' trace, so a later session
+// continues the file where the earlier one closed it: its events follow, as the next pid on
+// the same clock, so Perfetto shows each session as its own process on one time axis. The
+// file must still end as the earlier stop() left it; otherwise (someone else wrote it) it
+// starts afresh. start_timeline() with a path always starts a new file, as documented.
+struct EnvTimeline {
+  std::mutex mutex;
+  std::optional<Timeline::Resume> last;  // Of this process's last TUTTI_TIMELINE file.
+};
+
+EnvTimeline& env_timeline() {
+  static EnvTimeline timeline;
+  return timeline;
 }
 
 }  // namespace
@@ -129,8 +149,7 @@ Result<std::shared_ptr<Session>> Session::create(Result<Config> local,
   if (!session->config_.timeline_path.empty()) {
     // Rank 0 already opened the file once in the handshake, so this fails only if the file
     // changed since; init() must not fail on rank 0 alone now.
-    const Status timeline = session->start_timeline(session->config_.timeline_path,
-                                                    session->config_.timeline_mark_cycles);
+    const Status timeline = session->start_env_timeline();
     if (!timeline.ok()) TUTTI_LOG_ERROR("TUTTI_TIMELINE: ", timeline.message());
   }
   session->thread_ = std::thread([raw = session.get()] { raw->run(); });
@@ -205,6 +224,17 @@ Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
   // would.
   if (p2p_->drivable()) p2p_->drive();
   if (!p2p_->drivable() || !p2p_queue_.empty()) queue_.wake();
+  return Status();
+}
+
+Status Session::start_env_timeline() {
+  if (topology().rank != 0) return Status();
+  EnvTimeline& process = env_timeline();
+  const std::lock_guard<std::mutex> lock(process.mutex);
+  const Timeline::Resume* resume = process.last ? &*process.last : nullptr;
+  TUTTI_RETURN_IF_ERROR(
+      timeline_.start(config_.timeline_path, config_.timeline_mark_cycles, resume));
+  process.last = timeline_.resume_point();
   return Status();
 }
 

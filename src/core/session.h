@@ -69,6 +69,9 @@ class Session {
   // Any thread. Starts (rank 0) or replaces the timeline; a no-op on other ranks, which
   // record nothing. InvalidArgument if rank 0 cannot open `path`.
   Status start_timeline(const std::string& path, bool mark_cycles);
+  // Rank 0: starts TUTTI_TIMELINE's file, or continues it where an earlier session of this
+  // process left it (Note [One TUTTI_TIMELINE file per process] in session.cc).
+  Status start_env_timeline();
   void stop_timeline() { timeline_.stop(); }
   // Any thread. This rank's flight recorder (tutti/debug.h), which outlives the session.
   const std::shared_ptr<FlightRecorder>& flight_recorder() const { return recorder_; }

@@ -95,11 +95,12 @@ Result<std::optional<ops::Message>> receive(ops::ControlPlane& plane,
   }
 }
 
-// Whether rank 0 can write `path`, the value of TUTTI_<knob> (it truncates the file, as its
-// writer will).
+// Whether rank 0 can write `path`, the value of TUTTI_<knob>. Opened to append, so that the
+// check leaves the file as it is: a later session of this process continues it (Note [One
+// TUTTI_TIMELINE file per process] in session.cc).
 Status check_writable(std::string_view knob, const std::string& path) {
   if (path.empty()) return Status();
-  std::FILE* file = std::fopen(path.c_str(), "w");
+  std::FILE* file = std::fopen(path.c_str(), "a");
   if (file == nullptr) {
     return invalid_argument(str_cat("TUTTI_", knob, "='", path,
                                     "' cannot be opened on rank 0: ", std::strerror(errno)));

@@ -23,22 +23,48 @@ constexpr auto kFlushInterval = 100ms;
 constexpr std::size_t kFlushBytes = std::size_t{1} << 16;
 constexpr int kCyclesTid = 0;
 
+// `path` opened for writing over its closing bracket, if it ends as stop() leaves a file;
+// else null (the caller starts the file afresh).
+std::FILE* open_at_end(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "r+");
+  if (file == nullptr) return nullptr;
+  constexpr std::string_view kEnd = "\n]\n";
+  char tail[kEnd.size()];
+  const auto back = -static_cast<long>(kEnd.size());
+  if (std::fseek(file, back, SEEK_END) == 0 &&
+      std::fread(tail, 1, kEnd.size(), file) == kEnd.size() &&
+      std::string_view(tail, kEnd.size()) == kEnd && std::fseek(file, back, SEEK_END) == 0) {
+    return file;
+  }
+  std::fclose(file);
+  return nullptr;
+}
+
 }  // namespace
 
-Status Timeline::start(const std::string& path, bool mark_cycles) {
+Status Timeline::start(const std::string& path, bool mark_cycles, const Resume* resume) {
   detail::MutexLock control(control_mutex_);
   stop_writer();
-  std::FILE* file = std::fopen(path.c_str(), "w");
+  std::FILE* file = nullptr;
+  if (resume != nullptr && resume->path == path) file = open_at_end(path);
+  const bool continued = file != nullptr;
+  if (!continued) file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
     return invalid_argument(
         detail::str_cat("cannot open timeline file '", path, "': ", std::strerror(errno)));
   }
   {
     detail::MutexLock lock(mutex_);
-    origin_ = Clock::now();
-    pending_ = "[\n";
+    path_ = path;
+    origin_ = continued ? resume->origin : Clock::now();
+    pid_ = continued ? resume->pid + 1 : 0;
+    // A continuation's first event replaces the closing bracket: its separator follows the
+    // earlier last event.
+    pending_ = continued ? "" : "[\n";
+    has_events_ = continued;
     active_ = true;
-    emit(kCyclesTid, 'M', "process_name", {{"name", "tutti"}});
+    const std::string process = pid_ == 0 ? "tutti" : detail::str_cat("tutti session ", pid_ + 1);
+    emit(kCyclesTid, 'M', "process_name", {{"name", process}});
     if (mark_cycles) emit(kCyclesTid, 'M', "thread_name", {{"name", "cycles"}});
   }
   file_ = file;
@@ -46,6 +72,11 @@ Status Timeline::start(const std::string& path, bool mark_cycles) {
   mark_cycles_.store(mark_cycles);
   enabled_.store(true);
   return Status();
+}
+
+Timeline::Resume Timeline::resume_point() {
+  detail::MutexLock lock(mutex_);
+  return {.path = path_, .origin = origin_, .pid = pid_};
 }
 
 void Timeline::stop() {
@@ -158,7 +189,9 @@ void Timeline::emit(int tid, char phase, std::string_view name, Args args) {
   pending_ += std::to_string(ns.count() / 1000);
   pending_ += '.';
   pending_.append(ns_digits, 1, 3);
-  pending_ += ",\"pid\":0,\"tid\":";
+  pending_ += ",\"pid\":";
+  pending_ += std::to_string(pid_);
+  pending_ += ",\"tid\":";
   pending_ += std::to_string(tid);
   if (!name.empty()) {
     pending_ += ",\"name\":";

@@ -31,9 +31,9 @@ namespace tutti::core {
 //
 // File: the JSON Array Format, `[` then one event per line; the closing `]` is written by
 // stop(), and a crashed job's file still opens (the format allows the `]` to be missing). Each
-// tensor is a track (pid 0, tid assigned in order of first appearance, named by a thread_name
-// metadata event); spans are B/E pairs on the tensor's track, instants "i" with "s":"t", and
-// "ts" is in microseconds since start(). Spans nest as negotiation, then op containing
+// tensor is a track (pid 0 unless continued, tid assigned in order of first appearance, named by a
+// thread_name metadata event); spans are B/E pairs on the tensor's track, instants "i" with
+// "s":"t", and "ts" is in microseconds since start(). Spans nest as negotiation, then op containing
 // activities; the *_end methods close only a span that is open, and stop() closes every open
 // one, so B/E pairs balance on every track even when a file starts or stops mid-op.
 class Timeline {
@@ -43,11 +43,27 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
+  using Clock = std::chrono::steady_clock;
+
+  // Where an earlier Timeline of this process wrote, so that a later one can continue that
+  // file: Note [One TUTTI_TIMELINE file per process] in session.cc.
+  struct Resume {
+    std::string path;
+    Clock::time_point origin;  // Of "ts": the continuation keeps the earlier clock.
+    int pid = 0;               // The earlier timeline's; the continuation records as pid + 1.
+  };
+
   // Opens (truncates) `path` and starts recording; CYCLE_START markers are recorded only with
   // `mark_cycles`. A timeline already running is stopped first, leaving its file complete.
+  // With `resume` for the same path, and that file still ending as stop() left it, the events
+  // go on in it instead (its closing bracket replaced): on resume's clock, as pid resume.pid + 1
+  // named "tutti session <pid + 1>"; otherwise the file starts afresh.
   // InvalidArgument naming the path and the OS's reason if the file cannot be opened; then
   // nothing is recording.
-  Status start(const std::string& path, bool mark_cycles) TUTTI_EXCLUDES(control_mutex_, mutex_);
+  Status start(const std::string& path, bool mark_cycles, const Resume* resume = nullptr)
+      TUTTI_EXCLUDES(control_mutex_, mutex_);
+  // Where the file being written (or last written) continues; for a later start().
+  Resume resume_point() TUTTI_EXCLUDES(mutex_);
   // Closes open spans, writes everything recorded and the closing bracket, and closes the file:
   // when it returns the file is complete, valid JSON. Events recorded concurrently with stop()
   // may be dropped. Idempotent; harmless without start().
@@ -75,7 +91,6 @@ class Timeline {
   void mark_cycle() TUTTI_EXCLUDES(mutex_);
 
  private:
-  using Clock = std::chrono::steady_clock;
   // One of an event's args: a string, or a number (Chrome reads sort_index only as a number).
   struct Arg {
     Arg(std::string_view arg_key, std::string_view arg_text) : key(arg_key), text(arg_text) {}
@@ -130,6 +145,8 @@ class Timeline {
   bool stopping_ TUTTI_GUARDED_BY(mutex_) = false;
   bool has_events_ TUTTI_GUARDED_BY(mutex_) = false;
   Clock::time_point origin_ TUTTI_GUARDED_BY(mutex_);
+  std::string path_ TUTTI_GUARDED_BY(mutex_);
+  int pid_ TUTTI_GUARDED_BY(mutex_) = 0;  // Of every event: 0 unless continuing (see Resume).
   std::string pending_ TUTTI_GUARDED_BY(mutex_);  // Formatted, not yet written.
   std::unordered_map<std::string, Track, NameHash, std::equal_to<>> tracks_
       TUTTI_GUARDED_BY(mutex_);

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <functional>
 #include <iterator>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "ops/backend.h"
 #include "src/base/shape.h"
@@ -116,6 +119,14 @@ HalvingSearch::Options routes_options() {
   return {.candidates = {0, 1, 2, 3}, .start = 0, .max_samples = 4 + 2 * 3};
 }
 
+// Whether no earlier Autotuner of this process wrote the log at `path`; remembers it.
+bool first_log_of_process(const std::string& path) {
+  static std::mutex mutex;
+  static std::set<std::string> written;
+  const std::lock_guard<std::mutex> lock(mutex);
+  return written.insert(path).second;
+}
+
 }  // namespace
 
 Autotuner::Autotuner(Options options)
@@ -126,13 +137,16 @@ Autotuner::Autotuner(Options options)
       threshold_bytes_(options_.threshold.start),
       cycle_us_(options_.cycle.start) {
   if (options_.log_path.empty()) return;
+  // A later session of this process adds its rows to the log the earlier one wrote, as a
+  // TUTTI_TIMELINE file goes on (Note [One TUTTI_TIMELINE file per process] in session.cc).
+  const bool continued = !first_log_of_process(options_.log_path);
   // The start handshake opened it once already, so this fails only if the path changed since.
-  log_.reset(std::fopen(options_.log_path.c_str(), "w"));
+  log_.reset(std::fopen(options_.log_path.c_str(), continued ? "a" : "w"));
   if (log_ == nullptr) {
     TUTTI_LOG_ERROR("TUTTI_AUTOTUNE_LOG='", options_.log_path, "' cannot be opened; no log");
     return;
   }
-  std::fprintf(log_.get(), "%s\n", std::string(kLogHeader).c_str());
+  if (!continued) std::fprintf(log_.get(), "%s\n", std::string(kLogHeader).c_str());
   std::fflush(log_.get());
 }
 

@@ -103,5 +103,48 @@ TEST_CASE("TUTTI_TIMELINE records from init and is complete after shutdown", "[t
   CHECK(all_ranks(ok));
 }
 
+// One session of TUTTI_TIMELINE=path: init, an allreduce of `tensor`, shutdown.
+void env_timeline_session(const std::string& path, const std::string& tensor) {
+  setenv("TUTTI_TIMELINE", path.c_str(), 1);
+  init();
+  std::vector<double> v(10, 2.0);
+  allreduce(TensorView(v.data(), {10}), tensor, {.op = ReduceOp::Sum});
+  shutdown();
+  unsetenv("TUTTI_TIMELINE");
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("TUTTI_TIMELINE goes on across init() after shutdown(), one pid per session",
+          "[timeline]") {
+  // Before, the second init() truncated the file: the first session's trace was lost.
+  const std::string path = "/tmp/tutti_timeline_sessions_" + std::to_string(getppid()) + ".json";
+  env_timeline_session(path, "first.session");
+  env_timeline_session(path, "second.session");
+  bool ok = true;
+  if (world_rank() == 0) {
+    // Valid JSON; each tensor's events under its session's pid (0, then 1, named "tutti
+    // session 2"); the second session's events after the first's on one clock.
+    const std::string script =
+        "import json,sys; e=json.load(open(sys.argv[1])); "
+        "pid=lambda t: {x['pid'] for x in e if x.get('args',{}).get('name')==t}; "
+        "ts=lambda p: [x['ts'] for x in e if x['pid']==p and x['ph']!='M']; "
+        "names={x['args']['name'] for x in e if x.get('name')=='process_name'}; "
+        "sys.exit(0 if pid('first.session')=={0} and pid('second.session')=={1} "
+        "and names=={'tutti','tutti session 2'} and max(ts(0))<=min(ts(1)) else 3)";
+    ok = std::system(("python3 -c \"" + script + "\" " + path).c_str()) == 0;
+    INFO(read_file(path).substr(0, 3000));
+    CHECK(ok);
+    // A file someone else rewrote since is not continued: the next session starts it afresh.
+    std::ofstream(path) << "not a timeline";
+  }
+  env_timeline_session(path, "third.session");
+  if (world_rank() == 0) {
+    ok = check_json(path, {"third.session"}) == 0 &&
+         read_file(path).find("not a timeline") == std::string::npos;
+    std::remove(path.c_str());
+  }
+  CHECK(all_ranks(ok));
+}
+
 }  // namespace
 }  // namespace tutti::test

@@ -396,5 +396,23 @@ TEST_CASE("Successive halving against Bayesian optimisation", "[.comparison]") {
   }
 }
 
+TEST_CASE("A later Autotuner of the process adds to the log an earlier one wrote", "[autotune]") {
+  // A program that calls init() again after shutdown() keeps TUTTI_AUTOTUNE_LOG: the second
+  // session must neither truncate the first one's rows nor write the header again.
+  const std::string log =
+      (std::filesystem::temp_directory_path() / "tutti_autotune_sessions_test.csv").string();
+  std::filesystem::remove(log);
+  { Autotuner first({.log_path = log}); }
+  std::ofstream(log, std::ios::app) << "a row of the first session\n";
+  { Autotuner second({.log_path = log}); }
+  std::ifstream in(log);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].starts_with("sample,step,phase,"));
+  CHECK(lines[1] == "a row of the first session");
+  std::filesystem::remove(log);
+}
+
 }  // namespace
 }  // namespace tutti::core
