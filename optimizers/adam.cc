@@ -163,6 +163,7 @@ Adam::Adam(std::vector<nn::Variable> params, AdamOptions options)
 }
 
 void Adam::step() {
+  internal::check_gradients(parameters(), "Adam::step");
   ++step_count_;
   adam_step(parameters(), hyper(options_, false), step_count_, exp_avg_, exp_avg_sq_);
 }
@@ -190,6 +191,7 @@ AdamW::AdamW(std::vector<nn::Variable> params, AdamWOptions options)
 }
 
 void AdamW::step() {
+  internal::check_gradients(parameters(), "AdamW::step");
   ++step_count_;
   adam_step(parameters(), hyper(options_, true), step_count_, exp_avg_, exp_avg_sq_);
 }

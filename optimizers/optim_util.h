@@ -26,6 +26,12 @@ inline bool trainable(const nn::Variable& p) { return p.requires_grad(); }
 // The float32 elements of a parameter's value or gradient.
 inline std::span<float> floats(const Tensor& t) { return t.span<float>(); }
 
+// Throws InvalidArgument naming `who` (e.g. "SGD::step") and the parameter unless every
+// trainable parameter's grad() is a float32 CPU tensor of its value's shape with storage.
+// Optimizers check all of them before changing any, so a bad gradient loses nothing; grad()
+// is writable, so a user can have replaced it with anything.
+void check_gradients(const std::vector<nn::Variable>& parameters, const char* who);
+
 // A state tensor key split into its parameter index and state name ("3.exp_avg" -> 3,
 // "exp_avg"). Throws InvalidArgument naming `who` for a malformed key or an index not below
 // `num_parameters`.

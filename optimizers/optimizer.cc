@@ -11,6 +11,25 @@
 namespace tutti::optim {
 namespace internal {
 
+void check_gradients(const std::vector<nn::Variable>& parameters, const char* who) {
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const nn::Variable& p = parameters[i];
+    if (!trainable(p)) continue;
+    const Tensor& grad = p.grad();
+    const bool no_storage = grad.data() == nullptr && grad.num_elements() > 0;
+    if (grad.dtype() != DataType::Float32 || grad.shape() != p.value().shape() || no_storage ||
+        grad.device().kind != Device::Kind::CPU) {
+      detail::throw_invalid_argument(
+          who, ": the gradient of parameter ", i, " (shape ",
+          detail::shape_string(p.value().shape()), ") is ",
+          no_storage ? std::string("a tensor without storage")
+                     : detail::str_cat("a ", to_string(grad.dtype()), " tensor of shape ",
+                                       detail::shape_string(grad.shape())),
+          "; grad() must stay a float32 CPU tensor of the parameter's shape");
+    }
+  }
+}
+
 StateKey parse_state_key(const std::string& key, std::size_t num_parameters, const char* who) {
   const std::size_t dot = key.find('.');
   std::size_t index = 0;
@@ -74,6 +93,7 @@ Optimizer::Optimizer(std::vector<nn::Variable> parameters) : parameters_(std::mo
 }
 
 void Optimizer::zero_grad() {
+  internal::check_gradients(parameters_, "Optimizer::zero_grad");
   for (const nn::Variable& p : parameters_) {
     if (!internal::trainable(p)) continue;
     std::span<float> grad = internal::floats(p.grad());

@@ -45,6 +45,7 @@ void SGD::set_lr(double lr) {
 }
 
 void SGD::step() {
+  internal::check_gradients(parameters(), "SGD::step");
   const auto weight_decay = static_cast<float>(options_.weight_decay);
   const auto momentum = static_cast<float>(options_.momentum);
   const auto keep = static_cast<float>(1.0 - options_.dampening);

@@ -54,10 +54,14 @@ class TUTTI_API Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // Applies one update to every parameter from its grad(). Local: no communication.
+  // Applies one update to every parameter from its grad(). Local: no communication. The
+  // built-in rules throw InvalidArgument, having changed nothing, if a trainable parameter's
+  // grad() is not a float32 CPU tensor of its shape (grad() is writable: it may have been
+  // replaced).
   virtual void step() = 0;
   // Sets the grad() of every parameter that requires grad to zero, in place (the tensors are
-  // kept, so views of them stay valid). Local.
+  // kept, so views of them stay valid). Local. InvalidArgument, zeroing nothing, for a grad()
+  // as step() refuses it.
   virtual void zero_grad();
 
   // The parameters in the order given to the constructor.

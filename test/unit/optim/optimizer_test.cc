@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include "test/unit/optim/optim_test_util.h"
 #include "tutti/nn.h"
+#include "tutti/optim/adam.h"
 #include "tutti/optim/sgd.h"
 
 namespace tutti::optim {
@@ -76,6 +78,41 @@ TEST_CASE("zero_grad keeps the gradient tensors (views stay valid)", "[optimizer
   sgd.zero_grad();
   CHECK(a.grad().data() == before);
   CHECK(values(a.grad()) == std::vector<float>{0.0f, 0.0f});
+}
+
+TEST_CASE("A grad() replaced by a tensor of another size or type is refused, changing nothing",
+          "[optimizer]") {
+  // grad() is writable. Before, step() indexed a shorter gradient past its end (an empty one
+  // crashed) and ignored a longer one.
+  const std::vector<Tensor> bad = {Tensor(), Tensor(DataType::Float32, {1}),
+                                   Tensor(DataType::Float32, {5}), Tensor(DataType::Float64, {4})};
+  for (const Tensor& replacement : bad) {
+    nn::Variable a = param({1.0f, 2.0f});
+    nn::Variable b = param({1.0f, 2.0f, 3.0f, 4.0f});
+    SGD sgd({a, b}, {.lr = 0.1, .momentum = 0.9});
+    Adam adam({a, b});
+    AdamW adamw({a, b});
+    set_grad(a, {1.0f, 1.0f});
+    b.grad() = replacement;
+    for (Optimizer* opt : std::vector<Optimizer*>{&sgd, &adam, &adamw}) {
+      std::string message;
+      try {
+        opt->step();
+      } catch (const Error& e) {
+        CHECK(e.code() == ErrorCode::InvalidArgument);
+        message = e.what();
+      }
+      CHECK(message.find("gradient of parameter 1 (shape [4])") != std::string::npos);
+      CHECK(code_of([&] { opt->zero_grad(); }) == ErrorCode::InvalidArgument);
+    }
+    // Nothing moved, nothing was zeroed, and no state was made: the next good step is a first.
+    CHECK(values(a) == std::vector<float>{1.0f, 2.0f});
+    CHECK(values(a.grad()) == std::vector<float>{1.0f, 1.0f});
+    CHECK(adam.state_dict().scalars.at("step") == 0);
+    b.grad() = Tensor(DataType::Float32, {4});
+    sgd.step();  // First step: the momentum buffer is the gradient; a moves by lr * 1.
+    CHECK(values(a) == std::vector<float>{0.9f, 1.9f});
+  }
 }
 
 TEST_CASE("SGD fits a linear model through nn's backward()", "[optimizer][nn]") {
