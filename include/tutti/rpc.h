@@ -186,7 +186,7 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(
     std::vector<nn::Variable> parameters, const std::map<std::string, double>& options)>;
 // Makes `factory` available as `name` to DistributedOptimizer. Built in: "sgd", "adam", "adamw",
 // reading the StateDict scalar names ("lr", "momentum", "dampening", "weight_decay",
-// "nesterov"; "lr", "beta1", "beta2", "eps", "weight_decay"); an unknown option name is
+// "nesterov", 0 or 1; "lr", "beta1", "beta2", "eps", "weight_decay"); an unknown option name is
 // InvalidArgument. Like functions, every worker registers the same optimizers (the owners build
 // them); registering a name again replaces it. Any thread. InvalidArgument for an empty name or
 // factory.
@@ -212,7 +212,9 @@ class TUTTI_API DistributedOptimizer {
   // stepped. All steps on one owner are serialized (one lock per worker, as PyTorch's
   // _LocalOptimizer), since the optimizers of several trainers may share parameters; forward
   // passes that read those parameters meanwhile are the application's to coordinate.
-  // Throws what an owner's step threw (as rpc_sync()).
+  // Throws InvalidArgument, stepping nothing, if this worker knows no context `context_id`
+  // (it ended, or was never created: step inside the Context); what an owner's step threw
+  // (as rpc_sync()).
   void step(std::int64_t context_id);
 
  private:

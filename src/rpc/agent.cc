@@ -67,8 +67,9 @@ void Agent::add_handler(const std::string& name, Place place, Handler handler) {
 
 std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message args,
                                          Clock::duration timeout, std::int64_t context_id,
-                                         std::string meta) {
+                                         std::string meta, std::string shown) {
   auto future = std::make_shared<FutureState>();
+  if (shown.empty()) shown = function;
   std::string refused;
   {
     const tutti::detail::MutexLock lock(pending_mutex_);
@@ -79,7 +80,7 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
     }
   }
   if (!refused.empty()) {  // Completed outside the lock: callbacks may call again.
-    future->complete(Status(ErrorCode::ShutDown, str_cat("RPC '", function, "' to worker '",
+    future->complete(Status(ErrorCode::ShutDown, str_cat("RPC '", shown, "' to worker '",
                                                          info(to).name, "' failed: ", refused)));
     return future;
   }
@@ -101,10 +102,10 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
   {
     const tutti::detail::MutexLock lock(pending_mutex_);
     const Clock::time_point deadline = Clock::now() + timeout;
-    future->set_deadline(deadline, timed_out(function, to, timeout));
+    future->set_deadline(deadline, timed_out(shown, to, timeout));
     pending_.emplace(frame.id, Pending{.future = future,
                                        .destination = to,
-                                       .function = std::move(function),
+                                       .function = std::move(shown),
                                        .deadline = deadline,
                                        .timeout = timeout});
     deadlines_.emplace(deadline, frame.id);

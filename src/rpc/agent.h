@@ -131,10 +131,12 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // Any thread. Calls `function` on worker `to`; see Note [RPC threading]. The future completes
   // with the response, Timeout after `timeout`, or ShutDown. Inside distributed autograd context
   // `context_id` (-1: none) the call is recorded (Note [Distributed autograd] in
-  // src/dist_autograd/dist_engine.h). `args` must hold no empty Variable or RRef.
+  // src/dist_autograd/dist_engine.h). `args` must hold no empty Variable or RRef. The
+  // future's errors name the call `shown` ("" for `function`): the user's function, where
+  // `function` is the protocol's carrier of it (remote()'s "tutti.rref.create").
   std::shared_ptr<FutureState> call(int to, std::string function, Message args,
                                     Clock::duration timeout, std::int64_t context_id,
-                                    std::string meta = {});
+                                    std::string meta = {}, std::string shown = {});
   // Before start() returns only (the registration functions of the other files).
   void add_handler(const std::string& name, Place place, Handler handler);
   // Runs user function `function` on the pool with `request`'s arguments and context; the
@@ -153,7 +155,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   struct Pending {
     std::shared_ptr<FutureState> future;
     int destination = -1;
-    std::string function;
+    std::string function;  // As the future's errors name it (call()'s `shown`).
     Clock::time_point deadline;
     Clock::duration timeout;
   };

@@ -51,7 +51,8 @@ std::string local_problem(const std::string& name, const RpcOptions& options,
                           const core::Session& session) {
   if (name.empty()) return "the worker name is empty";
   if (!(options.timeout_seconds > 0) || !std::isfinite(options.timeout_seconds)) {
-    return str_cat("RpcOptions::timeout_seconds must be positive, got ", options.timeout_seconds);
+    return str_cat("RpcOptions::timeout_seconds must be a positive, finite number of seconds, got ",
+                   options.timeout_seconds);
   }
   if (options.num_worker_threads < 1) {
     return str_cat("RpcOptions::num_worker_threads must be at least 1, got ",
@@ -86,7 +87,8 @@ Clock::duration call_timeout(const Agent& agent, double timeout_seconds) {
   if (timeout_seconds == 0) return agent.default_timeout();
   if (!(timeout_seconds > 0) || !std::isfinite(timeout_seconds)) {
     throw Error(ErrorCode::InvalidArgument,
-                str_cat("an RPC timeout must be positive (or 0 for RpcOptions' timeout), got ",
+                str_cat("an RPC timeout must be a positive, finite number of seconds (or 0 for "
+                        "RpcOptions' timeout), got ",
                         timeout_seconds));
   }
   return to_duration(timeout_seconds);
@@ -261,7 +263,7 @@ RRef remote(const std::string& to, const std::string& function, Message args,
     RRef ref = agent->rrefs().make_remote_owned(rref_id);
     std::shared_ptr<detail::OwnerValue> value = detail::RRefAccess::impl(ref)->owned;
     created = agent->call(rank, "tutti.rref.create", std::move(args), timeout,
-                          detail::current_context_id(), meta.take());
+                          detail::current_context_id(), meta.take(), function);
     // A call that failed before the function ran (timeout, shutdown) fails the value; the first
     // outcome wins.
     created->then([value](const Result<Message>& result) {
@@ -272,7 +274,7 @@ RRef remote(const std::string& to, const std::string& function, Message args,
   RRef ref = agent->rrefs().make_remote_user(rank, rref_id);
   std::shared_ptr<detail::UserState> user = detail::RRefAccess::impl(ref)->user;
   created = agent->call(rank, "tutti.rref.create", std::move(args), timeout,
-                        detail::current_context_id(), meta.take());
+                        detail::current_context_id(), meta.take(), function);
   user->creation = created;
   // Holds the user until the owner answered (Note [RRef protocol], step 3); the cycle with
   // `creation` ends when the call completes and drops its callbacks.

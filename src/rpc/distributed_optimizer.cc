@@ -52,12 +52,17 @@ std::unique_ptr<optim::Optimizer> make_sgd(std::vector<nn::Variable> parameters,
                           {"dampening", d.dampening},
                           {"weight_decay", d.weight_decay},
                           {"nesterov", d.nesterov ? 1 : 0}});
+  if (o["nesterov"] != 0 && o["nesterov"] != 1) {  // A flag: 0.5 is a mistake, not "true".
+    throw Error(
+        ErrorCode::InvalidArgument,
+        str_cat("option 'nesterov' of optimizer 'sgd' must be 0 or 1, got ", o["nesterov"]));
+  }
   return std::make_unique<optim::SGD>(std::move(parameters),
                                       optim::SGDOptions{.lr = o["lr"],
                                                         .momentum = o["momentum"],
                                                         .dampening = o["dampening"],
                                                         .weight_decay = o["weight_decay"],
-                                                        .nesterov = o["nesterov"] != 0});
+                                                        .nesterov = o["nesterov"] == 1});
 }
 
 template <class Rule, class Options>
@@ -338,6 +343,15 @@ DistributedOptimizer::~DistributedOptimizer() {
 
 void DistributedOptimizer::step(std::int64_t context_id) {
   std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
+  // An owner the context never reached rightly steps with zeros, so the id is checked here,
+  // where it must be known (PyTorch's step() retrieves the context first too): a released or
+  // made-up id would otherwise step every parameter with zero gradients (momentum, decay).
+  if (agent->contexts().find(context_id) == nullptr) {
+    throw Error(ErrorCode::InvalidArgument,
+                str_cat("DistributedOptimizer::step: no distributed autograd context ", context_id,
+                        " on worker '", agent->name(),
+                        "' (it ended, or was never created); step inside its Context"));
+  }
   std::vector<std::shared_ptr<detail::FutureState>> futures;
   for (const Remote& r : remotes_) {
     futures.push_back(agent->call(r.owner, "tutti.optim.step", {}, agent->default_timeout(), -1,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shared cases of calls (Note [Shared RPC cases] in rpc_cases.h): to every worker, every
 // error, nested chains, many concurrent calls, big messages and both shutdowns.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,15 @@ Problems failed_calls_body(RpcWorld& world) {
   p.expect_error(error_of([&] { rpc::remote(next, "raise", bytes_only("1")).to_here(); }, &m),
                  ErrorCode::Mismatch, "remote() exception");
   p.expect_contains(m, {"coded boom"}, "remote() exception");
-  p.expect_error(error_of([&] { rpc::remote(next, "sleep", bytes_only("400"), 0.05).to_here(); }),
-                 ErrorCode::Timeout, "remote() timeout");
+  p.expect_error(
+      error_of([&] { rpc::remote(next, "sleep", bytes_only("400"), 0.05).to_here(); }, &m),
+      ErrorCode::Timeout, "remote() timeout");
+  // The user's function, not the protocol's carrier of it ("tutti.rref.create").
+  p.expect_contains(m, {"'sleep'", next}, "remote() timeout");
+  p.expect(m.find("tutti.rref") == std::string::npos, "remote() timeout names " + m);
+  p.expect_error(error_of([&] { rpc::rpc_sync(next, "echo", {}, INFINITY); }, &m),
+                 ErrorCode::InvalidArgument, "infinite timeout");
+  p.expect_contains(m, {"finite"}, "infinite timeout");
   p.expect_error(error_of([&] { rpc::rpc_sync(next, "echo", {}, -1.0); }),
                  ErrorCode::InvalidArgument, "negative timeout");
   p.expect_error(error_of([&] { rpc::rpc_sync(next, "tutti.rref.delete"); }),

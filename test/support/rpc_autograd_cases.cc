@@ -184,8 +184,29 @@ Problems optimizer_steps_body(RpcWorld& world, int kind) {
                    rpc::DistributedOptimizer("sgd", {{"betas", 1}}, {ra});
                  }),
                  ErrorCode::InvalidArgument, "an unknown option");
+  p.expect_error(error_of([&] {
+                   rpc::DistributedOptimizer("sgd", {{"momentum", 0.9}, {"nesterov", 0.5}}, {ra});
+                 }),
+                 ErrorCode::InvalidArgument, "nesterov 0.5");
   rpc::DistributedOptimizer optimizer(names.at(static_cast<std::size_t>(kind)),
                                       options.at(static_cast<std::size_t>(kind)), {ra, rb, rc});
+  // A context that ended, or an id never made, steps nothing (before, every parameter took a
+  // step with zero gradients: momentum and weight decay moved it).
+  std::int64_t ended = -1;
+  {
+    dist::Context context;
+    ended = context.id();
+  }
+  const Tensor before = ra.to_here().tensors.at(0).value().clone();
+  for (const std::int64_t bad : {ended, std::int64_t{123456789}}) {
+    std::string message;
+    p.expect_error(error_of([&] { optimizer.step(bad); }, &message), ErrorCode::InvalidArgument,
+                   "step with an unknown context");
+    p.expect_contains(message, {"no distributed autograd context " + std::to_string(bad)},
+                      "step with an unknown context");
+  }
+  p.expect(max_difference(ra.to_here().tensors.at(0).value(), before) == 0,
+           "an unknown context changed a parameter");
   const Tensor x = filled({4, 2}, -0.5f, 0.3f), target = filled({4, 1}, 0.2f, 0.1f);
   for (int step = 0; step < 5; ++step) {
     dist::Context context;
