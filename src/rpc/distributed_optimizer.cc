@@ -347,10 +347,11 @@ void DistributedOptimizer::step(std::int64_t context_id) {
   // where it must be known (PyTorch's step() retrieves the context first too): a released or
   // made-up id would otherwise step every parameter with zero gradients (momentum, decay).
   if (agent->contexts().find(context_id) == nullptr) {
-    throw Error(ErrorCode::InvalidArgument,
-                str_cat("DistributedOptimizer::step: no distributed autograd context ", context_id,
-                        " on worker '", agent->name(),
-                        "' (it ended, or was never created); step inside its Context"));
+    throw Error(
+        ErrorCode::InvalidArgument,
+        ::tutti::detail::str_cat("DistributedOptimizer::step: no distributed autograd context ",
+                                 context_id, " on worker '", agent->name(),
+                                 "' (it ended, or was never created); step inside its Context"));
   }
   std::vector<std::shared_ptr<detail::FutureState>> futures;
   for (const Remote& r : remotes_) {
