@@ -73,7 +73,9 @@ class TUTTI_API DistributedOptimizer : public Optimizer {
   // throws it and inner.step() is not run; the gradients are then partly reduced, so step(),
   // synchronize() and the next backward() throw Error(InvalidArgument) until zero_grad(). A
   // backward() refused after synchronize() (or for a pass over backward_passes_per_step) does
-  // the same, having added into gradients the step would use.
+  // the same, having added into gradients the step would use; but while the reductions of the
+  // gradients it reached are still in flight, their results replace what it added, so only the
+  // refused pass is lost and step() goes on.
   void step() override;
   // inner.zero_grad(), which also ends a failed step's block (see step()). Throws
   // Error(InvalidArgument) while gradient reductions are in flight (between the hooks that
