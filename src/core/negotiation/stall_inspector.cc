@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/negotiation/stall_inspector.h"
 
+#include <algorithm>
+
 #include "src/base/strings.h"
 #include "src/common/logging.h"
 #include "src/core/response_cache.h"
@@ -10,7 +12,10 @@ namespace {
 
 using detail::str_cat;
 
+// Looks are at least a tenth of the smaller limit apart, within these bounds: a limit is met
+// within about a tenth of itself (a second at most), and no busy cycle pays for the scan.
 constexpr std::chrono::seconds kCheckInterval{1};
+constexpr std::chrono::milliseconds kMinCheckInterval{10};
 // Names listed per missing rank, so that a warning stays readable.
 constexpr std::size_t kNamesPerRank = 5;
 
@@ -20,18 +25,15 @@ StallInspector::StallInspector(const Config& config)
     : disabled_(config.stall_check_disabled),
       check_after_(config.stall_check_time),
       shutdown_after_(config.stall_shutdown_time),
+      look_after_(shutdown_after_.count() > 0 ? std::min(check_after_, shutdown_after_)
+                                              : check_after_),
+      interval_(std::clamp<Clock::duration>(look_after_ / 10, kMinCheckInterval, kCheckInterval)),
       last_check_(Clock::now()) {}
 
-std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
-                                              Clock::time_point now) {
-  if (disabled_ || now - last_check_ < kCheckInterval) return std::nullopt;
-  last_check_ = now;
-  const std::vector<Coordinator::Stall> stalls = coordinator.stalls(now, check_after_);
-  if (stalls.empty()) return std::nullopt;
-  // Up to a few names per missing rank, in one explanation used for the warning and the error.
+std::string StallInspector::explain(const std::vector<Coordinator::Stall>& stalls,
+                                    Clock::duration after) {
+  // Up to a few names per missing rank.
   std::map<int, std::vector<std::string>> by_rank;
-  bool past_limit = false;
-  bool fresh = false;
   for (const Coordinator::Stall& stall : stalls) {
     for (int r : stall.missing) {
       // An op of another set is named with it: the same name may be waiting in the global set
@@ -42,25 +44,41 @@ std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
                                                                  stall.process_set_id, ")"));
       }
     }
-    past_limit = past_limit || (shutdown_after_.count() > 0 && stall.waited >= shutdown_after_);
-    bool& warned = warned_[cache_key(stall.process_set_id, stall.name)];
-    fresh = fresh || !warned;
-    warned = true;
   }
   std::string missing;
   for (const auto& [r, names] : by_rank) {
     missing += str_cat(missing.empty() ? "" : "; ", "rank ", r, ": ", detail::join_list(names));
   }
-  const std::string explanation =
-      str_cat("ops were submitted by some ranks but not by others for more than ",
-              std::chrono::duration_cast<std::chrono::seconds>(check_after_).count(),
-              " s; missing: ", missing);
+  // In seconds as given (0.5, not a truncated 0).
+  return str_cat("ops were submitted by some ranks but not by others for more than ",
+                 std::chrono::duration<double>(after).count(), " s; missing: ", missing);
+}
+
+std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
+                                              Clock::time_point now) {
+  if (disabled_ || now - last_check_ < interval_) return std::nullopt;
+  last_check_ = now;
+  std::vector<Coordinator::Stall> stalls = coordinator.stalls(now, look_after_);
+  if (stalls.empty()) return std::nullopt;
+  const bool past_limit =
+      shutdown_after_.count() > 0 &&
+      std::any_of(stalls.begin(), stalls.end(),
+                  [&](const Coordinator::Stall& s) { return s.waited >= shutdown_after_; });
   if (past_limit) {
     return Status(ErrorCode::Stalled,
-                  str_cat("Stalled: ", explanation, " (past TUTTI_STALL_SHUTDOWN_TIME_SECONDS=",
+                  str_cat("Stalled: ", explain(stalls, look_after_),
+                          " (past TUTTI_STALL_SHUTDOWN_TIME_SECONDS=",
                           std::chrono::duration<double>(shutdown_after_).count(), ")"));
   }
-  if (fresh) TUTTI_LOG_WARNING("Stall: ", explanation);
+  // Ops younger than the check time are looked at only for the shutdown limit below it.
+  std::erase_if(stalls, [&](const Coordinator::Stall& s) { return s.waited < check_after_; });
+  bool fresh = false;
+  for (const Coordinator::Stall& stall : stalls) {
+    bool& warned = warned_[cache_key(stall.process_set_id, stall.name)];
+    fresh = fresh || !warned;
+    warned = true;
+  }
+  if (fresh) TUTTI_LOG_WARNING("Stall: ", explain(stalls, check_after_));
   return std::nullopt;
 }
 

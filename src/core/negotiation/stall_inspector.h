@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "src/common/status.h"
 #include "src/core/config.h"
@@ -20,15 +21,21 @@ class StallInspector {
  public:
   explicit StallInspector(const Config& config);
 
-  // Looks at the pending ops at most once a second: logs one warning per newly stalled op,
-  // and returns the Stalled status every rank must stop with once one has waited past the
-  // shutdown limit (the same explanation on every rank).
+  // Looks at the pending ops every tenth of the smaller limit (10 ms to 1 s apart):
+  // logs one warning per newly stalled op, and returns the Stalled status every rank must stop
+  // with once one has waited past the shutdown limit (the same explanation on every rank),
+  // also where that limit is below the check time.
   std::optional<Status> inspect(const Coordinator& coordinator, Clock::time_point now);
 
  private:
+  // One line naming the stalled ops per missing rank, waiting for more than `after`.
+  static std::string explain(const std::vector<Coordinator::Stall>& stalls, Clock::duration after);
+
   const bool disabled_;
   const Clock::duration check_after_;
   const Clock::duration shutdown_after_;  // Zero: never.
+  const Clock::duration look_after_;      // The smaller limit: ops younger are not stalled.
+  const Clock::duration interval_;        // Between looks: see kCheckInterval.
   Clock::time_point last_check_;
   std::map<std::string, bool> warned_;  // "<set>:<name>" of ops already warned about.
 };

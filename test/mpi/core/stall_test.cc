@@ -2,8 +2,13 @@
 // The stall inspector: ops some ranks never submit fail with Stalled on every rank, naming
 // the missing ranks and tensors, within twice the configured limit (times time_scale(): Note
 // [Time bounds in tests] in test/support/mpi_test_util.h). Run with
-// TUTTI_STALL_CHECK_TIME_SECONDS=1 and TUTTI_STALL_SHUTDOWN_TIME_SECONDS=2 (see meson.build).
+// TUTTI_STALL_CHECK_TIME_SECONDS=1 and TUTTI_STALL_SHUTDOWN_TIME_SECONDS=2, and the first case
+// also with the shutdown limit (1.5 s) far below the check time (30 s), which must not delay it
+// (see meson.build).
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,10 +22,26 @@
 namespace tutti::test {
 namespace {
 
-constexpr double kShutdownLimitSeconds = 2.0;  // TUTTI_STALL_SHUTDOWN_TIME_SECONDS in meson.build.
+// A stall limit as meson.build sets it, e.g. "TUTTI_STALL_SHUTDOWN_TIME_SECONDS".
+double limit_seconds(const char* knob) {
+  const char* value = std::getenv(knob);
+  REQUIRE(value != nullptr);
+  return std::stod(value);
+}
+
+double shutdown_limit_seconds() { return limit_seconds("TUTTI_STALL_SHUTDOWN_TIME_SECONDS"); }
+
+// "for more than S s", S the smaller limit as given (1.5, not a truncated 1).
+std::string waited_text() {
+  std::ostringstream text;
+  text << "for more than "
+       << std::min(limit_seconds("TUTTI_STALL_CHECK_TIME_SECONDS"), shutdown_limit_seconds())
+       << " s";
+  return text.str();
+}
 
 // How long a stalled op may take to fail: twice the limit, scaled for sanitizers and load.
-double stall_bound_seconds() { return 2 * kShutdownLimitSeconds * time_scale(); }
+double stall_bound_seconds() { return 2 * shutdown_limit_seconds() * time_scale(); }
 
 TEST_CASE("every rank gets Stalled naming the missing ranks within twice the limit", "[stall]") {
   init();
@@ -51,6 +72,7 @@ TEST_CASE("every rank gets Stalled naming the missing ranks within twice the lim
     CHECK(all_ranks(message.find("rank " + std::to_string(last) + ": everyone.but.last") !=
                     std::string::npos));
     CHECK(all_ranks(message.find("only.last") != std::string::npos));
+    CHECK(all_ranks(message.find(waited_text()) != std::string::npos));
     CHECK(all_ranks(message.find("Stalled: Stalled") == std::string::npos));
     CHECK(all_ranks(seconds < stall_bound_seconds()));
     // The runtime has stopped: new ops fail with ShutDown, not a hang.
