@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "src/base/strings.h"
 #include "src/common/check.h"
@@ -24,20 +27,35 @@ constexpr Knob kKnobs[] = {
 
 const char* get(const std::string& variable) { return std::getenv(variable.c_str()); }
 
+// Whether `text` starts as a plain decimal number does: a digit, '-' or '.'. strtoll() and
+// strtod() also skip leading spaces and take '+', and strtod() "inf", "nan" and hexadecimal
+// ("0x10"); trailing spaces are refused, and the elastic layer's from_chars() takes none of
+// them, so these forms are refused alike everywhere, as not numbers.
+bool plain_start(const std::string& text) {
+  if (text.empty()) return false;
+  const char c = text[0];
+  return (c >= '0' && c <= '9') || c == '-' || c == '.';
+}
+
 // Text to a number, or nullopt if it is not one entirely. Out-of-range (ERANGE) counts as not
-// a number for integers; doubles keep inf, which the range check then refuses by name.
+// a number for integers; doubles keep an overflow's inf, which the range check then refuses by
+// name, and refuse what underflows (1e-400 would read as 0).
 std::optional<std::int64_t> parse_int(const std::string& text) {
+  if (!plain_start(text)) return std::nullopt;
   char* end = nullptr;
   errno = 0;
   const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE) return std::nullopt;
+  if (*end != '\0' || errno == ERANGE) return std::nullopt;
   return static_cast<std::int64_t>(value);
 }
 
 std::optional<double> parse_double(const std::string& text) {
+  if (!plain_start(text) || text.find_first_of("xX") != std::string::npos) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0') return std::nullopt;
+  if (*end != '\0') return std::nullopt;
+  if (errno == ERANGE && std::fabs(value) < 1) return std::nullopt;  // Underflow.
   return value;
 }
 
@@ -45,7 +63,7 @@ std::optional<bool> parse_bool(std::string_view v) {
   for (const char* yes : {"1", "true", "TRUE", "True", "yes", "YES", "on", "ON"}) {
     if (v == yes) return true;
   }
-  for (const char* no : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF", ""}) {
+  for (const char* no : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF"}) {
     if (v == no) return false;
   }
   return std::nullopt;
@@ -68,6 +86,15 @@ Status out_of_range(const Knob& k, const KnobSource& source) {
                                   number_text(k.min), ", ", number_text(k.max), "]"));
 }
 
+// Whether this pair of values is new to this process: a knob is looked up several times per
+// init(), and its override is worth one warning, not one per lookup.
+bool first_override(const std::string& variable, const char* value, const char* overridden) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::lock_guard<std::mutex> lock(mutex);
+  return warned.insert(str_cat(variable, '\0', value, '\0', overridden)).second;
+}
+
 }  // namespace
 
 std::span<const Knob> knobs() { return kKnobs; }
@@ -86,7 +113,8 @@ std::optional<EnvSetting> find_setting(std::string_view knob) {
   const char* horovod_value = get(horovod_name);
   if (tutti_value) {
     // TUTTI_ first: a job script may keep HOROVOD_ values around while moving on.
-    if (horovod_value && std::strcmp(tutti_value, horovod_value) != 0) {
+    if (horovod_value && std::strcmp(tutti_value, horovod_value) != 0 &&
+        first_override(tutti_name, tutti_value, horovod_value)) {
       TUTTI_LOG_WARNING(tutti_name, "='", tutti_value, "' overrides ", horovod_name, "='",
                         horovod_value, "'");
     }

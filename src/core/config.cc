@@ -3,6 +3,9 @@
 
 #include <charconv>
 
+#include "ops/device_ops.h"
+#include "ops/registry.h"
+
 namespace tutti::core {
 namespace {
 
@@ -22,7 +25,7 @@ Result<ops::HierarchyMode> hierarchy_mode(const detail::KnobSource& source,
   for (std::string_view on : {"1", "true", "TRUE", "True", "yes", "YES", "on", "ON"}) {
     if (text == on) return ops::HierarchyMode::On;
   }
-  for (std::string_view off : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF", ""}) {
+  for (std::string_view off : {"0", "false", "FALSE", "False", "no", "NO", "off", "OFF"}) {
     if (text == off) return ops::HierarchyMode::Off;
   }
   return refuse(source, knob.name, "is not auto, 1 (on) or 0 (off)");
@@ -91,6 +94,32 @@ Status parse_stall_check(const detail::KnobSource& source, Config* c) {
   TUTTI_ASSIGN_OR_RETURN(double shutdown_s,
                          detail::knob_value(detail::knob::STALL_SHUTDOWN_TIME_SECONDS, source));
   c->stall_shutdown_time = Config::seconds_to_ms(shutdown_s);
+  return Status();
+}
+
+// GPU streams exist only where a device does: without CUDA (and without the simulated device
+// the tests install, which has streams) the knob would change nothing.
+Result<int> parse_device_streams(const detail::KnobSource& source) {
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t streams,
+                         detail::knob_value(detail::knob::NUM_NCCL_STREAMS, source));
+  if (source.find(detail::knob::NUM_NCCL_STREAMS.name) && !ops::built_with_cuda() &&
+      ops::device_ops().device_count() == 0) {
+    return refuse(source, detail::knob::NUM_NCCL_STREAMS.name,
+                  "sets GPU streams, but this build has no CUDA (meson -Dcuda=enabled): unset it");
+  }
+  return static_cast<int>(streams);
+}
+
+// The elastic layer reads its knobs when an elastic::State is made; they are checked here as
+// well, so that a bad value fails init() as every knob's does (README, Configuration).
+Status check_elastic(const detail::KnobSource& source) {
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t keep, detail::knob_value(detail::knob::ELASTIC_KEEP, source));
+  static_cast<void>(keep);
+  if (source.find(detail::knob::ELASTIC_KEEP.name) &&
+      !source.find(detail::knob::ELASTIC_DIR.name)) {
+    return refuse(source, detail::knob::ELASTIC_KEEP.name,
+                  "needs TUTTI_ELASTIC_DIR (the directory whose commits it counts)");
+  }
   return Status();
 }
 
@@ -188,9 +217,8 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
                          hierarchy_mode(source, detail::knob::HIERARCHICAL_ALLREDUCE));
   TUTTI_ASSIGN_OR_RETURN(c.hierarchy.allgather,
                          hierarchy_mode(source, detail::knob::HIERARCHICAL_ALLGATHER));
-  TUTTI_ASSIGN_OR_RETURN(std::int64_t streams,
-                         detail::knob_value(detail::knob::NUM_NCCL_STREAMS, source));
-  c.num_nccl_streams = static_cast<int>(streams);
+  TUTTI_ASSIGN_OR_RETURN(c.num_nccl_streams, parse_device_streams(source));
+  TUTTI_RETURN_IF_ERROR(check_elastic(source));
   TUTTI_ASSIGN_OR_RETURN(c.thread_affinity, parse_cpus(source));
   TUTTI_ASSIGN_OR_RETURN(double start_s, detail::knob_value(detail::knob::START_TIMEOUT, source));
   c.start_timeout = seconds_to_ms(start_s);

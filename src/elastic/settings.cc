@@ -72,9 +72,9 @@ int int_knob(std::string_view name) {
     detail::throw_invalid_argument(variable, "='", text, "' is not an integer");
   }
   if (static_cast<double>(value) < knob.min || static_cast<double>(value) > knob.max) {
-    detail::throw_invalid_argument(variable, "='", text,
-                                   "' is out of range: must be an integer in [", knob.min, ", ",
-                                   knob.max, "]");
+    detail::throw_invalid_argument(
+        variable, "='", text, "' is out of range: must be an integer in [",
+        static_cast<std::int64_t>(knob.min), ", ", static_cast<std::int64_t>(knob.max), "]");
   }
   return static_cast<int>(value);
 }

@@ -331,6 +331,14 @@ class NetworkFailureTest(unittest.TestCase):
                               env=clean_environ(TUTTI_NETWORK_TIMEOUT="soon"))
         self.assertEqual(result.returncode, 2)
         self.assertIn("TUTTI_NETWORK_TIMEOUT: 'soon' is not an integer", result.stderr)
+        # As init() reads knobs: set but empty, spaces or '+' are refused, not taken or skipped.
+        for value in ("", " 12", "+12", "12 "):
+            with self.subTest(value=value):
+                result = run_launcher(["-np", "2", "--dry-run", "-H", "a,b", "true"],
+                                      env=clean_environ(TUTTI_NETWORK_TIMEOUT=value))
+                self.assertEqual(result.returncode, 2)
+                self.assertIn(f"TUTTI_NETWORK_TIMEOUT: '{value}' is not an integer",
+                              result.stderr)
 
     def scan(self, text, returncode=205):
         scanner = tuttirun.HostFailureScanner()

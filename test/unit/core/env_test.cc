@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/common/env.h"
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -27,6 +31,37 @@ TEST_CASE("TUTTI_ wins over HOROVOD_, which is the fallback", "[env]") {
   }
   CHECK(knob_value(knob::CACHE_CAPACITY).value() == knob_default(knob::CACHE_CAPACITY));
   CHECK(knob_default(knob::CACHE_CAPACITY) == 1024);  // knobs.def's default.
+}
+
+// What `f` writes to stderr (the log's file descriptor 2), through a temporary file.
+template <class F>
+std::string stderr_of(F&& f) {
+  std::FILE* file = std::tmpfile();
+  REQUIRE(file != nullptr);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(::fileno(file), STDERR_FILENO);
+  f();
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::rewind(file);
+  std::string text;
+  for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) text += static_cast<char>(c);
+  std::fclose(file);
+  return text;
+}
+
+TEST_CASE("A TUTTI_ value overriding another HOROVOD_ value is warned about once", "[env]") {
+  // Before, every lookup warned: three times per rank per init().
+  ScopedEnv horovod("HOROVOD_CYCLE_TIME", "3");
+  ScopedEnv tutti("TUTTI_CYCLE_TIME", "2.25");
+  const std::string log = stderr_of([] {
+    CHECK(core::Config::from_env().ok());
+    CHECK(core::Config::from_env().ok());
+  });
+  const std::string warning = "TUTTI_CYCLE_TIME='2.25' overrides HOROVOD_CYCLE_TIME='3'";
+  const std::size_t first = log.find(warning);
+  CHECK(first != std::string::npos);
+  CHECK(log.find(warning, first + 1) == std::string::npos);
 }
 
 TEST_CASE("Malformed values name the variable", "[env]") {
@@ -87,6 +122,59 @@ TEST_CASE("Values that overflow or are not numbers are refused by name", "[env]"
     CHECK(config.status().code() == ErrorCode::InvalidArgument);
     CHECK(config.status().message().find(variable) != std::string_view::npos);
   }
+}
+
+TEST_CASE("Numbers are plain decimals: no spaces, '+', hexadecimal or underflow", "[env]") {
+  // strtoll()/strtod() took these (" 5" as 5, "0x10" as 16 ms, "1e-400" as 0) while trailing
+  // spaces and the elastic layer's parser refused them.
+  const char* cases[][3] = {
+      {"FUSION_THRESHOLD", " 5", "is not an integer"},
+      {"FUSION_THRESHOLD", "+5", "is not an integer"},
+      {"FUSION_THRESHOLD", "5 ", "is not an integer"},
+      {"CYCLE_TIME", "0x10", "is not a number"},
+      {"CYCLE_TIME", " 1", "is not a number"},
+      {"CYCLE_TIME", "1e-400", "is not a number"},
+      {"STALL_CHECK_TIME_SECONDS", "inf", "is not a number"},
+      {"TIMELINE_MARK_CYCLES", "", "is not a boolean"},
+      {"HIERARCHICAL_ALLREDUCE", "", "is not auto, 1 (on) or 0 (off)"},
+  };
+  for (const auto& [knob, value, why] : cases) {
+    const std::string variable = std::string("TUTTI_") + knob;
+    ScopedEnv env(variable.c_str(), value);
+    Result<core::Config> config = core::Config::from_env();
+    INFO(variable << "='" << value << "'");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message().find(variable + "='" + value + "' " + why) == 0);
+  }
+  ScopedEnv fine("TUTTI_CYCLE_TIME", "-0.0");
+  CHECK(core::Config::from_env().ok());
+  ScopedEnv small("TUTTI_STALL_CHECK_TIME_SECONDS", ".5e-2");
+  CHECK(core::Config::from_env().value().stall_check_time == std::chrono::milliseconds(5));
+}
+
+TEST_CASE("Knobs of absent features and elastic knobs fail init(), not later", "[env]") {
+  {
+    // This unit build has no CUDA, and no simulated device is installed here.
+    ScopedEnv streams("TUTTI_NUM_NCCL_STREAMS", "2");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message().find("TUTTI_NUM_NCCL_STREAMS='2' sets GPU streams, but this "
+                                         "build has no CUDA") == 0);
+  }
+  {
+    ScopedEnv dir("TUTTI_ELASTIC_DIR", "/tmp/commits");
+    ScopedEnv keep("TUTTI_ELASTIC_KEEP", "two");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message() == "TUTTI_ELASTIC_KEEP='two' is not an integer");
+    ScopedEnv three("TUTTI_ELASTIC_KEEP", "3");
+    CHECK(core::Config::from_env().ok());
+  }
+  ScopedEnv keep("HOROVOD_ELASTIC_KEEP", "3");  // Without TUTTI_ELASTIC_DIR.
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().message() ==
+        "HOROVOD_ELASTIC_KEEP='3' needs TUTTI_ELASTIC_DIR (the directory whose commits it counts)");
 }
 
 TEST_CASE("TUTTI_AUTOTUNE and its settings are parsed, or refused rather than ignored",
