@@ -5,6 +5,7 @@
 
 #include "src/base/fast_tls.h"
 #include "src/common/logging.h"
+#include "src/core/terminate_dump.h"
 
 namespace tutti::core {
 
@@ -36,6 +37,7 @@ Status Runtime::init(const void* parent) {
     // An application that finalizes MPI itself with Tutti still running gets a shutdown at the
     // start of its MPI_Finalize, instead of a communication thread calling a finalized MPI.
     ops::set_mpi_finalize_hook([] { Runtime::get().shutdown(); });
+    install_terminate_dump();  // Note [An uncaught exception leaves its traces].
     exit_hook_registered_ = true;
   }
   return Status();

@@ -73,6 +73,10 @@ class Session {
   // process left it (Note [One TUTTI_TIMELINE file per process] in session.cc).
   Status start_env_timeline();
   void stop_timeline() { timeline_.stop(); }
+  // Any thread. Writes the flight recorder's dump after the runtime stopped on `why` (Note
+  // [Flight recorder]), or the process is ending on it (Note [An uncaught exception leaves its
+  // traces] in terminate_dump.h), and says where in the log.
+  void dump_after_error(const Status& why);
   // Any thread. This rank's flight recorder (tutti/debug.h), which outlives the session.
   const std::shared_ptr<FlightRecorder>& flight_recorder() const { return recorder_; }
 
@@ -91,9 +95,6 @@ class Session {
   void run();
   // Fails every op still pending with the reason the loop ended.
   void finish(const Status& status);
-  // Writes the flight recorder's dump after the runtime stopped on `why` (Note [Flight
-  // recorder]), and says where in the log.
-  void dump_after_error(const Status& why);
 
   // Declared in dependency order: each member is built from those above it and destroyed
   // before them.

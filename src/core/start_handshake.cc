@@ -117,9 +117,9 @@ Status check_on_rank0(const Config& config) {
 
 std::string value_text(const JobValues& values, std::string_view name) {
   auto it = values.find(name);
-  return it == values.end()
-             ? str_cat("unset (default ", detail::knob_named(name).default_value, ")")
-             : str_cat("'", it->second, "'");
+  if (it != values.end()) return str_cat("'", it->second, "'");
+  const std::string_view fallback = detail::knob_named(name).default_value;
+  return fallback.empty() ? std::string("unset") : str_cat("unset (default ", fallback, ")");
 }
 
 // Rank 0: gathers the hellos, decides, answers everyone.

@@ -9,6 +9,8 @@
 //   shape   rank 1 submits 'grad.b' of step 1 with shape [9]: Mismatch, no stall; every rank
 //           then dumps with tutti::debug::dump_flight_recorder() and goes on
 //   kill    rank 1 kills itself (SIGKILL) after submitting step 2's 'grad.a'
+//   throw   rank 0 throws an exception nobody catches after submitting step 2's 'grad.a':
+//           std::terminate() (Note [An uncaught exception leaves its traces])
 //   usr1    no fault: rank 0 prints "ready" after step 2, and every rank trains until its
 //           own dump appears (the test sends SIGUSR1 to mpirun), at most 30 s
 // The stall modes need TUTTI_STALL_SHUTDOWN_TIME_SECONDS (the test sets 2). Prints
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,7 +68,8 @@ bool own_dump_exists() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   tutti::init();
-  const bool faulty = tutti::rank() == 1;
+  // Rank 0 for "throw", the timeline's writer, whose file must be whole after all.
+  const bool faulty = tutti::rank() == (mode == "throw" ? 0 : 1);
   Gradients g;
   int status = 0;
   try {
@@ -75,6 +79,11 @@ int main(int argc, char** argv) {
         tutti::Handle h = tutti::allreduce_async(view(g.a, 4), "grad.a");
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         raise(SIGKILL);
+      }
+      if (s == 2 && faulty && mode == "throw") {
+        tutti::Handle h = tutti::allreduce_async(view(g.a, 4), "grad.a");
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        throw std::runtime_error("boom in user code");  // Not a tutti::Error: nobody catches it.
       }
       step(g, s == 2 && faulty && mode == "skip", s == 1 && faulty && mode == "shape" ? 9 : 8);
     }

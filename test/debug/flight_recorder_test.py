@@ -37,6 +37,8 @@ def job_env(directory, mode):
                 "TUTTI_STALL_CHECK_TIME_SECONDS": "1",
                 "TUTTI_STALL_SHUTDOWN_TIME_SECONDS": "2",
                 "TUTTI_EXIT_GRACE_SECONDS": "10"})
+    if mode == "throw":
+        env["TUTTI_TIMELINE"] = os.path.join(directory, "timeline.out")
     if mode == "desync":
         env.update({"TUTTI_DEBUG": "DETAIL",
                     "TUTTI_STALL_CHECK_TIME_SECONDS": str(DESYNC_STALL_LIMIT_S),
@@ -173,6 +175,21 @@ def main():
             expect(report, "no dump from rank(s) 1 (dead, or never reached a dump)",
                    "rank 0: in seq 7 ALLREDUCE 'grad.b' of set 0",
                    "rank 2: in seq 7 ALLREDUCE 'grad.b' of set 0")
+        elif mode == "throw":
+            # Rank 0's std::terminate() dumps with the exception's message and closes its
+            # timeline before abort(); mpirun then ends ranks 1 and 2 with SIGTERM. Before,
+            # rank 0 left no dump and a timeline cut short (often empty).
+            if status == 0 or sorted(why) != [0, 1, 2]:
+                fail("expected a failed job and a dump from every rank")
+            if why[0] != "std::terminate(): uncaught exception: boom in user code":
+                fail(f"rank 0's dump does not name the exception: {why[0]!r}")
+            if {why[1], why[2]} != {"SIGTERM"}:
+                fail(f"expected SIGTERM dumps from ranks 1 and 2: {why}")
+            with open(os.path.join(directory, "timeline.out"), encoding="utf-8") as f:
+                names = {e.get("args", {}).get("name") for e in json.load(f)}
+            if "grad.a" not in names:
+                fail("rank 0's timeline lacks 'grad.a'")
+            expect(report, ": std::terminate(): uncaught exception: boom in user code")
         elif mode == "usr1":
             if status != 0 or set(why.values()) != {"SIGUSR1"} or sorted(why) != [0, 1, 2]:
                 fail("expected exit 0 (the job went on) and SIGUSR1 dumps from every rank")
