@@ -220,7 +220,11 @@ void check_splits(Collective op, const std::string& name, const TensorView& inpu
       invalid(str_cat(to_string(op), " '", name, "': negative split ", split, " in ",
                       detail::shape_string(splits)));
     }
-    sum += split;
+    // The sum may pass int64 (two splits of 2^62 and more): that is more rows than any tensor.
+    if (__builtin_add_overflow(sum, split, &sum)) {
+      invalid(str_cat(to_string(op), " '", name, "': splits ", detail::shape_string(splits),
+                      " add up to more than an int64 of rows, more than dim 0 (", rows, ")"));
+    }
   }
   if (sum > rows) {
     invalid(str_cat(to_string(op), " '", name, "': splits ", detail::shape_string(splits),

@@ -163,7 +163,7 @@ Status ResponseExecutor::execute(ResponseList list) {
     if (parts_.recorder != nullptr) parts_.recorder->batch_begun(indices);
     // After a transport fault the peers are in an unknown state: fail the rest, run nothing.
     bool deferred = false;
-    const Status status = fault.ok() ? run_batch(batch, &deferred) : fault;
+    const Status status = fault.ok() ? run_batch_caught(batch, &deferred) : fault;
     if (!deferred) {
       if (parts_.recorder != nullptr) {
         parts_.recorder->batch_finished(status.ok() ? OpPhase::Done : OpPhase::Failed,
@@ -173,7 +173,10 @@ Status ResponseExecutor::execute(ResponseList list) {
         if (work.entry != nullptr) parts_.completer.complete(*work.entry, status, /*record=*/false);
       }
     }
-    if (!status.ok() && status.code() == ErrorCode::Communication) fault = status;
+    if (!status.ok() &&
+        (status.code() == ErrorCode::Communication || status.code() == ErrorCode::Internal)) {
+      fault = status;
+    }
   }
   if (parts_.recorder != nullptr) parts_.recorder->list_ended();
   // Evictions last: ids are never reused, a list that inserts more entries than the capacity
@@ -185,6 +188,22 @@ Status ResponseExecutor::execute(ResponseList list) {
     shutdown_after_error_ = list.shutdown_after_error;
   }
   return fault;
+}
+
+// Note [A batch that throws]
+// The works of a batch have left the queue: nothing but this loop completes them. An exception
+// out of a batch (input a check let through, a bug) used to end the communication thread with
+// the batch's handles never completed, so a wait() on them hung even past shutdown(). It now
+// fails the batch with Internal like a transport fault: the list's later batches fail with it,
+// and the loop stops the runtime as before, failing every other pending op.
+Status ResponseExecutor::run_batch_caught(std::span<Work> batch, bool* deferred) {
+  try {
+    return run_batch(batch, deferred);
+  } catch (const std::exception& e) {
+    *deferred = false;
+    return Status(ErrorCode::Internal,
+                  detail::str_cat("Tutti's communication thread failed: ", e.what()));
+  }
 }
 
 Status ResponseExecutor::run_batch(std::span<Work> batch, bool* deferred) {

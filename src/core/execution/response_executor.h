@@ -57,6 +57,9 @@ class ResponseExecutor {
   // Runs one fusion batch. Sets *deferred when its ops complete later, once the device has
   // done the work (Note [Device completion]); otherwise the caller completes them.
   Status run_batch(std::span<Work> batch, bool* deferred);
+  // run_batch(), with an exception out of it turned into Internal (Note [A batch that throws]
+  // in response_executor.cc).
+  Status run_batch_caught(std::span<Work> batch, bool* deferred);
   Status run_collective(std::span<Work> batch, ops::Backend& backend, Mover& mover);
   // Whether this rank is a member of the response's set that joined without submitting it
   // (see Note [Join] in negotiation/coordinator.h).

@@ -2,6 +2,7 @@
 // alltoall against plain MPI_Alltoallv: explicit and equal splits, every dtype, empty tensors,
 // zero splits, a rank that sends nothing, rows left unsent, received_splits(), and the
 // argument errors thrown by the call.
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -134,6 +135,13 @@ TEST_CASE("alltoall argument errors are thrown by the call", "[alltoall][errors]
         ErrorCode::InvalidArgument);
   CHECK(message.find("more than dim 0") != std::string::npos);
   if (size > 1) {
+    // Splits whose sum passes int64: it wrapped negative and passed the check, and the op
+    // then stopped the runtime with its handle never completed (a wait() hung).
+    std::vector<std::int64_t> huge(static_cast<std::size_t>(size),
+                                   std::numeric_limits<std::int64_t>::max());
+    CHECK(error_of([&] { alltoall_async(t, huge, "overflow"); }, &message) ==
+          ErrorCode::InvalidArgument);
+    CHECK(message.find("more than an int64 of rows") != std::string::npos);
     CHECK(error_of([&] { alltoall_async(t, {}, "equal"); }) ==
           ErrorCode::InvalidArgument);  // 4·size+1 rows.
   }

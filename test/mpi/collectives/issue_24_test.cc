@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -254,7 +255,11 @@ TEST_CASE("issue 24: the root's own bad scatter arguments fail its call; nothing
                                                   std::vector<std::int64_t>(n, 1)};
     bad[1][0] = -1;
     bad[2][0] = 3;  // n + 2 rows in all, one more than dim 0.
-    if (n > 1) bad.emplace_back();
+    if (n > 1) {
+      bad.emplace_back();
+      // A sum past int64 wrapped negative and passed; the op then stranded its handle.
+      bad.emplace_back(n, std::numeric_limits<std::int64_t>::max());
+    }
     for (const std::vector<std::int64_t>& splits : bad) {
       const std::string tag = "set " + std::to_string(set.id()) + " splits " +
                               std::to_string(splits.size()) + " first " +

@@ -4,6 +4,7 @@
 // would send it, and the outputs are checked against closed forms.
 #include "src/core/execution/response_executor.h"
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -236,6 +237,44 @@ TEST_CASE("Set changes apply at their place in the list; removal fails ops in fl
         good && rank.executor.execute(responses_of({removed})).ok() && remove->state->wait().ok();
     good = good && pending->state->wait().code() == ErrorCode::ShutDown && !rank.sets.find(4).ok();
     ok[static_cast<std::size_t>(r)] = good;
+  });
+  CHECK(ok == std::vector<int>{1, 1});
+}
+
+TEST_CASE("A batch that throws fails its ops and the list's later ones with Internal",
+          "[executor]") {
+  // Note [A batch that throws]: a scatter whose splits pass int64 (which the call now refuses)
+  // threw from the output's shape inside the batch; its handle was never completed.
+  std::vector<int> ok(2, 0);
+  with_ranks(2, [&](Rank& rank, int r) {
+    std::vector<float> input(4, 1.0f);
+    auto scatter = std::make_shared<Entry>();
+    scatter->request.name = "scatter";
+    scatter->request.op = Collective::Scatter;
+    scatter->request.root_rank = 0;
+    scatter->request.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = {4}}};
+    scatter->inputs = {TensorView(input.data(), {4})};
+    scatter->state = std::make_shared<detail::OpState>();
+    rank.ok = rank.ok && rank.queue.push(scatter).ok();
+    rank.queue.drain_new();
+    std::vector<float> later(2, 1.0f);
+    auto after = rank.submit("after", later);
+    Response bad;
+    bad.name = "scatter";
+    bad.op = Collective::Scatter;
+    bad.root_rank = 0;
+    bad.tensors = {TensorSpec{.dtype = DataType::Float32, .shape = {4}}};
+    bad.splits = {std::numeric_limits<std::int64_t>::max(),
+                  std::numeric_limits<std::int64_t>::max()};
+    const Status status =
+        rank.executor.execute(responses_of({bad, allreduce_response("after", 2, ReduceOp::Sum)}));
+    const Status scattered = scatter->state->wait();  // Returned: before, it never did.
+    const Status summed = after->state->wait();
+    ok[static_cast<std::size_t>(r)] =
+        rank.ok && status.code() == ErrorCode::Internal &&
+        scattered.code() == ErrorCode::Internal &&
+        scattered.message().find("communication thread failed") != std::string_view::npos &&
+        summed.code() == ErrorCode::Internal && later == std::vector<float>(2, 1.0f);
   });
   CHECK(ok == std::vector<int>{1, 1});
 }
