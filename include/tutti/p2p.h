@@ -13,7 +13,10 @@
 // differ when the counts agree; a 0-d tensor is one element.
 //
 // A send completes when its buffer may be reused (small messages: once MPI has buffered them,
-// possibly before they are received); a receive when the data is in its buffer.
+// possibly before they are received); a receive when the data is in its buffer. So a send's
+// success says the message left, not that a receive took it: at shutdown() the peer's runtime
+// takes and drops the messages no receive matched, and a send still pending then may complete
+// normally rather than with ShutDown.
 //
 // An unmatched op is watched like a collective: after TUTTI_STALL_CHECK_TIME_SECONDS the
 // waiting rank warns naming the peer and tag; after TUTTI_STALL_SHUTDOWN_TIME_SECONDS (if not
@@ -38,7 +41,9 @@ namespace tutti {
 inline constexpr int any_source = -1;
 
 // Tags: 0 ... 32767. A negative or larger tag, a peer outside the set, any_source as a
-// destination, or a set this rank is not in is InvalidArgument from the call.
+// destination, a set this rank is not in, or a set with an id above 127 (each set's tags are
+// carved out of MPI's tag space; ids count up within a session) is InvalidArgument from the
+// call.
 TUTTI_API Handle isend(TensorView tensor, int dst, int tag = 0,
                        ProcessSet process_set = ProcessSet::global());
 TUTTI_API Handle irecv(TensorView tensor, int src = any_source, int tag = 0,

@@ -40,7 +40,9 @@ class TUTTI_API ProcessSet {
 // repeated rank, or ranks equal to an existing set's (in any order).
 TUTTI_API ProcessSet add_process_set(std::vector<int> ranks);
 // Removes a set. Collective over all ranks like add_process_set(). Ops still in flight on the
-// set fail with ShutDown. Throws InvalidArgument for the global set or an unknown set.
+// set fail with ShutDown: collectives, and point-to-point ops except transfers already under
+// way (a receive some message has reached, a send being taken), which finish. Throws
+// InvalidArgument for the global set or an unknown set.
 TUTTI_API void remove_process_set(const ProcessSet& set);
 
 }  // namespace tutti

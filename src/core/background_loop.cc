@@ -32,7 +32,8 @@ BackgroundLoop::BackgroundLoop(Parts parts)
                  .device = parts.device,
                  .completer = parts.completer,
                  .timeline = &parts.timeline,
-                 .recorder = &parts.recorder},
+                 .recorder = &parts.recorder,
+                 .p2p = &parts.p2p},
                 static_cast<std::size_t>(parts.config.fusion_threshold_bytes)),
       sender_(parts.queue, executor_.cache(), parts.config.cycle_time, parts.config.desync_check,
               parts.sharing.shares_cpu) {

@@ -36,8 +36,9 @@ core::P2POpEntry make_op(const core::SetInfo& set, bool is_send, const TensorVie
   const int channel_tag = core::P2PEngine::channel_tag(set.id, tag);
   if (channel_tag < 0) {
     detail::throw_invalid_argument(what, ": process set ", set.id,
-                                   " has too large an id for point-to-point "
-                                   "tags");
+                                   " has too large an id for point-to-point tags (sets up to id ",
+                                   core::P2PEngine::kMaxSetId,
+                                   " have them; ids count up within a session)");
   }
   core::P2POpEntry op{.send = is_send,
                       .peer = peer,

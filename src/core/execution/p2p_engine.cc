@@ -60,6 +60,17 @@ std::vector<P2POpEntry> P2PQueue::close(const Status& status) {
   return out;
 }
 
+std::vector<P2POpEntry> P2PQueue::take_set(int set_id) {
+  detail::MutexLock lock(mutex_);
+  std::vector<P2POpEntry> out;
+  std::erase_if(new_, [&](P2POpEntry& op) {
+    if (op.set_id != set_id) return false;
+    out.push_back(std::move(op));
+    return true;
+  });
+  return out;
+}
+
 P2PEngine::P2PEngine(std::unique_ptr<ops::P2PChannel> channel, P2PQueue& queue,
                      const Completer& completer, const Config& config, bool drivable,
                      std::function<void()> wake_loop)
@@ -71,9 +82,11 @@ P2PEngine::P2PEngine(std::unique_ptr<ops::P2PChannel> channel, P2PQueue& queue,
       wake_loop_(std::move(wake_loop)) {}
 
 int P2PEngine::channel_tag(int set_id, int tag) {
-  const std::int64_t t = std::int64_t{set_id} * (kMaxUserTag + 1) + tag;
-  // 2^24 - 1 is the least MPI_TAG_UB MPI allows for the channel's doubled tags.
-  return t <= (std::int64_t{1} << 22) ? static_cast<int>(t) : -1;
+  // 2^24 - 1 is the least MPI_TAG_UB MPI allows for the channel's doubled tags: 2^22 channel
+  // tags, 32768 for each of the sets 0 ... kMaxSetId.
+  static_assert((kMaxSetId + 1) * (kMaxUserTag + 1) == (1 << 22));
+  if (set_id < 0 || set_id > kMaxSetId) return -1;
+  return set_id * (kMaxUserTag + 1) + tag;
 }
 
 std::string P2PEngine::describe(const P2POpEntry& op) {
@@ -285,6 +298,18 @@ Status P2PEngine::inspect(P2POpEntry& op, Clock::time_point now) {
                       " s for its peer (TUTTI_STALL_CHECK_TIME_SECONDS)");
   }
   return Status();
+}
+
+void P2PEngine::fail_set(int set_id, const Status& status) {
+  detail::MutexLock lock(mutex_);
+  if (finished_) return;
+  for (P2POpEntry& op : queue_.take_set(set_id)) complete(op, status);
+  std::erase_if(waiting_, [&](P2POpEntry& op) {
+    if (op.set_id != set_id) return false;
+    complete(op, status);
+    return true;
+  });
+  busy_.store(!waiting_.empty() || !active_.empty(), std::memory_order_release);
 }
 
 void P2PEngine::finish(const Status& status) {

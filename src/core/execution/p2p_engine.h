@@ -92,6 +92,8 @@ class P2PQueue {
   bool empty() TUTTI_EXCLUDES(mutex_);
   // Refuses later pushes with `status`; returns what was never drained.
   std::vector<P2POpEntry> close(const Status& status) TUTTI_EXCLUDES(mutex_);
+  // Takes the undrained ops on process set `set_id` out of the queue.
+  std::vector<P2POpEntry> take_set(int set_id) TUTTI_EXCLUDES(mutex_);
 
  private:
   detail::Mutex mutex_;
@@ -106,6 +108,8 @@ class P2PEngine final : public detail::Driver {
   // Payloads up to this size ride inside the header: one MPI message per op.
   static constexpr std::size_t kInlineBytes = 2048;
   static constexpr int kMaxUserTag = 32767;
+  // Sets with larger ids have no channel tags (see channel_tag()).
+  static constexpr int kMaxSetId = 127;
 
   // `channel` may be null (a transport without one): then every op fails with Internal.
   // `drivable`: application threads may run steps (MPI_THREAD_MULTIPLE, and no more ranks on
@@ -133,6 +137,9 @@ class P2PEngine final : public detail::Driver {
   void drive() override TUTTI_EXCLUDES(mutex_);
   // Wakes the communication thread, which polls for the op a thread stopped driving.
   void hand_back() override TUTTI_EXCLUDES(mutex_);
+  // Communication thread, as process set `set_id` is removed: fails its queued ops and its
+  // receives that no message has reached yet with `status`. Transfers under way finish.
+  void fail_set(int set_id, const Status& status) TUTTI_EXCLUDES(mutex_);
   // The session ends: fails every op in flight or queued with `status`, abandons transfers,
   // and releases the channel. Later drive() and hand_back() calls do nothing, so an engine
   // that a driving thread keeps past its session touches nothing of the session.

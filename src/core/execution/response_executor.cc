@@ -6,6 +6,7 @@
 #include "src/base/strings.h"
 #include "src/common/check.h"
 #include "src/core/execution/fusion_planner.h"
+#include "src/core/execution/p2p_engine.h"
 #include "src/core/op_state.h"
 
 namespace tutti::core {
@@ -287,6 +288,7 @@ Status ResponseExecutor::remove_process_set(const Work& work) {
   if (parts_.recorder != nullptr) parts_.recorder->set_process_sets(parts_.sets.membership());
   const Status removed(ErrorCode::ShutDown, detail::str_cat("process set ", id, " was removed"));
   parts_.completer.complete(parts_.queue.take_set(id), removed);
+  if (parts_.p2p != nullptr) parts_.p2p->fail_set(id, removed);
   return Status();
 }
 

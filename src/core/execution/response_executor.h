@@ -23,6 +23,8 @@
 
 namespace tutti::core {
 
+class P2PEngine;
+
 // Communication thread only.
 class ResponseExecutor {
  public:
@@ -34,6 +36,7 @@ class ResponseExecutor {
     const Completer& completer;  // Host ops complete here; device ops via `device`.
     Timeline* timeline;          // Null: none.
     FlightRecorder* recorder;    // Null: none. Ops' negotiated and executing phases go here.
+    P2PEngine* p2p = nullptr;    // Null: none. A removed set's point-to-point ops fail here.
   };
   ResponseExecutor(Parts parts, std::size_t fusion_threshold_bytes);
 

@@ -361,6 +361,33 @@ TEST_CASE("process sets keep their messages apart", "[p2p]") {
   CHECK(all_ranks(ok));
 }
 
+TEST_CASE("removing a set fails its receives that no message reached with ShutDown", "[p2p]") {
+  // process_set.h: ops still in flight on a removed set fail with ShutDown. Before, a pending
+  // receive on it waited until shutdown() or the stall limit.
+  Session session;
+  if (world_size() < 3) return;  // {0, 1} must differ from the global set.
+  ProcessSet set = add_process_set({0, 1});
+  std::vector<float> v(4, 0.0f);
+  Handle pending;
+  if (world_rank() < 2) pending = irecv(TensorView(v.data(), {4}), 1 - world_rank(), 6, set);
+  remove_process_set(set);
+  std::string message;
+  bool ok = true;
+  if (world_rank() < 2) {
+    ok = error_of([&] { pending.wait(); }, &message) == ErrorCode::ShutDown &&
+         message.find("was removed") != std::string::npos && v == std::vector<float>(4, 0.0f);
+  }
+  INFO(message);
+  CHECK(all_ranks(ok));
+  // The session goes on: point-to-point on the global set still works.
+  std::vector<float> out(2, static_cast<float>(world_rank()));
+  std::vector<float> in(2, -1.0f);
+  Handle s = isend(TensorView(out.data(), {2}), right(), 6);
+  recv(TensorView(in.data(), {2}), left(), 6);
+  s.wait();
+  CHECK(all_ranks(in[0] == static_cast<float>(left())));
+}
+
 TEST_CASE("a message nobody received does not reach the next session", "[p2p]") {
   std::vector<float> old_value(3, 1.0f);
   std::vector<float> new_value(3, 2.0f);

@@ -114,6 +114,15 @@ struct Fixture {
   }
 };
 
+TEST_CASE("Channel tags: 32768 per set for sets 0 to 127, none beyond", "[p2p]") {
+  // Before, set 128 had tag 0 alone; the limit is now per set, as p2p.h states it.
+  CHECK(P2PEngine::channel_tag(0, 0) == 0);
+  CHECK(P2PEngine::channel_tag(1, 0) == 32768);
+  CHECK(P2PEngine::channel_tag(127, 32767) == (1 << 22) - 1);
+  CHECK(P2PEngine::channel_tag(128, 0) == -1);
+  CHECK(P2PEngine::channel_tag(131, 5) == -1);
+}
+
 TEST_CASE("A driven step starts and completes a send without waking the loop", "[p2p]") {
   Fixture f;
   std::shared_ptr<detail::OpState> send = f.push(true);
