@@ -304,11 +304,16 @@ void P2PEngine::fail_set(int set_id, const Status& status) {
   detail::MutexLock lock(mutex_);
   if (finished_) return;
   for (P2POpEntry& op : queue_.take_set(set_id)) complete(op, status);
-  std::erase_if(waiting_, [&](P2POpEntry& op) {
-    if (op.set_id != set_id) return false;
-    complete(op, status);
-    return true;
-  });
+  // A loop, not erase_if: the thread-safety analysis cannot see the lock inside a lambda.
+  std::deque<P2POpEntry> kept;
+  for (P2POpEntry& op : waiting_) {
+    if (op.set_id == set_id) {
+      complete(op, status);
+    } else {
+      kept.push_back(std::move(op));
+    }
+  }
+  waiting_.swap(kept);
   busy_.store(!waiting_.empty() || !active_.empty(), std::memory_order_release);
 }
 
