@@ -81,6 +81,7 @@
 #include <mpi.h>
 
 #include "examples/figures.h"
+#include "examples/flag_reader.h"
 #include "examples/grad_list.h"
 #include "examples/machine_line.h"
 #include "examples/p10_hierarchical.h"
@@ -276,57 +277,54 @@ bool parse_transports(const std::string& list, std::vector<std::string>* out) {
   return true;
 }
 
-// False (after rank 0 printed the usage) for an unknown or incomplete flag, or --sweep-fusion
-// with --device cuda.
-bool parse_options(int argc, char** argv, Options* options) {
-  bool ok = true;
-  for (int i = 1; ok && i < argc; ++i) {
-    const std::string arg = argv[i];
-    const std::string value = i + 1 < argc ? argv[i + 1] : "";
-    if (arg == "--device" && (value == "cpu" || value == "cuda")) {
-      options->cuda = value == "cuda";
-      ++i;
-    } else if (arg == "--grads" && i + 1 < argc) {
-      options->grads_path = argv[++i];
+constexpr char kUsage[] =
+    "usage: allreduce_benchmark [--device cpu|cuda] [--grads FILE] [--repeats N] "
+    "[--kernel-repeats N] [--sweep-fusion] [--transport auto|mpi|shm[,...]] [--sweep-sizes] "
+    "[--autotune] [--stores] [--recorder] (the last six cpu only) [--p10 [--p10-mb N]]\n";
+
+// Reads the flags strictly (examples/flag_reader.h: an unknown flag, a missing value or a
+// number such as "abc" or "8x" is a fault, where atoi once read them as 0 or 8) and refuses the
+// combinations combination_fault() names. nullopt to run; else the exit status, after rank 0
+// printed the usage (stdout for --help) or the fault.
+std::optional<int> parse_options(int argc, char** argv, Options* options) {
+  tutti::examples::FlagReader flags("allreduce_benchmark", argc, argv);
+  while (flags.next()) {
+    if (flags.is("--device")) {
+      options->cuda = flags.choice({"cpu", "cuda"}) == "cuda";
+    } else if (flags.is("--grads")) {
+      options->grads_path = flags.text();
       options->grads_given = true;
-    } else if (arg == "--repeats" && i + 1 < argc) {
-      options->repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--kernel-repeats" && i + 1 < argc) {
-      options->kernel_repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (flags.is("--repeats")) {
+      options->repeats = static_cast<int>(flags.integer(1, 1'000'000));
+    } else if (flags.is("--kernel-repeats")) {
+      options->kernel_repeats = static_cast<int>(flags.integer(1, 1'000'000));
       options->kernel_repeats_given = true;
-    } else if (arg == "--sweep-fusion") {
+    } else if (flags.is("--sweep-fusion")) {
       options->sweep = true;
-    } else if (arg == "--transport" && i + 1 < argc) {
-      ok = parse_transports(argv[++i], &options->transports);
-    } else if (arg == "--sweep-sizes") {
+    } else if (flags.is("--transport")) {
+      const std::string list = flags.text();
+      if (!parse_transports(list, &options->transports)) {
+        flags.fail("bad --transport '" + list + "': want auto, mpi or shm, comma-separated");
+      }
+    } else if (flags.is("--sweep-sizes")) {
       options->sweep_sizes = true;
-    } else if (arg == "--p10") {
+    } else if (flags.is("--p10")) {
       options->p10 = true;
-    } else if (arg == "--p10-mb" && i + 1 < argc) {
-      options->p10_mb = std::max(0, std::atoi(argv[++i]));
+    } else if (flags.is("--p10-mb")) {
+      options->p10_mb = flags.integer(0, 1 << 20);
       options->p10_mb_given = true;
-    } else if (arg == "--autotune") {
+    } else if (flags.is("--autotune")) {
       options->autotune = true;
-    } else if (arg == "--stores") {
+    } else if (flags.is("--stores")) {
       options->stores = true;
-    } else if (arg == "--recorder") {
+    } else if (flags.is("--recorder")) {
       options->recorder = true;
     } else {
-      ok = false;
+      flags.unknown();
     }
   }
-  const std::string fault = ok ? combination_fault(*options) : "";
-  if (ok && fault.empty()) return true;
-  if (world_rank() == 0) {
-    if (!fault.empty()) std::fprintf(stderr, "%s: %s\n", argv[0], fault.c_str());
-    std::fprintf(stderr,
-                 "usage: %s [--device cpu|cuda] [--grads FILE] [--repeats N] "
-                 "[--kernel-repeats N] [--sweep-fusion] [--transport auto|mpi|shm[,...]] "
-                 "[--sweep-sizes] [--autotune] [--stores] [--recorder] (the last six cpu only) "
-                 "[--p10 [--p10-mb N]]\n",
-                 argv[0]);
-  }
-  return false;
+  flags.fail(combination_fault(*options));
+  return flags.exit_status(kUsage, world_rank() == 0);
 }
 
 // P1's reference: the best of raw MPI_Allreduce over `flat` (host memory) in 1, 4, 16 and 64
@@ -735,8 +733,8 @@ int main(int argc, char** argv) {
   }
   Options options;
   int code = 2;
-  if (!parse_options(argc, argv, &options)) {
-    code = 2;
+  if (const std::optional<int> status = parse_options(argc, argv, &options)) {
+    code = *status;
   } else if (options.p10) {
     std::vector<std::int64_t> sizes;
     for (std::int64_t bytes : {4096LL, 65536LL, 1LL << 20, 16LL << 20})

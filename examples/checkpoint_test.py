@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Issue 11: fashion_mnist refuses a bad checkpoint (one flipped byte, an epoch count of 2^40,
-# the old TUTTICK1 format) with exit 1 and a message naming the fault, and leaves it unchanged.
+# the old TUTTICK1 format) with exit 1 and a message naming the fault, and leaves it unchanged;
+# with --elastic, a commit with more epochs done than --epochs likewise.
 #
 # Usage: python3 examples/checkpoint_test.py MPIEXEC build/examples/fashion_mnist
 # Writes a tiny idx data set (64 training, 16 test images), saves a checkpoint with a 1-epoch
@@ -64,6 +65,26 @@ def main(mpiexec, program):
                       f"'{message}' in stderr:\n{result.stderr}")
             else:
                 print(f"ok   {what}: exit 1, '{message}'")
+        # --elastic refuses a commit past --epochs as --checkpoint does (it used to print the
+        # finished run's accuracy and exit 0, the smaller --epochs ignored).
+        elastic_env = dict(os.environ, TUTTI_ELASTIC_DIR=os.path.join(tmp, "commits"))
+
+        def run_elastic(epochs):
+            return subprocess.run([mpiexec, "-n", "2", "--oversubscribe", program, "--data-dir",
+                                   tmp, "--epochs", str(epochs), "--batch-size", "8",
+                                   "--elastic"], capture_output=True, text=True, timeout=120,
+                                  env=elastic_env)
+
+        finished = run_elastic(2)
+        fewer = run_elastic(1)
+        message = "has 2 epochs done, more than --epochs 1"
+        if finished.returncode != 0 or fewer.returncode != 1 or message not in fewer.stderr:
+            failures += 1
+            print(f"FAIL an elastic commit past --epochs: exits {finished.returncode} then "
+                  f"{fewer.returncode}, expected 0 then 1 and '{message}' in stderr:\n"
+                  f"{finished.stderr}{fewer.stdout}{fewer.stderr}")
+        else:
+            print(f"ok   an elastic commit past --epochs: exit 1, '{message}'")
         return 1 if failures else 0
 
 

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/flag_reader.h"
 #include "examples/machine_line.h"
 #include "examples/resnet50_model.h"
 
@@ -53,31 +54,29 @@ struct Flags {
   std::string grads;  // Empty: the built-in list.
 };
 
-std::optional<Flags> parse_flags(int argc, char** argv) {
+// The flags, read strictly (examples/flag_reader.h), or the exit status after rank 0 printed
+// the usage (stdout for --help) or the fault naming the flag.
+std::optional<Flags> parse_flags(int argc, char** argv, int* status) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const std::string value = argv[i + 1];
-    char* end = nullptr;
-    const long number = std::strtol(value.c_str(), &end, 10);
-    const bool is_number = !value.empty() && *end == '\0';
-    if (flag == "--grads") {
-      f.grads = value;
-    } else if (!is_number || number < (flag == "--tensors" ? 0 : 1) || number > 100000) {
-      return std::nullopt;
-    } else if (flag == "--iters") {
-      f.iters = static_cast<int>(number);
-    } else if (flag == "--warmup") {
-      f.warmup = static_cast<int>(number);
-    } else if (flag == "--rounds") {
-      f.rounds = static_cast<int>(number);
-    } else if (flag == "--tensors") {
-      f.tensors = static_cast<int>(number);
-    } else {
-      return std::nullopt;
-    }
+  tutti::examples::FlagReader flags("comm_hook_benchmark", argc, argv);
+  while (flags.next()) {
+    if (flags.is("--grads"))
+      f.grads = flags.text();
+    else if (flags.is("--iters"))
+      f.iters = static_cast<int>(flags.integer(1, 100000));
+    else if (flags.is("--warmup"))
+      f.warmup = static_cast<int>(flags.integer(1, 100000));
+    else if (flags.is("--rounds"))
+      f.rounds = static_cast<int>(flags.integer(1, 100000));
+    else if (flags.is("--tensors"))
+      f.tensors = static_cast<int>(flags.integer(0, 100000));
+    else
+      flags.unknown();
   }
-  if (argc % 2 == 0) return std::nullopt;  // A flag without its value.
+  if (const std::optional<int> exit = flags.exit_status(kUsage, tutti::rank() == 0)) {
+    *status = *exit;
+    return std::nullopt;
+  }
   return f;
 }
 
@@ -171,13 +170,9 @@ int run(const Flags& flags) {
 
 int main(int argc, char** argv) {
   tutti::init();
-  const std::optional<Flags> flags = parse_flags(argc, argv);
-  int status = 2;
-  if (!flags) {
-    if (tutti::rank() == 0) std::fputs(kUsage, stderr);
-  } else {
-    status = run(*flags);
-  }
+  int status = 0;
+  const std::optional<Flags> flags = parse_flags(argc, argv, &status);
+  if (flags) status = run(*flags);
   tutti::shutdown();
   return status;
 }

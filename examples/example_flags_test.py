@@ -7,7 +7,8 @@
 #
 # Usage: python3 examples/example_flags_test.py MPIEXEC PROGRAM...
 #   PROGRAM: the built fashion_mnist, rpc_parameter_server, ring_allreduce, rpc_benchmark,
-#   p2p_benchmark, linear_regression and rpc_autograd, in any order (found by name).
+#   p2p_benchmark, linear_regression, rpc_autograd, synthetic_benchmark, allreduce_benchmark,
+#   zero_benchmark and comm_hook_benchmark, in any order (found by name).
 # One rank each: the flags are read before init (fashion_mnist's right after it), so a refusal
 # takes no longer than starting the job. --data-dir names no directory, so that a program which
 # took its flags would fail on the data (exit 1) rather than train.
@@ -65,6 +66,30 @@ REFUSED = {
     ],
     "rpc_autograd": [
         (["--verbose"], "unknown flag --verbose"),
+    ],
+    # The benchmarks exited 2 on --help, printed the usage without naming the bad flag, and
+    # allreduce_benchmark read --repeats abc as 1 (atoi).
+    "synthetic_benchmark": [
+        (["--batch-size", "8x"], "bad --batch-size '8x'"),
+        (["--wrapper", "zero"], "bad --wrapper 'zero'"),
+        (["--bogus", "1"], "unknown flag --bogus"),
+        (["--num-iters"], "--num-iters needs a value"),
+    ],
+    "allreduce_benchmark": [
+        (["--repeats", "abc"], "bad --repeats 'abc'"),
+        (["--p10", "--p10-mb", "-4"], "bad --p10-mb '-4'"),
+        (["--transport", "tcp"], "bad --transport 'tcp'"),
+        (["--bogus"], "unknown flag --bogus"),
+    ],
+    "zero_benchmark": [
+        (["--iters", "0"], "bad --iters '0'"),
+        (["--tensors", "x"], "bad --tensors 'x'"),
+        (["--bogus", "1"], "unknown flag --bogus"),
+    ],
+    "comm_hook_benchmark": [
+        (["--rounds", "-1"], "bad --rounds '-1'"),
+        (["--grads"], "--grads needs a value"),
+        (["--bogus", "1"], "unknown flag --bogus"),
     ],
 }
 

@@ -32,7 +32,11 @@
 //                 dataset-fashion-mnist); an MNIST directory works too
 //   --checkpoint  resume from FILE if it exists; rank 0 rewrites it atomically after each epoch.
 //                 A damaged file (CRC-32), another model's, an old-format one or one with more
-//                 epochs done than --epochs is refused (exit 1) and left as it is
+//                 epochs done than --epochs is refused (exit 1) and left as it is. It holds the
+//                 model and the SGD state: a resumed run ends bit-identical to an uninterrupted
+//                 one with the default wrapper and with ddp, but the averager's step count
+//                 (localsgd) and PowerSGD's state start afresh, warm-up included, so those
+//                 runs end slightly differently
 //   --seed        initial weights and shuffling, default 42
 //   --limit       train on the first N images only (quick tests)
 //   --elastic     commit the training state (tutti::elastic::State) every --commit-every steps
@@ -40,7 +44,8 @@
 //                 tuttirun's elastic mode sets), and resume from the last commit when
 //                 relaunched, at any rank count; not with --checkpoint. PowerSGD's error
 //                 feedback and the averager's step count are not committed: a relaunched job
-//                 starts them afresh (PowerSGD's warm-up of plain allreduces included)
+//                 starts them afresh (PowerSGD's warm-up of plain allreduces included); the
+//                 resumed epoch's printed train loss averages this launch's steps only
 // Rank 0 prints progress, a line per epoch and, last, "final test accuracy: XX.XX%".
 // Exit status: 0 (--help too); 1 for missing data, a bad checkpoint or a runtime error; 2 for
 // bad flags (a flag of a wrapper or hook not chosen included, such as --period without
@@ -480,7 +485,18 @@ int train_elastic(const Flags& flags, Training& t) {
   state.add("epoch", epoch);
   // No reset callback is needed: the learning rate follows tutti::size() at every step, and
   // the sampler is built for this launch's ranks.
-  return tutti::elastic::run(state, [&](tutti::elastic::State& s) {
+  int refused = 0;  // 1: the commit found is past --epochs (every rank restored the same).
+  const int status = tutti::elastic::run(state, [&](tutti::elastic::State& s) {
+    if (epoch > flags.epochs) {  // As --checkpoint refuses it: the run would be another one's.
+      if (root) {
+        std::fprintf(stderr,
+                     "the commit in TUTTI_ELASTIC_DIR has %lld epochs done, more than "
+                     "--epochs %d\n",
+                     static_cast<long long>(epoch), flags.epochs);
+      }
+      refused = 1;
+      return;
+    }
     t.print_setup();
     if (root && s.commits() > 0) {
       std::printf("resumed at commit %lld: epoch %lld, %zu of its %zu images done\n",
@@ -513,6 +529,7 @@ int train_elastic(const Flags& flags, Training& t) {
     t.print_communication();
     if (root) std::printf("final test accuracy: %.2f%%\n", accuracy);
   });
+  return refused != 0 ? refused : status;
 }
 
 }  // namespace

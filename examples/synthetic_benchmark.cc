@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/flag_reader.h"
 #include "examples/machine_line.h"
 
 namespace {
@@ -68,35 +69,33 @@ struct Flags {
   int max_seconds = 300;
 };
 
-std::optional<Flags> parse_flags(int argc, char** argv) {
+// The flags, read strictly (examples/flag_reader.h), or the exit status after rank 0 printed
+// the usage (stdout for --help) or the fault naming the flag.
+std::optional<Flags> parse_flags(int argc, char** argv, int* status) {
   Flags f;
-  if (argc % 2 == 0) return std::nullopt;  // A flag without its value.
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--wrapper") {
-      const std::string value = argv[i + 1];
-      if (value != "ddp" && value != "optimizer") return std::nullopt;
-      f.ddp = value == "ddp";
-      continue;
+  tutti::examples::FlagReader flags("synthetic_benchmark", argc, argv);
+  while (flags.next()) {
+    if (flags.is("--wrapper")) {
+      f.ddp = flags.choice({"optimizer", "ddp"}) == "ddp";
+    } else if (flags.is("--batch-size")) {
+      f.batch_size = flags.integer(1, 1'000'000);
+    } else if (flags.is("--num-warmup-batches")) {
+      f.warmup_batches = static_cast<int>(flags.integer(0, 1'000'000));
+    } else if (flags.is("--num-batches-per-iter")) {
+      f.batches_per_iter = static_cast<int>(flags.integer(1, 1'000'000));
+    } else if (flags.is("--num-iters")) {
+      f.iters = static_cast<int>(flags.integer(1, 1'000'000));
+    } else if (flags.is("--target-ci")) {
+      f.target_ci_percent = static_cast<int>(flags.integer(1, 1'000'000));
+    } else if (flags.is("--max-seconds")) {
+      f.max_seconds = static_cast<int>(flags.integer(0, 1'000'000));
+    } else {
+      flags.unknown();
     }
-    char* end = nullptr;
-    const long value = std::strtol(argv[i + 1], &end, 10);
-    if (*argv[i + 1] == '\0' || *end != '\0' || value < 0 || value > 1'000'000) return std::nullopt;
-    const int v = static_cast<int>(value);
-    if (flag == "--batch-size" && v > 0)
-      f.batch_size = v;
-    else if (flag == "--num-warmup-batches")
-      f.warmup_batches = v;
-    else if (flag == "--num-batches-per-iter" && v > 0)
-      f.batches_per_iter = v;
-    else if (flag == "--num-iters" && v > 0)
-      f.iters = v;
-    else if (flag == "--target-ci" && v > 0)
-      f.target_ci_percent = v;
-    else if (flag == "--max-seconds")
-      f.max_seconds = v;
-    else
-      return std::nullopt;
+  }
+  if (const std::optional<int> exit = flags.exit_status(kUsage, tutti::rank() == 0)) {
+    *status = *exit;
+    return std::nullopt;
   }
   return f;
 }
@@ -242,12 +241,12 @@ bool weights_agree(const nn::Module& model) {
 
 int main(int argc, char** argv) {
   tutti::init();
-  const std::optional<Flags> flags = parse_flags(argc, argv);
+  int status = 0;
+  const std::optional<Flags> flags = parse_flags(argc, argv, &status);
   const bool root = tutti::rank() == 0;
   if (!flags) {
-    if (root) std::fputs(kUsage, stderr);
     tutti::shutdown();
-    return 2;
+    return status;
   }
   // First line: the machine (CPU model, MPI library, binding), as every benchmark prints it.
   {

@@ -255,17 +255,57 @@ class HostsTest(unittest.TestCase):
         self.assertEqual(tuttirun.parse_hostfile(path), [("node1", 2)])
 
     def test_a_host_on_several_lines_reaches_mpirun_merged(self):
-        # mpirun refuses a host on two 'slots=' lines; tuttirun hands it what it checked.
+        # mpirun refuses a host on two 'slots=' lines; tuttirun hands it what it checked, as a
+        # merged copy that main() writes (merged_hostfile) in place of MERGED_HOSTFILE.
         path = self.write("a slots=2\nb slots=1\na slots=1\n")
-        command, _ = build(["-np", "4", "--hostfile", path, "prog"], cpu_count=1)
-        self.assertEqual(command[command.index("-H") + 1], "a:3,b:1")
-        self.assertNotIn("--hostfile", command)
+        args = parse(["-np", "4", "--hostfile", path, "prog"])
+        self.assertEqual(args.hostfile_hosts, [("a", 3, None), ("b", 1, None)])
+        command, _ = tuttirun.build_command(args, dict(BASE_ENV), 1, False)
+        self.assertEqual(command[command.index("--hostfile") + 1], tuttirun.MERGED_HOSTFILE)
+        self.assertNotIn("-H", command)
 
-    def test_a_repeated_host_with_max_slots_is_refused(self):
+    def test_merging_keeps_the_max_slots_of_the_other_hosts(self):
+        # A tester's report: node2's max_slots vanished when node1's lines were merged, since
+        # the merged list reached mpirun as -H, which has no max_slots.
+        path = self.write("node1 slots=2\nnode2 slots=2 max_slots=4\nnode1 slots=1\n")
+        args = parse(["-np", "3", "--hostfile", path, "prog"])
+        self.assertTrue(args.hostfile_merged)
+        self.assertEqual(args.hostfile_hosts, [("node1", 3, None), ("node2", 2, 4)])
+        self.assertEqual(tuttirun.hostfile_text(args.hostfile_hosts, path).splitlines()[1:],
+                         ["node1 slots=3", "node2 slots=2 max_slots=4"])
+
+    def test_a_repeated_host_with_max_slots_on_every_line_gets_their_sum(self):
+        path = self.write("a slots=2 max_slots=4\nb slots=1 max_slots=2\na slots=1 max_slots=1\n")
+        self.assertEqual(tuttirun.merge_hostfile(path, tuttirun.read_hostfile(path)),
+                         [("a", 3, 5), ("b", 1, 2)])
+
+    def test_a_repeated_host_with_max_slots_on_some_lines_is_refused(self):
         path = self.write("a slots=2 max_slots=4\nb slots=1\na slots=1\n")
         with self.assertRaisesRegex(ValueError, re.escape(
-                f"{path}:1: host 'a' is also on line(s) 3, and max_slots cannot be kept")):
+                f"{path}:1: host 'a' has max_slots here but not on line(s) 3: its lines are "
+                "merged into one, so give max_slots on all of them or on none")):
             tuttirun.parse_hostfile(path)
+
+    def test_the_merged_hostfile_lives_for_the_block(self):
+        path = self.write("a slots=2\nb slots=2 max_slots=3\na slots=1\n")
+        args = parse(["-np", "4", "--hostfile", path, "prog"])
+        with tuttirun.merged_hostfile(args):
+            merged = args.mpirun_hostfile
+            self.assertNotEqual(merged, tuttirun.MERGED_HOSTFILE)
+            with open(merged, encoding="utf-8") as f:
+                self.assertEqual(f.read().splitlines()[1:], ["a slots=3", "b slots=2 max_slots=3"])
+        self.assertFalse(os.path.exists(merged))
+        # Also when the launch fails.
+        with self.assertRaises(RuntimeError):
+            with tuttirun.merged_hostfile(args):
+                merged = args.mpirun_hostfile
+                raise RuntimeError("mpirun could not start")
+        self.assertFalse(os.path.exists(merged))
+        # A hostfile without a repeated host reaches mpirun as it is.
+        path = self.write("a slots=2\nb slots=2 max_slots=3\n")
+        args = parse(["-np", "4", "--hostfile", path, "prog"])
+        with tuttirun.merged_hostfile(args):
+            self.assertEqual(args.mpirun_hostfile, path)
 
     def test_missing_hostfile(self):
         with self.assertRaisesRegex(ValueError, "cannot read hostfile"):
@@ -332,7 +372,7 @@ class NetworkFailureTest(unittest.TestCase):
         self.assertEqual(result.returncode, 2)
         self.assertIn("TUTTI_NETWORK_TIMEOUT: 'soon' is not an integer", result.stderr)
         # As init() reads knobs: set but empty, spaces or '+' are refused, not taken or skipped.
-        for value in ("", " 12", "+12", "12 "):
+        for value in ("", " 12", "+12", "12 ", "1_2"):
             with self.subTest(value=value):
                 result = run_launcher(["-np", "2", "--dry-run", "-H", "a,b", "true"],
                                       env=clean_environ(TUTTI_NETWORK_TIMEOUT=value))
@@ -507,6 +547,48 @@ class ErrorTest(unittest.TestCase):
             self.assert_usage_error(["-np", "2", "--hostfile", path, "true"],
                                     f"{path}:1: max_slots=1 is below slots=2")
 
+    def test_elastic_bounds_name_the_flags_given(self):
+        # A tester's report: this said '--max-np 2 is below --min-np 4', a flag never given.
+        def error(argv):
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as caught:
+                tuttirun.parse_args(["--host-discovery-script", "d"] + argv + ["prog"])
+            self.assertEqual(caught.exception.code, 2)
+            return stderr.getvalue().splitlines()[-1]
+
+        self.assertEqual(error(["-np", "4", "--max-np", "2"]),
+                         "tuttirun: error: --max-np 2 is below -np 4 (the default --min-np)")
+        self.assertEqual(error(["--min-np", "4", "--max-np", "2"]),
+                         "tuttirun: error: --max-np 2 is below --min-np 4")
+        self.assertEqual(error(["-np", "2", "--min-np", "4"]),  # Said '.. --max-np None'.
+                         "tuttirun: error: -np 2 is below --min-np 4")
+
+    def test_outside_a_source_checkout_one_line_names_the_missing_file(self):
+        # A tester's report: a copy of scripts/ elsewhere ended every command, --help included,
+        # with a FileNotFoundError traceback for ../src/common/knobs.def.
+        scripts = os.path.dirname(TUTTIRUN)
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = os.path.join(tmp, "scripts")
+            os.mkdir(copy)
+            shutil.copy(TUTTIRUN, os.path.join(copy, "tuttirun"))
+            result = subprocess.run([sys.executable, os.path.join(copy, "tuttirun"), "--help"],
+                                    capture_output=True, text=True, env=clean_environ(),
+                                    timeout=60)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertEqual(result.stderr, f"tuttirun: error: {copy}/elastic_driver.py not "
+                             "found: tuttirun runs from a Tutti source checkout "
+                             "(scripts/tuttirun), not copied out of one\n")
+            for name in ("elastic_driver.py", "knobs.py"):
+                shutil.copy(os.path.join(scripts, name), copy)
+            result = subprocess.run([sys.executable, os.path.join(copy, "tuttirun"), "--help"],
+                                    capture_output=True, text=True, env=clean_environ(),
+                                    timeout=60)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(result.stderr, f"tuttirun: error: {tmp}/src/common/knobs.def not found: "
+                         "tuttirun runs from a Tutti source checkout (scripts/tuttirun), not "
+                         "copied out of one\n")
+
     def test_missing_program(self):
         self.assert_usage_error(["-np", "1", "no-such-program-xyz"],
                                 "tuttirun: error: program 'no-such-program-xyz' not found")
@@ -542,6 +624,23 @@ class DryRunTest(unittest.TestCase):
         result = run_launcher(["-np", "2", "-H", "node7:2", "--dry-run", "/only/on/node7"])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("-H node7:2", result.stdout)
+
+    def test_a_merged_hostfile_is_shown_not_written(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "hf1")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("node1 slots=2\nnode2 slots=2 max_slots=4\nnode1 slots=1\n")
+            scratch = os.path.join(tmp, "scratch")  # The launcher's temporary folder.
+            os.mkdir(scratch)
+            result = run_launcher(["-np", "3", "--hostfile", path, "--dry-run", "./prog"],
+                                  env=clean_environ(TMPDIR=scratch))
+            self.assertEqual(os.listdir(scratch), [])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.count("\n"), 1)
+        self.assertIn(f" --hostfile {scratch}/tuttirun-XXXXXXXX.hostfile ", result.stdout)
+        self.assertNotIn(" -H ", result.stdout)
+        self.assertIn(f"{path} with each host on one line, as mpirun needs: node1 slots=3; "
+                      "node2 slots=2 max_slots=4\n", result.stderr)
 
 
 class CheckBuildTest(unittest.TestCase):
@@ -671,6 +770,33 @@ class RealJobTest(unittest.TestCase):
             result = run_launcher(["-np", "3", "--hostfile", path, "sh", "-c", "echo ok"])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.count("<stdout>:ok"), 3, result.stdout)
+
+    def test_the_merged_hostfile_reaches_mpirun_and_is_removed(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "hosts")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("localhost slots=1 max_slots=2\nlocalhost slots=1 max_slots=2\n")
+            scratch = os.path.join(tmp, "scratch")
+            os.mkdir(scratch)
+            env = clean_environ(TMPDIR=scratch)
+            # The rank prints the file mpirun was given.
+            result = run_launcher(["-np", "1", "--hostfile", path, "sh", "-c",
+                                   f"cat {scratch}/tuttirun-*.hostfile"], env=env)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("<stdout>:localhost slots=2 max_slots=4\n", result.stdout)
+            self.assertEqual([n for n in os.listdir(scratch) if n.startswith("tuttirun-")], [])
+            # Removed after SIGTERM too.
+            child = subprocess.Popen([sys.executable, TUTTIRUN, "-np", "1", "--hostfile", path,
+                                      "sleep", "30"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            deadline = time.monotonic() + 20
+            while not any(n.startswith("tuttirun-") for n in os.listdir(scratch)):
+                self.assertLess(time.monotonic(), deadline, "no merged hostfile appeared")
+                time.sleep(0.1)
+            time.sleep(1.0)  # Let mpirun start its rank.
+            child.send_signal(signal.SIGTERM)
+            self.assertEqual(child.wait(timeout=20), 128 + signal.SIGTERM)
+            self.assertEqual([n for n in os.listdir(scratch) if n.startswith("tuttirun-")], [])
 
 if __name__ == "__main__":
     unittest.main()
