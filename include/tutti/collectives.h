@@ -114,7 +114,8 @@ TUTTI_API void wait_all(std::vector<Handle>& handles);
 // Throws InvalidArgument for an unsupported dtype/op, a name in flight, a set without this rank.
 TUTTI_API Handle allreduce_async(TensorView tensor, std::string name = {}, ReduceOptions = {});
 // Out of place: `input` is left unchanged, `output` (same dtype, element count and device)
-// receives the result. They must not overlap unless they are the same memory.
+// receives the result. They must not overlap unless they are the same memory (partly
+// overlapping views are InvalidArgument).
 TUTTI_API Handle allreduce_async(TensorView input, TensorView output, std::string name = {},
                                  ReduceOptions = {});
 // Reduces all `tensors` in place as one unit: negotiated, fused and completed together. The

@@ -4,6 +4,7 @@
 #include "tutti/collectives.h"
 
 #include <cmath>
+#include <cstdint>
 #include <exception>
 #include <span>
 
@@ -172,6 +173,17 @@ Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> output
                       to_string(output.dtype()), detail::shape_string(output.shape()),
                       " does not match input ", to_string(input.dtype()),
                       detail::shape_string(input.shape())));
+    }
+    // Overlapping at another address, the result would be computed from inputs it already
+    // overwrote (fusion copies in and out in pieces); the same memory is in place, as allowed.
+    // Compared as integers: pointers into different objects have no order in C++.
+    const auto in_begin = reinterpret_cast<std::uintptr_t>(input.data());
+    const auto out_begin = reinterpret_cast<std::uintptr_t>(output.data());
+    if (in_begin != out_begin && input.byte_size() > 0 &&
+        in_begin < out_begin + output.byte_size() && out_begin < in_begin + input.byte_size()) {
+      invalid(str_cat("ALLREDUCE '", submission.entry->request.name,
+                      "': output overlaps input at another address; give separate memory, or the "
+                      "same tensor for an in-place reduction"));
     }
     submission.add(std::move(input), std::move(output));
   }

@@ -14,6 +14,7 @@
 #include <mpi.h>
 
 #include "test/mpi/core/oracle.h"
+#include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
@@ -84,6 +85,30 @@ TEST_CASE("out-of-place allreduce leaves the input and averages into the output"
          input[i] == static_cast<std::int32_t>((i % 97) * (rank + 1));
   }
   CHECK(all_ranks(ok));
+}
+
+TEST_CASE("an output overlapping its input at another address is InvalidArgument", "[shm]") {
+  Session session;
+  std::vector<float> buffer(16, 1.0f);
+  std::string message;
+  // Shifted by one element: each write would land on an input not yet read.
+  CHECK(error_of(
+            [&] {
+              tutti::allreduce_async(TensorView(buffer.data(), {8}),
+                                     TensorView(buffer.data() + 1, {8}), "overlap");
+            },
+            &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("output overlaps input") != std::string::npos);
+  // Adjacent is not overlapping, and the same memory is in place.
+  tutti::allreduce_async(TensorView(buffer.data(), {8}), TensorView(buffer.data() + 8, {8}),
+                         "adjacent", {.op = ReduceOp::Sum})
+      .wait();
+  tutti::allreduce_async(TensorView(buffer.data(), {8}), TensorView(buffer.data(), {8}), "same",
+                         {.op = ReduceOp::Sum})
+      .wait();
+  const auto size = static_cast<float>(world_size());
+  CHECK(
+      all_ranks(buffer[0] == size && buffer[7] == size && buffer[8] == size && buffer[15] == size));
 }
 
 // Rank r's element i of a gathered or broadcast tensor: distinct per rank and index.
