@@ -166,7 +166,7 @@ std::vector<std::int64_t> CommitStore::list() const {
 }
 
 std::optional<CommitStore::Found> CommitStore::newest(
-    const std::function<std::string(std::string_view)>& accept,
+    const std::function<std::string(std::int64_t, std::string_view)>& accept,
     std::vector<std::string>* problems) const {
   for (std::int64_t commit : list()) {
     Found found{.commit = commit, .bytes = {}};
@@ -175,7 +175,7 @@ std::optional<CommitStore::Found> CommitStore::newest(
       problems->push_back(str_cat(path, ": cannot read: ", errno_text()));
       continue;
     }
-    const std::string why = accept(found.bytes);
+    const std::string why = accept(commit, found.bytes);
     if (why.empty()) return found;
     problems->push_back(str_cat(path, ": ", why));
   }

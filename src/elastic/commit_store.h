@@ -42,10 +42,12 @@ class CommitStore {
   };
   // The commits present, newest first.
   std::vector<std::int64_t> list() const;
-  // The newest commit whose bytes `accept` takes (it returns "" for good bytes, else why
-  // not); each one refused is described in `problems` ("<file>: <why>").
-  std::optional<Found> newest(const std::function<std::string(std::string_view)>& accept,
-                              std::vector<std::string>* problems) const;
+  // The newest commit whose bytes `accept` takes, given the commit number of the file's name
+  // (it returns "" for good bytes, else why not); each one refused is described in `problems`
+  // ("<file>: <why>").
+  std::optional<Found> newest(
+      const std::function<std::string(std::int64_t, std::string_view)>& accept,
+      std::vector<std::string>* problems) const;
   // Removes this host's temporary files of this name whose writer is no longer running:
   // what a write cut off by a crash left. Returns how many it removed.
   int remove_leftovers() const;

@@ -116,9 +116,13 @@ class BodyReader {
     if (count > t.data.size() || t.data.size() != count * element_size(t.dtype)) malformed();
     return t;
   }
+  // Grown as the elements are read, not sized from the count first: a count may claim one
+  // element per remaining byte, and each takes far more memory than a byte (a damaged or crafted
+  // file of 8 MB asked for 1.5 GB).
   std::vector<SavedTensor> get_tensors() {
-    std::vector<SavedTensor> tensors(get_count(1));
-    for (SavedTensor& t : tensors) t = get_tensor();
+    const std::size_t count = get_count(1);
+    std::vector<SavedTensor> tensors;
+    for (std::size_t i = 0; i < count; ++i) tensors.push_back(get_tensor());
     return tensors;
   }
   SavedEntry get_entry() {
@@ -274,8 +278,8 @@ Snapshot decode(std::string_view bytes) {
   s.commit = r.get<std::int64_t>();
   s.world_size = r.get<std::int32_t>();
   if (s.commit < 0 || s.world_size < 1) BodyReader::malformed();
-  s.entries.resize(r.get_count(1));
-  for (SavedEntry& e : s.entries) e = r.get_entry();
+  const std::size_t entries = r.get_count(1);
+  for (std::size_t i = 0; i < entries; ++i) s.entries.push_back(r.get_entry());  // As above.
   if (!r.done()) BodyReader::malformed();
   return s;
 }

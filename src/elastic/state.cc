@@ -265,12 +265,18 @@ bool State::restore() {
     }
     std::vector<std::string> problems;
     found = s.store.newest(
-        [&](std::string_view bytes) -> std::string {
+        [&](std::int64_t commit, std::string_view bytes) -> std::string {
           try {
             const internal::Snapshot snapshot = internal::decode(bytes);
             if (snapshot.name != s.name) return str_cat("written by State '", snapshot.name, "'");
+            // A copied or renamed file: loading it would go back to an older state at every
+            // relaunch, and pruning by name would keep it over the newer commits.
+            if (snapshot.commit != commit) {
+              return str_cat("holds commit ", snapshot.commit, ", not the ", commit,
+                             " its name says (a copied or renamed file)");
+            }
             return "";
-          } catch (const Error& e) {
+          } catch (const std::exception& e) {  // Error, or bad_alloc: the file is skipped.
             return e.what();
           }
         },

@@ -149,6 +149,34 @@ TEST_CASE("restore() brings back the newest commit on every rank", "[elastic]") 
   CHECK(all_ranks(fresh.sampler.position() == 2 * static_cast<std::size_t>(tutti::size())));
 }
 
+TEST_CASE("A commit file whose name and contents disagree is skipped, not restored", "[elastic]") {
+  // A copy of commit 1 named as commit 9 was restored at every relaunch (steps lost silently),
+  // and pruning by name kept it over the newer commits.
+  Session session;
+  ElasticDir dir;
+  Loop loop;
+  std::optional<elastic::State> state(std::in_place);
+  loop.add_to(*state);
+  loop.train_step(1);
+  state->commit();
+  loop.train_step(2);
+  state->commit();
+  const std::vector<double> committed = loop.fingerprint();
+  state.reset();
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    fs::copy_file(dir.path() + "/state.1.commit", dir.path() + "/state.9.commit");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  Loop fresh;
+  fresh.scramble(tutti::rank() + 3);
+  elastic::State relaunched;
+  fresh.add_to(relaunched);
+  CHECK(all_ranks(relaunched.restore()));
+  CHECK(all_ranks(relaunched.commits() == 2));
+  CHECK(all_ranks(fresh.fingerprint() == committed));
+}
+
 TEST_CASE("Without a commit restore() changes nothing, and sync() gives every rank the root's",
           "[elastic]") {
   Session session;

@@ -4,6 +4,7 @@
 // the newest, a writer killed mid-write leaving the previous commit readable).
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,6 +144,39 @@ TEST_CASE("A damaged, truncated or foreign file is refused with the reason", "[e
   CHECK(error_of([&] { decode(""); }) == ErrorCode::InvalidArgument);
 }
 
+TEST_CASE("A count larger than the file could hold is refused without allocating for it",
+          "[elastic]") {
+  // Before, 8 million entries claimed over 8 MB of 0xff made decode() allocate 1.5 GB (each
+  // entry far larger in memory than the byte the count check allows it), enough to abort a
+  // rank with bad_alloc. The file here has a valid checksum: only the parse can refuse it.
+  Loop loop;
+  const std::string empty = encode("state", 1, 1, {});
+  std::string body = empty.substr(0, empty.size() - sizeof(std::uint32_t));
+  const std::uint64_t claimed = 8'000'000;
+  body.replace(body.size() - sizeof claimed, sizeof claimed,
+               std::string(reinterpret_cast<const char*>(&claimed), sizeof claimed));
+  body.append(8'000'000, '\xff');
+  const std::uint32_t crc = crc32_of(body);
+  const std::string crafted = body + std::string(reinterpret_cast<const char*>(&crc), sizeof crc);
+  // The peak resident size the parse adds, in a child of its own (so that no other test's
+  // peak counts): 1.4 GB before, a few MB now; 256 MB leaves room for the sanitizers' builds.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    struct rusage before = {};
+    struct rusage after = {};
+    ::getrusage(RUSAGE_SELF, &before);
+    const bool refused = error_of([&] { decode(crafted); }) == ErrorCode::InvalidArgument;
+    ::getrusage(RUSAGE_SELF, &after);
+    const long added_kb = after.ru_maxrss - before.ru_maxrss;
+    ::_exit(!refused ? 3 : added_kb > (256L << 10) ? 4 : 0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 TEST_CASE("A commit that does not fit the program is refused and changes nothing", "[elastic]") {
   Loop saved;
   const std::string bytes = encode("state", 4, 2, saved.entries);
@@ -205,7 +239,7 @@ TEST_CASE("The store keeps the newest commits and skips damaged ones", "[elastic
     REQUIRE(store.write(c, encode("state", c, 1, loop.entries)).empty());
   }
   CHECK(store.list() == std::vector<std::int64_t>{3, 2});
-  auto accept = [](std::string_view bytes) -> std::string {
+  auto accept = [](std::int64_t, std::string_view bytes) -> std::string {
     try {
       decode(bytes);
       return "";
@@ -257,7 +291,8 @@ TEST_CASE("A writer killed mid-write leaves the previous commit readable", "[ela
   CHECK(WTERMSIG(status) == SIGXFSZ);
   CHECK(store.list() == std::vector<std::int64_t>{1});
   std::vector<std::string> problems;
-  const auto found = store.newest([](std::string_view) { return std::string(); }, &problems);
+  const auto found =
+      store.newest([](std::int64_t, std::string_view) { return std::string(); }, &problems);
   REQUIRE(found);
   CHECK(found->commit == 1);
   CHECK(decode(found->bytes).commit == 1);
