@@ -64,7 +64,8 @@ class TUTTI_API State {
   //   parameters: the tensors' values (e.g. model.named_parameters(), or named_buffers() for
   //               BatchNorm's running statistics), copied into the same tensors, so the
   //               optimizer and the model keep sharing them.
-  //   optimizer:  its state_dict(), loaded with load_state_dict().
+  //   optimizer:  its state_dict(), loaded with load_state_dict(). Not a
+  //               ZeroRedundancyOptimizer (InvalidArgument): its state is sharded.
   //   sampler:    its epoch() and position() (see DistributedSampler: a sampler restored at
   //               another world size continues the epoch). A commit of a sampler over another
   //               data set size, seed, shuffle or drop_last is refused by restore().

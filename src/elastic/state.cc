@@ -27,6 +27,7 @@
 #include "src/elastic/stop_request.h"
 #include "tutti/collectives.h"
 #include "tutti/elastic.h"
+#include "tutti/optim/zero.h"
 #include "tutti/runtime.h"
 
 namespace tutti::elastic {
@@ -183,6 +184,16 @@ void State::add(std::string key, nn::NamedParameters parameters) {
 }
 
 void State::add(std::string key, optim::Optimizer& optimizer) {
+  // A ZeRO optimizer's state is sharded: state_dict() exists only on the rank it was
+  // consolidated to, where commit() and restore() need it on every host's first rank and every
+  // rank. Refused here rather than failing at every commit with a misleading message.
+  if (dynamic_cast<const optim::ZeroRedundancyOptimizer*>(&optimizer) != nullptr) {
+    throw_invalid_argument(
+        "elastic::State::add: '", key,
+        "' is a ZeroRedundancyOptimizer, whose state is sharded across the ranks: add its "
+        "inner optimizers' state yourself (consolidate_state_dict() and save), or use a "
+        "DistributedOptimizer");
+  }
   internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Optimizer);
   entry.optimizer = &optimizer;
   impl_->add(std::move(entry));

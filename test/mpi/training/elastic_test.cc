@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -352,6 +353,17 @@ TEST_CASE("Bad names, keys and TUTTI_ELASTIC_KEEP are refused by the call", "[el
   CHECK(all_ranks(error_of([&] { state.add("", a); }) == ErrorCode::InvalidArgument));
   nn::NamedParameters empty = {{"x", nn::Variable()}};
   CHECK(all_ranks(error_of([&] { state.add("p", empty); }) == ErrorCode::InvalidArgument));
+  // A ZeRO optimizer's state is sharded: refused at add(), where every commit used to fail
+  // ("state is sharded") and restore() blamed the commit for not fitting.
+  nn::Linear layer(3, 2);
+  optim::ZeroRedundancyOptimizer zero(
+      layer.named_parameters(), [](std::vector<nn::Variable> params) {
+        return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1});
+      });
+  std::string zero_message;
+  CHECK(all_ranks(error_of([&] { state.add("zero", zero); }, &zero_message) ==
+                  ErrorCode::InvalidArgument));
+  CHECK(all_ranks(zero_message.find("is a ZeroRedundancyOptimizer") != std::string::npos));
   std::string message;
   ::setenv("TUTTI_ELASTIC_KEEP", "0", 1);
   CHECK(all_ranks(error_of([] { elastic::State(); }, &message) == ErrorCode::InvalidArgument));
