@@ -33,9 +33,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/flag_reader.h"
 #include "examples/machine_line.h"
 #include "examples/resnet50_model.h"
+#include "examples/step_benchmark_flags.h"
 
 namespace {
 
@@ -46,38 +46,13 @@ constexpr char kUsage[] =
     "usage: comm_hook_benchmark [--iters N] [--warmup W] [--rounds R] [--tensors T] "
     "[--grads FILE]\n";
 
-struct Flags {
-  int iters = 10;
-  int warmup = 3;
-  int rounds = 3;
-  int tensors = 0;
-  std::string grads;  // Empty: the built-in list.
-};
+using Flags = tutti::examples::StepBenchmarkFlags;
 
-// The flags, read strictly (examples/flag_reader.h), or the exit status after rank 0 printed
-// the usage (stdout for --help) or the fault naming the flag.
+// The flags, or the exit status after rank 0 printed the usage (stdout for --help) or the fault
+// naming the flag.
 std::optional<Flags> parse_flags(int argc, char** argv, int* status) {
-  Flags f;
-  tutti::examples::FlagReader flags("comm_hook_benchmark", argc, argv);
-  while (flags.next()) {
-    if (flags.is("--grads"))
-      f.grads = flags.text();
-    else if (flags.is("--iters"))
-      f.iters = static_cast<int>(flags.integer(1, 100000));
-    else if (flags.is("--warmup"))
-      f.warmup = static_cast<int>(flags.integer(1, 100000));
-    else if (flags.is("--rounds"))
-      f.rounds = static_cast<int>(flags.integer(1, 100000));
-    else if (flags.is("--tensors"))
-      f.tensors = static_cast<int>(flags.integer(0, 100000));
-    else
-      flags.unknown();
-  }
-  if (const std::optional<int> exit = flags.exit_status(kUsage, tutti::rank() == 0)) {
-    *status = *exit;
-    return std::nullopt;
-  }
-  return f;
+  return tutti::examples::read_step_benchmark_flags("comm_hook_benchmark", kUsage, argc, argv,
+                                                    {.warmup = 3}, tutti::rank() == 0, status);
 }
 
 struct Variant {
