@@ -121,24 +121,33 @@ bool equals_roots(const std::vector<double>& mine, int root) {
   return all_ranks(mine == oracle);
 }
 
+// What a first launch left: two steps, each committed, then a third step lost (after the last
+// commit). Its State is gone when this returns, as a relaunched process's predecessor is (one
+// live State per name, Note [One State per name] in src/elastic/state.cc).
+struct FirstLaunch {
+  std::vector<double> committed;  // The loop's fingerprint at the last commit.
+  std::int64_t commits = 0;
+};
+FirstLaunch commit_two_steps() {
+  Loop loop;
+  elastic::State state;
+  loop.add_to(state);
+  loop.train_step(1);
+  state.commit();
+  loop.train_step(2);
+  state.commit();
+  FirstLaunch launch{.committed = loop.fingerprint(), .commits = state.commits()};
+  loop.train_step(3);  // Lost: after the last commit.
+  loop.scramble(tutti::rank() + 1);
+  return launch;
+}
+
 TEST_CASE("restore() brings back the newest commit on every rank", "[elastic]") {
   Session session;
   ElasticDir dir;
-  Loop loop;
-  std::optional<elastic::State> state(std::in_place);
-  loop.add_to(*state);
-  loop.train_step(1);
-  state->commit();
-  loop.train_step(2);
-  state->commit();
-  const std::vector<double> committed = loop.fingerprint();
-  const std::int64_t commits = state->commits();
-  loop.train_step(3);  // Lost: after the last commit.
-  loop.scramble(tutti::rank() + 1);
+  const auto [committed, commits] = commit_two_steps();
 
-  // A relaunched process: new objects, a new State (the old one gone first: one live State per
-  // name, Note [One State per name] in src/elastic/state.cc).
-  state.reset();
+  // A relaunched process: new objects, a new State.
   Loop fresh;
   fresh.scramble(tutti::rank() + 7);
   elastic::State relaunched;
@@ -155,15 +164,7 @@ TEST_CASE("A commit file whose name and contents disagree is skipped, not restor
   // and pruning by name kept it over the newer commits.
   Session session;
   ElasticDir dir;
-  Loop loop;
-  std::optional<elastic::State> state(std::in_place);
-  loop.add_to(*state);
-  loop.train_step(1);
-  state->commit();
-  loop.train_step(2);
-  state->commit();
-  const std::vector<double> committed = loop.fingerprint();
-  state.reset();
+  const std::vector<double> committed = commit_two_steps().committed;
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) {
     fs::copy_file(dir.path() + "/state.1.commit", dir.path() + "/state.9.commit");
