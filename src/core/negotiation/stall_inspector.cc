@@ -19,6 +19,9 @@ constexpr std::chrono::milliseconds kMinCheckInterval{10};
 // Names listed per missing rank, so that a warning stays readable.
 constexpr std::size_t kNamesPerRank = 5;
 
+// In seconds as given (0.5, not a truncated 0).
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
 }  // namespace
 
 StallInspector::StallInspector(const Config& config)
@@ -30,8 +33,7 @@ StallInspector::StallInspector(const Config& config)
       interval_(std::clamp<Clock::duration>(look_after_ / 10, kMinCheckInterval, kCheckInterval)),
       last_check_(Clock::now()) {}
 
-std::string StallInspector::explain(const std::vector<Coordinator::Stall>& stalls,
-                                    Clock::duration after) {
+std::string StallInspector::missing_list(const std::vector<Coordinator::Stall>& stalls) {
   // Up to a few names per missing rank.
   std::map<int, std::vector<std::string>> by_rank;
   for (const Coordinator::Stall& stall : stalls) {
@@ -49,9 +51,7 @@ std::string StallInspector::explain(const std::vector<Coordinator::Stall>& stall
   for (const auto& [r, names] : by_rank) {
     missing += str_cat(missing.empty() ? "" : "; ", "rank ", r, ": ", detail::join_list(names));
   }
-  // In seconds as given (0.5, not a truncated 0).
-  return str_cat("ops were submitted by some ranks but not by others for more than ",
-                 std::chrono::duration<double>(after).count(), " s; missing: ", missing);
+  return missing;
 }
 
 std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
@@ -65,10 +65,16 @@ std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
       std::any_of(stalls.begin(), stalls.end(),
                   [&](const Coordinator::Stall& s) { return s.waited >= shutdown_after_; });
   if (past_limit) {
-    return Status(ErrorCode::Stalled,
-                  str_cat("Stalled: ", explain(stalls, look_after_),
-                          " (past TUTTI_STALL_SHUTDOWN_TIME_SECONDS=",
-                          std::chrono::duration<double>(shutdown_after_).count(), ")"));
+    // Every pending op fails with this status, so every one still missing a rank is named,
+    // however young: with the shutdown limit below the check time the ops old enough to be
+    // listed were only those past the limit, and an op a late rank submitted a moment after the
+    // stalled one went unnamed.
+    return Status(
+        ErrorCode::Stalled,
+        str_cat("Stalled: ops were submitted by some ranks but not by others, the oldest for "
+                "more than ",
+                seconds(shutdown_after_), " s (TUTTI_STALL_SHUTDOWN_TIME_SECONDS); missing: ",
+                missing_list(coordinator.stalls(now, Clock::duration::zero()))));
   }
   // Ops younger than the check time are looked at only for the shutdown limit below it.
   std::erase_if(stalls, [&](const Coordinator::Stall& s) { return s.waited < check_after_; });
@@ -78,7 +84,10 @@ std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
     fresh = fresh || !warned;
     warned = true;
   }
-  if (fresh) TUTTI_LOG_WARNING("Stall: ", explain(stalls, check_after_));
+  if (fresh) {
+    TUTTI_LOG_WARNING("Stall: ops were submitted by some ranks but not by others for more than ",
+                      seconds(check_after_), " s; missing: ", missing_list(stalls));
+  }
   return std::nullopt;
 }
 

@@ -28,8 +28,8 @@ class StallInspector {
   std::optional<Status> inspect(const Coordinator& coordinator, Clock::time_point now);
 
  private:
-  // One line naming the stalled ops per missing rank, waiting for more than `after`.
-  static std::string explain(const std::vector<Coordinator::Stall>& stalls, Clock::duration after);
+  // "rank R: a, b; rank S: c": up to a few of `stalls` per rank missing from them.
+  static std::string missing_list(const std::vector<Coordinator::Stall>& stalls);
 
   const bool disabled_;
   const Clock::duration check_after_;
