@@ -147,6 +147,15 @@ void adam_load(const StateDict& state, const std::vector<nn::Variable>& params, 
       detail::throw_invalid_argument(who, "::load_state_dict: repeated state '", key, "'");
     (*slot)[k.index] = internal::checked_state_copy(tensor, params[k.index], key, who);
   }
+  // The two moments are made together by the first step: one without the other is a dict cut
+  // short or edited, and reading the missing one as zeros would silently restart half the state.
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (m[i].has_value() != v[i].has_value()) {
+      detail::throw_invalid_argument(
+          who, "::load_state_dict: '", i, m[i] ? ".exp_avg' has no '" : ".exp_avg_sq' has no '", i,
+          m[i] ? ".exp_avg_sq'" : ".exp_avg'", " (a parameter's two moments are saved together)");
+    }
+  }
   options = loaded;
   step = loaded_step;
   exp_avg = std::move(m);

@@ -155,6 +155,16 @@ TEST_CASE("Adam::load_state_dict rejects wrong keys, shapes and step counts", "[
   CHECK(broken([](StateDict& s) {
           s.tensors[0].second = Tensor(DataType::Float32, {2, 1});
         }) == ErrorCode::InvalidArgument);
+  // One moment without the other (before, the missing one was read as zeros).
+  CHECK(broken([](StateDict& s) { s.tensors.erase(s.tensors.begin() + 1); }) ==
+        ErrorCode::InvalidArgument);
+  CHECK(broken([](StateDict& s) { s.tensors.erase(s.tensors.begin()); }) ==
+        ErrorCode::InvalidArgument);
+  // Neither: the parameter has not stepped yet, which is a state to load.
+  StateDict unstepped = good;
+  unstepped.tensors.clear();
+  CHECK_NOTHROW(adam.load_state_dict(unstepped));
+  adam.load_state_dict(good);
   CHECK(broken([](StateDict& s) { s.scalars["step"] = 1.5; }) == ErrorCode::InvalidArgument);
   CHECK(broken([](StateDict& s) { s.scalars["step"] = -1; }) == ErrorCode::InvalidArgument);
   CHECK(broken([](StateDict& s) { s.scalars["beta2"] = 1.0; }) == ErrorCode::InvalidArgument);
