@@ -152,12 +152,15 @@ Status parse_debug(const detail::KnobSource& source, Config* c) {
   if (text != "DETAIL" && text != "detail") {
     return refuse(source, detail::knob::DEBUG.name, "is not one of OFF, DETAIL");
   }
+  const std::optional<detail::EnvSetting> setting = source.find(detail::knob::DEBUG.name);
+  const std::string shown = str_cat(setting ? setting->variable : "TUTTI_DEBUG", "=", text);
   if (source.find(detail::knob::CACHE_CAPACITY.name) && c->cache_capacity != 0) {
     return refuse(source, detail::knob::CACHE_CAPACITY.name,
-                  "cannot be used with TUTTI_DEBUG=DETAIL, whose desync check turns the response "
-                  "cache off; unset it");
+                  str_cat("cannot be used with ", shown,
+                          ", whose desync check turns the response cache off; unset it"));
   }
   c->desync_check = true;
+  c->desync_setting = shown;
   c->cache_capacity = 0;
   return Status();
 }

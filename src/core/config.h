@@ -66,6 +66,8 @@ struct Config {
   // TUTTI_DEBUG=DETAIL: the desync check (Note [Desync check] in negotiation/desync_check.h).
   // It turns the response cache off (cache_capacity 0): every request then travels in full.
   bool desync_check = false;
+  // The setting that turned it on, as given ("HOROVOD_DEBUG=detail"), for its messages.
+  std::string desync_setting;
   // Rank 0's name for this job, sent to every rank by the start handshake (not a knob): dumps
   // carry it so that scripts/tutti-trace tells one job's files from an earlier job's.
   std::string job_id;

@@ -8,7 +8,7 @@ namespace tutti::core {
 CoordinatorStage::CoordinatorStage(const Config& config, const ProcessSetTable& sets,
                                    Timeline* timeline, int size)
     : coordinator_(sets, config.cache_capacity, timeline), stalls_(config), size_(size) {
-  if (config.desync_check) desync_.emplace(sets);
+  if (config.desync_check) desync_.emplace(sets, config.desync_setting);
 }
 
 std::vector<std::int32_t> CoordinatorStage::receive(int global_rank, RequestList list,

@@ -93,7 +93,7 @@ void DesyncCheck::forget_if_passed(SetCheck& check, std::map<std::int64_t, Expec
 }
 
 Status DesyncCheck::mismatch(const SetInfo& info, const SetCheck& check, const Expected& expected,
-                             int set_rank, const Seen& seen) {
+                             int set_rank, const Seen& seen) const {
   const int set_id = info.id;
   const auto recent = [&](int member_rank) {
     std::vector<std::string> ops;
@@ -104,7 +104,7 @@ Status DesyncCheck::mismatch(const SetInfo& info, const SetCheck& check, const E
                    "'s last ops: ", detail::join_list(ops));
   };
   return Status(ErrorCode::Mismatch,
-                str_cat("desync in process set ", set_id, " (TUTTI_DEBUG=DETAIL): rank ",
+                str_cat("desync in process set ", set_id, " (", setting_, "): rank ",
                         info.global_rank_of(set_rank), " submitted ",
                         desync_op_name(seen.sequence, seen.op, seen.name), " where rank ",
                         info.global_rank_of(expected.set_rank), " submitted ",

@@ -32,6 +32,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/common/status.h"
@@ -46,8 +47,9 @@ class DesyncCheck {
   // How many of a member's most recent ops a Mismatch message lists.
   static constexpr std::size_t kRecentOps = 8;
 
-  // `sets` must outlive the check.
-  explicit DesyncCheck(const ProcessSetTable& sets) : sets_(sets) {}
+  // `sets` must outlive the check. `setting` names what turned it on, in its messages.
+  explicit DesyncCheck(const ProcessSetTable& sets, std::string setting = "TUTTI_DEBUG=DETAIL")
+      : sets_(sets), setting_(std::move(setting)) {}
 
   // Lines up one rank's requests (step 2). Mismatch describing the first op that differs from
   // another member's at the same place, naming both ranks' recent ops; Internal if the list
@@ -84,10 +86,11 @@ class DesyncCheck {
   // Forgets the place if every member has passed it or joined before it.
   static void forget_if_passed(SetCheck& check, std::map<std::int64_t, Expected>::iterator it);
   // The Mismatch message: where `seen`, set rank `set_rank`'s op, differs from `expected`.
-  static Status mismatch(const SetInfo& info, const SetCheck& check, const Expected& expected,
-                         int set_rank, const Seen& seen);
+  Status mismatch(const SetInfo& info, const SetCheck& check, const Expected& expected,
+                  int set_rank, const Seen& seen) const;
 
   const ProcessSetTable& sets_;
+  const std::string setting_;
   std::map<int, SetCheck> checks_;  // By set id.
   bool reported_ = false;
 };
