@@ -123,8 +123,8 @@ namespace {
 
 // Each parameter's op name: from `named_parameters`, or "noname.<index>" when it is empty; an
 // empty name for parameters without a gradient (never reduced), whose given names go to
-// `frozen`. Throws InvalidArgument for a repeated parameter or name, an empty Variable, or a
-// trainable parameter without a name.
+// `frozen`. Throws InvalidArgument for a repeated name, an empty Variable, or a trainable
+// parameter without a name. (`params` holds each parameter once: Optimizer refuses repeats.)
 std::vector<std::string> parameter_names(const std::vector<nn::Variable>& params,
                                          const nn::NamedParameters& named_parameters,
                                          std::set<std::string>& frozen) {
@@ -132,13 +132,7 @@ std::vector<std::string> parameter_names(const std::vector<nn::Variable>& params
   // Parameters are identified by the address of their value tensor, which lives in the shared
   // Variable state: copies of a Variable agree, distinct Variables differ.
   std::map<const Tensor*, std::size_t> index_of;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!index_of.emplace(&params[i].value(), i).second) {
-      detail::throw_invalid_argument("DistributedOptimizer: parameter ", i,
-                                     " of the optimizer repeats parameter ",
-                                     index_of[&params[i].value()]);
-    }
-  }
+  for (std::size_t i = 0; i < n; ++i) index_of.emplace(&params[i].value(), i);
   std::vector<std::string> names(n);
   if (named_parameters.empty()) {
     for (std::size_t i = 0; i < n; ++i) names[i] = "noname." + std::to_string(i);

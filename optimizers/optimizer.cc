@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <utility>
 
 #include "optimizers/optim_util.h"
@@ -84,10 +85,18 @@ void check_scalar_names(const std::map<std::string, double>& scalars,
 }  // namespace internal
 
 Optimizer::Optimizer(std::vector<nn::Variable> parameters) : parameters_(std::move(parameters)) {
+  // Parameters are told apart by the address of their value tensor, which lives in the shared
+  // Variable state: copies of a Variable agree, distinct Variables differ.
+  std::map<const Tensor*, std::size_t> index_of;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     if (!parameters_[i].defined()) {
       detail::throw_invalid_argument("Optimizer: parameter ", i,
                                      " is an empty nn::Variable; assign it before use");
+    }
+    const auto [it, fresh] = index_of.emplace(&parameters_[i].value(), i);
+    if (!fresh) {
+      detail::throw_invalid_argument("Optimizer: parameter ", i, " repeats parameter ", it->second,
+                                     " (it would be stepped twice per step()); list each once");
     }
   }
 }

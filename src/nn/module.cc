@@ -3,22 +3,42 @@
 #include "tutti/nn/module.h"
 
 #include <algorithm>
+#include <unordered_set>
+#include <utility>
 
 #include "src/nn/autograd.h"
 #include "src/nn/tensor_math.h"
 
 namespace tutti::nn {
 
+namespace {
+
+// Each Variable once, under its first name, as torch.nn.Module's named_parameters() gives them:
+// a child module registered twice (tied weights) lists its tensors once, so an optimizer built
+// from the list steps each once and a DistributedOptimizer reduces each once.
+NamedParameters without_repeats(NamedParameters all) {
+  NamedParameters out;
+  std::unordered_set<const detail::VariableImpl*> seen;
+  for (auto& entry : all) {
+    if (seen.insert(detail::VariableAccess::impl(entry.second).get()).second) {
+      out.push_back(std::move(entry));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 NamedParameters Module::named_parameters() const {
   NamedParameters out;
   collect("", /*buffers=*/false, out);
-  return out;
+  return without_repeats(std::move(out));
 }
 
 NamedParameters Module::named_buffers() const {
   NamedParameters out;
   collect("", /*buffers=*/true, out);
-  return out;
+  return without_repeats(std::move(out));
 }
 
 void Module::train(bool on) {

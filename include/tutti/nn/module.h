@@ -33,7 +33,9 @@ class TUTTI_API Module {
 
   // This module's parameters, then each child's (recursively) named "<child>.<name>", all in
   // registration order: e.g. "weight", "0.weight", "body.3.bias". The names are stable for a
-  // given model, so they are the same on every rank.
+  // given model, so they are the same on every rank. A Variable registered in several places
+  // (a child module registered twice, tied weights) is listed once, under its first name, as
+  // in PyTorch.
   NamedParameters named_parameters() const;
   // The buffers (BatchNorm's running statistics, ...), named and ordered the same way.
   NamedParameters named_buffers() const;

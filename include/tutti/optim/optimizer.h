@@ -80,7 +80,8 @@ class TUTTI_API Optimizer {
 
  protected:
   // Stores `parameters`. Throws Error(InvalidArgument) for an empty (default-constructed)
-  // Variable among them. An empty list is legal (nothing to update).
+  // Variable among them, or one listed twice (it would be stepped twice per step()). An empty
+  // list is legal (nothing to update).
   explicit Optimizer(std::vector<nn::Variable> parameters);
 
  private:

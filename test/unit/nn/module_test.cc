@@ -11,6 +11,7 @@
 
 #include "test/unit/nn/nn_test_util.h"
 #include "tutti/nn.h"
+#include "tutti/optim/sgd.h"
 
 namespace tutti::nn {
 namespace {
@@ -77,6 +78,28 @@ TEST_CASE("named_parameters and named_buffers: own first, then children dotted, 
     for (float g : p.grad().span<float>()) norm += std::abs(g);
     CHECK(norm > 0);
   }
+}
+
+TEST_CASE("A module registered twice (tied weights) lists its tensors once", "[nn][module]") {
+  // y = w * (w * x): one Linear applied twice, as in PyTorch's weight tying.
+  auto tied = std::make_shared<Linear>(1, 1, false);
+  auto norm = std::make_shared<BatchNorm1d>(1);
+  Sequential model;
+  model.add(tied).add(norm).add(tied).add(norm);
+  CHECK(names(model.named_parameters()) ==
+        std::vector<std::string>{"0.weight", "1.weight", "1.bias"});  // Before: also "2.weight"...
+  CHECK(names(model.named_buffers()) ==
+        std::vector<std::string>{"1.running_mean", "1.running_var"});
+  // So an optimizer built from the list steps the tied weight once: dL/dw = 2 w x for L = w^2 x.
+  tied->weight().value().span<float>()[0] = 3.0f;
+  std::vector<Variable> params;
+  for (const auto& [name, p] : model.named_parameters()) params.push_back(p);
+  optim::SGD sgd({params.front()}, {.lr = 0.1});
+  Variable x(tensor({1}, {1, 1}));
+  sum(tied->forward(tied->forward(x))).backward();
+  CHECK(values(tied->weight().grad()) == std::vector<float>{6.0f});
+  sgd.step();
+  CHECK(values(tied->weight().value())[0] == Approx(3.0f - 0.1f * 6.0f));
 }
 
 TEST_CASE("train() switches the whole tree", "[nn][module]") {

@@ -70,6 +70,16 @@ TEST_CASE("Optimizer rejects an empty Variable", "[optimizer]") {
   CHECK(code_of([] { SignSGD({nn::Variable()}, 0.1); }) == ErrorCode::InvalidArgument);
 }
 
+TEST_CASE("Optimizer rejects a Variable listed twice, which would step it twice", "[optimizer]") {
+  nn::Variable a = param({1.0f});
+  nn::Variable b = param({2.0f});
+  nn::Variable copy = a;  // A copy is the same parameter.
+  CHECK(code_of([&] { SGD({a, b, copy}, {.lr = 0.1}); }) == ErrorCode::InvalidArgument);
+  CHECK(code_of([&] { SignSGD({b, b}, 0.1); }) == ErrorCode::InvalidArgument);
+  CHECK(code_of([&] { Adam({a, b, a}); }) == ErrorCode::InvalidArgument);
+  CHECK_NOTHROW(SGD({a, b}, {.lr = 0.1}));
+}
+
 TEST_CASE("zero_grad keeps the gradient tensors (views stay valid)", "[optimizer]") {
   nn::Variable a = param({1.0f, 2.0f});
   SGD sgd({a});
