@@ -214,6 +214,29 @@ std::string knob_value(KnobId<KnobType::String> id, const KnobSource& source) {
   return setting ? setting->value : std::string(knob_named(id.name).default_value);
 }
 
+bool same_knob_value(const Knob& knob, const std::optional<std::string>& a,
+                     const std::optional<std::string>& b) {
+  const std::string x = a.value_or(std::string(knob.default_value));
+  const std::string y = b.value_or(std::string(knob.default_value));
+  if (x == y) return true;
+  switch (knob.type) {
+    case KnobType::Int: {
+      const std::optional<std::int64_t> i = parse_int(x);
+      return i && i == parse_int(y);
+    }
+    case KnobType::Double: {
+      const std::optional<double> d = parse_double(x);
+      return d && d == parse_double(y);
+    }
+    case KnobType::Bool: {
+      const std::optional<bool> v = parse_bool(x);
+      return v && v == parse_bool(y);
+    }
+    case KnobType::String: return false;
+  }
+  return false;
+}
+
 void warn_unknown_settings() {
   for (char** entry = environ; entry && *entry; ++entry) {
     const std::string_view assignment(*entry);

@@ -89,6 +89,12 @@ std::int64_t knob_default(KnobId<KnobType::Int> id);
 double knob_default(KnobId<KnobType::Double> id);
 bool knob_default(KnobId<KnobType::Bool> id);
 
+// Whether two settings give `knob` the same value; nullopt is unset, which is the default. Numbers
+// compare as numbers ("01000" and "1000", "0.5" and ".5"), booleans as booleans ("1" and "yes"),
+// anything else (strings, or a value that does not parse) as text.
+bool same_knob_value(const Knob& knob, const std::optional<std::string>& a,
+                     const std::optional<std::string>& b);
+
 // Logs one warning per TUTTI_* variable in the environment that is not a knob.
 void warn_unknown_settings();
 

@@ -115,6 +115,18 @@ Status check_on_rank0(const Config& config) {
   return check_writable("AUTOTUNE_LOG", config.autotune_log);
 }
 
+std::optional<std::string> setting_of(const JobValues& values, std::string_view name) {
+  auto it = values.find(name);
+  if (it == values.end()) return std::nullopt;
+  return it->second;
+}
+
+// Whether two ranks' settings give the Job knob the same value: as numbers or booleans, not as
+// text, so that "01000" and "1000", or "1" and the default true, agree.
+bool same_value(const detail::Knob& knob, const JobValues& a, const JobValues& b) {
+  return detail::same_knob_value(knob, setting_of(a, knob.name), setting_of(b, knob.name));
+}
+
 std::string value_text(const JobValues& values, std::string_view name) {
   auto it = values.find(name);
   if (it != values.end()) return str_cat("'", it->second, "'");
@@ -153,8 +165,7 @@ Result<Config> lead(ops::ControlPlane& plane, const Result<Config>& local,
       outcome = Status(status.code(), str_cat("rank ", message->source, ": ", status.message()));
     }
     for (const detail::Knob& knob : detail::knobs()) {
-      if (knob.scope == detail::KnobScope::Job &&
-          value_text(theirs, knob.name) != value_text(mine, knob.name))
+      if (knob.scope == detail::KnobScope::Job && !same_value(knob, theirs, mine))
         differing[std::string(knob.name)].push_back(message->source);
     }
   }
@@ -196,10 +207,9 @@ Result<Config> follow(ops::ControlPlane& plane, const Result<Config>& local,
   detail::KnobSource agreed;
   for (const detail::Knob& knob : detail::knobs()) {
     if (knob.scope != detail::KnobScope::Job) continue;
-    const std::string theirs = value_text(rank0, knob.name);
-    if (theirs != value_text(mine, knob.name)) {
+    if (!same_value(knob, rank0, mine)) {
       TUTTI_LOG_WARNING("TUTTI_", knob.name, " is ", value_text(mine, knob.name), " here but ",
-                        theirs, " on rank 0; using rank 0's");
+                        value_text(rank0, knob.name), " on rank 0; using rank 0's");
     }
     if (auto it = rank0.find(knob.name); it != rank0.end()) {
       agreed.set(knob.name, str_cat("TUTTI_", knob.name, " (rank 0's)"), it->second);

@@ -256,6 +256,18 @@ TEST_CASE("TUTTI_DEBUG=DETAIL turns the desync check on and the response cache o
     CHECK(config.status().message().find("TUTTI_CACHE_CAPACITY='64' cannot be used with "
                                          "TUTTI_DEBUG=DETAIL") == 0);
   }
+  {
+    // Messages name the setting as given (before, always "TUTTI_DEBUG=DETAIL").
+    ScopedEnv detail("HOROVOD_DEBUG", "detail");
+    Result<core::Config> config = core::Config::from_env();
+    REQUIRE(config.ok());
+    CHECK(config.value().desync_setting == "HOROVOD_DEBUG=detail");
+    ScopedEnv cache("HOROVOD_CACHE_CAPACITY", "64");
+    config = core::Config::from_env();
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message().find("HOROVOD_CACHE_CAPACITY='64' cannot be used with "
+                                         "HOROVOD_DEBUG=detail") == 0);
+  }
   ScopedEnv info("TUTTI_DEBUG", "INFO");
   Result<core::Config> config = core::Config::from_env();
   REQUIRE_FALSE(config.ok());
@@ -324,6 +336,27 @@ TEST_CASE("TUTTI_SHM_STREAMING_STORES is auto or a boolean", "[env]") {
   REQUIRE_FALSE(config.ok());
   CHECK(config.status().message() ==
         "TUTTI_SHM_STREAMING_STORES='sometimes' is not auto, 1 (on) or 0 (off)");
+}
+
+TEST_CASE("Two settings agree when they give the same value, however spelt", "[env]") {
+  // The start handshake's comparison of a rank's Job knobs with rank 0's.
+  const Knob& cache = knob_named("CACHE_CAPACITY");  // Int, default 1024.
+  CHECK(same_knob_value(cache, "01024", std::nullopt));
+  CHECK(same_knob_value(cache, "1024", "01024"));
+  CHECK_FALSE(same_knob_value(cache, "1025", std::nullopt));
+  CHECK_FALSE(same_knob_value(cache, "x", "1024"));
+  CHECK(same_knob_value(cache, "x", "x"));  // Not a number: as text (init() refuses it anyway).
+  const Knob& cycle = knob_named("CYCLE_TIME");  // Double, default 1.
+  CHECK(same_knob_value(cycle, "0.5", ".5"));
+  CHECK(same_knob_value(cycle, "1.0", std::nullopt));
+  CHECK_FALSE(same_knob_value(cycle, "0.5", "0.25"));
+  const Knob& autotune = knob_named("AUTOTUNE");  // Bool, default 0.
+  CHECK(same_knob_value(autotune, "no", std::nullopt));
+  CHECK(same_knob_value(autotune, "yes", "1"));
+  CHECK_FALSE(same_knob_value(autotune, "true", "0"));
+  const Knob& grouping = knob_named("GRADIENT_GROUPING");  // String, default auto.
+  CHECK(same_knob_value(grouping, "auto", std::nullopt));
+  CHECK_FALSE(same_knob_value(grouping, "each", "one"));
 }
 
 TEST_CASE("Every knob is documented", "[env]") {
