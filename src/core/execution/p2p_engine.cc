@@ -269,8 +269,15 @@ Result<bool> P2PEngine::match(P2POpEntry& op) {
 
 Status P2PEngine::check_stalls(Clock::time_point now) {
   if (config_.stall_check_disabled || (waiting_.empty() && active_.empty())) return Status();
-  const auto period = std::min<Clock::duration>(
-      std::chrono::seconds(1), config_.stall_check_time / 4 + std::chrono::milliseconds(1));
+  // As the collectives' inspector looks: every tenth of the smaller limit, 10 ms to 1 s apart,
+  // so that a shutdown limit below the check time is met within a tenth of itself too (before,
+  // a quarter of the check time: a 0.5 s shutdown limit beside a 30 s check fired at 1.5 s).
+  const Clock::duration smaller =
+      config_.stall_shutdown_time.count() > 0
+          ? std::min(config_.stall_check_time, config_.stall_shutdown_time)
+          : config_.stall_check_time;
+  const auto period = std::clamp<Clock::duration>(smaller / 10, std::chrono::milliseconds(10),
+                                                  std::chrono::seconds(1));
   if (now - last_stall_check_ < period) return Status();
   last_stall_check_ = now;
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
