@@ -140,6 +140,13 @@ void check_reduce(const std::string& name, const TensorView& tensor, const Reduc
         str_cat(to_string(op), " '", name, "': unknown ReduceOp ", static_cast<int>(options.op)));
   }
   const DataType dtype = tensor.dtype();
+  // Reducescatter takes only SUM and AVERAGE, which bool does not: no op of it reduces bool,
+  // and the advice to use MIN or MAX would only lead to the other refusal.
+  if (dtype == DataType::Bool && op == Collective::Reducescatter) {
+    invalid(str_cat(to_string(op), " '", name,
+                    "': bool tensors cannot be reduce-scattered (REDUCESCATTER takes SUM or "
+                    "AVERAGE, bool reduces only with MIN or MAX); convert to an integer type"));
+  }
   if (dtype == DataType::Bool && options.op != ReduceOp::Min && options.op != ReduceOp::Max) {
     invalid(str_cat(to_string(op), " '", name, "': bool tensors reduce only with MIN or MAX, not ",
                     to_string(options.op)));
