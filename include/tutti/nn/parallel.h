@@ -32,8 +32,8 @@ struct DistributedDataParallelOptions {
   double bucket_cap_mb = 25;
   // Before every forward() in training mode, the root's buffers (BatchNorm's running
   // statistics) are broadcast to the other members, so that all ranks evaluate one model.
-  // Skipped while any member has joined (see DistributedDataParallel). Costs one blocking
-  // broadcast per buffer per step.
+  // While the root has joined (see DistributedDataParallel) the buffers stay as they are. Costs
+  // one blocking broadcast per buffer per step.
   bool broadcast_buffers = true;
   // false (default): every parameter must receive a gradient in every synchronized backward();
   // one that does not makes backward() throw InvalidArgument naming it. true: after each
@@ -95,9 +95,10 @@ struct DistributedDataParallelOptions {
 // Collective: every member must construct its DDPs in the same order, and run the same number
 // of synchronized forward/backward passes, or use tutti::join(): while a member has joined, the
 // others' bucket allreduces see zeros from it (the average still divides by the set size, as
-// allreduce does) and buffers are not broadcast. Limitation: the one-time bucket rebuild needs
-// every member's first synchronized backward(); a member that joins before ever running one
-// makes the others rebuild without it and the buckets then differ at the next epoch (Mismatch).
+// allreduce does) and buffers are broadcast unless the root has joined. Limitation: the one-time
+// bucket rebuild needs every member's first synchronized backward(); a member that joins before
+// ever running one makes the others rebuild without it and the buckets then differ at the next
+// epoch (Mismatch).
 //
 // Errors: a parameter without a gradient (find_unused_parameters = false) makes backward()
 // throw InvalidArgument naming it and the option, after the bucket reductions completed (so no

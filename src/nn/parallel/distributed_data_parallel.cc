@@ -207,16 +207,18 @@ Variable DistributedDataParallel::forward(const Variable& input) {
   return reducer_->attach(output);
 }
 
-// The root's buffers into every member's, unless some member has joined (a joined root cannot
-// send; the others would then disagree about which buffers they hold).
+// The root's buffers into every member's. Also while members have joined (they take part as
+// receivers, as in any collective they did not submit): a decision to skip would rest on each
+// rank's view of who has joined, which differs after a join() (the last rank to train saw the
+// others joined, the first did not), and ranks that disagreed waited in different ops forever.
 void DistributedDataParallel::broadcast_buffers() {
-  if (options_.process_set.size() == 1 || reducer_->any_joined()) return;
+  if (options_.process_set.size() == 1) return;
   std::vector<std::pair<std::string, Tensor>> buffers;
   const std::string prefix = op_prefix(options_.root_rank, id_) + ".buffer.";
   for (auto& [name, b] : named_buffers()) buffers.emplace_back(prefix + name, b.value());
   if (buffers.empty()) return;
-  // The root may have joined since the last reduction told us: every member then gets
-  // InvalidArgument from wait() alike, and none has broadcast (the buffers stay as they were).
+  // A root that has joined cannot send: every member then gets InvalidArgument from wait()
+  // alike, and none has broadcast (the buffers stay as they were).
   static_cast<void>(
       broadcast_all(buffers, options_.root_rank, options_.process_set, /*joined_root_ok=*/true));
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "src/nn/autograd.h"  // Probe: an identity operation that runs code in backward.
 #include "test/mpi/training/ddp_test_util.h"
@@ -301,6 +302,39 @@ TEST_CASE("join(): a rank with fewer batches contributes zeros and nobody hangs"
   }
   INFO("rank " << rank << " (fewer: rank " << fewer << ") max |difference| " << diff);
   CHECK(all_ranks(diff < 1e-5));
+}
+
+TEST_CASE("After a join() the next epoch trains and the buffers are broadcast again",
+          "[ddp][join]") {
+  // Before, the last rank to train saw the others joined and skipped the buffer broadcast at
+  // every later forward, while the others broadcast: both waited in different ops forever.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  nn::manual_seed(31);
+  auto model = std::make_shared<nn::Sequential>();
+  model->add(std::make_shared<nn::Linear>(4, 2)).add(std::make_shared<nn::BatchNorm1d>(2));
+  DistributedDataParallel ddp(model);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (int step = 0; step <= rank; ++step) {
+      forward_backward(ddp, shard(rank, size, 10 * epoch + step));  // Uneven: rank r, r + 1.
+    }
+    tutti::join();
+  }
+  // One more forward of the same batch everywhere: each rank starts from the root's running
+  // statistics, so all end equal (checked with plain MPI: the max and min over ranks agree).
+  const Tensor x = shard(0, size, 99).x;
+  static_cast<void>(ddp.forward(nn::Variable(x)));
+  std::vector<float> mean;
+  for (const auto& [name, b] : ddp.named_buffers()) {
+    for (float v : b.value().span<float>()) mean.push_back(v);
+  }
+  std::vector<float> high(mean.size()), low(mean.size());
+  MPI_Allreduce(mean.data(), high.data(), static_cast<int>(mean.size()), MPI_FLOAT, MPI_MAX,
+                MPI_COMM_WORLD);
+  MPI_Allreduce(mean.data(), low.data(), static_cast<int>(mean.size()), MPI_FLOAT, MPI_MIN,
+                MPI_COMM_WORLD);
+  CHECK(all_ranks(!mean.empty() && high == low));
 }
 
 // Identity in forward; its backward records how many buckets had started by then.
