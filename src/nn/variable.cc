@@ -84,9 +84,11 @@ LeafDelivery delivery(LeafGradients* capture) {
 // backward() installs, for its thread, a list that hooks and backward functions append to
 // (queue_backward_callback()); once the walk has propagated every gradient, the callbacks run in
 // the order queued (ones queued by a callback run too), all of them even if one throws, and the
-// first exception is rethrown from backward(). If the walk itself throws, the queued callbacks
-// are dropped unrun: their owners must cope with a pass that never finished (DDP does so at its
-// next forward). The list is per thread and per call, so a backward() started by a hook (a
+// first exception is rethrown from backward(). If the walk itself throws (a hook, a grad() of
+// the wrong shape), the callbacks run all the same and the walk's exception is rethrown, theirs
+// dropped: DDP's must start the buckets this rank has not, or the other ranks, whose passes
+// wait in them, would finish theirs only with this rank's next pass, a step apart. The list is
+// per thread and per call, so a backward() started by a hook (a
 // nested pass) has its own, and leaf_gradients() walks, which fire no hooks, have none.
 
 // The callback list of the innermost backward() running on this thread, or null.
@@ -112,8 +114,13 @@ void run_backward_pass(const std::shared_ptr<VariableImpl>& root) {
   const CallbackScope scope(&callbacks);
   Tensor seed = zeros(root->value.shape());
   as_array(seed).setOnes();
-  walk_backward({{.node = root, .gradient = std::move(seed)}}, delivery(nullptr));
-  std::exception_ptr first_error;
+  std::exception_ptr walk_error;
+  try {
+    walk_backward({{.node = root, .gradient = std::move(seed)}}, delivery(nullptr));
+  } catch (...) {
+    walk_error = std::current_exception();
+  }
+  std::exception_ptr first_error = walk_error;
   for (std::size_t i = 0; i < callbacks.size(); ++i) {  // Index: callbacks may append.
     const std::function<void()> callback = std::move(callbacks[i]);
     try {

@@ -127,7 +127,8 @@ class TUTTI_API CommFuture {
 // from the gradient values or timing alone, or ranks would start different collectives. An
 // exception thrown by it, or by its future, is rethrown by backward() after every bucket was
 // waited for (other ranks then wait for this rank's missing collectives until the stall
-// inspector fails them).
+// inspector fails them), and the DDP refuses every later forward() on this rank, so that its
+// next pass never pairs with the others' unfinished one.
 class TUTTI_API CommHook {
  public:
   using Function = std::function<CommFuture(GradBucket& bucket)>;

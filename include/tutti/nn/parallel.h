@@ -104,7 +104,12 @@ struct DistributedDataParallelOptions {
 // throw InvalidArgument naming it and the option, after the bucket reductions completed (so no
 // member hangs; the other members' averages then include this rank's current grad()). Errors
 // of the reductions (Mismatch, ShutDown, ...) are thrown by backward() after every bucket was
-// waited for. The same holds at size 1.
+// waited for. The same holds at size 1. A backward() that throws on one rank (a grad hook, a
+// grad() replaced by a tensor of another shape) still sends every bucket, with this rank's
+// current grad()s, before its exception propagates, so the members stay on the same step (the
+// others' averages include what this rank had). A comm hook, or its future, that fails may
+// leave collectives the other members wait in (the stall inspector fails them): the DDP then
+// throws InvalidArgument from every later forward() on this rank, saying why.
 //
 // Threads: forward() and backward() on one thread at a time (the application's); not
 // combinable with concurrent backward passes over the same parameters.

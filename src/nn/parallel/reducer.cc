@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/base/strings.h"
 #include "src/nn/parallel/bucket_assignment.h"
 #include "src/nn/parallel/float_convert.h"
 #include "src/nn/tensor_math.h"
@@ -119,6 +120,7 @@ void Reducer::before_forward() {
   const tutti::detail::MutexLock lock(mutex_);
   forwarded_ = true;
   if (pass_active_) abandon_pass();
+  if (!broken_.empty()) throw_invalid_argument(broken_);
   if (!config_.as_view) return;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     Tensor& grad = parameters_[i].variable.grad();
@@ -293,6 +295,7 @@ void Reducer::launch(std::size_t b) {
   } catch (...) {
     // Hooks must not throw mid-backward: finish_pass() reports it.
     if (!pass_error_) pass_error_ = std::current_exception();
+    break_off(b, "its allreduce could not be started", std::current_exception());
   }
 }
 
@@ -330,6 +333,7 @@ void Reducer::launch_hook(std::size_t b) {
     bucket.in_flight = true;
   } catch (...) {
     if (!pass_error_) pass_error_ = std::current_exception();  // As launch(): reported later.
+    break_off(b, "the comm hook threw", std::current_exception());
   }
 }
 
@@ -339,7 +343,14 @@ void Reducer::finish_hook(std::size_t b) {
   Bucket& bucket = buckets_[b];
   const CommFuture future = std::move(bucket.future);
   bucket.future = CommFuture();
-  const Tensor result = future.wait();
+  Tensor result;
+  try {
+    result = future.wait();
+  } catch (...) {
+    // A continuation that threw never started the chain's later collectives.
+    break_off(b, "the comm hook's future failed", std::current_exception());
+    throw;
+  }
   const std::int64_t count = bucket.contents.num_elements() - (b == 0 ? 1 : 0);
   if (result.dtype() != DataType::Float32 || result.num_elements() != count) {
     throw_invalid_argument("DistributedDataParallel: the comm hook '", hook_.name(),
@@ -447,6 +458,23 @@ void Reducer::finish_pass() {
 void Reducer::abandon_pass() {
   static_cast<void>(wait_all(/*write_results=*/false));  // Dropped: that backward() threw.
   pass_active_ = false;
+}
+
+void Reducer::break_off(std::size_t b, const char* what, const std::exception_ptr& error) {
+  if (!broken_.empty()) return;
+  std::string why = "unknown exception";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+  }
+  broken_ = tutti::detail::str_cat(
+      "DistributedDataParallel: in an earlier backward() on this rank, bucket ", b, ": ", what,
+      " (", why,
+      "), so collectives the other members wait in may never have been started here "
+      "(the stall inspector fails them); this DDP cannot synchronize again. Fix the cause and "
+      "start again");
 }
 
 // Rebuilds the buckets in the root's ready order of the first synchronized pass (hooks' order,

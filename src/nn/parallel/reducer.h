@@ -40,17 +40,21 @@ namespace tutti::nn::detail {
 //     buckets in the root's ready order, whatever this rank saw, so that every member takes
 //     part in the broadcast. Errors are thrown last: a reduction's first, else the unused
 //     parameters' InvalidArgument.
-// A pass whose backward() threw before finishing leaves buckets in flight; the next forward()
-// (abandon_pass()) waits for them and drops the results of those that went through a bucket
-// (gradients reduced in place hold their averages already). Hooks firing outside a pass
-// (no_sync(), or a backward not through a DDP output) do nothing: gradients stay local.
-// Bucket 0 carries one extra element, 1 on every rank that reduces it: its average is the
-// fraction of members that have not joined, which tells any_joined().
-// With a communication hook (register_comm_hook), step 2 hands the bucket (without the join
-// slot, which then travels as its own allreduce "<prefix>.join") to the hook instead of
-// starting the allreduce, and step 3 waits for the hook's future and writes its result into the
-// bucket. Before handing a bucket over, the buckets in flight are polled, so hooks' chains of
-// collectives (PowerSGD's three) move on during backward().
+// A backward() whose walk throws (a hook, a grad() of the wrong shape) still runs finish_pass()
+// (Note [Backward callbacks] in src/nn/variable.cc): the buckets this rank had not started go
+// out with its current grad()s, so the other members finish the same pass, and the walk's
+// exception is thrown. A pass that never reached finish_pass() leaves buckets in flight; the
+// next forward() (abandon_pass()) waits for them and drops the results of those that went
+// through a bucket. A bucket whose launch, comm hook or hook future failed may lack collectives
+// the other members wait in: the DDP then refuses every later forward(). Hooks
+// firing outside a pass (no_sync(), or a backward not through a DDP output) do nothing: gradients
+// stay local. Bucket 0 carries one extra element, 1 on every rank that reduces it: its average is
+// the fraction of members that have not joined, which tells any_joined(). With a communication hook
+// (register_comm_hook), step 2 hands the bucket (without the join slot, which then travels as its
+// own allreduce "<prefix>.join") to the hook instead of starting the allreduce, and step 3 waits
+// for the hook's future and writes its result into the bucket. Before handing a bucket over, the
+// buckets in flight are polled, so hooks' chains of collectives (PowerSGD's three) move on during
+// backward().
 //
 // Note [Gradients reduced in place]
 // Without views, compression or a hook, a bucket's gradients used to be copied into it when
@@ -150,6 +154,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void launch_hook(std::size_t bucket) TUTTI_REQUIRES(mutex_);
   void finish_hook(std::size_t bucket) TUTTI_REQUIRES(mutex_);
   std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex_);
+  // Marks the DDP broken (every later forward() throws InvalidArgument) where bucket `b`'s
+  // collectives may be missing on this rank: a launch or a hook's future failed with `error`.
+  void break_off(std::size_t b, const char* what, const std::exception_ptr& error)
+      TUTTI_REQUIRES(mutex_);
   void rebuild() TUTTI_REQUIRES(mutex_);
 
   std::vector<Parameter> parameters_;
@@ -173,6 +181,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool rebuilt_ TUTTI_GUARDED_BY(mutex_) = false;
   bool any_joined_ TUTTI_GUARDED_BY(mutex_) = false;
   bool forwarded_ TUTTI_GUARDED_BY(mutex_) = false;  // forward() has run.
+  std::string broken_ TUTTI_GUARDED_BY(mutex_);      // Why it cannot go on; empty: it can.
   CommHook hook_ TUTTI_GUARDED_BY(mutex_);           // Empty: DDP's own allreduce.
 };
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -499,6 +500,26 @@ TEST_CASE("register_comm_hook and hook results are checked; nobody hangs", "[hoo
     CHECK(all_ranks(what == ErrorCode::InvalidArgument &&
                     message.find("returned a float32 tensor of 1 elements") != std::string::npos));
     // The DDP goes on: the next pass with a good result works (here: still the same hook).
+  }
+  {
+    // A hook that throws may leave collectives the other members wait in: the DDP refuses to
+    // synchronize again, with the reason, rather than pair its next pass with their old one.
+    // (Here every rank's hook throws, so nobody waits.)
+    DistributedDataParallel ddp(make_model(1));
+    ddp.register_comm_hook(CommHook(
+        [](nn::GradBucket&) -> nn::CommFuture { throw std::runtime_error("hook fails"); }));
+    std::string first;  // The hook's own exception, rethrown by backward().
+    try {
+      forward_backward(ddp, shard(rank, size, 0));
+    } catch (const std::exception& e) {
+      first = e.what();
+    }
+    CHECK(all_ranks(first == "hook fails"));
+    const auto [again, why] = error_from([&] { forward_backward(ddp, shard(rank, size, 1)); });
+    INFO(why);
+    CHECK(all_ranks(again == ErrorCode::InvalidArgument &&
+                    why.find("cannot synchronize again") != std::string::npos &&
+                    why.find("hook fails") != std::string::npos));
   }
 }
 

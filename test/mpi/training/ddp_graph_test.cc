@@ -4,6 +4,7 @@
 // order (the root's order wins), join() with uneven batches, buckets starting mid-backward,
 // process sets. Oracles are identical models run with plain nn in one process.
 // See Note [Collective assertions] in test/support/mpi_test_util.h.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -186,6 +187,44 @@ TEST_CASE("A gradient absent or of the wrong size goes through the bucket as zer
   const nn::NamedParameters expected = expected_branch_grads(size, 3, /*with_b=*/false);
   const double diff = max_diff(but_u(ddp.named_parameters(), rank), but_u(expected, rank), true);
   CHECK(all_ranks(diff < 1e-5));
+}
+
+TEST_CASE("A backward() that threw on one rank leaves every rank on the same step",
+          "[ddp][errors]") {
+  // Rank 0's backward() throws at step 1 (its a.weight.grad() is absent, which the engine
+  // refuses) before its buckets start. Before, its step-2 buckets then matched the others'
+  // unfinished step-1 ones under the same names, and every later average mixed two steps.
+  // The others' step 1 completes only when rank 0's next forward() starts its missing buckets,
+  // so nothing collective may run in between: the checks come after the loop.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = std::make_shared<Branches>(rank, /*with_b=*/false);
+  DistributedDataParallel ddp(model, {.find_unused_parameters = true});
+  bool codes_ok = true;
+  double worst = 0;
+  std::string messages;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    for (const auto& [name, p] : ddp.named_parameters()) {
+      for (float& g : p.grad().span<float>()) g = 0;
+    }
+    const bool fails = step == 1 && rank == 0;
+    nn::Variable weight = model->a->weight();  // A copy shares the parameter's state.
+    if (fails) weight.grad() = Tensor();
+    const auto [code, message] =
+        error_from([&] { forward_backward(ddp, shard(rank, size, step)); });
+    messages += message;
+    codes_ok =
+        codes_ok && (fails ? code == ErrorCode::InvalidArgument : code == ErrorCode::Internal);
+    if (fails) weight.grad() = Tensor(DataType::Float32, {2, 4});
+    if (step == 1) continue;  // The others' step-1 averages include rank 0's current grad().
+    const nn::NamedParameters expected = expected_branch_grads(size, step, /*with_b=*/false);
+    worst =
+        std::max(worst, max_diff(but_u(ddp.named_parameters(), rank), but_u(expected, rank), true));
+  }
+  INFO(messages << "; max |gradient difference| " << worst);
+  CHECK(all_ranks(codes_ok));
+  CHECK(all_ranks(worst < 1e-5));
 }
 
 // Registered a, b, c but applied b, a, c (or, on ranks != 0 with `rank_dependent`, a, b, c).

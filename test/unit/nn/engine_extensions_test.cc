@@ -77,6 +77,33 @@ TEST_CASE("A throwing callback does not stop the others; backward() rethrows the
   CHECK(values(w.grad()) == std::vector<float>{2, 4});  // The gradients were accumulated.
 }
 
+TEST_CASE("A walk that throws still runs the callbacks; backward() rethrows the walk's error",
+          "[nn][engine]") {
+  // DDP's callback starts the buckets this rank has not: dropped, the other ranks would wait in
+  // them until this rank's next pass (Note [Backward callbacks]).
+  Variable a(tensor({1, 2}, {2}), true);
+  Variable b(tensor({3}, {1}), true);
+  int ran = 0;
+  a.register_grad_hook([&ran](Variable&) {
+    detail::queue_backward_callback([&ran] {
+      ++ran;
+      throw Error(ErrorCode::Mismatch, "the callback's");  // Dropped: the walk's comes first.
+    });
+  });
+  b.grad() = Tensor();  // Absent: the engine refuses to accumulate into it.
+  try {
+    // The walk takes the later result first: a's gradient (and hook) before b's, which throws.
+    const Variable bb = sum(b * b);
+    const Variable aa = sum(a * a);
+    (bb + aa).backward();
+    FAIL("backward() did not throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    CHECK(std::string(e.what()).find("grad() must keep the value's shape") != std::string::npos);
+  }
+  CHECK(ran == 1);
+}
+
 TEST_CASE("leaf_gradients() equals backward()'s gradients and touches no grad() or hook",
           "[nn][engine]") {
   auto model = mlp(3);
