@@ -209,9 +209,11 @@ struct PowerSGDState {
 // weights as out × in·k·k, vectors as n × 1) that passes min_compression_rate is compressed:
 //   P = M·Q (Q random, or last iteration's, orthogonalized); allreduce(Sum) all P's; orthogonalize
 //   P; Q = Mᵀ·P; allreduce(Average) all Q's; M ≈ P·Qᵀ,
-// the others are averaged uncompressed; the error M - P·Qᵀ is kept for the next iteration.
-// Three allreduces per bucket (uncompressed, P's, Q's), named bucket.op_name + ".powersgd.u",
-// ".p", ".q". At full rank (r = min(n, m)) the result equals allreduce's, to float rounding.
+// the others are averaged uncompressed; this rank's own error M - P·(Mᵀ·P)ᵀ is kept for the
+// next iteration. Three allreduces per bucket (uncompressed, P's, Q's), named bucket.op_name +
+// ".powersgd.u", ".p", ".q". At full rank (r = min(n, m)) the result equals allreduce's, to
+// float rounding; after a tutti::join() with error feedback, only for matrices with no more
+// rows than columns (README: PowerSGD).
 // Throws InvalidArgument for a null state, a rank < 1, a negative or NaN rate or epsilon, or
 // start_powerSGD_iter <= 1 with use_error_feedback or warm_start.
 TUTTI_API CommHook powersgd(std::shared_ptr<PowerSGDState> state);

@@ -104,8 +104,11 @@ Tensor working_copy(const GradBucket& bucket, std::int64_t padded) {
 // minus its projection P·(Mᵀ·P)ᵀ on the factors all ranks share, computed before Q is
 // averaged; gradients sent uncompressed leave none. The results are PyTorch's: a pass depends
 // on the ranks' inputs only through their sum, and both memories sum to the same (the sum of
-// the inputs minus the ranks times the result). At full rank the error is zero, so a joined
-// rank loses nothing.
+// the inputs minus the ranks times the result). At full rank of a matrix with no more rows than
+// columns, P is square and orthogonal and the error zero, so a joined rank loses nothing. Not
+// for a taller one (or a vector, one column): P spans only the column space of the ranks' sum,
+// and a rank's own matrix can stick out of it, so its error stays and a joined rank's is lost
+// (README says so; transposing tall matrices at full rank would fix it).
 //
 // Error feedback, step 1: adds the bucket's remembered error to `input`. Whether feedback is on.
 bool add_error(const PowerSGDState& options, Memory& memory, const Tensor& input) {
