@@ -48,7 +48,9 @@ struct DistributedDataParallelOptions {
   // from backward()). true: every parameter's grad() is a view of its bucket (Tensor::slice),
   // so no copy happens in any mode and the gradients take no extra memory. grad() must then keep
   // pointing into the bucket: zero it in place (Optimizer::zero_grad() does); a grad() replaced
-  // by another tensor is copied back into the bucket and re-pointed at the next forward().
+  // by another float32 tensor of its size is copied back into the bucket and re-pointed at the
+  // next forward(); one of another dtype or size is dropped (the bucket's values stay) and
+  // backward() throws InvalidArgument naming it, after the reductions.
   bool gradient_as_bucket_view = false;
   // How buckets travel (tutti::Compression): FP16/BF16 send 2-byte copies, reduced in float32
   // and converted back; precision drops accordingly.

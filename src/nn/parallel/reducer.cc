@@ -121,6 +121,7 @@ void Reducer::before_forward() {
   forwarded_ = true;
   if (pass_active_) abandon_pass();
   if (!broken_.empty()) throw_invalid_argument(broken_);
+  replaced_.clear();
   if (!config_.as_view) return;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     Tensor& grad = parameters_[i].variable.grad();
@@ -129,6 +130,15 @@ void Reducer::before_forward() {
     // Replaced by the user (e.g. grad() = some tensor): keep its values, alias the bucket again.
     if (grad.dtype() == DataType::Float32 && grad.num_elements() == view.num_elements()) {
       copy_floats(grad, view);
+    } else if (grad.num_elements() > 0 && replaced_.empty()) {
+      // Not thrown here: the other members would wait for this rank's buckets. finish_pass()
+      // throws it after the reductions, as it does a bad gradient without views.
+      replaced_ = tutti::detail::str_cat(
+          "DistributedDataParallel: the gradient of ", parameters_[i].name, " was replaced by a ",
+          to_string(grad.dtype()), tutti::detail::shape_string(grad.shape()),
+          " tensor, not float32 of ", view.num_elements(),
+          " elements like the parameter; with gradient_as_bucket_view its values were dropped "
+          "and the bucket's used");
     }
     grad = std::move(view);
   }
@@ -444,6 +454,11 @@ void Reducer::finish_pass() {
     }
   }
   if (error) std::rethrow_exception(error);
+  if (!replaced_.empty()) {
+    const std::string replaced = std::move(replaced_);
+    replaced_.clear();
+    throw_invalid_argument(replaced);
+  }
   if (!missing.empty() && !config_.find_unused) {
     std::string names;
     for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;

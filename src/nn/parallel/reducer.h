@@ -182,7 +182,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool any_joined_ TUTTI_GUARDED_BY(mutex_) = false;
   bool forwarded_ TUTTI_GUARDED_BY(mutex_) = false;  // forward() has run.
   std::string broken_ TUTTI_GUARDED_BY(mutex_);      // Why it cannot go on; empty: it can.
-  CommHook hook_ TUTTI_GUARDED_BY(mutex_);           // Empty: DDP's own allreduce.
+  // as_view: a grad() replaced by an incompatible tensor before this forward(), for
+  // finish_pass() to throw; empty: none.
+  std::string replaced_ TUTTI_GUARDED_BY(mutex_);
+  CommHook hook_ TUTTI_GUARDED_BY(mutex_);  // Empty: DDP's own allreduce.
 };
 
 }  // namespace tutti::nn::detail

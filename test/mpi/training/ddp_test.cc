@@ -249,6 +249,17 @@ TEST_CASE("gradient_as_bucket_view: each bucket's gradients are consecutive view
   first.grad() = replacement;
   static_cast<void>(ddp.forward(batch_for(true, rank, size, 2).x));
   CHECK(all_ranks(contiguous() && first.grad().data() != replacement.data()));
+  // One that cannot be copied back (another size, on rank 0) is dropped and named by backward()
+  // after the reductions; before, silently. The others are not held up.
+  if (rank == 0) first.grad() = Tensor(DataType::Float32, {3});
+  const auto [code, message] =
+      error_from([&] { forward_backward(ddp, batch_for(true, rank, size, 3)); });
+  INFO(message);
+  CHECK(all_ranks(rank == 0 ? code == ErrorCode::InvalidArgument &&
+                                  message.find(named.front().first) != std::string::npos &&
+                                  message.find("replaced by a float32[3]") != std::string::npos
+                            : code == ErrorCode::Internal));
+  CHECK(all_ranks(contiguous()));
 }
 
 TEST_CASE("DDP rejects bad arguments before communicating", "[ddp][errors]") {
