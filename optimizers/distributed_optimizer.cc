@@ -4,6 +4,7 @@
 #include "tutti/optim/distributed_optimizer.h"
 
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <set>
@@ -31,26 +32,42 @@ namespace internal {
 // and finish() swaps it back, so after synchronize() grad() is the same storage as before,
 // now reduced. Meanwhile the parameter holds the spare: a refused extra backward() pass adds
 // into it, and nothing reads it. With FP16/BF16 compression the gradient is converted into
-// the unit's buffer, which is reduced and converted back.
+// the unit's buffer, which is reduced and converted back. A grad() that cannot travel (the user
+// replaced it by an empty tensor, or one of another dtype or shape) travels as zeros of the
+// parameter's shape through the buffer, so that this rank still takes part in the reduction the
+// other ranks wait in; finish() leaves that grad() as it is and returns an InvalidArgument
+// naming it, which synchronize() throws.
 class VariableBuffers final : public internal::GradientBuffers {
  public:
-  VariableBuffers(std::vector<nn::Variable> params, Compression compression)
-      : params_(std::move(params)), compression_(compression) {}
+  VariableBuffers(std::vector<nn::Variable> params, std::vector<std::string> names,
+                  Compression compression)
+      : params_(std::move(params)), names_(std::move(names)), compression_(compression) {}
 
   Handle start(const internal::ReductionUnit& unit, const ReduceOptions& options) override {
-    if (buffers_.size() <= unit.index) buffers_.resize(unit.index + 1);
+    if (buffers_.size() <= unit.index) {
+      buffers_.resize(unit.index + 1);
+      as_zeros_.resize(unit.index + 1);
+    }
     std::vector<Tensor>& buffers = buffers_[unit.index];
+    std::vector<bool>& as_zeros = as_zeros_[unit.index];
     buffers.resize(unit.members.size());
+    as_zeros.assign(unit.members.size(), false);
     std::vector<TensorView> views;
     for (std::size_t m = 0; m < unit.members.size(); ++m) {
-      const Tensor& grad = params_[unit.members[m]].grad();
+      const nn::Variable& param = params_[unit.members[m]];
+      const Tensor& grad = param.grad();
       Tensor& buffer = buffers[m];
-      if (buffer.dtype() != wire_type() || buffer.shape() != grad.shape() ||
-          buffer.data() == nullptr) {
-        buffer = Tensor(wire_type(), grad.shape());
+      const Shape& shape = param.value().shape();
+      if (buffer.dtype() != wire_type() || buffer.shape() != shape || buffer.data() == nullptr) {
+        buffer = Tensor(wire_type(), shape);
       }
-      if (compressed()) pack(grad, buffer);
-      views.push_back(compressed() ? buffer.view() : grad.view());
+      as_zeros[m] = !can_travel(grad, param);
+      if (as_zeros[m]) {
+        if (buffer.byte_size() > 0) std::memset(buffer.data(), 0, buffer.byte_size());
+      } else if (compressed()) {
+        pack(grad, buffer);
+      }
+      views.push_back(compressed() || as_zeros[m] ? buffer.view() : grad.view());
     }
     Handle handle = unit.grouped ? grouped_allreduce_async(std::move(views), unit.name, options)
                                  : allreduce_async(views.front(), unit.name, options);
@@ -58,17 +75,43 @@ class VariableBuffers final : public internal::GradientBuffers {
     return handle;
   }
 
-  void finish(const internal::ReductionUnit& unit, bool write_results) override {
+  std::exception_ptr finish(const internal::ReductionUnit& unit, bool write_results) override {
     if (!compressed()) {
       swap_gradients(unit);
     } else if (write_results) {
       for (std::size_t m = 0; m < unit.members.size(); ++m) {
-        unpack(buffers_[unit.index][m], params_[unit.members[m]].grad());
+        if (!as_zeros_[unit.index][m])
+          unpack(buffers_[unit.index][m], params_[unit.members[m]].grad());
       }
     }
+    for (std::size_t m = 0; m < unit.members.size(); ++m) {
+      if (as_zeros_[unit.index][m]) return cannot_travel(unit.members[m]);
+    }
+    return nullptr;
   }
 
  private:
+  // Whether `grad` can be reduced as `param`'s gradient: a float32 CPU tensor with storage and
+  // the value's shape.
+  static bool can_travel(const Tensor& grad, const nn::Variable& param) {
+    return grad.data() != nullptr && grad.dtype() == DataType::Float32 &&
+           grad.device().kind == Device::Kind::CPU && grad.shape() == param.value().shape();
+  }
+
+  std::exception_ptr cannot_travel(std::size_t index) const {
+    const Tensor& grad = params_[index].grad();
+    const std::string what =
+        grad.data() == nullptr ? std::string("an empty tensor")
+                               : detail::str_cat("a ", to_string(grad.dtype()), " tensor of shape ",
+                                                 detail::shape_string(grad.shape()));
+    return std::make_exception_ptr(
+        Error(ErrorCode::InvalidArgument,
+              detail::str_cat("DistributedOptimizer: the grad() of '", names_[index], "' is ", what,
+                              ", not a float32 tensor of its parameter's shape ",
+                              detail::shape_string(params_[index].value().shape()),
+                              "; it was reduced as zeros and left as it is")));
+  }
+
   DataType wire_type() const {
     switch (compression_) {
       case Compression::FP16: return DataType::Float16;
@@ -81,10 +124,11 @@ class VariableBuffers final : public internal::GradientBuffers {
   bool compressed() const { return compression_ != Compression::None; }
 
   // Exchanges the members' gradients with the unit's spares: out of the parameters at the
-  // start of a reduction, back in at its end.
+  // start of a reduction, back in at its end. Not those travelling as zeros.
   void swap_gradients(const internal::ReductionUnit& unit) {
     for (std::size_t m = 0; m < unit.members.size(); ++m) {
-      std::swap(params_[unit.members[m]].grad(), buffers_[unit.index][m]);
+      if (!as_zeros_[unit.index][m])
+        std::swap(params_[unit.members[m]].grad(), buffers_[unit.index][m]);
     }
   }
 
@@ -111,10 +155,13 @@ class VariableBuffers final : public internal::GradientBuffers {
   }
 
   std::vector<nn::Variable> params_;  // The inner optimizer's.
+  std::vector<std::string> names_;    // Per parameter, for messages.
   const Compression compression_;
   // Per unit, per member, what travels (Note [Gradient buffers]): while in flight, the
   // gradient itself (uncompressed) or its compressed copy; otherwise the spare or the buffer.
   std::vector<std::vector<Tensor>> buffers_;
+  // Per unit, per member: its grad() could not travel and zeros did (set by start()).
+  std::vector<std::vector<bool>> as_zeros_;
 };
 
 }  // namespace internal
@@ -170,7 +217,7 @@ std::vector<std::string> parameter_names(const std::vector<nn::Variable>& params
 struct DistributedOptimizer::State {
   State(std::vector<nn::Variable> params, std::vector<std::string> names,
         DistributedOptions options)
-      : buffers(std::move(params), options.compression),
+      : buffers(std::move(params), names, options.compression),
         rounds(std::move(options), std::move(names), buffers, "DistributedOptimizer") {}
 
   internal::VariableBuffers buffers;
@@ -207,6 +254,9 @@ DistributedOptimizer::DistributedOptimizer(
     params[i].register_grad_hook([weak, i](nn::Variable&) {
       if (const std::shared_ptr<State> state = weak.lock()) state->rounds.on_gradient(i);
     });
+    params[i].register_failed_pass_hook([weak, i](nn::Variable&) {
+      if (const std::shared_ptr<State> state = weak.lock()) state->rounds.on_failed_pass(i);
+    });
   }
 }
 
@@ -219,7 +269,7 @@ void DistributedOptimizer::step() {
 }
 
 void DistributedOptimizer::zero_grad() {
-  state_->rounds.check_none_in_flight("DistributedOptimizer::zero_grad()");
+  state_->rounds.before_zero_grad("DistributedOptimizer::zero_grad()");
   inner_.zero_grad();
   state_->rounds.clear_failure();  // Fresh gradients: a failed round no longer blocks.
 }

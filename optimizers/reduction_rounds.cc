@@ -188,6 +188,7 @@ void ReductionRounds::start(UnitState& state) {
 void ReductionRounds::on_gradient(std::size_t index) {
   const detail::MutexLock lock(mutex_);
   if (!alive_ || !is_member()) return;
+  refused_in_flight_ = false;  // A new pass.
   check_not_failed("backward()");
   UnitState& state = units_[unit_of_[index]];
   const int k = options_.backward_passes_per_step;
@@ -214,6 +215,41 @@ void ReductionRounds::on_gradient(std::size_t index) {
   }
   if (++passes_[index] < k) return;
   if (++state.ready == state.unit.members.size()) start(state);
+}
+
+void ReductionRounds::on_failed_pass(std::size_t index) {
+  const detail::MutexLock lock(mutex_);
+  // A round that failed already owes nothing more; see the Note for refused_in_flight_.
+  if (!alive_ || !is_member() || !failure_.empty() || refused_in_flight_) return;
+  for (UnitState& state : units_) {
+    if (state.phase != Phase::Idle) continue;
+    try {
+      start(state);
+    } catch (...) {  // Dropped: backward() throws its own error, and the round fails below.
+    }
+  }
+  failure_ = detail::str_cat("backward() threw on this rank before the gradient of '",
+                             names_[index], "' was complete");
+  failed_pass_ = true;
+}
+
+void ReductionRounds::before_zero_grad(const char* what) {
+  const detail::MutexLock lock(mutex_);
+  refused_in_flight_ = false;
+  if (failed_pass_) {
+    static_cast<void>(wait_all(/*write_results=*/false));
+    new_round();
+    failed_pass_ = false;
+    return;
+  }
+  for (const UnitState& state : units_) {
+    if (state.phase == Phase::InFlight) {
+      detail::throw_invalid_argument(
+          what,
+          " while gradient allreduces are in flight (after backward(), before step() or "
+          "synchronize()); their results would overwrite the zeros");
+    }
+  }
 }
 
 void ReductionRounds::synchronize() {
@@ -246,7 +282,11 @@ void ReductionRounds::refuse_pass(const UnitState& state, const std::string& why
   // The refused pass has already added into the parameter's gradient. While its unit is in
   // flight that is the spare or a gradient the result overwrites, and the round goes on; else
   // it is a gradient this round reduced or will reduce (Note [A failed round]).
-  if (state.phase != Phase::InFlight) fail_round(why);
+  if (state.phase != Phase::InFlight) {
+    fail_round(why);
+  } else {
+    refused_in_flight_ = true;
+  }
   detail::throw_invalid_argument(why);
 }
 
@@ -261,7 +301,8 @@ void ReductionRounds::check_not_failed(const char* what) const {
   if (failure_.empty()) return;
   detail::throw_invalid_argument(
       "DistributedOptimizer: ", what, " after a failed step (", failure_,
-      "): the gradients are partly reduced; call zero_grad() and run backward() again");
+      "): the gradients are not this step's (partly reduced, or from a pass that stopped); call "
+      "zero_grad() and run backward() again");
 }
 
 void ReductionRounds::clear_failure() {
@@ -286,14 +327,17 @@ std::exception_ptr ReductionRounds::wait_all(bool write_results) {
   } catch (...) {
     error = std::current_exception();
   }
+  std::exception_ptr finish_error;
   for (UnitState* state : in_flight) {
-    buffers_.finish(state->unit, write_results && !error);
+    std::exception_ptr problem = buffers_.finish(state->unit, write_results && !error);
+    if (!finish_error) finish_error = std::move(problem);
     state->phase = Phase::Done;
   }
-  return error;
+  return error ? error : finish_error;
 }
 
 void ReductionRounds::new_round() {
+  refused_in_flight_ = false;
   std::fill(passes_.begin(), passes_.end(), 0);
   for (UnitState& state : units_) {
     state.ready = 0;
@@ -323,18 +367,6 @@ void ReductionRounds::step(bool skipping, const std::function<void()>& inner_ste
   const detail::MutexLock lock(mutex_);
   new_round();
   synchronized_explicitly_ = false;
-}
-
-void ReductionRounds::check_none_in_flight(const char* what) const {
-  const detail::MutexLock lock(mutex_);
-  for (const UnitState& state : units_) {
-    if (state.phase == Phase::InFlight) {
-      detail::throw_invalid_argument(
-          what,
-          " while gradient allreduces are in flight (after backward(), before step() or "
-          "synchronize()); their results would overwrite the zeros");
-    }
-  }
 }
 
 int ReductionRounds::units_started() const {

@@ -57,6 +57,20 @@ namespace tutti::optim::internal {
 // InvalidArgument naming what failed. Before, a retried step() found every unit Done and stepped
 // on the mixed gradients, each rank its own (the ranks' weights diverged), and the next
 // backward() was refused as an extra pass.
+//
+// Note [A pass that failed]
+// A backward() that throws on this rank (a hook, an operation's backward, a grad() of the wrong
+// shape) before some hooks of its parameters ran leaves the units those hooks would have started
+// Idle, while the other ranks wait in them. Were this rank to go on to its next pass, that pass's
+// reductions would match theirs under the same names, and every later step would average
+// gradients a step apart. So the engine calls the parameters' failed-pass hooks
+// (nn::Variable::register_failed_pass_hook), and on_failed_pass() starts every unit still Idle
+// with the gradients as they stand (a grad() that cannot travel goes as zeros), without waiting,
+// and fails the round as above, units in flight: step() and synchronize() are refused, and
+// zero_grad() (before_zero_grad()) waits for those units, their results not written. The other
+// ranks' step averages this rank's gradients as they stood. Not for a pass refused because its
+// unit was already in flight (refuse_pass()): that round goes on, so the failed-pass hooks of
+// that walk do nothing. The LibTorch wrapper has no failed-pass hooks (its backward is torch's).
 
 // One reduction: a single parameter or a group, under an op name identical on every rank.
 struct ReductionUnit {
@@ -77,8 +91,9 @@ class GradientBuffers {
   virtual Handle start(const ReductionUnit& unit, const ReduceOptions& options) = 0;
   // The unit's reduction is over: with `write_results` its results go into the gradients;
   // without (a failure, or an optimizer being destroyed) the gradients get their own storage
-  // back, whatever it holds.
-  virtual void finish(const ReductionUnit& unit, bool write_results) = 0;
+  // back, whatever it holds. Returns an error for synchronize() to throw (a gradient that could
+  // not travel as it was), else null.
+  virtual std::exception_ptr finish(const ReductionUnit& unit, bool write_results) = 0;
 };
 
 // Throws InvalidArgument (naming `who`, e.g. "DistributedOptimizer") for bad options.
@@ -115,9 +130,12 @@ class ReductionRounds {
   // `inner_step`, then a new round. Logs the "step() called without skip_synchronize()"
   // warning once per optimizer (Horovod's) when an explicit synchronize() came first.
   void step(bool skipping, const std::function<void()>& inner_step) TUTTI_EXCLUDES(mutex_);
-  // InvalidArgument (naming `what`) while a unit is in flight, whose result would overwrite
-  // what the caller is about to do (zero_grad()).
-  void check_none_in_flight(const char* what) const TUTTI_EXCLUDES(mutex_);
+  // The failed-pass hook of parameter `index` (Note [A pass that failed]).
+  void on_failed_pass(std::size_t index) TUTTI_EXCLUDES(mutex_);
+  // zero_grad() is about to run. After a failed pass, waits for the units in flight (results
+  // not written, errors dropped); otherwise InvalidArgument (naming `what`) while a unit is in
+  // flight, whose result would overwrite the zeros.
+  void before_zero_grad(const char* what) TUTTI_EXCLUDES(mutex_);
   // zero_grad() was called: the gradients are fresh, and a failed round no longer blocks
   // (Note [A failed round]).
   void clear_failure() TUTTI_EXCLUDES(mutex_);
@@ -172,6 +190,11 @@ class ReductionRounds {
   bool warned_ TUTTI_GUARDED_BY(mutex_) = false;
   // What failed the last round; empty while none blocks (Note [A failed round]).
   std::string failure_ TUTTI_GUARDED_BY(mutex_);
+  // Units may be in flight after a failed pass (Note [A pass that failed]).
+  bool failed_pass_ TUTTI_GUARDED_BY(mutex_) = false;
+  // refuse_pass() let the round go on; the failed-pass hooks of the walk it stopped do nothing.
+  // Cleared by the next hook, step() or zero_grad().
+  bool refused_in_flight_ TUTTI_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace tutti::optim::internal

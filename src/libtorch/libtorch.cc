@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <exception>
 #include <map>
 #include <optional>
 #include <set>
@@ -225,7 +226,8 @@ class TorchBuffers final : public optim::internal::GradientBuffers {
     return handle;
   }
 
-  void finish(const optim::internal::ReductionUnit& unit, bool write_results) override {
+  std::exception_ptr finish(const optim::internal::ReductionUnit& unit,
+                            bool write_results) override {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor>& buffers = buffers_[unit.index];
     for (std::size_t m = 0; write_results && m < unit.members.size(); ++m) {
@@ -233,6 +235,7 @@ class TorchBuffers final : public optim::internal::GradientBuffers {
       if (!buffers[m].is_same(grad)) grad.copy_(buffers[m]);
     }
     buffers.clear();
+    return nullptr;
   }
 
  private:
@@ -330,7 +333,7 @@ void DistributedOptimizer::step() {
 int DistributedOptimizer::reductions_started() const { return state_->rounds.units_started(); }
 
 void DistributedOptimizer::zero_grad() {
-  state_->rounds.check_none_in_flight("DistributedOptimizer::zero_grad()");
+  state_->rounds.before_zero_grad("DistributedOptimizer::zero_grad()");
   inner_.zero_grad();
   state_->rounds.clear_failure();  // Fresh gradients: a failed round no longer blocks.
 }

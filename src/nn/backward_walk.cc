@@ -78,11 +78,44 @@ std::unordered_map<VariableImpl*, int> count_uses(const std::vector<RootGradient
   return uses;
 }
 
-}  // namespace
+// Note [A walk that throws]
+// A backward function, a hook or a leaf's accumulation may throw mid-walk. The walk stops there
+// and the exception propagates, but code that started work from hooks (DistributedOptimizer's
+// reductions, DDP's pass) would otherwise wait for hooks that never fire, and the other ranks
+// with it. So, with LeafDelivery::abandoned, the walk first reports every node it had not
+// finished; backward() calls those nodes' failed-pass hooks (Variable::register_failed_pass_hook).
 
-// Step 2 of Note [Hook timing].
-void walk_backward(const std::vector<RootGradient>& roots, const LeafDelivery& leaves) {
-  std::unordered_map<VariableImpl*, int> uses = count_uses(roots);
+// Marks a node in `uses` whose part of the walk is over (a leaf's `complete` returned, a result's
+// backward returned and its contributions were delivered), for report_abandoned().
+constexpr int kFinished = -1;
+
+// Note [A walk that throws]: hands every node of the roots' graphs that `uses` does not mark
+// finished to `abandoned`. Walks the graph again (from shared pointers, which `uses` lacks), so
+// a walk that does not throw pays nothing for this.
+void report_abandoned(const std::vector<RootGradient>& roots,
+                      const std::unordered_map<VariableImpl*, int>& uses,
+                      const LeafDelivery& leaves) {
+  std::unordered_set<VariableImpl*> visited;
+  std::vector<std::shared_ptr<VariableImpl>> to_visit;
+  for (const RootGradient& root : roots) {
+    if (root.node->requires_grad && visited.insert(root.node.get()).second)
+      to_visit.push_back(root.node);
+  }
+  while (!to_visit.empty()) {
+    std::shared_ptr<VariableImpl> node = std::move(to_visit.back());
+    to_visit.pop_back();
+    for (const std::shared_ptr<VariableImpl>& input : node->inputs) {
+      if (input->requires_grad && visited.insert(input.get()).second) to_visit.push_back(input);
+    }
+    const auto it = uses.find(node.get());
+    if (it == uses.end() || it->second != kFinished) leaves.abandoned(node);
+  }
+}
+
+// Step 2 of Note [Hook timing], over the counts of step 1; marks each node kFinished in `uses`
+// once its part is over.
+void propagate(const std::vector<RootGradient>& roots, std::unordered_map<VariableImpl*, int>& uses,
+               const LeafDelivery& leaves) {
   std::unordered_map<VariableImpl*, Tensor> pending_grads;
   std::priority_queue<std::pair<std::uint64_t, VariableImpl*>> ready;  // Newest first.
   const auto arrived = [&](const std::shared_ptr<VariableImpl>& node, Tensor gradient) {
@@ -96,9 +129,10 @@ void walk_backward(const std::vector<RootGradient>& roots, const LeafDelivery& l
     if (uses[node.get()] > 0) return;
     if (!node->is_leaf()) {
       ready.emplace(node->sequence, node.get());
-    } else if (leaves.complete) {
-      leaves.complete(node);  // Final; see Note [Hook timing].
+      return;
     }
+    if (leaves.complete) leaves.complete(node);  // Final; see Note [Hook timing].
+    uses[node.get()] = kFinished;
   };
   std::unordered_set<VariableImpl*> seeded;
   for (const RootGradient& root : roots) {
@@ -129,6 +163,24 @@ void walk_backward(const std::vector<RootGradient>& roots, const LeafDelivery& l
       --uses[input.get()];
       used(input);
     }
+    uses[node] = kFinished;
+  }
+}
+
+}  // namespace
+
+// Steps 1 and 2 of Note [Hook timing], and Note [A walk that throws].
+void walk_backward(const std::vector<RootGradient>& roots, const LeafDelivery& leaves) {
+  std::unordered_map<VariableImpl*, int> uses = count_uses(roots);
+  if (!leaves.abandoned) {
+    propagate(roots, uses, leaves);
+    return;
+  }
+  try {
+    propagate(roots, uses, leaves);
+  } catch (...) {
+    report_abandoned(roots, uses, leaves);
+    throw;
   }
 }
 
@@ -160,7 +212,8 @@ void run_backward_into(const std::vector<RootGradient>& roots, const LeafSink& s
   }
   walk_backward(roots, {.contribute = [&sink](const std::shared_ptr<VariableImpl>& leaf,
                                               Tensor gradient) { sink(leaf, gradient); },
-                        .complete = {}});
+                        .complete = {},
+                        .abandoned = {}});
 }
 
 }  // namespace tutti::nn::detail

@@ -41,12 +41,24 @@ namespace {
 // Results are numbered in creation order; see Note [Hook timing] in src/nn/backward_walk.cc.
 std::atomic<std::uint64_t> next_sequence{1};
 
-// Adds `contribution` into `total` in place. Both have the leaf's shape.
+// Adds `contribution` (float32, of the leaf's shape) into the leaf's grad() `total` in place.
+// grad() is writable, so `total` may be anything: an empty tensor has the shape of a scalar
+// ([]) and another dtype the right shape, and neither may be written as floats.
 void accumulate(Tensor& total, const Tensor& contribution) {
+  if (total.data() == nullptr) {
+    throw_invalid_argument("a leaf's grad() is an empty tensor but its gradient has shape ",
+                           shape_string(contribution.shape()),
+                           "; grad() must keep the value's shape");
+  }
   if (total.shape() != contribution.shape()) {
     throw_invalid_argument("a leaf's grad() has shape ", shape_string(total.shape()),
                            " but its gradient has shape ", shape_string(contribution.shape()),
                            "; grad() must keep the value's shape");
+  }
+  if (total.dtype() != DataType::Float32 || total.device().kind != Device::Kind::CPU) {
+    throw_invalid_argument("a leaf's grad() is a ", to_string(total.dtype()),
+                           total.device().kind == Device::Kind::CPU ? " CPU" : " CUDA",
+                           " tensor; it must stay float32 on the CPU");
   }
   as_array(total) += as_array(contribution);
 }
@@ -59,23 +71,39 @@ void fire_hooks(const std::shared_ptr<VariableImpl>& leaf) {
   for (const auto& hook : hooks) hook(handle);
 }
 
+// Note [A walk that throws] in src/nn/backward_walk.cc: what the node's failed-pass hooks throw
+// is dropped, since backward() rethrows the walk's own error and every hook must run.
+void fire_failed_pass_hooks(const std::shared_ptr<VariableImpl>& node) {
+  if (node->failed_pass_hooks.empty()) return;
+  Variable handle = VariableAccess::wrap(node);
+  const std::vector<std::function<void(Variable&)>> hooks = node->failed_pass_hooks;
+  for (const auto& hook : hooks) {
+    try {
+      hook(handle);
+    } catch (...) {  // Dropped: see above.
+    }
+  }
+}
+
 // Where a walk puts the leaves' contributions: into grad(), under the leaf's lock, firing the
-// hooks once complete (backward()), or into `capture` (leaf_gradients()). See Note [Thread
-// safety of nn].
+// hooks once complete and the failed-pass hooks if the walk throws (backward()), or into
+// `capture` (leaf_gradients()). See Note [Thread safety of nn].
 LeafDelivery delivery(LeafGradients* capture) {
   if (capture != nullptr) {
     return {.contribute =
                 [capture](const std::shared_ptr<VariableImpl>& leaf, Tensor contribution) {
                   add_contribution(*capture, leaf.get(), std::move(contribution));
                 },
-            .complete = {}};
+            .complete = {},
+            .abandoned = {}};
   }
   return {.contribute =
               [](const std::shared_ptr<VariableImpl>& leaf, Tensor contribution) {
                 const tutti::detail::MutexLock lock(leaf->grad_mutex);
                 accumulate(leaf->grad, contribution);
               },
-          .complete = fire_hooks};
+          .complete = fire_hooks,
+          .abandoned = fire_failed_pass_hooks};
 }
 
 // Note [Backward callbacks]
@@ -87,9 +115,11 @@ LeafDelivery delivery(LeafGradients* capture) {
 // first exception is rethrown from backward(). If the walk itself throws (a hook, a grad() of
 // the wrong shape), the callbacks run all the same and the walk's exception is rethrown, theirs
 // dropped: DDP's must start the buckets this rank has not, or the other ranks, whose passes
-// wait in them, would finish theirs only with this rank's next pass, a step apart. The list is
-// per thread and per call, so a backward() started by a hook (a
-// nested pass) has its own, and leaf_gradients() walks, which fire no hooks, have none.
+// wait in them, would finish theirs only with this rank's next pass, a step apart. The walk's
+// failed-pass hooks (Note [A walk that throws] in src/nn/backward_walk.cc) run before the
+// callbacks, so they may queue some. The list is per thread and per call, so a backward()
+// started by a hook (a nested pass) has its own, and leaf_gradients() walks, which fire no
+// hooks, have none.
 
 // The callback list of the innermost backward() running on this thread, or null.
 thread_local std::vector<std::function<void()>>* current_callbacks = nullptr;
@@ -256,6 +286,16 @@ void Variable::register_grad_hook(std::function<void(Variable&)> hook) {
   }
   if (!hook) detail::throw_invalid_argument("register_grad_hook() got an empty hook");
   node.hooks.push_back(std::move(hook));
+}
+
+void Variable::register_failed_pass_hook(std::function<void(Variable&)> hook) {
+  detail::VariableImpl& node = detail::checked(impl_);
+  if (!node.is_leaf() || !node.requires_grad) {
+    detail::throw_invalid_argument(
+        "register_failed_pass_hook() needs a leaf Variable that requires grad (a parameter)");
+  }
+  if (!hook) detail::throw_invalid_argument("register_failed_pass_hook() got an empty hook");
+  node.failed_pass_hooks.push_back(std::move(hook));
 }
 
 }  // namespace tutti::nn

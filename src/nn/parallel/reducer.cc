@@ -155,10 +155,15 @@ void Reducer::note_reached(const Variable& output) {
 
 Variable Reducer::attach(const Variable& output) {
   const std::weak_ptr<Reducer> weak = weak_from_this();
-  return make_result(output.value(), {output}, [weak](const Tensor& grad_output) {
+  Variable result = make_result(output.value(), {output}, [weak](const Tensor& grad_output) {
     if (const std::shared_ptr<Reducer> reducer = weak.lock()) reducer->start_pass();
     return Gradients{grad_output};
   });
+  // A backward() that throws before reaching this output still makes its pass: see the Note.
+  VariableAccess::impl(result)->failed_pass_hooks.emplace_back([weak](Variable&) {
+    if (const std::shared_ptr<Reducer> reducer = weak.lock()) reducer->start_pass();
+  });
+  return result;
 }
 
 void Reducer::set_comm_hook(CommHook hook) {

@@ -43,18 +43,20 @@ namespace tutti::nn::detail {
 // A backward() whose walk throws (a hook, a grad() of the wrong shape) still runs finish_pass()
 // (Note [Backward callbacks] in src/nn/variable.cc): the buckets this rank had not started go
 // out with its current grad()s, so the other members finish the same pass, and the walk's
-// exception is thrown. A pass that never reached finish_pass() leaves buckets in flight; the
-// next forward() (abandon_pass()) waits for them and drops the results of those that went
-// through a bucket. A bucket whose launch, comm hook or hook future failed may lack collectives
-// the other members wait in: the DDP then refuses every later forward(). Hooks
-// firing outside a pass (no_sync(), or a backward not through a DDP output) do nothing: gradients
-// stay local. Bucket 0 carries one extra element, 1 on every rank that reduces it: its average is
-// the fraction of members that have not joined, which tells any_joined(). With a communication hook
-// (register_comm_hook), step 2 hands the bucket (without the join slot, which then travels as its
-// own allreduce "<prefix>.join") to the hook instead of starting the allreduce, and step 3 waits
-// for the hook's future and writes its result into the bucket. Before handing a bucket over, the
-// buckets in flight are polled, so hooks' chains of collectives (PowerSGD's three) move on during
-// backward().
+// exception is thrown. A walk that throws before it reached the DDP output (in the loss's own
+// backward) calls start_pass() from the output's failed-pass hook (Note [A walk that throws] in
+// src/nn/backward_walk.cc), so that pass is made the same way. A pass that never reached
+// finish_pass() leaves buckets in flight; the next forward() (abandon_pass()) waits for them and
+// drops the results of those that went through a bucket. A bucket whose launch, comm hook or hook
+// future failed may lack collectives the other members wait in: the DDP then refuses every later
+// forward(). Hooks firing outside a pass (no_sync(), or a backward not through a DDP output) do
+// nothing: gradients stay local. Bucket 0 carries one extra element, 1 on every rank that reduces
+// it: its average is the fraction of members that have not joined, which tells any_joined(). With a
+// communication hook (register_comm_hook), step 2 hands the bucket (without the join slot, which
+// then travels as its own allreduce "<prefix>.join") to the hook instead of starting the allreduce,
+// and step 3 waits for the hook's future and writes its result into the bucket. Before handing a
+// bucket over, the buckets in flight are polled, so hooks' chains of collectives (PowerSGD's three)
+// move on during backward().
 //
 // Note [Gradients reduced in place]
 // Without views, compression or a hook, a bucket's gradients used to be copied into it when

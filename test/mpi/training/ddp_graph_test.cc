@@ -222,6 +222,43 @@ TEST_CASE("A backward() that threw on one rank leaves every rank on the same ste
   CHECK(all_ranks(worst < 1e-5));
 }
 
+TEST_CASE(
+    "A backward() that threw before reaching the DDP output leaves every rank on the same step",
+    "[ddp][errors]") {
+  // The loss is scaled by a leaf outside the module, whose grad() rank 0 empties at step 1: its
+  // walk throws there, in the loss's own backward, before the DDP output's backward (which
+  // starts the pass) runs. The output's failed-pass hook starts the pass, so rank 0's buckets
+  // still go out (with its zeroed grad()s) and its step 2 meets the others' step 2.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto model = std::make_shared<Branches>(rank, /*with_b=*/false);
+  DistributedDataParallel ddp(model, {.find_unused_parameters = true});
+  nn::Variable scale(Tensor::from<float>(std::vector<float>{1}, {}), true);
+  bool codes_ok = true;
+  double worst = 0;
+  std::string messages;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    zero_grads(ddp);
+    const bool fails = step == 1 && rank == 0;
+    if (fails) scale.grad() = Tensor();
+    const Batch batch = shard(rank, size, step);
+    const auto [code, message] =
+        error_from([&] { (nn::mse_loss(ddp.forward(batch.x), batch.y) * scale).backward(); });
+    messages += message;
+    codes_ok =
+        codes_ok && (fails ? code == ErrorCode::InvalidArgument : code == ErrorCode::Internal);
+    if (fails) scale.grad() = Tensor(DataType::Float32, {});
+    if (step == 1) continue;  // The others' step-1 averages include rank 0's zeroed grad()s.
+    const nn::NamedParameters expected = expected_branch_grads(size, step, /*with_b=*/false);
+    worst =
+        std::max(worst, max_diff(but_u(ddp.named_parameters(), rank), but_u(expected, rank), true));
+  }
+  INFO(messages << "; max |gradient difference| " << worst);
+  CHECK(all_ranks(codes_ok));
+  CHECK(all_ranks(worst < 1e-5));
+}
+
 // Registered a, b, c but applied b, a, c (or, on ranks != 0 with `rank_dependent`, a, b, c).
 class Reordered : public nn::Module {
  public:

@@ -301,6 +301,127 @@ TEST_CASE("After a failed step, step() is refused until zero_grad(); the next ro
   CHECK(all_ranks(code_of([&] { dist.step(); }) == ErrorCode::Mismatch));
 }
 
+// A vector parameter b with loss sum(b * x), where rank r's input at step s is
+// x = (100 s + r, r): its gradient is x, so the average over n ranks is
+// (100 s + (n - 1) / 2, (n - 1) / 2), and with rank 0's contribution zero, rank 0's terms drop
+// out of the sums: ((n - 1) 100 s + n (n - 1) / 2, n (n - 1) / 2) / n.
+nn::Variable dot_input(int rank, std::int64_t step) {
+  return {Tensor::from<float>(
+      std::vector<float>{100.0f * static_cast<float>(step) + static_cast<float>(rank),
+                         static_cast<float>(rank)},
+      {2})};
+}
+std::vector<double> average_of_inputs(int size, std::int64_t step, bool rank0_zero) {
+  const double n = size;
+  const double ranks_sum = n * (n - 1) / 2;  // 0 + 1 + ... + (n - 1).
+  const double first = (rank0_zero ? n - 1 : n) * 100.0 * static_cast<double>(step) + ranks_sum;
+  return {first / n, ranks_sum / n};
+}
+bool grad_is(const nn::Variable& v, const std::vector<double>& expected) {
+  const auto g = v.grad().span<float>();
+  if (g.size() != expected.size()) return false;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::abs(g[i] - expected[i]) > 1e-3 * (1 + std::abs(expected[i]))) return false;
+  }
+  return true;
+}
+
+TEST_CASE("A backward() that threw on one rank leaves every rank on the same step",
+          "[distributed][errors]") {
+  // Rank 0's backward() throws at step 1 before b's hook ran: its grad() is absent (the engine
+  // refuses to add into it), or a hook registered before the optimizer's throws. Before, its
+  // step-2 reduction then matched the others' unfinished step-1 one under the same name, and
+  // every later step averaged gradients a step apart. Now its failed-pass hook sends what b's
+  // grad() holds (zeros when absent) and the checks below hold at every step.
+  Session session;
+  const bool user_hook_throws = GENERATE(false, true);
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  nn::Variable b(Tensor(DataType::Float32, {2}), true);
+  bool throw_now = false;
+  if (user_hook_throws) {
+    b.register_grad_hook([&throw_now](nn::Variable&) {
+      if (throw_now) throw Error(ErrorCode::InvalidArgument, "the test's hook: a NaN");
+    });
+  }
+  const nn::NamedParameters named = {{"b", b}};
+  optim::SGD inner(variables(named), {.lr = 0.0});
+  DistributedOptimizer dist(inner, named);
+  bool ok = true;
+  std::string log;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    dist.zero_grad();
+    const bool fails = step == 1 && rank == 0;
+    if (fails && user_hook_throws) throw_now = true;
+    if (fails && !user_hook_throws) b.grad() = Tensor();
+    const ErrorCode backward = code_of([&] { nn::sum(b * dot_input(rank, step)).backward(); });
+    throw_now = false;
+    if (fails) {
+      // The round failed: step() is refused, and zero_grad() (next step) ends it.
+      const ErrorCode refused = code_of([&] { dist.step(); });
+      ok = ok && backward == ErrorCode::InvalidArgument && refused == ErrorCode::InvalidArgument;
+      log += " rank 0 step 1: " + std::to_string(static_cast<int>(backward)) + "/" +
+             std::to_string(static_cast<int>(refused));
+      if (!user_hook_throws) b.grad() = Tensor(DataType::Float32, {2});
+      continue;
+    }
+    const ErrorCode stepped = code_of([&] { dist.step(); });
+    // At step 1 the others average rank 0's grad() as it stood: its whole gradient when its own
+    // hook threw, zeros when it was absent.
+    const bool rank0_zero = step == 1 && !user_hook_throws;
+    const bool right = grad_is(b, average_of_inputs(size, step, rank0_zero));
+    ok = ok && backward == ErrorCode::Internal && stepped == ErrorCode::Internal && right;
+    if (!right) {
+      log += " step " + std::to_string(step) + ": " + std::to_string(b.grad().span<float>()[0]);
+    }
+  }
+  INFO("user_hook_throws " << user_hook_throws << log);
+  CHECK(all_ranks(ok));
+}
+
+TEST_CASE("A grad() that cannot travel goes as zeros; its rank's synchronize() names it",
+          "[distributed][errors]") {
+  // Rank 0 runs no backward() and holds an absent or wrong-shaped grad(). Before, the absent
+  // one made its allreduce throw before it was submitted, and the others waited for it.
+  Session session;
+  const bool absent = GENERATE(true, false);
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  nn::Variable b(Tensor(DataType::Float32, {2}), true);
+  const nn::NamedParameters named = {{"b", b}};
+  optim::SGD inner(variables(named), {.lr = 0.0});
+  DistributedOptimizer dist(inner, named);
+  if (rank != 0) {
+    nn::sum(b * dot_input(rank, 0)).backward();
+  } else {
+    b.grad() = absent ? Tensor() : Tensor::from<float>(std::vector<float>{5, 5, 5}, {3});
+  }
+  const auto [code, message] = [&]() -> std::pair<ErrorCode, std::string> {
+    try {
+      dist.synchronize();
+    } catch (const Error& e) {
+      return {e.code(), e.what()};
+    }
+    return {ErrorCode::Internal, ""};
+  }();
+  INFO(message);
+  CHECK(all_ranks(rank == 0 ? code == ErrorCode::InvalidArgument &&
+                                  message.find("'b'") != std::string::npos
+                            : code == ErrorCode::Internal &&
+                                  grad_is(b, average_of_inputs(size, 0, /*rank0_zero=*/true))));
+  // Rank 0's grad() is left as it was; it must be replaced before zero_grad() (which checks it).
+  CHECK(
+      all_ranks(rank != 0 || (absent ? b.grad().data() == nullptr : b.grad().num_elements() == 3)));
+  if (rank == 0) {
+    CHECK(code_of([&] { dist.step(); }) == ErrorCode::InvalidArgument);
+    b.grad() = Tensor(DataType::Float32, {2});
+    dist.zero_grad();
+  } else {
+    auto guard = dist.skip_synchronize();
+    dist.step();
+  }
+}
+
 TEST_CASE("step() inside skip_synchronize() without synchronize() applies the hooks' reductions",
           "[distributed]") {
   Session session;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -102,6 +103,78 @@ TEST_CASE("A walk that throws still runs the callbacks; backward() rethrows the 
     CHECK(std::string(e.what()).find("grad() must keep the value's shape") != std::string::npos);
   }
   CHECK(ran == 1);
+}
+
+TEST_CASE("A walk that throws calls the failed-pass hooks of the leaves it had not finished",
+          "[nn][engine]") {
+  // Note [A walk that throws] in src/nn/backward_walk.cc: DistributedOptimizer sends the
+  // reductions of such leaves from these hooks, and DDP's output starts its pass.
+  Variable a(tensor({1, 2}, {2}), true);
+  Variable b(tensor({3}, {1}), true);
+  Variable c(tensor({4}, {1}), true);
+  std::vector<std::string> events;
+  a.register_grad_hook([&events](Variable&) {
+    events.emplace_back("hook a");
+    detail::queue_backward_callback([&events] { events.emplace_back("callback"); });
+  });
+  for (auto [name, v] : {std::pair{"a", a}, std::pair{"b", b}, std::pair{"c", c}}) {
+    v.register_failed_pass_hook([&events, name = std::string(name)](Variable&) {
+      events.push_back("failed " + name);
+      if (name == "b") throw std::runtime_error("dropped");  // The others still run.
+    });
+  }
+  b.grad() = Tensor();  // Absent: the engine refuses to accumulate into it.
+  // The walk takes the newest result first: a's gradient (finished, hooks run), then b's (throws);
+  // c's, the oldest, is never reached.
+  const Variable cc = sum(c * c);
+  const Variable bb = sum(b * b);
+  const Variable aa = sum(a * a);
+  try {
+    (cc + bb + aa).backward();
+    FAIL("backward() did not throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);  // The walk's error, not the hook's.
+  }
+  REQUIRE(events.size() == 4);
+  CHECK(events.front() == "hook a");
+  std::vector<std::string> failed(events.begin() + 1, events.end() - 1);
+  std::sort(failed.begin(), failed.end());
+  CHECK(failed == std::vector<std::string>{"failed b", "failed c"});
+  CHECK(events.back() == "callback");  // After the failed-pass hooks, which may queue some.
+  // A walk that does not throw calls none.
+  events.clear();
+  b.grad() = Tensor(DataType::Float32, {1});
+  (cc + bb + aa).backward();
+  CHECK(events == std::vector<std::string>{"hook a", "callback"});
+}
+
+TEST_CASE(
+    "An operation's backward that throws: backward() calls failed-pass hooks, "
+    "leaf_gradients() none",
+    "[nn][engine]") {
+  Variable a(tensor({1, 2}, {2}), true);
+  int failed = 0;
+  a.register_failed_pass_hook([&failed](Variable&) { ++failed; });
+  Variable broken =
+      detail::make_result(tensor({0}, {1}), {a}, [](const Tensor&) -> detail::Gradients {
+        throw Error(ErrorCode::Mismatch, "this operation's backward");
+      });
+  CHECK_THROWS_AS(broken.backward(), Error);
+  CHECK(failed == 1);
+  CHECK_THROWS_AS(detail::leaf_gradients(broken, tensor({1}, {1})), Error);
+  CHECK(failed == 1);
+}
+
+TEST_CASE("register_failed_pass_hook() takes leaves that require grad and a hook", "[nn][engine]") {
+  Variable a(tensor({1, 2}, {2}), true);
+  Variable constant(tensor({1, 2}, {2}));
+  const Variable result = a * a;
+  const auto hook = [](Variable&) {};
+  CHECK_THROWS_WITH(constant.register_failed_pass_hook(hook), Catch::Contains("a leaf Variable"));
+  CHECK_THROWS_WITH(Variable(result).register_failed_pass_hook(hook),
+                    Catch::Contains("a leaf Variable"));
+  CHECK_THROWS_WITH(a.register_failed_pass_hook(nullptr), Catch::Contains("empty hook"));
+  CHECK_THROWS_WITH(Variable().register_failed_pass_hook(hook), Catch::Contains("empty"));
 }
 
 TEST_CASE("leaf_gradients() equals backward()'s gradients and touches no grad() or hook",

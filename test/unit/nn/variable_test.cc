@@ -2,6 +2,7 @@
 // nn::Variable: leaves, backward(), gradient accumulation and Note [Hook timing].
 #include "tutti/nn/variable.h"
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,21 @@ TEST_CASE("backward() needs one element and a graph that requires grad", "[nn][v
   CHECK_FALSE(no_grad.requires_grad());
   CHECK(no_grad.is_leaf());  // Nothing required grad, so nothing was recorded.
   CHECK_THROWS_MATCHES(no_grad.backward(), Error, invalid_argument());
+}
+
+TEST_CASE("A grad() replaced by an empty tensor or another dtype is refused, not written",
+          "[nn][variable]") {
+  // An empty Tensor has the scalar shape []: a scalar leaf's shape check alone let it through,
+  // and the gradient was added into no storage. A grad() of another dtype has the right shape.
+  Variable scalar(tensor({2}, {}), true);
+  scalar.grad() = Tensor();
+  CHECK_THROWS_WITH((scalar * scalar).backward(), Catch::Contains("an empty tensor"));
+  Variable w(tensor({1, 2}, {2}), true);
+  w.grad() = Tensor::from<std::int8_t>(std::vector<std::int8_t>{0, 0}, {2});
+  CHECK_THROWS_WITH(sum(w * w).backward(), Catch::Contains("it must stay float32"));
+  w.grad() = tensor({0, 0}, {2});
+  sum(w * w).backward();
+  CHECK(values(w.grad()) == std::vector<float>{2, 4});
 }
 
 TEST_CASE("Inputs that do not require grad receive nothing", "[nn][variable]") {
