@@ -212,8 +212,8 @@ struct PowerSGDState {
 // the others are averaged uncompressed; this rank's own error M - P·(Mᵀ·P)ᵀ is kept for the
 // next iteration. Three allreduces per bucket (uncompressed, P's, Q's), named bucket.op_name +
 // ".powersgd.u", ".p", ".q". At full rank (r = min(n, m)) the result equals allreduce's, to
-// float rounding; after a tutti::join() with error feedback, only for matrices with no more
-// rows than columns (README: PowerSGD).
+// float rounding, also after a tutti::join() with error feedback (a matrix with more rows than
+// columns is then compressed as its transpose: README, PowerSGD).
 // Throws InvalidArgument for a null state, a rank < 1, a negative or NaN rate or epsilon, or
 // start_powerSGD_iter <= 1 with use_error_feedback or warm_start.
 TUTTI_API CommHook powersgd(std::shared_ptr<PowerSGDState> state);

@@ -105,10 +105,9 @@ Tensor working_copy(const GradBucket& bucket, std::int64_t padded) {
 // averaged; gradients sent uncompressed leave none. The results are PyTorch's: a pass depends
 // on the ranks' inputs only through their sum, and both memories sum to the same (the sum of
 // the inputs minus the ranks times the result). At full rank of a matrix with no more rows than
-// columns, P is square and orthogonal and the error zero, so a joined rank loses nothing. Not
-// for a taller one (or a vector, one column): P spans only the column space of the ranks' sum,
-// and a rank's own matrix can stick out of it, so its error stays and a joined rank's is lost
-// (README says so; transposing tall matrices at full rank would fix it).
+// columns, P is square and orthogonal and the error zero, so a joined rank loses nothing. A
+// taller one (or a vector, one column) is compressed as its transpose at full rank (Note [Tall
+// matrices at full rank]), so that holds for every matrix.
 //
 // Error feedback, step 1: adds the bucket's remembered error to `input`. Whether feedback is on.
 bool add_error(const PowerSGDState& options, Memory& memory, const Tensor& input) {
@@ -120,18 +119,48 @@ bool add_error(const PowerSGDState& options, Memory& memory, const Tensor& input
   return true;
 }
 
+// Note [Tall matrices at full rank]
+// P = M·Q spans at most the column space of the ranks' summed M, which at full rank (r = cols)
+// of an n x m matrix with n > m need not hold one rank's own M: that rank's error is not zero,
+// and lost when it joins (a [3] vector at 2 ranks gave 1.19 for 1.0 after the join). Its
+// transpose, m x n, has r = m rows: P is then square and orthogonal, and the error zero. The
+// wire sizes are the same ((n + m)·r), and so is the result (allreduce's, to float rounding), so
+// only at full rank of a tall matrix is the transpose compressed; below it PyTorch's orientation
+// is kept, whose results it matches.
+
+// A compressed gradient: the rows x cols matrix that is compressed is the gradient at `offset`
+// in the bucket (its dim 0 x the rest), or with `transposed` its transpose; its factors, of rank
+// `rank`, are at p_offset in P (rows x rank) and q_offset in Q (cols x rank).
+struct Matrix {
+  std::int64_t offset, rows, cols, rank, p_offset, q_offset;
+  bool transposed;
+};
+
+// Calls `f` with m's matrix in `values` (the bucket's input, or the error memory, laid out alike)
+// as a writable rows x cols Eigen expression: a map of the gradient, or the transpose of one.
+template <class F>
+void with_matrix(const Tensor& values, const Matrix& m, F&& f) {
+  const Tensor part = values.slice(m.offset, {m.rows * m.cols});
+  if (m.transposed) {
+    nn::detail::MatrixMap stored = as_matrix(part, m.cols, m.rows);  // The gradient as it lies.
+    f(stored.transpose());
+  } else {
+    nn::detail::MatrixMap stored = as_matrix(part, m.rows, m.cols);
+    f(stored);
+  }
+}
+
 // Error feedback, step 2: this rank's own error (Note [Each rank's own error]) for `matrices`
 // of `input`, P holding the shared orthogonalized factors and Q this rank's Mᵀ·P (before it is
 // averaged); zero for the rest of the bucket.
-template <class Matrices>
-void remember_error(Memory& memory, const Tensor& input, const Matrices& matrices) {
+void remember_error(Memory& memory, const Tensor& input, const std::vector<Matrix>& matrices) {
   nn::detail::as_array(memory.error).setZero();
-  for (const auto& m : matrices) {
-    auto error = as_matrix(memory.error.slice(m.offset, {m.rows * m.cols}), m.rows, m.cols);
-    auto mat = as_matrix(input.slice(m.offset, {m.rows * m.cols}), m.rows, m.cols);
+  for (const Matrix& m : matrices) {
     auto p = as_matrix(memory.p.slice(m.p_offset, {m.rows * m.rank}), m.rows, m.rank);
     auto q = as_matrix(memory.q.slice(m.q_offset, {m.cols * m.rank}), m.cols, m.rank);
-    error.noalias() = mat - p * q.transpose();
+    with_matrix(memory.error, m, [&](auto&& error) {
+      with_matrix(input, m, [&](auto&& mat) { error.noalias() = mat - p * q.transpose(); });
+    });
   }
 }
 
@@ -159,12 +188,6 @@ CommFuture reduce_floats(const Tensor& values, DataType wire, const std::string&
     return values;
   });
 }
-
-// A compressed gradient: rows x cols at `offset` in the bucket, factors of rank `rank` at
-// p_offset in P (rows x rank) and q_offset in Q (cols x rank).
-struct Matrix {
-  std::int64_t offset, rows, cols, rank, p_offset, q_offset;
-};
 
 // Note [Warm factors keep their rank]
 // With warm start a pass begins from the last pass's Q, and Q = Mᵀ·P carries a zero column
@@ -234,9 +257,13 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
         std::min<std::int64_t>({rows, cols, options.matrix_approximation_rank});
     counters.total_numel_before_compression += count;
     if (count > 0 && nn::detail::should_compress(rows, cols, rank, options.min_compression_rate)) {
-      matrices.push_back({offset, rows, cols, rank, p_size, q_size});
-      p_size += rows * rank;
-      q_size += cols * rank;
+      // Note [Tall matrices at full rank].
+      const bool transposed = rank == cols && cols < rows;
+      const Matrix m = transposed ? Matrix{offset, cols, rows, rank, p_size, q_size, true}
+                                  : Matrix{offset, rows, cols, rank, p_size, q_size, false};
+      matrices.push_back(m);
+      p_size += m.rows * rank;
+      q_size += m.cols * rank;
       counters.total_numel_after_compression += (rows + cols) * rank;
     } else {
       plain.emplace_back(offset, count);
@@ -277,14 +304,15 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
   prepare_q(*shared, *memory, bucket, matrices, p_size, q_size);
   const auto product = [input, memory, matrices](bool left) {
     for (const Matrix& m : matrices) {
-      auto mat = as_matrix(input.slice(m.offset, {m.rows * m.cols}), m.rows, m.cols);
       auto p = as_matrix(memory->p.slice(m.p_offset, {m.rows * m.rank}), m.rows, m.rank);
       auto q = as_matrix(memory->q.slice(m.q_offset, {m.cols * m.rank}), m.cols, m.rank);
-      if (left) {
-        p.noalias() = mat * q;
-      } else {
-        q.noalias() = mat.transpose() * p;
-      }
+      with_matrix(input, m, [&](auto&& mat) {
+        if (left) {
+          p.noalias() = mat * q;
+        } else {
+          q.noalias() = mat.transpose() * p;
+        }
+      });
     }
   };
   product(/*left=*/true);
@@ -303,10 +331,9 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
       })
       .then([input, memory, matrices, done](const Tensor& q_result) {
         for (const Matrix& m : matrices) {
-          auto mat = as_matrix(input.slice(m.offset, {m.rows * m.cols}), m.rows, m.cols);
           auto p = as_matrix(memory->p.slice(m.p_offset, {m.rows * m.rank}), m.rows, m.rank);
           auto q = as_matrix(memory->q.slice(m.q_offset, {m.cols * m.rank}), m.cols, m.rank);
-          mat.noalias() = p * q.transpose();
+          with_matrix(input, m, [&](auto&& mat) { mat.noalias() = p * q.transpose(); });
         }
         return done(q_result);
       });
@@ -329,7 +356,7 @@ CommFuture batched(const std::shared_ptr<Shared>& shared, GradBucket& bucket) {
   const bool feedback = add_error(options, *memory, input);
   if (side == 0) return CommFuture::ready(finish_pass(*shared, *memory, bucket, input));
 
-  const Matrix whole{0, side, side, rank, 0, 0};
+  const Matrix whole{0, side, side, rank, 0, 0, false};
   prepare_q(*shared, *memory, bucket, {whole}, side * rank, side * rank);
   auto mat = as_matrix(input, side, side);
   as_matrix(memory->p, side, rank).noalias() = mat * as_matrix(memory->q, side, rank);
