@@ -2,6 +2,7 @@
 // The backward walk, once for every kind of pass: Variable::backward() (grad() and hooks),
 // leaf_gradients() (a map) and distributed autograd's run_backward_into() (a sink), and the
 // source nodes of distributed autograd.
+#include <algorithm>
 #include <memory>
 #include <queue>
 #include <string>
@@ -82,21 +83,26 @@ std::unordered_map<VariableImpl*, int> count_uses(const std::vector<RootGradient
 // A backward function, a hook or a leaf's accumulation may throw mid-walk. The walk stops there
 // and the exception propagates, but code that started work from hooks (DistributedOptimizer's
 // reductions, DDP's pass) would otherwise wait for hooks that never fire, and the other ranks
-// with it. So, with LeafDelivery::abandoned, the walk first reports every node it had not
-// finished; backward() calls those nodes' failed-pass hooks (Variable::register_failed_pass_hook).
+// with it, and so would a SyncBatchNorm's backward, which reduces across ranks. So, with
+// LeafDelivery::abandoned, the walk first reports every node it had not reached: leaves whose
+// hooks had not all run, results whose backward had not begun. backward() calls those nodes'
+// failed-pass hooks (Variable::register_failed_pass_hook for leaves; DDP's output and
+// synchronized batch norms for results). They are reported newest first, the order in which the
+// walk would have reached them.
 
-// Marks a node in `uses` whose part of the walk is over (a leaf's `complete` returned, a result's
-// backward returned and its contributions were delivered), for report_abandoned().
+// Marks a node in `uses` that report_abandoned() leaves out: a leaf whose `complete` returned,
+// a result whose backward began (if that throws, the exception is the node's own report).
 constexpr int kFinished = -1;
 
 // Note [A walk that throws]: hands every node of the roots' graphs that `uses` does not mark
-// finished to `abandoned`. Walks the graph again (from shared pointers, which `uses` lacks), so
-// a walk that does not throw pays nothing for this.
+// kFinished to `abandoned`, newest first (leaves, numbered 0, last). Walks the graph again (from
+// shared pointers, which `uses` lacks), so a walk that does not throw pays nothing for this.
 void report_abandoned(const std::vector<RootGradient>& roots,
                       const std::unordered_map<VariableImpl*, int>& uses,
                       const LeafDelivery& leaves) {
   std::unordered_set<VariableImpl*> visited;
   std::vector<std::shared_ptr<VariableImpl>> to_visit;
+  std::vector<std::shared_ptr<VariableImpl>> abandoned;
   for (const RootGradient& root : roots) {
     if (root.node->requires_grad && visited.insert(root.node.get()).second)
       to_visit.push_back(root.node);
@@ -108,12 +114,17 @@ void report_abandoned(const std::vector<RootGradient>& roots,
       if (input->requires_grad && visited.insert(input.get()).second) to_visit.push_back(input);
     }
     const auto it = uses.find(node.get());
-    if (it == uses.end() || it->second != kFinished) leaves.abandoned(node);
+    if (it == uses.end() || it->second != kFinished) abandoned.push_back(std::move(node));
   }
+  std::stable_sort(
+      abandoned.begin(), abandoned.end(),
+      [](const std::shared_ptr<VariableImpl>& a, const std::shared_ptr<VariableImpl>& b) {
+        return a->sequence > b->sequence;
+      });
+  for (const std::shared_ptr<VariableImpl>& node : abandoned) leaves.abandoned(node);
 }
 
-// Step 2 of Note [Hook timing], over the counts of step 1; marks each node kFinished in `uses`
-// once its part is over.
+// Step 2 of Note [Hook timing], over the counts of step 1; marks nodes kFinished in `uses`.
 void propagate(const std::vector<RootGradient>& roots, std::unordered_map<VariableImpl*, int>& uses,
                const LeafDelivery& leaves) {
   std::unordered_map<VariableImpl*, Tensor> pending_grads;
@@ -150,6 +161,7 @@ void propagate(const std::vector<RootGradient>& roots, std::unordered_map<Variab
     const Tensor grad_output = std::move(pending->second);
     pending_grads.erase(pending);
 
+    uses[node] = kFinished;  // Begun: a backward that throws is not reported as abandoned.
     Gradients grad_inputs = node->backward(grad_output);
     if (grad_inputs.size() != node->inputs.size()) backward_bug("wrong number of gradients");
     for (std::size_t i = 0; i < node->inputs.size(); ++i) {
@@ -163,7 +175,6 @@ void propagate(const std::vector<RootGradient>& roots, std::unordered_map<Variab
       --uses[input.get()];
       used(input);
     }
-    uses[node] = kFinished;
   }
 }
 

@@ -62,7 +62,7 @@ BatchStatistics batch_statistics(const float* x, std::int64_t n, std::int64_t c,
       }
     }
     sums[2 * channels] = stats.count;
-    reduce(sums);
+    reduce.sum(sums);
     stats.count = sums[2 * channels];
     if (stats.count <= 1) {
       throw_invalid_argument(
@@ -170,7 +170,7 @@ Variable batch_norm(const Variable& input, const Variable& weight, const Variabl
     if (!x_needs) return grads;
     // Every rank's gradient sums enter the input gradient (SyncBatchNorm); the weight and bias
     // gradients above stay this rank's own.
-    if (training && reduce) reduce(sums);
+    if (training && reduce) reduce.sum(sums);
     const double m = count;
     float* dx = float_data(grads[0]);
     for (std::int64_t ch = 0; ch < c; ++ch) {
@@ -188,7 +188,12 @@ Variable batch_norm(const Variable& input, const Variable& weight, const Variabl
     }
     return grads;
   };
-  return make_result(std::move(y), {input, weight, bias}, std::move(backward));
+  Variable result = make_result(std::move(y), {input, weight, bias}, std::move(backward));
+  if (training && reduce && input.requires_grad()) {
+    VariableAccess::impl(result)->failed_pass_hooks.emplace_back(
+        [sum_zeros = reduce.sum_zeros, count = 2 * c](Variable&) { sum_zeros(count); });
+  }
+  return result;
 }
 
 }  // namespace detail

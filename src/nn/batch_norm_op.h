@@ -12,12 +12,20 @@
 
 namespace tutti::nn::detail {
 
-// Sums `values` in place over every rank that normalizes together (SyncBatchNorm: one
-// allreduce over its process set). Called with identical layouts on every rank, in forward
-// (per channel: sums, sums of squares, then the element count) and in backward (per channel:
-// sums of the output gradient, then sums of gradient times normalized input). Empty for the
-// local BatchNorm.
-using StatisticsReducer = std::function<void(std::span<double> values)>;
+// How a synchronized layer reduces; both members empty for the local BatchNorm.
+struct StatisticsReducer {
+  // Sums `values` in place over every rank that normalizes together (SyncBatchNorm: one
+  // allreduce over its process set). Called with identical layouts on every rank, in forward
+  // (per channel: sums, sums of squares, then the element count) and in backward (per channel:
+  // sums of the output gradient, then sums of gradient times normalized input).
+  std::function<void(std::span<double> values)> sum;
+  // A backward() on this rank threw before this layer's backward began, while the other ranks'
+  // backward waits in its reduction: takes part in it with `count` zeros, not waiting for it
+  // there (Note [A walk that throws] in src/nn/backward_walk.cc).
+  std::function<void(std::int64_t count)> sum_zeros;
+
+  explicit operator bool() const { return static_cast<bool>(sum); }
+};
 
 // y = (x - mean) / sqrt(var + 1e-5) * weight + bias per channel of x [n, c, inner]
 // (torch.nn.BatchNorm's defaults: eps 1e-5, momentum 0.1). In training mode mean and the biased
@@ -27,7 +35,10 @@ using StatisticsReducer = std::function<void(std::span<double> values)>;
 // statistics normalize. Throws InvalidArgument in training mode when fewer than two values per
 // channel are seen (counting every rank's with `reduce`).
 // Backward: weight and bias get this rank's own sums; the input gradient accounts for every
-// rank's batch (`reduce` is called once more) as SyncBatchNorm's contract says.
+// rank's batch (`reduce` is called once more) as SyncBatchNorm's contract says. With `reduce`,
+// in training mode, for an input that requires grad, a backward() that throws before this
+// operation's backward began sends zeros to that reduction instead (reduce.sum_zeros), so that
+// the other ranks' backward completes.
 Variable batch_norm(const Variable& input, const Variable& weight, const Variable& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training,
                     std::int64_t n, std::int64_t c, std::int64_t inner,

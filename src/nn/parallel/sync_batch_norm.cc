@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "src/nn/autograd.h"
 #include "src/nn/batch_norm_op.h"
@@ -28,11 +29,25 @@ std::shared_ptr<const BatchNormSync> make_batch_norm_sync(ProcessSet process_set
 }
 
 StatisticsReducer sync_reducer(const BatchNormSync& sync) {
-  return [set = sync.process_set, name = sync.name](std::span<double> values) {
-    // Sum, not Average: a member that has joined contributes zeros, and the counts reduced
-    // alongside keep the mean exact.
-    allreduce(TensorView(values.data(), Shape{static_cast<std::int64_t>(values.size())}), name,
-              {.op = ReduceOp::Sum, .process_set = set});
+  // Sum, not Average: a member that has joined contributes zeros, and the counts reduced
+  // alongside keep the mean exact.
+  const ReduceOptions options{.op = ReduceOp::Sum, .process_set = sync.process_set};
+  return {
+      .sum =
+          [options, name = sync.name](std::span<double> values) {
+            allreduce(TensorView(values.data(), Shape{static_cast<std::int64_t>(values.size())}),
+                      name, options);
+          },
+      // Started at once, not from a callback: the other ranks' backward waits in it, and their
+      // DDP buckets behind it, which a callback queued earlier (DDP's) may be waiting for.
+      .sum_zeros =
+          [options, name = sync.name](std::int64_t count) {
+            auto zeros = std::make_shared<std::vector<double>>(static_cast<std::size_t>(count));
+            Handle handle = allreduce_async(TensorView(zeros->data(), Shape{count}), name, options);
+            // The buffer lives until the reduction is over; its error is the other ranks' to
+            // report, since this backward() throws its own.
+            queue_backward_callback([handle, zeros]() mutable { handle.wait(); });
+          },
   };
 }
 

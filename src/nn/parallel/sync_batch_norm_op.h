@@ -24,7 +24,8 @@ struct BatchNormSync {
 // A new BatchNormSync over `process_set` with the next layer number.
 std::shared_ptr<const BatchNormSync> make_batch_norm_sync(ProcessSet process_set);
 
-// Sums the values in place over sync.process_set (blocking allreduce, Sum, float64).
+// Sums the values in place over sync.process_set (blocking allreduce, Sum, float64); its
+// sum_zeros starts that allreduce of zeros and waits for it in a backward callback.
 StatisticsReducer sync_reducer(const BatchNormSync& sync);
 
 // convert_sync_batchnorm()'s way into BatchNorm1d/2d.

@@ -122,6 +122,63 @@ TEST_CASE("SyncBatchNorm equals BatchNorm over the concatenated batch, forward a
   CHECK(all_ranks(eval_ok));
 }
 
+TEST_CASE("A backward() that threw on one rank before a SyncBatchNorm still reduces there",
+          "[sync_batch_norm][errors]") {
+  // At pass 1 rank 0's loss is scaled by a leaf whose grad() it emptied: its walk throws there,
+  // before the layer's backward, whose reduction the other ranks wait in. The layer's
+  // failed-pass hook sends zeros to it, so the others' pass 1 is the concatenated batch's with
+  // rank 0's loss weights zero, and pass 2 meets pass 2. Before, the others waited, and rank 0's
+  // pass-2 forward reduction met their backward one under the layer's name (a Mismatch).
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  constexpr std::int64_t kChannels = 3;
+  std::int64_t first = 0, total = 0;
+  for (int r = 0; r < size; ++r) {
+    if (r < rank) first += r + 2;
+    total += r + 2;
+  }
+  const std::int64_t mine = rank + 2;
+  nn::SyncBatchNorm sync(kChannels);
+  nn::BatchNorm1d plain(kChannels);
+  set_affine(sync);
+  set_affine(plain);
+  nn::Variable scale(Tensor::from<float>(std::vector<float>{1}, {}), true);
+  bool ok = true;
+  std::string log;
+  for (int pass = 0; pass < 3; ++pass) {
+    const bool fails = pass == 1 && rank == 0;
+    nn::Variable x(pattern({mine, kChannels}, first, pass), true);
+    nn::Variable x_all(pattern({total, kChannels}, 0, pass), true);
+    if (fails) scale.grad() = Tensor();
+    const nn::Variable loss =
+        nn::sum(sync.forward(x) * nn::Variable(pattern({mine, kChannels}, first, 7.0)));
+    ErrorCode code = ErrorCode::Internal;
+    try {
+      (loss * scale).backward();
+    } catch (const Error& e) {
+      code = e.code();
+    }
+    if (fails) {
+      ok = ok && code == ErrorCode::InvalidArgument;
+      scale.grad() = Tensor(DataType::Float32, {});
+    }
+    // The oracle's loss weights, rank 0's rows zero at pass 1 (its contribution to the sums).
+    Tensor coef_all = pattern({total, kChannels}, 0, 7.0);
+    if (pass == 1) {
+      for (float& v : coef_all.span<float>().subspan(0, static_cast<std::size_t>(2 * kChannels)))
+        v = 0;
+    }
+    nn::sum(plain.forward(x_all) * nn::Variable(coef_all)).backward();
+    if (fails) continue;
+    const double diff = max_abs_diff(x.grad().span<float>(), rows(x_all.grad(), first, mine));
+    ok = ok && code == ErrorCode::Internal && diff < 1e-5;
+    log += " pass " + std::to_string(pass) + ": " + std::to_string(diff);
+  }
+  INFO("max |input gradient - oracle| per pass:" << log);
+  CHECK(all_ranks(ok));
+}
+
 TEST_CASE("issue 24: convert_sync_batchnorm converts a bare BatchNorm1d/2d itself",
           "[sync_batch_norm]") {
   Session session;
