@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -284,6 +285,20 @@ class HostsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, re.escape(
                 f"{path}:1: host 'a' has max_slots here but not on line(s) 3: its lines are "
                 "merged into one, so give max_slots on all of them or on none")):
+            tuttirun.parse_hostfile(path)
+
+    def test_this_machine_under_two_names_is_merged_as_one_host(self):
+        # mpirun takes 'localhost' and the hostname for one node, and refuses a file naming
+        # both ("multiple definitions of the slot count", then an internal error).
+        me = socket.gethostname()
+        path = self.write(f"localhost slots=2\nnode2 slots=1\n{me} slots=1\n")
+        args = parse(["-np", "4", "--hostfile", path, "prog"])
+        self.assertTrue(args.hostfile_merged)
+        self.assertEqual(args.hostfile_hosts, [("localhost", 3, None), ("node2", 1, None)])
+        path = self.write(f"{me} slots=1 max_slots=2\n127.0.0.1 slots=1\n")
+        with self.assertRaisesRegex(ValueError, re.escape(
+                f"{path}:1: this machine ('127.0.0.1', '{me}') has max_slots here but not on "
+                "line(s) 2")):
             tuttirun.parse_hostfile(path)
 
     def test_the_merged_hostfile_lives_for_the_block(self):
@@ -770,6 +785,15 @@ class RealJobTest(unittest.TestCase):
             result = run_launcher(["-np", "3", "--hostfile", path, "sh", "-c", "echo ok"])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.count("<stdout>:ok"), 3, result.stdout)
+
+    def test_a_hostfile_naming_this_machine_twice_runs(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "hosts")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(f"localhost slots=1\n{socket.gethostname()} slots=1\n")
+            result = run_launcher(["-np", "2", "--hostfile", path, "sh", "-c", "echo ok"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.count("<stdout>:ok"), 2, result.stdout)
 
     def test_the_merged_hostfile_reaches_mpirun_and_is_removed(self):
         with tempfile.TemporaryDirectory() as tmp:
