@@ -44,8 +44,9 @@
 //                 tuttirun's elastic mode sets), and resume from the last commit when
 //                 relaunched, at any rank count; not with --checkpoint. PowerSGD's error
 //                 feedback and the averager's step count are not committed: a relaunched job
-//                 starts them afresh (PowerSGD's warm-up of plain allreduces included); the
-//                 resumed epoch's printed train loss averages this launch's steps only
+//                 starts them afresh (PowerSGD's warm-up of plain allreduces included). The
+//                 epoch's loss so far is committed too, so a resumed epoch prints the mean of
+//                 all its steps
 // Rank 0 prints progress, a line per epoch and, last, "final test accuracy: XX.XX%".
 // Exit status: 0 (--help too); 1 for missing data, a bad checkpoint or a runtime error; 2 for
 // bad flags (a flag of a wrapper or hook not chosen included, such as --period without
@@ -64,6 +65,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -375,10 +377,33 @@ class Training {
       window_sum_ = 0;
     }
   }
+  // With --elastic, before each commit (collective): moves the steps since the last fold into
+  // `committed_loss`, their loss sum averaged over the ranks (every rank makes as many steps:
+  // the sampler pads), so that a relaunched job's end_epoch() counts the steps before it.
+  void fold_loss() {
+    double sum = loss_sum_;
+    tutti::allreduce(TensorView(&sum, {}), "train.loss.fold");  // Averaged over the ranks.
+    double folded_sum = 0;
+    std::int64_t folded_steps = 0;
+    read_committed_loss(folded_sum, folded_steps);
+    folded_sum += sum;
+    folded_steps += static_cast<std::int64_t>(steps_);
+    std::memcpy(committed_loss.data(), &folded_sum, sizeof folded_sum);
+    std::memcpy(committed_loss.data() + sizeof folded_sum, &folded_steps, sizeof folded_steps);
+    loss_sum_ = 0;
+    steps_ = 0;
+  }
+
   // Ends an epoch: the mean loss of its steps over the ranks, and the test accuracy.
   double end_epoch(int epoch, std::chrono::steady_clock::time_point start) {
-    double mean_loss = steps_ > 0 ? loss_sum_ / static_cast<double>(steps_) : 0.0;
-    tutti::allreduce(TensorView(&mean_loss, {}), "train.loss");  // Averaged over the ranks.
+    double sum = loss_sum_;
+    tutti::allreduce(TensorView(&sum, {}), "train.loss");  // Averaged over the ranks.
+    double folded_sum = 0;
+    std::int64_t folded_steps = 0;
+    read_committed_loss(folded_sum, folded_steps);
+    const std::int64_t steps = folded_steps + static_cast<std::int64_t>(steps_);
+    const double mean_loss = steps > 0 ? (folded_sum + sum) / static_cast<double>(steps) : 0.0;
+    std::fill(committed_loss.begin(), committed_loss.end(), 0);
     loss_sum_ = window_sum_ = 0;
     steps_ = 0;
     const double accuracy = evaluate(*model, test_set);
@@ -398,8 +423,16 @@ class Training {
   std::unique_ptr<nn::DistributedDataParallel> ddp;
   std::shared_ptr<nn::hooks::PowerSGDState> powersgd = std::make_shared<nn::hooks::PowerSGDState>();
   std::optional<nn::PeriodicModelAverager> averager;  // --wrapper localsgd.
+  // The epoch's steps before the last fold_loss(): their loss sum (averaged over the ranks),
+  // then their count, as a double and an int64 (bytes, which elastic::State commits).
+  std::vector<std::uint8_t> committed_loss = std::vector<std::uint8_t>(16, 0);
 
  private:
+  void read_committed_loss(double& sum, std::int64_t& steps) const {
+    std::memcpy(&sum, committed_loss.data(), sizeof sum);
+    std::memcpy(&steps, committed_loss.data() + sizeof sum, sizeof steps);
+  }
+
   const Flags& flags_;
   double loss_sum_ = 0, window_sum_ = 0;
   std::size_t steps_ = 0;
@@ -483,6 +516,7 @@ int train_elastic(const Flags& flags, Training& t) {
   state.add("optimizer", t.optimizer());
   state.add("sampler", sampler);
   state.add("epoch", epoch);
+  state.add("epoch_loss", t.committed_loss);
   // No reset callback is needed: the learning rate follows tutti::size() at every step, and
   // the sampler is built for this launch's ranks.
   int refused = 0;  // 1: the commit found is past --epochs (every rank restored the same).
@@ -518,7 +552,10 @@ int train_elastic(const Flags& flags, Training& t) {
         const double loss = t.step(indices, begin, end, progress);
         sampler.advance(end - begin);
         t.note_loss(loss, step, static_cast<int>(epoch), sampler.position());
-        if (++steps_done % flags.commit_every == 0) s.commit();
+        if (++steps_done % flags.commit_every == 0) {
+          t.fold_loss();
+          s.commit();
+        }
       }
       accuracy = t.end_epoch(static_cast<int>(epoch), start);
       ++epoch;  // Before the commit: a relaunch starts the next epoch, not this one's end.

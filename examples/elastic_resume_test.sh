@@ -1,0 +1,44 @@
+#!/bin/sh
+# Usage: elastic_resume_test.sh SCRATCH_DIR TUTTIRUN FASHION_MNIST
+# examples/fashion_mnist --elastic under tuttirun's elastic mode on this machine (2 ranks), run
+# undisturbed and then with a rank killed once epoch 2 is under way: the relaunched job resumes
+# from its last commit and must print the same epoch-2 train loss and final accuracy as the
+# undisturbed run (the epoch's loss so far is committed; before, the resumed epoch's loss
+# averaged only the relaunch's steps).
+set -eu
+dir=$1 tuttirun=$2 program=$3
+rm -rf "$dir"
+mkdir -p "$dir"
+printf '#!/bin/sh\necho localhost:2\n' > "$dir/hosts.sh"
+chmod +x "$dir/hosts.sh"
+run() {
+  "$tuttirun" --host-discovery-script "$dir/hosts.sh" -np 2 --mpi-args=--oversubscribe \
+    "$program" --elastic --epochs 2 --limit 30000 --commit-every 10
+}
+run > "$dir/undisturbed.log" 2>&1 || { cat "$dir/undisturbed.log"; exit 1; }
+run > "$dir/killed.log" 2>&1 &
+job=$!
+# Epoch 2's first progress line comes after 100 of its ~235 steps per rank (and a commit).
+until grep -q "epoch 2 \[" "$dir/killed.log"; do
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.05
+done
+pkill -9 -n -x fashion_mnist || true  # The newest rank.
+status=0
+wait "$job" || status=$?
+cat "$dir/killed.log"
+[ "$status" -eq 0 ] || { echo "the killed run exited $status"; exit 1; }
+grep -q "resumed at commit [0-9]*: epoch 2" "$dir/killed.log" ||
+  { echo "no relaunch resumed epoch 2 (the kill came too late?)"; exit 1; }
+field() { sed -n "s/.*$1 \\([0-9.]*\\).*/\\1/p" "$2" | tail -1; }
+loss_a=$(field "epoch 2: train loss" "$dir/undisturbed.log")
+loss_b=$(field "epoch 2: train loss" "$dir/killed.log")
+acc_a=$(field "final test accuracy:" "$dir/undisturbed.log")
+acc_b=$(field "final test accuracy:" "$dir/killed.log")
+echo "epoch-2 train loss: undisturbed $loss_a, resumed $loss_b; accuracy $acc_a / $acc_b"
+# The sums are associated differently (folded at each commit): equal to the printed digits,
+# give or take the last one.
+awk -v a="$loss_a" -v b="$loss_b" -v x="$acc_a" -v y="$acc_b" 'BEGIN {
+  d = a - b; if (d < 0) d = -d; e = x - y; if (e < 0) e = -e;
+  exit !(a != "" && b != "" && d <= 0.00011 && e <= 0.011) }' ||
+  { echo "the resumed run differs from the undisturbed one"; exit 1; }
