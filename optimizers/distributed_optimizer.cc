@@ -254,8 +254,8 @@ DistributedOptimizer::DistributedOptimizer(
     params[i].register_grad_hook([weak, i](nn::Variable&) {
       if (const std::shared_ptr<State> state = weak.lock()) state->rounds.on_gradient(i);
     });
-    params[i].register_failed_pass_hook([weak, i](nn::Variable&) {
-      if (const std::shared_ptr<State> state = weak.lock()) state->rounds.on_failed_pass(i);
+    params[i].register_failed_pass_hook([weak](nn::Variable&) {
+      if (const std::shared_ptr<State> state = weak.lock()) state->rounds.on_failed_pass();
     });
   }
 }
@@ -269,7 +269,7 @@ void DistributedOptimizer::step() {
 }
 
 void DistributedOptimizer::zero_grad() {
-  state_->rounds.before_zero_grad("DistributedOptimizer::zero_grad()");
+  state_->rounds.check_none_in_flight("DistributedOptimizer::zero_grad()");
   inner_.zero_grad();
   state_->rounds.clear_failure();  // Fresh gradients: a failed round no longer blocks.
 }

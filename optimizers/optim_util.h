@@ -26,8 +26,11 @@ inline bool trainable(const nn::Variable& p) { return p.requires_grad(); }
 // The float32 elements of a parameter's value or gradient.
 inline std::span<float> floats(const Tensor& t) { return t.span<float>(); }
 
+// Whether p's grad() is a float32 CPU tensor of its value's shape with storage.
+bool usable_gradient(const nn::Variable& p);
+
 // Throws InvalidArgument naming `who` (e.g. "SGD::step") and the parameter unless every
-// trainable parameter's grad() is a float32 CPU tensor of its value's shape with storage.
+// trainable parameter's grad() is usable_gradient().
 // Optimizers check all of them before changing any, so a bad gradient loses nothing; grad()
 // is writable, so a user can have replaced it with anything.
 void check_gradients(const std::vector<nn::Variable>& parameters, const char* who);

@@ -12,22 +12,24 @@
 namespace tutti::optim {
 namespace internal {
 
+bool usable_gradient(const nn::Variable& p) {
+  const Tensor& grad = p.grad();
+  return grad.data() != nullptr && grad.dtype() == DataType::Float32 &&
+         grad.shape() == p.value().shape() && grad.device().kind == Device::Kind::CPU;
+}
+
 void check_gradients(const std::vector<nn::Variable>& parameters, const char* who) {
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const nn::Variable& p = parameters[i];
-    if (!trainable(p)) continue;
+    if (!trainable(p) || usable_gradient(p)) continue;
     const Tensor& grad = p.grad();
-    const bool no_storage = grad.data() == nullptr && grad.num_elements() > 0;
-    if (grad.dtype() != DataType::Float32 || grad.shape() != p.value().shape() || no_storage ||
-        grad.device().kind != Device::Kind::CPU) {
-      detail::throw_invalid_argument(
-          who, ": the gradient of parameter ", i, " (shape ",
-          detail::shape_string(p.value().shape()), ") is ",
-          no_storage ? std::string("a tensor without storage")
-                     : detail::str_cat("a ", to_string(grad.dtype()), " tensor of shape ",
-                                       detail::shape_string(grad.shape())),
-          "; grad() must stay a float32 CPU tensor of the parameter's shape");
-    }
+    detail::throw_invalid_argument(
+        who, ": the gradient of parameter ", i, " (shape ", detail::shape_string(p.value().shape()),
+        ") is ",
+        grad.data() == nullptr ? std::string("an empty tensor (no storage)")
+                               : detail::str_cat("a ", to_string(grad.dtype()), " tensor of shape ",
+                                                 detail::shape_string(grad.shape())),
+        "; grad() must stay a float32 CPU tensor of the parameter's shape");
   }
 }
 
@@ -102,10 +104,16 @@ Optimizer::Optimizer(std::vector<nn::Variable> parameters) : parameters_(std::mo
 }
 
 void Optimizer::zero_grad() {
-  internal::check_gradients(parameters_, "Optimizer::zero_grad");
   for (const nn::Variable& p : parameters_) {
     if (!internal::trainable(p)) continue;
-    std::span<float> grad = internal::floats(p.grad());
+    nn::Variable handle = p;  // Shares the parameter's gradient.
+    if (!internal::usable_gradient(p)) {
+      // Replaced by something step() refuses (after a failed backward(), say): zeroing means a
+      // fresh gradient, as PyTorch's zero_grad() drops it.
+      handle.grad() = Tensor(DataType::Float32, p.value().shape());
+      continue;
+    }
+    std::span<float> grad = internal::floats(handle.grad());
     std::fill(grad.begin(), grad.end(), 0.0f);
   }
 }

@@ -217,31 +217,29 @@ void ReductionRounds::on_gradient(std::size_t index) {
   if (++state.ready == state.unit.members.size()) start(state);
 }
 
-void ReductionRounds::on_failed_pass(std::size_t index) {
+void ReductionRounds::on_failed_pass() {
   const detail::MutexLock lock(mutex_);
   // A round that failed already owes nothing more; see the Note for refused_in_flight_.
   if (!alive_ || !is_member() || !failure_.empty() || refused_in_flight_) return;
+  int sent = 0;
   for (UnitState& state : units_) {
     if (state.phase != Phase::Idle) continue;
     try {
       start(state);
+      ++sent;
     } catch (...) {  // Dropped: backward() throws its own error, and the round fails below.
     }
   }
-  failure_ = detail::str_cat("backward() threw on this rank before the gradient of '",
-                             names_[index], "' was complete");
+  fail_round(sent == 0 ? std::string("a backward() on this rank threw")
+                       : detail::str_cat("a backward() on this rank threw; ", sent,
+                                         " reduction(s) it had not started went out with the "
+                                         "gradients as they stood"));
   failed_pass_ = true;
 }
 
-void ReductionRounds::before_zero_grad(const char* what) {
+void ReductionRounds::check_none_in_flight(const char* what) {
   const detail::MutexLock lock(mutex_);
   refused_in_flight_ = false;
-  if (failed_pass_) {
-    static_cast<void>(wait_all(/*write_results=*/false));
-    new_round();
-    failed_pass_ = false;
-    return;
-  }
   for (const UnitState& state : units_) {
     if (state.phase == Phase::InFlight) {
       detail::throw_invalid_argument(
@@ -299,15 +297,22 @@ void ReductionRounds::fail_round(std::string why) {
 
 void ReductionRounds::check_not_failed(const char* what) const {
   if (failure_.empty()) return;
+  if (failed_pass_) {
+    detail::throw_invalid_argument(
+        "DistributedOptimizer: ", what, " after a failed backward pass (", failure_,
+        "): the other ranks' step used this rank's reductions, so this rank skips the step; "
+        "call zero_grad() and go on with the next step's backward() (repeating this step on "
+        "this rank alone would pair its reductions with the others' next step)");
+  }
   detail::throw_invalid_argument(
       "DistributedOptimizer: ", what, " after a failed step (", failure_,
-      "): the gradients are not this step's (partly reduced, or from a pass that stopped); call "
-      "zero_grad() and run backward() again");
+      "): the gradients are partly reduced; call zero_grad() and run backward() again");
 }
 
 void ReductionRounds::clear_failure() {
   const detail::MutexLock lock(mutex_);
   failure_.clear();
+  failed_pass_ = false;
 }
 
 // Waits for every unit in flight and, with `write_results`, has the wrapper write their results

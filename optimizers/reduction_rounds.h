@@ -63,14 +63,18 @@ namespace tutti::optim::internal {
 // shape) before some hooks of its parameters ran leaves the units those hooks would have started
 // Idle, while the other ranks wait in them. Were this rank to go on to its next pass, that pass's
 // reductions would match theirs under the same names, and every later step would average
-// gradients a step apart. So the engine calls the parameters' failed-pass hooks
-// (nn::Variable::register_failed_pass_hook), and on_failed_pass() starts every unit still Idle
-// with the gradients as they stand (a grad() that cannot travel goes as zeros), without waiting,
-// and fails the round as above, units in flight: step() and synchronize() are refused, and
-// zero_grad() (before_zero_grad()) waits for those units, their results not written. The other
-// ranks' step averages this rank's gradients as they stood. Not for a pass refused because its
-// unit was already in flight (refuse_pass()): that round goes on, so the failed-pass hooks of
-// that walk do nothing. The LibTorch wrapper has no failed-pass hooks (its backward is torch's).
+// gradients a step apart. A pass whose hooks all ran and that threw after them (at another
+// leaf) counted towards backward_passes_per_step all the same. So the engine calls the
+// parameters' failed-pass hooks (nn::Variable::register_failed_pass_hook), and on_failed_pass()
+// starts every unit still Idle with the gradients as they stand (a grad() that cannot travel
+// goes as zeros) and fails the round as above: it waits for every unit in flight, their results
+// not written (each rank's own gradients come back), so that nothing is in flight when
+// backward() throws, as DDP's pass waits too. step() and synchronize() are then refused until
+// zero_grad(); the other ranks' step averaged this rank's gradients as they stood, so this rank
+// skips the step (repeating it alone would pair it with the others' next one, which the message
+// says). Not for a pass refused because its unit was already in flight (refuse_pass()): that
+// round goes on, so the failed-pass hooks of that walk do nothing. The LibTorch wrapper has no
+// failed-pass hooks (its backward is torch's).
 
 // One reduction: a single parameter or a group, under an op name identical on every rank.
 struct ReductionUnit {
@@ -130,12 +134,12 @@ class ReductionRounds {
   // `inner_step`, then a new round. Logs the "step() called without skip_synchronize()"
   // warning once per optimizer (Horovod's) when an explicit synchronize() came first.
   void step(bool skipping, const std::function<void()>& inner_step) TUTTI_EXCLUDES(mutex_);
-  // The failed-pass hook of parameter `index` (Note [A pass that failed]).
-  void on_failed_pass(std::size_t index) TUTTI_EXCLUDES(mutex_);
-  // zero_grad() is about to run. After a failed pass, waits for the units in flight (results
-  // not written, errors dropped); otherwise InvalidArgument (naming `what`) while a unit is in
-  // flight, whose result would overwrite the zeros.
-  void before_zero_grad(const char* what) TUTTI_EXCLUDES(mutex_);
+  // A parameter's failed-pass hook (Note [A pass that failed]): blocking, collective over the
+  // set (it waits for the units in flight).
+  void on_failed_pass() TUTTI_EXCLUDES(mutex_);
+  // InvalidArgument (naming `what`) while a unit is in flight, whose result would overwrite
+  // what the caller is about to do (zero_grad()).
+  void check_none_in_flight(const char* what) TUTTI_EXCLUDES(mutex_);
   // zero_grad() was called: the gradients are fresh, and a failed round no longer blocks
   // (Note [A failed round]).
   void clear_failure() TUTTI_EXCLUDES(mutex_);
@@ -190,7 +194,7 @@ class ReductionRounds {
   bool warned_ TUTTI_GUARDED_BY(mutex_) = false;
   // What failed the last round; empty while none blocks (Note [A failed round]).
   std::string failure_ TUTTI_GUARDED_BY(mutex_);
-  // Units may be in flight after a failed pass (Note [A pass that failed]).
+  // The round failed in a backward pass (Note [A pass that failed]), for the messages.
   bool failed_pass_ TUTTI_GUARDED_BY(mutex_) = false;
   // refuse_pass() let the round go on; the failed-pass hooks of the walk it stopped do nothing.
   // Cleared by the next hook, step() or zero_grad().

@@ -333,7 +333,7 @@ void DistributedOptimizer::step() {
 int DistributedOptimizer::reductions_started() const { return state_->rounds.units_started(); }
 
 void DistributedOptimizer::zero_grad() {
-  state_->rounds.before_zero_grad("DistributedOptimizer::zero_grad()");
+  state_->rounds.check_none_in_flight("DistributedOptimizer::zero_grad()");
   inner_.zero_grad();
   state_->rounds.clear_failure();  // Fresh gradients: a failed round no longer blocks.
 }

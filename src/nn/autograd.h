@@ -35,10 +35,10 @@ struct VariableImpl {
   std::vector<std::shared_ptr<VariableImpl>> inputs;
   BackwardFunction backward;
   std::vector<std::function<void(Variable&)>> hooks;  // Leaves only.
-  // Called when a backward() over this node throws before reaching it (a leaf's hooks all run,
-  // a result's backward begun): Variable::register_failed_pass_hook() for leaves;
-  // DistributedDataParallel's output (Note [DDP reduction passes]) and synchronized batch norms
-  // (src/nn/batch_norm_op.h) for results.
+  // Called when a backward() over this node throws (for a result, only before its backward
+  // began): Variable::register_failed_pass_hook() for leaves; DistributedDataParallel's output
+  // (Note [DDP reduction passes]) and synchronized batch norms (src/nn/batch_norm_op.h) for
+  // results.
   std::vector<std::function<void(Variable&)>> failed_pass_hooks;
   // Held while backward() adds into `grad`, so that backward passes running on several threads
   // over graphs that share this leaf (DataParallel-style code) do not lose contributions. See
@@ -78,9 +78,8 @@ struct LeafDelivery {
   std::function<void(const std::shared_ptr<VariableImpl>& leaf, Tensor contribution)> contribute;
   // The leaf's last contribution has arrived: its gradient is final. May be empty.
   std::function<void(const std::shared_ptr<VariableImpl>& leaf)> complete;
-  // The walk threw: called for every node of the graph it had not reached (a leaf whose
-  // `complete` had not returned, a result whose backward had not begun), newest first, before
-  // the exception propagates. May be empty.
+  // The walk threw: called for every leaf of the graph and every result whose backward had not
+  // begun, newest first, before the exception propagates. May be empty.
   std::function<void(const std::shared_ptr<VariableImpl>& node)> abandoned;
 };
 

@@ -83,20 +83,22 @@ std::unordered_map<VariableImpl*, int> count_uses(const std::vector<RootGradient
 // A backward function, a hook or a leaf's accumulation may throw mid-walk. The walk stops there
 // and the exception propagates, but code that started work from hooks (DistributedOptimizer's
 // reductions, DDP's pass) would otherwise wait for hooks that never fire, and the other ranks
-// with it, and so would a SyncBatchNorm's backward, which reduces across ranks. So, with
-// LeafDelivery::abandoned, the walk first reports every node it had not reached: leaves whose
-// hooks had not all run, results whose backward had not begun. backward() calls those nodes'
-// failed-pass hooks (Variable::register_failed_pass_hook for leaves; DDP's output and
-// synchronized batch norms for results). They are reported newest first, the order in which the
-// walk would have reached them.
+// with it, and so would a SyncBatchNorm's backward, which reduces across ranks. Code that counts
+// passes from hooks (DistributedOptimizer with backward_passes_per_step) must also learn that a
+// pass whose hooks all ran failed after them. So, with LeafDelivery::abandoned, the walk first
+// reports every leaf of the graph, whether or not its hooks ran, and every result whose backward
+// had not begun. backward() calls those nodes' failed-pass hooks
+// (Variable::register_failed_pass_hook for leaves; DDP's output and synchronized batch norms for
+// results). They are reported newest first, the order in which the walk would have reached them.
 
-// Marks a node in `uses` that report_abandoned() leaves out: a leaf whose `complete` returned,
-// a result whose backward began (if that throws, the exception is the node's own report).
+// Marks a result in `uses` whose backward began, which report_abandoned() leaves out (if that
+// backward throws, the exception is the node's own report).
 constexpr int kFinished = -1;
 
-// Note [A walk that throws]: hands every node of the roots' graphs that `uses` does not mark
-// kFinished to `abandoned`, newest first (leaves, numbered 0, last). Walks the graph again (from
-// shared pointers, which `uses` lacks), so a walk that does not throw pays nothing for this.
+// Note [A walk that throws]: hands every leaf of the roots' graphs, and every result that `uses`
+// does not mark kFinished, to `abandoned`, newest first (leaves, numbered 0, last). Walks the
+// graph again (from shared pointers, which `uses` lacks), so a walk that does not throw pays
+// nothing for this.
 void report_abandoned(const std::vector<RootGradient>& roots,
                       const std::unordered_map<VariableImpl*, int>& uses,
                       const LeafDelivery& leaves) {
@@ -114,7 +116,9 @@ void report_abandoned(const std::vector<RootGradient>& roots,
       if (input->requires_grad && visited.insert(input.get()).second) to_visit.push_back(input);
     }
     const auto it = uses.find(node.get());
-    if (it == uses.end() || it->second != kFinished) abandoned.push_back(std::move(node));
+    if (node->is_leaf() || it == uses.end() || it->second != kFinished) {
+      abandoned.push_back(std::move(node));
+    }
   }
   std::stable_sort(
       abandoned.begin(), abandoned.end(),
@@ -143,7 +147,6 @@ void propagate(const std::vector<RootGradient>& roots, std::unordered_map<Variab
       return;
     }
     if (leaves.complete) leaves.complete(node);  // Final; see Note [Hook timing].
-    uses[node.get()] = kFinished;
   };
   std::unordered_set<VariableImpl*> seeded;
   for (const RootGradient& root : roots) {

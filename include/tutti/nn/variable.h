@@ -67,7 +67,7 @@ class TUTTI_API Variable {
   // is complete (every use of the leaf in the graph has contributed) and while the rest of the
   // graph is still being differentiated; leaves not reached fire nothing. An exception from a
   // hook stops backward() and propagates; gradients already accumulated stay, and the failed-pass
-  // hooks of the leaves whose hooks did not all run are called (register_failed_pass_hook()).
+  // hooks of the graph's leaves are called first (register_failed_pass_hook()).
   // Throws InvalidArgument for an empty Variable, one with more than one element, or one that
   // does not require grad (no leaf of its graph requires grad).
   void backward();
@@ -79,14 +79,14 @@ class TUTTI_API Variable {
   void register_grad_hook(std::function<void(Variable&)> hook);
 
   // Tutti addition: adds `hook`, called with this leaf when a backward() whose graph reaches it
-  // throws (from an operation's backward, a hook, or a grad() not of the value's shape) before
-  // this leaf's grad hooks have all run in that pass: those that did not run never will. It runs
-  // on the thread of that backward(), after the walk stopped and before backward() rethrows; what
-  // it throws is dropped. Meant for code that starts work from grad hooks and must not wait for
-  // a pass that ended early: DistributedOptimizer sends the reductions this rank owes with it,
-  // so that the other ranks stay on the same step. Hooks stay registered for the Variable's
-  // lifetime. Throws InvalidArgument unless this is a leaf that requires grad, or for an empty
-  // `hook`.
+  // throws (from an operation's backward, a hook, or a grad() not of the value's shape), whether
+  // or not this leaf's grad hooks ran in that pass (those that did not never will). It runs on
+  // the thread of that backward(), after the walk stopped and before backward() rethrows; what
+  // it throws is dropped. Meant for code that counts passes or starts work from grad hooks and
+  // must learn that a pass ended early: DistributedOptimizer sends the reductions this rank owes
+  // with it, so that the other ranks stay on the same step. Hooks stay registered for the
+  // Variable's lifetime. Throws InvalidArgument unless this is a leaf that requires grad, or for
+  // an empty `hook`.
   void register_failed_pass_hook(std::function<void(Variable&)> hook);
 
  private:

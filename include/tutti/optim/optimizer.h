@@ -60,8 +60,9 @@ class TUTTI_API Optimizer {
   // replaced).
   virtual void step() = 0;
   // Sets the grad() of every parameter that requires grad to zero, in place (the tensors are
-  // kept, so views of them stay valid). Local. InvalidArgument, zeroing nothing, for a grad()
-  // as step() refuses it.
+  // kept, so views of them stay valid). Local. A grad() that step() would refuse (replaced by
+  // an empty tensor, or one of another dtype or shape) is replaced by a new zero-filled float32
+  // tensor of the parameter's shape, as PyTorch's zero_grad() drops the gradient.
   virtual void zero_grad();
 
   // The parameters in the order given to the constructor.

@@ -379,6 +379,76 @@ TEST_CASE("A backward() that threw on one rank leaves every rank on the same ste
   CHECK(all_ranks(ok));
 }
 
+TEST_CASE("A backward() that threw after every parameter's hook ran: that rank skips the step",
+          "[distributed][errors]") {
+  // Rank 0's pass 0 of step 1 throws at a leaf that is not a parameter (an input whose grad()
+  // has the wrong shape), after p's hook ran: before, with one pass per step, its recovery
+  // zero_grad() threw (the reduction was in flight) and every later pass was refused; with two,
+  // its next pass completed the round a pass late and every later step averaged gradients a
+  // step apart. p's gradient on rank r in pass k of step s is x = 100 (r + 1) + 10 s + k.
+  Session session;
+  const int passes = GENERATE(1, 2);
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  nn::Variable p(Tensor(DataType::Float32, {1}), true);
+  optim::SGD inner({p}, {.lr = 0.0});
+  DistributedOptimizer dist(inner, {{"p", p}}, {.backward_passes_per_step = passes});
+  const auto x = [](int r, std::int64_t s, int k) {
+    return 100.0 * (r + 1) + 10.0 * static_cast<double>(s) + k;
+  };
+  bool ok = true;
+  std::string log;
+  for (std::int64_t step = 0; step < 3; ++step) {
+    const bool fails = step == 1 && rank == 0;
+    std::string message;
+    try {
+      for (int k = 0; k < passes; ++k) {
+        nn::Variable u(Tensor(DataType::Float32, {1}), true);
+        if (fails && k == 0) u.grad() = Tensor(DataType::Float32, {2});
+        const nn::Variable xs(
+            Tensor::from<float>(std::vector<float>{static_cast<float>(x(rank, step, k))}, {1}));
+        (nn::sum(p * xs) + nn::sum(u)).backward();  // p's hook runs first (the newest result).
+      }
+      dist.step();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    if (fails) {
+      const ErrorCode refused = code_of([&] { dist.step(); });
+      const std::string advice = [&] {
+        try {
+          dist.synchronize();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }();
+      ok = ok && !message.empty() && refused == ErrorCode::InvalidArgument &&
+           advice.find("skips the step") != std::string::npos;
+      log += " rank 0 at step 1: " + message + " / " + advice;
+      dist.zero_grad();  // Nothing in flight: the failed backward() waited for its reductions.
+      continue;
+    }
+    // At step 1 rank 0 sent what it had: its pass 0 (its hook ran), not its pass 1.
+    double expected = 0;
+    for (int r = 0; r < size; ++r) {
+      for (int k = 0; k < passes; ++k) {
+        if (!(step == 1 && r == 0 && k > 0)) expected += x(r, step, k);
+      }
+    }
+    expected /= size;
+    const double got = p.grad().span<float>()[0];
+    ok = ok && message.empty() && std::abs(got - expected) < 1e-3;
+    if (!message.empty() || std::abs(got - expected) >= 1e-3) {
+      log += " step " + std::to_string(step) + ": " + std::to_string(got) + " for " +
+             std::to_string(expected) + " " + message;
+    }
+    dist.zero_grad();
+  }
+  INFO("passes " << passes << log);
+  CHECK(all_ranks(ok));
+}
+
 TEST_CASE("A grad() that cannot travel goes as zeros; its rank's synchronize() names it",
           "[distributed][errors]") {
   // Rank 0 runs no backward() and holds an absent or wrong-shaped grad(). Before, the absent

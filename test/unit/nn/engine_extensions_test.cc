@@ -105,10 +105,11 @@ TEST_CASE("A walk that throws still runs the callbacks; backward() rethrows the 
   CHECK(ran == 1);
 }
 
-TEST_CASE("A walk that throws calls the failed-pass hooks of the leaves it had not finished",
+TEST_CASE("A walk that throws calls every leaf's failed-pass hooks, before the callbacks",
           "[nn][engine]") {
   // Note [A walk that throws] in src/nn/backward_walk.cc: DistributedOptimizer sends the
-  // reductions of such leaves from these hooks, and DDP's output starts its pass.
+  // reductions it owes from these hooks (and learns that a pass failed after its hooks ran),
+  // and DDP's output starts its pass.
   Variable a(tensor({1, 2}, {2}), true);
   Variable b(tensor({3}, {1}), true);
   Variable c(tensor({4}, {1}), true);
@@ -135,11 +136,11 @@ TEST_CASE("A walk that throws calls the failed-pass hooks of the leaves it had n
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::InvalidArgument);  // The walk's error, not the hook's.
   }
-  REQUIRE(events.size() == 4);
+  REQUIRE(events.size() == 5);
   CHECK(events.front() == "hook a");
   std::vector<std::string> failed(events.begin() + 1, events.end() - 1);
   std::sort(failed.begin(), failed.end());
-  CHECK(failed == std::vector<std::string>{"failed b", "failed c"});
+  CHECK(failed == std::vector<std::string>{"failed a", "failed b", "failed c"});
   CHECK(events.back() == "callback");  // After the failed-pass hooks, which may queue some.
   // A walk that does not throw calls none.
   events.clear();
