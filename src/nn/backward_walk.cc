@@ -128,7 +128,7 @@ void report_abandoned(const std::vector<RootGradient>& roots,
   for (const std::shared_ptr<VariableImpl>& node : abandoned) leaves.abandoned(node);
 }
 
-// Step 2 of Note [Hook timing], over the counts of step 1; marks nodes kFinished in `uses`.
+// Step 2 of Note [Hook timing], over the counts of step 1; marks results kFinished in `uses`.
 void propagate(const std::vector<RootGradient>& roots, std::unordered_map<VariableImpl*, int>& uses,
                const LeafDelivery& leaves) {
   std::unordered_map<VariableImpl*, Tensor> pending_grads;

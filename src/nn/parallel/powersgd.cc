@@ -123,10 +123,10 @@ bool add_error(const PowerSGDState& options, Memory& memory, const Tensor& input
 // P = M·Q spans at most the column space of the ranks' summed M, which at full rank (r = cols)
 // of an n x m matrix with n > m need not hold one rank's own M: that rank's error is not zero,
 // and lost when it joins (a [3] vector at 2 ranks gave 1.19 for 1.0 after the join). Its
-// transpose, m x n, has r = m rows: P is then square and orthogonal, and the error zero. The
-// wire sizes are the same ((n + m)·r), and so is the result (allreduce's, to float rounding), so
-// only at full rank of a tall matrix is the transpose compressed; below it PyTorch's orientation
-// is kept, whose results it matches.
+// transpose, m x n, has r = m rows: P is then square and orthogonal, and the error zero. At full
+// rank the wire sizes ((n + m)·r) and the result (allreduce's, to float rounding) are the same
+// either way. Below full rank the orientation changes the result, so PyTorch's is kept there,
+// and with it PyTorch's results.
 
 // A compressed gradient: the rows x cols matrix that is compressed is the gradient at `offset`
 // in the bucket (its dim 0 x the rest), or with `transposed` its transpose; its factors, of rank
