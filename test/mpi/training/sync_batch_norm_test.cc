@@ -58,6 +58,20 @@ void set_affine(const nn::Module& bn) {
   }
 }
 
+// The uneven shards of the tests: rank r holds rows [first, first + mine) of a global batch of
+// `total` rows, mine = r + 2.
+struct UnevenShard {
+  std::int64_t first = 0, total = 0, mine = 0;
+};
+UnevenShard uneven_shard(int rank, int size) {
+  UnevenShard part{.mine = rank + 2};
+  for (int r = 0; r < size; ++r) {
+    if (r < rank) part.first += r + 2;
+    part.total += r + 2;
+  }
+  return part;
+}
+
 TEST_CASE("SyncBatchNorm equals BatchNorm over the concatenated batch, forward and backward",
           "[sync_batch_norm]") {
   Session session;
@@ -70,13 +84,8 @@ TEST_CASE("SyncBatchNorm equals BatchNorm over the concatenated batch, forward a
            : layout == 1 ? Shape{n, kChannels, 5}
                          : Shape{n, kChannels, 2, 3};
   };
-  // Uneven shards: rank r holds r + 2 rows.
-  std::int64_t first = 0, total = 0;
-  for (int r = 0; r < size; ++r) {
-    if (r < rank) first += r + 2;
-    total += r + 2;
-  }
-  const std::int64_t mine = rank + 2;
+  const UnevenShard part = uneven_shard(rank, size);  // Rank r holds r + 2 rows.
+  const std::int64_t first = part.first, total = part.total, mine = part.mine;
   nn::SyncBatchNorm sync(kChannels);
   std::shared_ptr<nn::Module> plain =
       layout == 2 ? std::shared_ptr<nn::Module>(std::make_shared<nn::BatchNorm2d>(kChannels))
@@ -133,12 +142,8 @@ TEST_CASE("A backward() that threw on one rank before a SyncBatchNorm still redu
   const int rank = tutti::rank();
   const int size = tutti::size();
   constexpr std::int64_t kChannels = 3;
-  std::int64_t first = 0, total = 0;
-  for (int r = 0; r < size; ++r) {
-    if (r < rank) first += r + 2;
-    total += r + 2;
-  }
-  const std::int64_t mine = rank + 2;
+  const UnevenShard part = uneven_shard(rank, size);
+  const std::int64_t first = part.first, total = part.total, mine = part.mine;
   nn::SyncBatchNorm sync(kChannels);
   nn::BatchNorm1d plain(kChannels);
   set_affine(sync);
@@ -185,13 +190,8 @@ TEST_CASE("issue 24: convert_sync_batchnorm converts a bare BatchNorm1d/2d itsel
   const int rank = tutti::rank();
   const int size = tutti::size();
   constexpr std::int64_t kChannels = 2;
-  // Rank r holds r + 2 rows of the global batch.
-  std::int64_t first = 0, total = 0;
-  for (int r = 0; r < size; ++r) {
-    if (r < rank) first += r + 2;
-    total += r + 2;
-  }
-  const std::int64_t mine = rank + 2;
+  const UnevenShard part = uneven_shard(rank, size);  // Rank r holds r + 2 rows.
+  const std::int64_t first = part.first, total = part.total, mine = part.mine;
   for (const bool two_d : {false, true}) {
     INFO((two_d ? "BatchNorm2d" : "BatchNorm1d"));
     auto make = [&]() -> std::shared_ptr<nn::Module> {
