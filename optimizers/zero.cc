@@ -4,9 +4,11 @@
 #include "tutti/optim/zero.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <string>
@@ -161,6 +163,14 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(nn::NamedParameters parameters,
   for (std::size_t i : layout_->shards[static_cast<std::size_t>(options_.process_set.rank())]) {
     shard.push_back(Optimizer::parameters()[i]);
   }
+  const std::weak_ptr<std::atomic<bool>> failed = pass_failed_;
+  for (const nn::Variable& p : Optimizer::parameters()) {
+    if (!internal::trainable(p)) continue;
+    nn::Variable handle = p;
+    handle.register_failed_pass_hook([failed](nn::Variable&) {
+      if (const std::shared_ptr<std::atomic<bool>> flag = failed.lock()) flag->store(true);
+    });
+  }
   local_ = make_local(shard);
   if (!local_)
     detail::throw_invalid_argument(internal::kWho, ": the factory returned no optimizer");
@@ -184,11 +194,35 @@ std::int64_t ZeroRedundancyOptimizer::bucket_elements() const {
 }
 
 void ZeroRedundancyOptimizer::step() {
+  pass_failed_->store(false);
   if (options_.shard_gradients) reduce_gradients();
   local_->step();
   consolidated_to_.reset();
   consolidated_.reset();
   broadcast_parameters();
+}
+
+// Note [A rank that skips a ZeRO step]
+// step() is collective: every member's reduces and broadcasts wait for the others'. A rank
+// whose backward() threw usually goes on to its next batch (`catch { zero_grad(); continue; }`)
+// without step(); its next step() would then pair with the others' current one under the same
+// op names, and every later step would mix two (the same skew Note [A pass that failed] in
+// optimizers/reduction_rounds.h prevents for DistributedOptimizer, which also refuses that
+// rank's step()). So the failed-pass hooks mark the pass, and zero_grad() makes this rank's part
+// of the step it skips: the reduces with its gradients as zeros (stage 2) and the broadcasts of
+// its shard as it is. The members' parameters stay equal; this rank's shard misses that step's
+// update.
+void ZeroRedundancyOptimizer::skip_step() {
+  Optimizer::zero_grad();
+  if (options_.shard_gradients) reduce_gradients();
+  consolidated_to_.reset();
+  consolidated_.reset();
+  broadcast_parameters();
+}
+
+void ZeroRedundancyOptimizer::zero_grad() {
+  if (pass_failed_->exchange(false)) skip_step();
+  Optimizer::zero_grad();
 }
 
 void ZeroRedundancyOptimizer::reduce_gradients() {

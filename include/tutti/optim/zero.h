@@ -5,6 +5,7 @@
 // the optimizer's memory per rank drops to about 1/N.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,8 +58,9 @@ struct ZeroOptions {
 // (to float rounding), on every member: each member updates its shard, and step() then
 // broadcasts each parameter's new value from its owner into every member's parameter.
 //
-// Collective over the set: step() and consolidate_state_dict() communicate; every member calls
-// them in the same order, and none may have joined (tutti::join(): a joined member's shard
+// Collective over the set: step() and consolidate_state_dict() communicate (and zero_grad()
+// after a backward() that threw on this rank, see there); every member calls them in the same
+// order, and none may have joined (tutti::join(): a joined member's shard
 // could not be updated; step() then throws InvalidArgument). Their ops are named
 // "ZeroRedundancyOptimizer.<what>.<...>" in the set, so two of these optimizers over one set
 // must not step concurrently. Not thread-safe. The optimizer does not broadcast the initial
@@ -84,6 +86,14 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   // parameters, in place. Collective, blocking. Errors of the collectives are rethrown (a
   // failed reduce leaves every parameter unchanged). At set size 1 nothing is sent.
   void step() override;
+  // Zeroes the gradients (Optimizer::zero_grad()). Tutti addition: after a backward() that threw
+  // on this rank since the last step() (the parameters' failed-pass hooks tell it), it first
+  // takes part in the step this rank is skipping, so that the other members' step() is not
+  // left waiting for it and theirs is not paired with this rank's next one: stage 2's reduces
+  // with this rank's gradients as zeros, and the broadcasts of its shard's values, not updated.
+  // Collective, blocking, in that case only. A step() after such a backward() is a normal step
+  // (with DDP the gradients hold the other ranks' averages).
+  void zero_grad() override;
 
   // Gathers every member's optimizer state to the member whose global rank is `to`, where
   // state_dict() then returns it in the unsharded layout: what the local optimizer type over all
@@ -117,6 +127,7 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   std::int64_t bucket_elements() const;
   void reduce_gradients();
   void broadcast_parameters();
+  void skip_step();
 
   std::vector<std::string> names_;
   ZeroOptions options_;
@@ -125,6 +136,8 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   // After consolidate_state_dict(): the global rank it gathered to, and on that rank the state.
   std::optional<int> consolidated_to_;
   std::optional<StateDict> consolidated_;
+  // Set by the parameters' failed-pass hooks, which hold it weakly; see zero_grad().
+  std::shared_ptr<std::atomic<bool>> pass_failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace tutti::optim

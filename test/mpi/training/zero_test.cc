@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <mpi.h>
 
 #include "test/mpi/training/ddp_test_util.h"
 #include "test/mpi/training/training_test_util.h"
@@ -349,6 +350,89 @@ TEST_CASE("ZeRO with members that own no parameter: the step's closed form, and 
   CHECK(all_ranks(code == ErrorCode::InvalidArgument));
   CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
                                                    " members have joined") != std::string::npos));
+}
+
+TEST_CASE(
+    "ZeRO: a rank whose backward() threw skips the step in zero_grad(), in step with the "
+    "others",
+    "[zero][errors]") {
+  // Rank 0's backward() throws at step 1 and it goes on with zero_grad() (Note [A rank that
+  // skips a ZeRO step]). Four parameters, SGD (lr 0.5, no momentum), every gradient element of
+  // rank r at step s c = r + 1 + 10 s: closed forms per owner. Before, rank 0's next step()
+  // paired with the others' step 1, and their last step waited for one it never made.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool stage2 = GENERATE(false, true);
+  const std::vector<std::int64_t> sizes{8, 6, 4, 2};
+  nn::NamedParameters named;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    Tensor value(DataType::Float32, {sizes[i]});
+    for (float& v : value.span<float>()) v = 1.0f;
+    named.emplace_back("p" + std::to_string(i), nn::Variable(value, true));
+  }
+  ZeroRedundancyOptimizer zero(named,
+                               [](std::vector<nn::Variable> shard) {
+                                 return std::make_unique<optim::SGD>(std::move(shard),
+                                                                     optim::SGDOptions{.lr = 0.5});
+                               },
+                               {.shard_gradients = stage2});
+  const auto c = [](int r, int s) { return static_cast<double>(r + 1 + 10 * s); };
+  bool ok = true;
+  std::string log;
+  for (int step = 0; step < 3; ++step) {
+    zero.zero_grad();
+    const bool fails = step == 1 && rank == 0;
+    nn::Variable u(Tensor(DataType::Float32, {1}), true);
+    if (fails) u.grad() = Tensor();  // The engine refuses it: this backward() throws.
+    nn::Variable loss = nn::sum(u);
+    for (const auto& [name, p] : named) {
+      Tensor x(DataType::Float32, p.value().shape());
+      for (float& v : x.span<float>()) v = static_cast<float>(c(rank, step));
+      loss = loss + nn::sum(p * nn::Variable(x));
+    }
+    const auto [code, message] = error_from([&] { loss.backward(); });
+    if (fails) {
+      ok = ok && code == ErrorCode::InvalidArgument;
+      continue;  // zero_grad() at the top of the loop makes this rank's part of step 1.
+    }
+    const auto [step_code, step_message] = error_from([&] { zero.step(); });
+    ok = ok && code == ErrorCode::Internal && step_code == ErrorCode::Internal;
+    log += message + step_message;
+  }
+  zero.zero_grad();
+  // Each parameter's owner (plain MPI: the owners' ranks summed).
+  std::vector<int> owner(sizes.size(), 0);
+  const std::vector<std::string> mine = zero.owned_parameters();
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (std::find(mine.begin(), mine.end(), "p" + std::to_string(i)) != mine.end()) owner[i] = rank;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, owner.data(), static_cast<int>(owner.size()), MPI_INT, MPI_SUM,
+                MPI_COMM_WORLD);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    double expected = 1.0;
+    for (int step = 0; step < 3; ++step) {
+      if (step == 1 && owner[i] == 0) continue;  // Rank 0 skipped step 1: its shard stays.
+      double g = 0;
+      if (stage2) {  // The average over the ranks, rank 0's zero at step 1.
+        for (int r = 0; r < size; ++r) g += (step == 1 && r == 0) ? 0.0 : c(r, step);
+        g /= size;
+      } else {  // Stage 1 steps with the owner's own gradient (no DDP here).
+        g = c(owner[i], step);
+      }
+      expected -= 0.5 * g;
+    }
+    for (float v : named[i].second.value().span<float>()) {
+      if (std::abs(v - expected) > 1e-4) {
+        ok = false;
+        log += " p" + std::to_string(i) + ": " + std::to_string(v) + " for " +
+               std::to_string(expected);
+        break;
+      }
+    }
+  }
+  INFO("stage " << (stage2 ? 2 : 1) << log);
+  CHECK(all_ranks(ok));
 }
 
 TEST_CASE("ZeRO: state_dict needs a consolidation; bad arguments and states are refused",
