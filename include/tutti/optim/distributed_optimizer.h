@@ -75,7 +75,11 @@ class TUTTI_API DistributedOptimizer : public Optimizer {
   // backward() refused after synchronize() (or for a pass over backward_passes_per_step) does
   // the same, having added into gradients the step would use; but while the reductions of the
   // gradients it reached are still in flight, their results replace what it added, so only the
-  // refused pass is lost and step() goes on.
+  // refused pass is lost and step() goes on. A backward() that threw on this rank for another
+  // reason (a hook, a grad() of the wrong shape) has started the reductions this rank owed, with
+  // its gradients as they stood, and waited for them (the parameters' failed-pass hooks), so the
+  // other ranks' step went on; this rank skips the step: step() and synchronize() throw
+  // Error(InvalidArgument) until zero_grad(), and it goes on with the next step's backward().
   void step() override;
   // inner.zero_grad(), which also ends a failed step's block (see step()). Throws
   // Error(InvalidArgument) while gradient reductions are in flight (between the hooks that
