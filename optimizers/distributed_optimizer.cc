@@ -61,7 +61,7 @@ class VariableBuffers final : public internal::GradientBuffers {
       if (buffer.dtype() != wire_type() || buffer.shape() != shape || buffer.data() == nullptr) {
         buffer = Tensor(wire_type(), shape);
       }
-      as_zeros[m] = !can_travel(grad, param);
+      as_zeros[m] = !internal::usable_gradient(param);  // Not what the optimizers step on.
       if (as_zeros[m]) {
         if (buffer.byte_size() > 0) std::memset(buffer.data(), 0, buffer.byte_size());
       } else if (compressed()) {
@@ -91,13 +91,6 @@ class VariableBuffers final : public internal::GradientBuffers {
   }
 
  private:
-  // Whether `grad` can be reduced as `param`'s gradient: a float32 CPU tensor with storage and
-  // the value's shape.
-  static bool can_travel(const Tensor& grad, const nn::Variable& param) {
-    return grad.data() != nullptr && grad.dtype() == DataType::Float32 &&
-           grad.device().kind == Device::Kind::CPU && grad.shape() == param.value().shape();
-  }
-
   std::exception_ptr cannot_travel(std::size_t index) const {
     const Tensor& grad = params_[index].grad();
     const std::string what =

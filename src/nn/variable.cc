@@ -168,6 +168,20 @@ VariableImpl& checked(const std::shared_ptr<VariableImpl>& impl) {
   return *impl;
 }
 
+// Appends `hook` to the leaf's list `list` (grad hooks or failed-pass hooks); `who` names the
+// public call in the InvalidArgument for an empty Variable, a result, a leaf that does not
+// require grad, or an empty hook.
+void add_leaf_hook(const std::shared_ptr<VariableImpl>& impl, std::function<void(Variable&)> hook,
+                   std::vector<std::function<void(Variable&)>> VariableImpl::*list,
+                   const char* who) {
+  VariableImpl& node = checked(impl);
+  if (!node.is_leaf() || !node.requires_grad) {
+    throw_invalid_argument(who, "() needs a leaf Variable that requires grad (a parameter)");
+  }
+  if (!hook) throw_invalid_argument(who, "() got an empty hook");
+  (node.*list).push_back(std::move(hook));
+}
+
 }  // namespace
 
 Variable make_result(Tensor value, const std::vector<Variable>& inputs, BackwardFunction backward) {
@@ -279,23 +293,12 @@ void Variable::backward() {
 }
 
 void Variable::register_grad_hook(std::function<void(Variable&)> hook) {
-  detail::VariableImpl& node = detail::checked(impl_);
-  if (!node.is_leaf() || !node.requires_grad) {
-    detail::throw_invalid_argument(
-        "register_grad_hook() needs a leaf Variable that requires grad (a parameter)");
-  }
-  if (!hook) detail::throw_invalid_argument("register_grad_hook() got an empty hook");
-  node.hooks.push_back(std::move(hook));
+  detail::add_leaf_hook(impl_, std::move(hook), &detail::VariableImpl::hooks, "register_grad_hook");
 }
 
 void Variable::register_failed_pass_hook(std::function<void(Variable&)> hook) {
-  detail::VariableImpl& node = detail::checked(impl_);
-  if (!node.is_leaf() || !node.requires_grad) {
-    detail::throw_invalid_argument(
-        "register_failed_pass_hook() needs a leaf Variable that requires grad (a parameter)");
-  }
-  if (!hook) detail::throw_invalid_argument("register_failed_pass_hook() got an empty hook");
-  node.failed_pass_hooks.push_back(std::move(hook));
+  detail::add_leaf_hook(impl_, std::move(hook), &detail::VariableImpl::failed_pass_hooks,
+                        "register_failed_pass_hook");
 }
 
 }  // namespace tutti::nn
