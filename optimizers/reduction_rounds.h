@@ -74,7 +74,8 @@ namespace tutti::optim::internal {
 // skips the step (repeating it alone would pair it with the others' next one, which the message
 // says). Not for a pass refused because its unit was already in flight (refuse_pass()): that
 // round goes on, so the failed-pass hooks of that walk do nothing. The LibTorch wrapper has no
-// failed-pass hooks (its backward is torch's).
+// failed-pass hooks (its backward is torch's, which tells nobody that it threw): its caller says
+// so with libtorch::DistributedOptimizer::backward_failed(), which is on_failed_pass().
 
 // One reduction: a single parameter or a group, under an op name identical on every rank.
 struct ReductionUnit {

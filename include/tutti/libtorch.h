@@ -75,6 +75,16 @@ class DistributedOptimizer {
   void step();  // synchronize() first unless inside skip_synchronize(); then inner.step().
   // inner.zero_grad(); InvalidArgument while reductions are in flight.
   void zero_grad();
+  // Tutti addition: call where a backward() of this step threw on this rank (torch gives the
+  // hooks no word of it). Blocking, collective with the other ranks' step: starts every
+  // reduction this rank owes the step, with its gradients as they stand (an absent grad() as
+  // zeros), and waits for all of them, results not written, so that the other ranks' step
+  // completes and this rank's next step pairs with their next one. This rank skips the step:
+  // step() and synchronize() throw InvalidArgument until zero_grad(). A no-op when a reduction
+  // of the round failed already. Without it, a rank whose backward() threw before any hook ran
+  // would pair its next step with the others' current one, and every later step would average
+  // gradients a step apart.
+  void backward_failed();
   void synchronize();
   class SkipSynchronize;
   [[nodiscard]] SkipSynchronize skip_synchronize();

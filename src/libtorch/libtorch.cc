@@ -332,6 +332,8 @@ void DistributedOptimizer::step() {
 
 int DistributedOptimizer::reductions_started() const { return state_->rounds.units_started(); }
 
+void DistributedOptimizer::backward_failed() { state_->rounds.on_failed_pass(); }
+
 void DistributedOptimizer::zero_grad() {
   state_->rounds.check_none_in_flight("DistributedOptimizer::zero_grad()");
   inner_.zero_grad();

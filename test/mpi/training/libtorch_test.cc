@@ -8,9 +8,11 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -244,6 +246,80 @@ TEST_CASE("LibTorch: the hooks start reductions mid-backward", "[libtorch]") {
   }
   opt.step();
   CHECK(opt.reductions_started() == 0);
+}
+
+TEST_CASE("LibTorch: backward_failed() after a backward() that threw keeps the ranks on one step",
+          "[libtorch][errors]") {
+  // y = w2 (w1 x) with w1 = 1, w2 = 2 and lr 0: on rank r at step s, with x = 100 (r + 1) + 10 s,
+  // w2's gradient is x and w1's 2x. Rank 0's backward() of step 1 throws in a tensor hook: on y's
+  // gradient, before any parameter's hook ran, or on h = w1 x's, after w2's gradient was
+  // accumulated (torch runs AccumulateGrad nodes first). Before backward_failed(), rank 0 went on
+  // with zero_grad() and its step 2 paired with the others' step 1 (hook on y), or that
+  // zero_grad() was refused with w2's reduction in flight (hook on h, a unit per gradient).
+  Session session;
+  const bool before_any_hook = GENERATE(true, false);
+  const int rank = world_rank();
+  const int size = world_size();
+  const auto x = [](int r, std::int64_t s) {
+    return 100.0 * (r + 1) + 10.0 * static_cast<double>(s);
+  };
+  torch::Tensor w1 = torch::ones({1}, torch::kFloat64).requires_grad_();
+  torch::Tensor w2 = torch::full({1}, 2.0, torch::kFloat64).requires_grad_();
+  torch::OrderedDict<std::string, torch::Tensor> named;
+  named.insert("w1", w1);
+  named.insert("w2", w2);
+  torch::optim::SGD sgd({w1, w2}, 0.0);
+  DistributedOptimizer opt(sgd, named);
+  bool ok = true;
+  std::string log;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    ok = ok && !error_of([&] { opt.zero_grad(); }).has_value();
+    const bool fails = step == 1 && rank == 0;
+    const torch::Tensor input = torch::full({1}, x(rank, step), torch::kFloat64);
+    const torch::Tensor h = w1 * input;
+    const torch::Tensor y = w2 * h;
+    if (fails) {
+      torch::Tensor at = before_any_hook ? y : h;
+      at.register_hook([](const torch::Tensor&) -> torch::Tensor {
+        throw std::runtime_error("the test's hook: a NaN");
+      });
+    }
+    bool threw = false;
+    try {
+      y.sum().backward();
+    } catch (const std::exception&) {
+      threw = true;
+    }
+    if (fails) {
+      opt.backward_failed();
+      std::string message;
+      const bool refused = error_of([&] { opt.step(); }, &message) == ErrorCode::InvalidArgument;
+      ok = ok && threw && refused && message.find("skips the step") != std::string::npos;
+      log += " rank 0 at step 1: " + message;
+      continue;
+    }
+    std::string message;
+    ok = ok && !threw && !error_of([&] { opt.step(); }, &message).has_value();
+    // At step 1 the others average what rank 0's grad() held: w2's gradient when the hook on h
+    // threw after it was accumulated, zeros otherwise.
+    double w1_sum = 0, w2_sum = 0;
+    for (int r = 0; r < size; ++r) {
+      const bool zero = step == 1 && r == 0;
+      w1_sum += zero ? 0.0 : 2 * x(r, step);
+      w2_sum += zero && before_any_hook ? 0.0 : x(r, step);
+    }
+    const double got1 = w1.grad().item<double>();
+    const double got2 = w2.grad().item<double>();
+    const bool right =
+        std::abs(got1 - w1_sum / size) < 1e-9 && std::abs(got2 - w2_sum / size) < 1e-9;
+    ok = ok && right;
+    if (!right || !message.empty()) {
+      log += " step " + std::to_string(step) + ": " + std::to_string(got1) + ", " +
+             std::to_string(got2) + " " + message;
+    }
+  }
+  INFO("before_any_hook " << before_any_hook << log);
+  CHECK(all_ranks(ok));
 }
 
 TEST_CASE("LibTorch: clipping through synchronize() and skip_synchronize(); the one warning",
