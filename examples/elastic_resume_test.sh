@@ -1,22 +1,24 @@
 #!/bin/sh
-# Usage: elastic_resume_test.sh SCRATCH_DIR TUTTIRUN FASHION_MNIST
+# Usage: elastic_resume_test.sh SCRATCH_DIR TUTTIRUN FASHION_MNIST [FLAG...]
 # examples/fashion_mnist --elastic under tuttirun's elastic mode on this machine (2 ranks), run
 # undisturbed and then with a rank killed once epoch 2 is under way: the relaunched job resumes
 # from its last commit and must print the same epoch-2 train loss and final accuracy as the
 # undisturbed run (the epoch's loss so far is committed; before, the resumed epoch's loss
-# averaged only the relaunch's steps).
+# averaged only the relaunch's steps). The FLAGs go to every run (e.g. --wrapper zero, whose
+# sharded optimizer state the commits consolidate).
 set -eu
 dir=$1 tuttirun=$2 program=$3
+shift 3
 rm -rf "$dir"
 mkdir -p "$dir"
 printf '#!/bin/sh\necho localhost:2\n' > "$dir/hosts.sh"
 chmod +x "$dir/hosts.sh"
 run() {
   "$tuttirun" --host-discovery-script "$dir/hosts.sh" -np 2 --mpi-args=--oversubscribe \
-    "$program" --elastic --epochs 2 --limit 30000 --commit-every 10
+    "$program" --elastic --epochs 2 --limit 30000 --commit-every 10 "$@"
 }
-run > "$dir/undisturbed.log" 2>&1 || { cat "$dir/undisturbed.log"; exit 1; }
-run > "$dir/killed.log" 2>&1 &
+run "$@" > "$dir/undisturbed.log" 2>&1 || { cat "$dir/undisturbed.log"; exit 1; }
+run "$@" > "$dir/killed.log" 2>&1 &
 job=$!
 # Epoch 2's first progress line comes after 100 of its ~235 steps per rank (and a commit).
 until grep -q "epoch 2 \[" "$dir/killed.log"; do

@@ -29,6 +29,8 @@ REFUSED = {
         (["--wrapper", "ddp", "--hook", "fp16", "--powersgd-start", "5"] + NO_DATA,
          "--powersgd-start needs --hook powersgd"),
         (["--hook", "fp16"] + NO_DATA, "--hook needs --wrapper ddp"),
+        (["--wrapper", "zero", "--checkpoint", "/tmp/never_written.ckpt"] + NO_DATA,
+         "--wrapper zero shards the optimizer state: --elastic commits it, --checkpoint does not"),
         (["--epochs", "2x"] + NO_DATA, "bad --epochs '2x'"),
     ],
     "rpc_parameter_server": [

@@ -8,7 +8,7 @@
 //
 // Usage: scripts/tuttirun -np 2 build/examples/fashion_mnist [--model mlp|cnn] [--epochs N]
 //          [--batch-size B] [--lr LR] [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]
-//          [--wrapper optimizer|ddp|localsgd] [--hook allreduce|fp16|powersgd]
+//          [--wrapper optimizer|ddp|localsgd|zero] [--hook allreduce|fp16|powersgd]
 //          [--powersgd-rank R] [--powersgd-start N] [--period K] [--warmup-steps W]
 //          [--elastic [--commit-every N]]
 //        scripts/tuttirun --host-discovery-script hosts.sh --min-np 1
@@ -20,7 +20,10 @@
 //                 broadcasts rank 0's BatchNorm statistics before every step); localsgd: no
 //                 gradient averaging, plain SGD on every rank and nn::PeriodicModelAverager
 //                 averaging the parameters every --period steps after --warmup-steps (defaults
-//                 4 and 0); the test accuracy is rank 0's replica's
+//                 4 and 0); the test accuracy is rank 0's replica's; zero:
+//                 optim::ZeroRedundancyOptimizer around SGD, stage 2 (it averages the
+//                 gradients itself, each rank keeps the momentum of its shard of the
+//                 parameters); not with --checkpoint (--elastic commits its state)
 //   --hook        with --wrapper ddp: a communication hook (nn::hooks) in place of DDP's own
 //                 averaging: allreduce, fp16 (fp16_compress) or powersgd (error feedback and
 //                 warm start, rank --powersgd-rank, default 1, from step --powersgd-start,
@@ -90,7 +93,8 @@ using tutti::examples::FlagReader;
 constexpr char kUsage[] =
     "usage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size B] [--lr LR]\n"
     "                     [--data-dir DIR] [--checkpoint FILE] [--seed S] [--limit N]\n"
-    "                     [--wrapper optimizer|ddp|localsgd] [--hook allreduce|fp16|powersgd]\n"
+    "                     [--wrapper optimizer|ddp|localsgd|zero]\n"
+    "                     [--hook allreduce|fp16|powersgd]\n"
     "                     [--powersgd-rank R] [--powersgd-start N] [--period K]\n"
     "                     [--warmup-steps W] [--elastic [--commit-every N]]\n";
 // Fashion-MNIST's training-set pixel mean and standard deviation: centred inputs train faster.
@@ -123,6 +127,8 @@ constexpr std::int64_t kMaxCount = 1'000'000'000;  // Epochs, steps, images, see
 std::string combination_fault(const Flags& f, const FlagReader& given) {
   if (given.given("--commit-every") && !f.elastic) return "--commit-every needs --elastic";
   if (f.elastic && !f.checkpoint.empty()) return "--elastic keeps its own state: no --checkpoint";
+  if (f.wrapper == "zero" && !f.checkpoint.empty())
+    return "--wrapper zero shards the optimizer state: --elastic commits it, --checkpoint does not";
   if (!f.hook.empty() && f.wrapper != "ddp") return "--hook needs --wrapper ddp";
   for (const char* flag : {"--period", "--warmup-steps"}) {
     if (given.given(flag) && f.wrapper != "localsgd")
@@ -158,7 +164,7 @@ void parse_flags(FlagReader& flags, Flags& f) {
     else if (flags.is("--limit"))
       f.limit = static_cast<std::size_t>(count(1));
     else if (flags.is("--wrapper"))
-      f.wrapper = flags.choice({"optimizer", "ddp", "localsgd"});
+      f.wrapper = flags.choice({"optimizer", "ddp", "localsgd", "zero"});
     else if (flags.is("--hook"))
       f.hook = flags.choice({"allreduce", "fp16", "powersgd"});
     else if (flags.is("--powersgd-rank"))
@@ -300,15 +306,31 @@ class Training {
   void build_model() {
     nn::manual_seed(flags_.seed);
     model = make_model(flags_.model);
+    const optim::SGDOptions options{.lr = flags_.lr, .momentum = 0.9};
+    if (flags_.wrapper == "zero") {
+      // Stage 2: the model is not wrapped; step() averages each gradient into its owner.
+      zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
+          model->named_parameters(),
+          [options](std::vector<nn::Variable> shard) {
+            return std::make_unique<optim::SGD>(std::move(shard), options);
+          },
+          optim::ZeroOptions{.shard_gradients = true});
+      return;
+    }
     std::vector<nn::Variable> params;
     for (auto& [name, p] : model->named_parameters()) params.push_back(p);
-    sgd = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = flags_.lr, .momentum = 0.9});
+    sgd = std::make_unique<optim::SGD>(params, options);
     if (flags_.wrapper == "optimizer") {
       distributed = std::make_unique<optim::DistributedOptimizer>(*sgd, model->named_parameters());
     }
   }
   optim::Optimizer& optimizer() const {
+    if (zero) return *zero;
     return distributed ? static_cast<optim::Optimizer&>(*distributed) : *sgd;
+  }
+  // The SGD whose learning rate the schedule sets: with ZeRO, the one over this rank's shard.
+  optim::SGD& rate_sgd() const {
+    return zero ? static_cast<optim::SGD&>(zero->local_optimizer()) : *sgd;
   }
   // DDP's constructor broadcasts the parameters and buffers itself; --hook replaces its own
   // averaging. Local SGD averages the parameters after the steps instead.
@@ -329,7 +351,8 @@ class Training {
         ddp ? "DistributedDataParallel" + (flags_.hook.empty() ? "" : " (hook " + flags_.hook + ")")
         : averager ? "local SGD, period " + std::to_string(flags_.period) + " after " +
                          std::to_string(flags_.warmup_steps) + " steps"
-                   : "DistributedOptimizer";
+        : zero ? "ZeroRedundancyOptimizer (stage 2)"
+               : "DistributedOptimizer";
     std::printf("%s, %s, %d ranks, %zu training images, batch %zu per rank, lr %g x %d\n",
                 flags_.model.c_str(), wrapper.c_str(), tutti::size(), samples, flags_.batch_size,
                 flags_.lr, tutti::size());
@@ -354,7 +377,7 @@ class Training {
   // One step on indices[begin, end) at the rate for `progress`; returns the batch's loss.
   double step(const std::vector<std::size_t>& indices, std::size_t begin, std::size_t end,
               double progress) {
-    sgd->set_lr(learning_rate(flags_, progress));
+    rate_sgd().set_lr(learning_rate(flags_, progress));
     auto [images, labels] = make_batch(train_set, indices, begin, end);
     optim::Optimizer& o = optimizer();
     o.zero_grad();
@@ -420,6 +443,7 @@ class Training {
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<optim::SGD> sgd;
   std::unique_ptr<optim::DistributedOptimizer> distributed;
+  std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;  // --wrapper zero; then no sgd.
   std::unique_ptr<nn::DistributedDataParallel> ddp;
   std::shared_ptr<nn::hooks::PowerSGDState> powersgd = std::make_shared<nn::hooks::PowerSGDState>();
   std::optional<nn::PeriodicModelAverager> averager;  // --wrapper localsgd.
@@ -463,7 +487,8 @@ int train(const Flags& flags, Training& t) {
     optim::broadcast_parameters(t.model->named_parameters(), 0);
     optim::broadcast_parameters(t.model->named_buffers(), 0);
   }
-  optim::broadcast_optimizer_state(optimizer, 0);
+  // ZeRO's state starts empty on every rank (and is sharded: no checkpoint to send).
+  if (!t.zero) optim::broadcast_optimizer_state(optimizer, 0);
   tutti::data::DistributedSampler sampler(t.samples, tutti::size(), tutti::rank(), true,
                                           flags.seed);
   const std::size_t steps = (sampler.num_samples() + flags.batch_size - 1) / flags.batch_size;

@@ -64,8 +64,12 @@ class TUTTI_API State {
   //   parameters: the tensors' values (e.g. model.named_parameters(), or named_buffers() for
   //               BatchNorm's running statistics), copied into the same tensors, so the
   //               optimizer and the model keep sharing them.
-  //   optimizer:  its state_dict(), loaded with load_state_dict(). Not a
-  //               ZeroRedundancyOptimizer (InvalidArgument): its state is sharded.
+  //   optimizer:  its state_dict(), loaded with load_state_dict(). A ZeroRedundancyOptimizer
+  //               (over all the ranks; over a smaller set InvalidArgument) is committed in the
+  //               unsharded layout, consolidated to each rank that writes (commit() and sync()
+  //               then gather its state: collective over its set, which is every rank), and
+  //               restored into each rank's shard at any world size; it is left consolidated
+  //               to the last of those ranks.
   //   sampler:    its epoch() and position() (see DistributedSampler: a sampler restored at
   //               another world size continues the epoch). A commit of a sampler over another
   //               data set size, seed, shuffle or drop_last is refused by restore().
@@ -96,7 +100,9 @@ class TUTTI_API State {
   bool restore();
 
   // Collective: makes every rank's registered values (and commits()) equal to those of
-  // `root_rank` (a global rank; else Error(InvalidArgument) on every rank).
+  // `root_rank` (a global rank; else Error(InvalidArgument) on every rank). A
+  // ZeroRedundancyOptimizer's state is the ranks' together, each shard's its owner's: it is
+  // consolidated to the root and every rank loads its shard of that, as it was.
   void sync(int root_rank = 0);
 
   // Commits made in this job, over all its launches: the restored commit's number, plus one

@@ -13,6 +13,7 @@
 
 #include "src/base/strings.h"
 #include "src/common/throw.h"
+#include "tutti/optim/zero.h"
 #include "tutti/serialize.h"
 
 namespace tutti::elastic::internal {
@@ -303,20 +304,42 @@ void check_matches(const Snapshot& s, const std::vector<Entry>& entries) {
   }
 }
 
-void load_into(const Snapshot& s, const std::vector<Entry>& entries) {
-  // Optimizers first: their load_state_dict() is the one step that may still refuse.
-  std::vector<std::pair<optim::Optimizer*, optim::StateDict>> loaded;
+namespace {
+
+// Where an optimizer's state before a load is saved and put back: a ZeroRedundancyOptimizer's
+// own state_dict() exists only on the member it was consolidated to, so its shard's local
+// optimizer's (load_state_dict() of the unsharded state replaces only that).
+optim::Optimizer& undo_target(optim::Optimizer& optimizer) {
+  if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&optimizer))
+    return zero->local_optimizer();
+  return optimizer;
+}
+
+}  // namespace
+
+void OptimizerStates::put_back() {
+  for (auto& [optimizer, state] : before) optimizer->load_state_dict(state);
+  before.clear();
+}
+
+OptimizerStates load_optimizers(const Snapshot& s, const std::vector<Entry>& entries) {
+  OptimizerStates replaced;
   try {
     for (const Entry& e : entries) {
       if (e.kind != EntryKind::Optimizer) continue;
-      optim::StateDict before = e.optimizer->state_dict();
+      optim::Optimizer& undo = undo_target(*e.optimizer);
+      optim::StateDict before = undo.state_dict();
       e.optimizer->load_state_dict(state_dict_of(saved_entry(s, e.key)));
-      loaded.emplace_back(e.optimizer, std::move(before));
+      replaced.before.emplace_back(&undo, std::move(before));
     }
   } catch (const Error& error) {
-    for (auto& [optimizer, before] : loaded) optimizer->load_state_dict(before);
+    replaced.put_back();
     mismatch(s, error.what());
   }
+  return replaced;
+}
+
+void load_values(const Snapshot& s, const std::vector<Entry>& entries) {
   for (const Entry& e : entries) {
     const SavedEntry& saved = saved_entry(s, e.key);
     switch (e.kind) {
@@ -327,7 +350,7 @@ void load_into(const Snapshot& s, const std::vector<Entry>& entries) {
             std::memcpy(e.parameters[i].second.value().data(), data.data(), data.size());
         }
         break;
-      case EntryKind::Optimizer: break;  // Above.
+      case EntryKind::Optimizer: break;  // load_optimizers().
       case EntryKind::Sampler:
         e.sampler->set_epoch(saved.epoch);
         e.sampler->set_position(static_cast<std::size_t>(saved.position));
@@ -336,6 +359,11 @@ void load_into(const Snapshot& s, const std::vector<Entry>& entries) {
       case EntryKind::Bytes: *e.bytes = saved.bytes; break;
     }
   }
+}
+
+void load_into(const Snapshot& s, const std::vector<Entry>& entries) {
+  load_optimizers(s, entries);
+  load_values(s, entries);
 }
 
 }  // namespace tutti::elastic::internal

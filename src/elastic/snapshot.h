@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "src/elastic/entry.h"
@@ -71,10 +72,24 @@ Snapshot decode(std::string_view bytes);
 // kinds, tensor names, shapes and dtypes, the sampler's data set). Changes nothing.
 void check_matches(const Snapshot& snapshot, const std::vector<Entry>& entries);
 
-// Copies `snapshot` into `entries`' objects. Requires check_matches() to have passed. The
-// optimizers' load_state_dict() may still refuse their state (Error(InvalidArgument)): they
-// are loaded first, and on a refusal the ones loaded already get their state back, so nothing
-// changes.
+// The optimizers' states as load_optimizers() found them (a ZeroRedundancyOptimizer's: its
+// shard's local optimizer's), to be put back when the load is abandoned.
+struct OptimizerStates {
+  std::vector<std::pair<optim::Optimizer*, optim::StateDict>> before;
+  void put_back();  // Loads each saved state back, then forgets them.
+};
+
+// Loads `snapshot`'s optimizer states into `entries`' optimizers. Requires check_matches() to
+// have passed. An optimizer's load_state_dict() may still refuse its state: then the ones
+// loaded already get their state back, so nothing changes, and Error(InvalidArgument) says
+// why. A ZeroRedundancyOptimizer refuses only on the member that owns the refused tensor, so a
+// collective caller agrees on the outcome before it goes on (Note [Elastic agreement] in
+// src/elastic/state.cc) and puts the states back if another rank failed.
+OptimizerStates load_optimizers(const Snapshot& snapshot, const std::vector<Entry>& entries);
+// Copies the rest of `snapshot` (tensors, samplers, integers, bytes) into `entries`' objects.
+// Cannot fail once check_matches() has passed.
+void load_values(const Snapshot& snapshot, const std::vector<Entry>& entries);
+// load_optimizers(), then load_values(): on a refusal nothing changes.
 void load_into(const Snapshot& snapshot, const std::vector<Entry>& entries);
 
 // CRC-32 of `bytes` (zlib's).

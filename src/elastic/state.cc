@@ -8,9 +8,21 @@
 // sync() agree that every rank could load what the source sent. A rank that fails alone
 // (an unreadable file, a refused commit) therefore never leaves the others waiting in the
 // next collective: they all throw, or all go on.
+//
+// Note [ZeRO in a State]
+// A ZeroRedundancyOptimizer's state is sharded: each member holds its shard's, and its
+// state_dict() exists only on the member it was consolidated to. A commit file holds the whole
+// state, as every host's copy must, in the unsharded layout, which fits any world size (its
+// load_state_dict() keeps each member's shard of it). So commit() consolidates every ZeRO
+// optimizer to each rank that writes, one after the other (a gather of the state per host:
+// PyTorch's way to checkpoint one), and that rank encodes right after its consolidation, before
+// the next one clears it; sync() consolidates to the root. Loading is local, but a member
+// refuses only the tensors it owns, so restore() and sync() agree on the optimizers' loads
+// before anything else changes, and put them back on every rank if one refused.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -131,24 +143,60 @@ struct State::Impl {
 
   std::string op_name(std::string_view what) const { return str_cat("elastic.", name, ".", what); }
 
+  bool has_zero() const {
+    return std::any_of(entries.begin(), entries.end(), [](const internal::Entry& e) {
+      return e.kind == internal::EntryKind::Optimizer &&
+             dynamic_cast<const optim::ZeroRedundancyOptimizer*>(e.optimizer) != nullptr;
+    });
+  }
+  // Consolidates every ZeRO optimizer's state to global rank `to`. Collective.
+  void consolidate_zero_to(int to) {
+    for (const internal::Entry& e : entries) {
+      if (e.kind != internal::EntryKind::Optimizer) continue;
+      if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(e.optimizer))
+        zero->consolidate_state_dict(to);
+    }
+  }
+  // Calls `encode` on each rank where `encodes_here` (Note [ZeRO in a State]): where ZeRO
+  // optimizers are registered, right after consolidating them to that rank. Collective then.
+  void encode_where(bool encodes_here, const std::function<void()>& encode) {
+    if (!has_zero()) {
+      if (encodes_here) encode();
+      return;
+    }
+    std::vector<std::int64_t> encoders(static_cast<std::size_t>(size()), 0);
+    encoders[static_cast<std::size_t>(rank())] = encodes_here ? 1 : 0;
+    agree_max(encoders, op_name("encoders"));
+    for (int r = 0; r < size(); ++r) {
+      if (encoders[static_cast<std::size_t>(r)] == 0) continue;
+      consolidate_zero_to(r);
+      if (r == rank()) encode();
+    }
+  }
+
   // Decodes `bytes` from `source` and loads them on this rank (on `source` too if
   // `source_loads`: it sent a file, not its own values), then agrees with the others (Note
   // [Elastic agreement]). Returns the commit loaded; throws on every rank if any failed.
   internal::Snapshot load_agreed(const std::string& bytes, int source, std::string_view what,
                                  bool source_loads) {
     std::optional<internal::Snapshot> snapshot;
+    internal::OptimizerStates replaced;
     std::string why;
+    const bool loads = rank() != source || source_loads;
     try {
       snapshot = internal::decode(bytes);
       internal::check_matches(*snapshot, entries);
-      if (rank() != source || source_loads) internal::load_into(*snapshot, entries);
+      // Agreed on before the rest changes (Note [ZeRO in a State]).
+      if (loads) replaced = internal::load_optimizers(*snapshot, entries);
     } catch (const Error& e) {
       why = bytes.empty() ? str_cat("rank ", source, " had nothing to send (its log says why)")
                           : e.what();
     }
     std::vector<std::int64_t> failed = {why.empty() ? 0 : 1};
     agree_max(failed, op_name(str_cat(what, ".loaded")));
+    if (failed[0] == 0 && loads) internal::load_values(*snapshot, entries);
     if (failed[0] != 0) {
+      replaced.put_back();
       throw_invalid_argument(why.empty() ? str_cat("elastic::State '", name, "': ", what,
                                                    " failed on another rank (its log says why)")
                                          : why);
@@ -184,15 +232,14 @@ void State::add(std::string key, nn::NamedParameters parameters) {
 }
 
 void State::add(std::string key, optim::Optimizer& optimizer) {
-  // A ZeRO optimizer's state is sharded: state_dict() exists only on the rank it was
-  // consolidated to, where commit() and restore() need it on every host's first rank and every
-  // rank. Refused here rather than failing at every commit with a misleading message.
-  if (dynamic_cast<const optim::ZeroRedundancyOptimizer*>(&optimizer) != nullptr) {
-    throw_invalid_argument(
-        "elastic::State::add: '", key,
-        "' is a ZeroRedundancyOptimizer, whose state is sharded across the ranks: add its "
-        "inner optimizers' state yourself (consolidate_state_dict() and save), or use a "
-        "DistributedOptimizer");
+  // Note [ZeRO in a State]: its state is consolidated to the ranks that write, which must be
+  // members of its set; a State's ranks are the job's.
+  const auto* zero = dynamic_cast<const optim::ZeroRedundancyOptimizer*>(&optimizer);
+  if (zero != nullptr && zero->process_set().size() != size()) {
+    throw_invalid_argument("elastic::State::add: '", key,
+                           "' is a ZeroRedundancyOptimizer over process set ",
+                           zero->process_set().id(), " (", zero->process_set().size(), " of ",
+                           size(), " ranks); a State holds one only over all the ranks");
   }
   internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Optimizer);
   entry.optimizer = &optimizer;
@@ -236,11 +283,22 @@ void State::commit() {
   std::string problem;
   // [written on some host, a rank was asked to stop, a host's write failed]
   std::vector<std::int64_t> flags = {0, internal::stop_requested() ? 1 : 0, 0};
-  if (s.store.enabled() && local_rank() == 0) {
+  const bool writes = s.store.enabled() && local_rank() == 0;
+  std::string bytes;
+  s.encode_where(writes, [&] {
     try {
-      problem = s.store.write(number, internal::encode(s.name, number, size(), s.entries));
+      bytes = internal::encode(s.name, number, size(), s.entries);
     } catch (const Error& e) {
       problem = e.what();
+    }
+  });
+  if (writes) {
+    if (problem.empty()) {
+      try {
+        problem = s.store.write(number, bytes);
+      } catch (const Error& e) {
+        problem = e.what();
+      }
     }
     flags[problem.empty() ? 0 : 2] = 1;
   }
@@ -322,6 +380,7 @@ void State::sync(int root_rank) {
                            size(), ")");
   }
   std::string bytes;
+  if (s.has_zero()) s.consolidate_zero_to(root_rank);  // Note [ZeRO in a State].
   if (rank() == root_rank) {
     try {
       bytes = internal::encode(s.name, s.commits, size(), s.entries);

@@ -120,6 +120,8 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   // Tutti addition: the local optimizer over this rank's shard (e.g. for a learning-rate
   // schedule: set it on every member alike, as the unsharded optimizer would be set).
   Optimizer& local_optimizer() const { return *local_; }
+  // Tutti addition: the set it shards over (ZeroOptions::process_set).
+  const ProcessSet& process_set() const { return options_.process_set; }
 
  private:
   struct Layout;  // Note [ZeRO layout] in optimizers/zero_layout.h.
