@@ -194,13 +194,13 @@ struct State::Impl {
     }
     std::vector<std::int64_t> failed = {why.empty() ? 0 : 1};
     agree_max(failed, op_name(str_cat(what, ".loaded")));
-    if (failed[0] == 0 && loads) internal::load_values(*snapshot, entries);
     if (failed[0] != 0) {
       replaced.put_back();
       throw_invalid_argument(why.empty() ? str_cat("elastic::State '", name, "': ", what,
                                                    " failed on another rank (its log says why)")
                                          : why);
     }
+    if (loads) internal::load_values(*snapshot, entries);
     return std::move(*snapshot);
   }
 };
