@@ -1,16 +1,19 @@
 #!/bin/sh
-# Usage: elastic_resume_test.sh SCRATCH_DIR TUTTIRUN FASHION_MNIST [FLAG...]
-# examples/fashion_mnist --elastic under tuttirun's elastic mode on this machine (2 ranks), run
-# undisturbed and then with a rank killed once epoch 2 is under way: the relaunched job resumes
-# from its last commit and must print the same epoch-2 train loss and final accuracy as the
-# undisturbed run (the epoch's loss so far is committed; before, the resumed epoch's loss
-# averaged only the relaunch's steps). The FLAGs go to every run (e.g. --wrapper zero, whose
-# sharded optimizer state the commits consolidate).
+# Usage: elastic_resume_test.sh SCRATCH_DIR TUTTIRUN PROGRAM [FLAG...]
+# examples/fashion_mnist (or libtorch_mnist) --elastic under tuttirun's elastic mode on this
+# machine (2 ranks), run undisturbed and then with a rank killed once epoch 2 is under way: the
+# relaunched job resumes from its last commit and must print the same epoch-2 train loss and
+# final accuracy as the undisturbed run (the epoch's loss so far is committed; before, the
+# resumed epoch's loss averaged only the relaunch's steps). The FLAGs go to every run after
+# the script's own, which they override (e.g. --wrapper zero, whose sharded optimizer state
+# the commits consolidate; --limit). The runs' temporary files (libtorch_mnist unpacks the
+# data set there) go to SCRATCH_DIR/tmp, removed at the end: a killed rank leaves its own.
 set -eu
 dir=$1 tuttirun=$2 program=$3
 shift 3
 rm -rf "$dir"
-mkdir -p "$dir"
+mkdir -p "$dir/tmp"
+export TMPDIR="$dir/tmp"
 printf '#!/bin/sh\necho localhost:2\n' > "$dir/hosts.sh"
 chmod +x "$dir/hosts.sh"
 run() {
@@ -20,12 +23,13 @@ run() {
 run "$@" > "$dir/undisturbed.log" 2>&1 || { cat "$dir/undisturbed.log"; exit 1; }
 run "$@" > "$dir/killed.log" 2>&1 &
 job=$!
-# Epoch 2's first progress line comes after 100 of its ~235 steps per rank (and a commit).
+# Epoch 2's first progress line comes after a commit (fashion_mnist: after 100 of its ~235
+# steps per rank; libtorch_mnist: after its first commit of the epoch).
 until grep -q "epoch 2 \[" "$dir/killed.log"; do
   kill -0 "$job" 2>/dev/null || break
   sleep 0.05
 done
-pkill -9 -n -x fashion_mnist || true  # The newest rank.
+pkill -9 -n -x "$(basename "$program")" || true  # The newest rank.
 status=0
 wait "$job" || status=$?
 cat "$dir/killed.log"
@@ -44,3 +48,4 @@ awk -v a="$loss_a" -v b="$loss_b" -v x="$acc_a" -v y="$acc_b" 'BEGIN {
   d = a - b; if (d < 0) d = -d; e = x - y; if (e < 0) e = -e;
   exit !(a != "" && b != "" && d <= 0.00011 && e <= 0.011) }' ||
   { echo "the resumed run differs from the undisturbed one"; exit 1; }
+rm -rf "$dir/tmp"

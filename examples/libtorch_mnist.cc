@@ -2,10 +2,16 @@
 // A LibTorch CNN trained data-parallel on Fashion-MNIST with Tutti's LibTorch adapter: the
 // usual LibTorch loop (torch::data's MNIST reader, a DistributedRandomSampler over
 // tutti::rank()/size()) plus the four Tutti lines marked "Tutti". Prints the test accuracy,
-// counted over the ranks' shards of the test set with an allreduce of torch tensors.
+// counted over the ranks' shards of the test set with an allreduce of torch tensors. With
+// --elastic the job survives losing a rank or a host (tuttirun's elastic mode relaunches it;
+// README, Elastic training): the model and Adam join a tutti::elastic::State through
+// tutti::libtorch::stateful().
 //
 // Usage: scripts/tuttirun -np 2 build/examples/libtorch_mnist [--epochs N] [--batch-size B]
 //            [--lr LR] [--data-dir DIR] [--limit N] [--device cpu|cuda]
+//            [--elastic [--commit-every N]]
+//        scripts/tuttirun --host-discovery-script hosts.sh -np 2
+//            build/examples/libtorch_mnist --elastic
 //   --data-dir  Fashion-MNIST idx files, plain or .gz; default /usr/share/datasets/fashion-mnist
 //               (Debian package dataset-fashion-mnist). .gz files are unpacked once into a
 //               temporary directory, since torch::data's reader wants the plain files.
@@ -13,19 +19,36 @@
 //   --device    cuda: the model and batches on cuda:(local_rank % GPUs), gradients reduced as
 //               CUDA tensors (NCCL with a GPU per rank, else MPI through host staging); needs
 //               a LibTorch with CUDA and a Tutti built with CUDA. Default cpu.
+//   --elastic   commit the model, Adam's state, the sampler's place in the epoch (Tutti's
+//               DistributedSampler, which continues an epoch at another rank count, in place
+//               of torch's) and rank 0's loss of the epoch so far every --commit-every steps
+//               (default 50) and at each epoch's end, under TUTTI_ELASTIC_DIR (which tuttirun's
+//               elastic mode sets); a relaunched job resumes from the last commit. Rank 0
+//               prints a line per commit, per epoch and, last, "final test accuracy: XX.XX%".
+// Exit status: 0; 1 for missing data or a runtime error; 2 for bad flags; with --elastic, 75
+// when the job stopped to be relaunched (tutti::elastic::kRelaunchExitCode).
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
+#include "tutti/data.h"
+#include "tutti/elastic.h"
 #include "tutti/libtorch.h"
 #include "tutti/tutti.h"
 
@@ -35,29 +58,47 @@ const char* const kFiles[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyt
                               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
 
 // A directory holding the four plain idx files: `dir` itself, or a temporary one into which
-// the .gz files are unpacked. Empty when neither exists.
-std::string plain_idx_dir(const std::string& dir) {
-  bool plain = true;
-  for (const char* name : kFiles) plain = plain && std::filesystem::exists(dir + "/" + name);
-  if (plain) return dir;
-  const std::string out =
-      (std::filesystem::temp_directory_path() /
-       ("tutti-libtorch-mnist-" + std::to_string(::getpid()) + "-" + std::to_string(tutti::rank())))
-          .string();
-  std::filesystem::create_directories(out);
-  for (const char* name : kFiles) {
-    gzFile in = gzopen((dir + "/" + name + ".gz").c_str(), "rb");
-    if (in == nullptr) return {};
-    std::ofstream file(out + "/" + name, std::ios::binary);
-    std::vector<char> buffer(1 << 16);
-    int n = 0;
-    while ((n = gzread(in, buffer.data(), static_cast<unsigned>(buffer.size()))) > 0) {
-      file.write(buffer.data(), n);
+// the .gz files are unpacked, removed with the object (before, each run left 53 MB per rank
+// in the temporary directory). path() is empty when neither exists.
+class IdxDir {
+ public:
+  explicit IdxDir(const std::string& dir) {
+    bool plain = true;
+    for (const char* name : kFiles) plain = plain && std::filesystem::exists(dir + "/" + name);
+    if (plain) {
+      path_ = dir;
+      return;
     }
-    gzclose(in);
+    temporary_ = (std::filesystem::temp_directory_path() /
+                  ("tutti-libtorch-mnist-" + std::to_string(::getpid()) + "-" +
+                   std::to_string(tutti::rank())))
+                     .string();
+    std::filesystem::create_directories(temporary_);
+    for (const char* name : kFiles) {
+      gzFile in = gzopen((dir + "/" + name + ".gz").c_str(), "rb");
+      if (in == nullptr) return;
+      std::ofstream file(temporary_ + "/" + name, std::ios::binary);
+      std::vector<char> buffer(1 << 16);
+      int n = 0;
+      while ((n = gzread(in, buffer.data(), static_cast<unsigned>(buffer.size()))) > 0) {
+        file.write(buffer.data(), n);
+      }
+      gzclose(in);
+    }
+    path_ = temporary_;
   }
-  return out;
-}
+  ~IdxDir() {
+    std::error_code ignored;
+    if (!temporary_.empty()) std::filesystem::remove_all(temporary_, ignored);
+  }
+  IdxDir(const IdxDir&) = delete;
+  IdxDir& operator=(const IdxDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string temporary_;  // Unpacked here, if not empty.
+};
 
 // Normalized images and their labels, one example at a time for torch::data's loader.
 class Images : public torch::data::datasets::Dataset<Images> {
@@ -100,101 +141,142 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Flags {
   int epochs = 3;
   std::int64_t batch_size = 64;  // Per rank.
   double lr = 1e-3;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::int64_t limit = 0;
-  std::string device_name = "cpu";
-  bool bad_flags = argc % 2 == 0;  // Every flag takes a value.
-  for (int i = 1; !bad_flags && i + 1 < argc; i += 2) {
+  std::string device = "cpu";
+  bool elastic = false;
+  std::int64_t commit_every = 50;  // Steps, with --elastic.
+};
+
+// Flags, or an empty optional for bad ones. A later flag overrides an earlier one.
+std::optional<Flags> parse_flags(int argc, char** argv) {
+  Flags f;
+  bool commit_every = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    const std::string value = argv[i + 1];
-    if (flag == "--epochs") {
-      epochs = std::stoi(value);
-    } else if (flag == "--batch-size") {
-      batch_size = std::stoll(value);
-    } else if (flag == "--lr") {
-      lr = std::stod(value);
-    } else if (flag == "--data-dir") {
-      data_dir = value;
-    } else if (flag == "--limit") {
-      limit = std::stoll(value);
-    } else if (flag == "--device" && (value == "cpu" || value == "cuda")) {
-      device_name = value;
-    } else {
-      bad_flags = true;
+    if (flag == "--elastic") {  // The one flag without a value.
+      f.elastic = true;
+      continue;
+    }
+    if (i + 1 >= argc) return std::nullopt;
+    const std::string value = argv[++i];
+    try {
+      if (flag == "--epochs") {
+        f.epochs = std::stoi(value);
+      } else if (flag == "--batch-size") {
+        f.batch_size = std::stoll(value);
+      } else if (flag == "--lr") {
+        f.lr = std::stod(value);
+      } else if (flag == "--data-dir") {
+        f.data_dir = value;
+      } else if (flag == "--limit") {
+        f.limit = std::stoll(value);
+      } else if (flag == "--device" && (value == "cpu" || value == "cuda")) {
+        f.device = value;
+      } else if (flag == "--commit-every") {
+        f.commit_every = std::stoll(value);
+        commit_every = true;
+      } else {
+        return std::nullopt;
+      }
+    } catch (const std::exception&) {  // Not a number.
+      return std::nullopt;
     }
   }
-  if (bad_flags) {
-    std::fprintf(stderr,
-                 "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] "
-                 "[--data-dir DIR] [--limit N] [--device cpu|cuda]\n");
-    return 2;
-  }
-  if (device_name == "cuda" && !(torch::cuda::is_available() && tutti::cuda_built())) {
-    std::fprintf(stderr, "libtorch_mnist: --device cuda needs %s\n",
-                 tutti::cuda_built() ? "a LibTorch with CUDA and a visible GPU"
-                                     : "a Tutti built with CUDA (meson setup -Dcuda=enabled)");
-    return 2;
-  }
+  if (f.epochs < 0 || f.batch_size < 1 || f.commit_every < 1 || (commit_every && !f.elastic))
+    return std::nullopt;
+  return f;
+}
 
-  tutti::init();              // Tutti (1/4)
-  torch::set_num_threads(1);  // One core per rank.
-  // One GPU per rank where there are enough, else ranks share them (Tutti then reduces
-  // through host staging: NCCL refuses two ranks on one GPU).
-  const torch::Device device =
-      device_name == "cuda"
-          ? torch::Device(torch::kCUDA,
-                          static_cast<c10::DeviceIndex>(
-                              tutti::local_rank() % static_cast<int>(torch::cuda::device_count())))
-          : torch::Device(torch::kCPU);
-  const std::string dir = plain_idx_dir(data_dir);
-  if (dir.empty()) {
-    std::fprintf(stderr,
-                 "libtorch_mnist: no Fashion-MNIST in %s (apt-get install dataset-fashion-mnist, "
-                 "or --data-dir DIR)\n",
-                 data_dir.c_str());
-    return 1;
+// The test accuracy: each rank scores its shard; the counts are summed with an allreduce.
+double test_accuracy(Net& model, const std::string& dir, const torch::Device& device) {
+  auto test_set = torch::data::datasets::MNIST(dir, torch::data::datasets::MNIST::Mode::kTest);
+  const std::int64_t n = test_set.images().size(0);
+  const std::int64_t begin = n * tutti::rank() / tutti::size();
+  const std::int64_t end = n * (tutti::rank() + 1) / tutti::size();
+  torch::Tensor counts = torch::zeros({2}, torch::kFloat64);  // Correct, total.
+  {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    // In chunks: the convolutions' scratch for a whole shard at once took gigabytes, and the
+    // kernel's page clearing took most of a short run's time.
+    constexpr std::int64_t kChunk = 500;
+    double correct = 0;
+    for (std::int64_t at = begin; at < end; at += kChunk) {
+      const std::int64_t stop = std::min(at + kChunk, end);
+      const torch::Tensor x = torch::data::transforms::Normalize<>(
+          0.2860, 0.3530)(test_set.images().slice(0, at, stop));
+      const torch::Tensor predicted = model->forward(x.to(device)).argmax(1);
+      correct +=
+          predicted.eq(test_set.targets().slice(0, at, stop).to(device)).sum().item<double>();
+    }
+    counts[0] = correct;
+    counts[1] = static_cast<double>(end - begin);
   }
+  tutti::allreduce(tutti::libtorch::view(counts), "libtorch_mnist.accuracy",
+                   {.op = tutti::ReduceOp::Sum});
+  return counts[0].item<double>() / counts[1].item<double>();
+}
 
-  auto train_set = torch::data::datasets::MNIST(dir, torch::data::datasets::MNIST::Mode::kTrain);
-  torch::Tensor images = train_set.images();
-  torch::Tensor labels = train_set.targets();
-  if (limit > 0 && limit < images.size(0)) {
-    images = images.slice(0, 0, limit);
-    labels = labels.slice(0, 0, limit);
-  }
-  auto train = Images(torch::data::transforms::Normalize<>(0.2860, 0.3530)(images), labels)
-                   .map(torch::data::transforms::Stack<>());
-  torch::data::samplers::DistributedRandomSampler sampler(images.size(0), tutti::size(),
-                                                          tutti::rank());
-  auto loader = torch::data::make_data_loader(std::move(train), sampler,
-                                              torch::data::DataLoaderOptions(batch_size));
-
-  torch::manual_seed(static_cast<std::uint64_t>(tutti::rank()) + 1);  // Broadcast fixes it.
+// What both loops train: the normalized training images, their labels, the model and Adam on
+// `device`.
+struct Training {
+  torch::Tensor images;
+  torch::Tensor labels;
+  torch::Device device;
   Net model;
-  model->to(device);  // Before the optimizer and the broadcast: they see the device tensors.
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(lr));
-  tutti::libtorch::broadcast_parameters(model->named_parameters(), 0);               // Tutti (2/4)
-  tutti::libtorch::broadcast_optimizer_state(adam, 0);                               // Tutti (3/4)
-  tutti::libtorch::DistributedOptimizer optimizer(adam, model->named_parameters());  // (4/4)
+  torch::optim::Adam adam;
 
+  Training(torch::Tensor raw_images, torch::Tensor raw_labels, torch::Device on, double lr)
+      : images(torch::data::transforms::Normalize<>(0.2860, 0.3530)(raw_images)),
+        labels(std::move(raw_labels)),
+        device(on),
+        model(make_model(on)),
+        adam(model->parameters(), torch::optim::AdamOptions(lr)) {}
+
+  static Net make_model(const torch::Device& on) {
+    torch::manual_seed(static_cast<std::uint64_t>(tutti::rank()) + 1);  // Broadcast fixes it.
+    Net net;
+    net->to(on);  // Before the optimizer and the broadcast: they see the device tensors.
+    return net;
+  }
+  // One step on the images at `indices`; returns the loss.
+  double step(tutti::libtorch::DistributedOptimizer& optimizer, const torch::Tensor& indices) {
+    optimizer.zero_grad();
+    // Submitted on LibTorch's current stream, which the adapter hands to Tutti: no
+    // synchronization anywhere in the loop.
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        model->forward(images.index({indices}).to(device)), labels.index({indices}).to(device));
+    loss.backward();
+    optimizer.step();
+    return loss.item<double>();
+  }
+};
+
+// The usual LibTorch loop: torch's DataLoader over a DistributedRandomSampler.
+void train(const Flags& flags, Training& t, const std::string& dir) {
+  tutti::libtorch::broadcast_parameters(t.model->named_parameters(), 0);                 // (2/4)
+  tutti::libtorch::broadcast_optimizer_state(t.adam, 0);                                 // (3/4)
+  tutti::libtorch::DistributedOptimizer optimizer(t.adam, t.model->named_parameters());  // (4/4)
+  auto dataset = Images(t.images, t.labels).map(torch::data::transforms::Stack<>());
+  torch::data::samplers::DistributedRandomSampler sampler(t.images.size(0), tutti::size(),
+                                                          tutti::rank());
+  auto loader = torch::data::make_data_loader(std::move(dataset), sampler,
+                                              torch::data::DataLoaderOptions(flags.batch_size));
   const auto start = std::chrono::steady_clock::now();
-  for (int epoch = 0; epoch < epochs; ++epoch) {
+  for (int epoch = 0; epoch < flags.epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::size_t>(epoch));
-    model->train();
+    t.model->train();
     double loss_sum = 0;
     int batches = 0;
     for (auto& batch : *loader) {
       optimizer.zero_grad();
-      // Submitted on LibTorch's current stream, which the adapter hands to Tutti: no
-      // synchronization anywhere in the loop.
       torch::Tensor loss = torch::nn::functional::cross_entropy(
-          model->forward(batch.data.to(device)), batch.target.to(device));
+          t.model->forward(batch.data.to(t.device)), batch.target.to(t.device));
       loss.backward();
       optimizer.step();
       loss_sum += loss.item<double>();
@@ -208,30 +290,160 @@ int main(int argc, char** argv) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  // Test accuracy: each rank scores its shard; the counts are summed with an allreduce.
-  auto test_set = torch::data::datasets::MNIST(dir, torch::data::datasets::MNIST::Mode::kTest);
-  const std::int64_t n = test_set.images().size(0);
-  const std::int64_t begin = n * tutti::rank() / tutti::size();
-  const std::int64_t end = n * (tutti::rank() + 1) / tutti::size();
-  torch::Tensor counts = torch::zeros({2}, torch::kFloat64);  // Correct, total.
-  {
-    torch::NoGradGuard no_grad;
-    model->eval();
-    const torch::Tensor x = torch::data::transforms::Normalize<>(
-        0.2860, 0.3530)(test_set.images().slice(0, begin, end));
-    const torch::Tensor predicted = model->forward(x.to(device)).argmax(1);
-    counts[0] =
-        predicted.eq(test_set.targets().slice(0, begin, end).to(device)).sum().item<double>();
-    counts[1] = static_cast<double>(end - begin);
-  }
-  tutti::allreduce(tutti::libtorch::view(counts), "libtorch_mnist.accuracy",
-                   {.op = tutti::ReduceOp::Sum});
-  const double accuracy = counts[0].item<double>() / counts[1].item<double>();
+  const double accuracy = test_accuracy(t.model, dir, t.device);
   if (tutti::rank() == 0) {
     std::printf("test accuracy %.4f (%d ranks, %d epochs, %.1f s training, %s)\n", accuracy,
-                tutti::size(), epochs, seconds, device.str().c_str());
+                tutti::size(), flags.epochs, seconds, t.device.str().c_str());
+  }
+}
+
+// Rank 0's loss of the epoch so far, committed as an object of the program's own
+// (elastic::Stateful), so that a resumed epoch prints the mean of all its steps.
+struct EpochLoss {
+  double sum = 0;
+  std::int64_t steps = 0;
+
+  tutti::elastic::Stateful stateful() {
+    return {
+        .save = [this] { return std::string(reinterpret_cast<const char*>(this), sizeof *this); },
+        .prepare_load = [this](std::string_view bytes) -> std::function<void()> {
+          if (bytes.size() != sizeof *this) throw std::runtime_error("not an epoch's loss");
+          EpochLoss read;
+          std::memcpy(&read, bytes.data(), sizeof read);
+          return [this, read] { *this = read; };
+        }};
+  }
+};
+
+// --elastic: commits every --commit-every steps and at each epoch's end; a relaunched job
+// resumes from the last commit, at whatever rank count it has. elastic::run restores the
+// commit or, with none, syncs every rank from rank 0 (the broadcasts' place). Returns
+// elastic::run's status (75: relaunch me), or 1 for a commit past --epochs.
+int train_elastic(const Flags& flags, Training& t, const std::string& dir) {
+  const bool root = tutti::rank() == 0;
+  const auto samples = static_cast<std::size_t>(t.images.size(0));
+  tutti::data::DistributedSampler sampler(samples, tutti::size(), tutti::rank());
+  std::int64_t epoch = 0;
+  EpochLoss loss;
+  tutti::elastic::State state("libtorch_mnist");
+  state.add("model", tutti::libtorch::stateful(*t.model));  // Parameters and buffers.
+  state.add("adam", tutti::libtorch::stateful(t.adam));
+  state.add("sampler", sampler);
+  state.add("epoch", epoch);
+  state.add("epoch_loss", loss.stateful());
+  tutti::libtorch::DistributedOptimizer optimizer(t.adam, t.model->named_parameters());  // (4/4)
+  int refused = 0;
+  const int status = tutti::elastic::run(state, [&](tutti::elastic::State& s) {
+    if (epoch > flags.epochs) {  // The run would be another one's.
+      if (root) {
+        std::fprintf(stderr,
+                     "the commit in TUTTI_ELASTIC_DIR has %lld epochs done, more than "
+                     "--epochs %d\n",
+                     static_cast<long long>(epoch), flags.epochs);
+      }
+      refused = 1;
+      return;
+    }
+    if (root && s.commits() > 0) {
+      std::printf("resumed at commit %lld: epoch %lld, %zu of its %zu images done\n",
+                  static_cast<long long>(s.commits()), static_cast<long long>(epoch + 1),
+                  sampler.position(), samples);
+      std::fflush(stdout);
+    }
+    std::int64_t steps_done = 0;  // In this launch: commits every --commit-every of them.
+    while (epoch < flags.epochs) {
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));  // Keeps a resumed epoch's place.
+      const std::vector<std::size_t> indices = sampler.indices();
+      t.model->train();
+      for (std::size_t begin = 0; begin < indices.size();
+           begin += static_cast<std::size_t>(flags.batch_size)) {
+        const std::size_t end =
+            std::min(begin + static_cast<std::size_t>(flags.batch_size), indices.size());
+        const std::vector<std::int64_t> batch(indices.begin() + static_cast<std::ptrdiff_t>(begin),
+                                              indices.begin() + static_cast<std::ptrdiff_t>(end));
+        loss.sum += t.step(optimizer, torch::tensor(batch, torch::kInt64));
+        ++loss.steps;
+        sampler.advance(end - begin);
+        if (++steps_done % flags.commit_every == 0) {
+          s.commit();
+          if (root) {
+            std::printf("epoch %lld [%zu/%zu images] committed\n",
+                        static_cast<long long>(epoch + 1), sampler.position(), samples);
+            std::fflush(stdout);
+          }
+        }
+      }
+      if (root) {
+        std::printf("epoch %lld: train loss %.4f (rank 0, %lld batches)\n",
+                    static_cast<long long>(epoch + 1),
+                    loss.sum / static_cast<double>(std::max<std::int64_t>(loss.steps, 1)),
+                    static_cast<long long>(loss.steps));
+        std::fflush(stdout);
+      }
+      loss = {};
+      ++epoch;  // Before the commit: a relaunch starts the next epoch, not this one's end.
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+      s.commit();
+    }
+    const double accuracy = test_accuracy(t.model, dir, t.device);
+    if (root) std::printf("final test accuracy: %.2f%%\n", 100 * accuracy);
+  });
+  return refused != 0 ? refused : status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::optional<Flags> flags = parse_flags(argc, argv);
+  if (!flags) {
+    std::fprintf(stderr,
+                 "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] "
+                 "[--data-dir DIR] [--limit N] [--device cpu|cuda] "
+                 "[--elastic [--commit-every N]]\n");
+    return 2;
+  }
+  if (flags->device == "cuda" && !(torch::cuda::is_available() && tutti::cuda_built())) {
+    std::fprintf(stderr, "libtorch_mnist: --device cuda needs %s\n",
+                 tutti::cuda_built() ? "a LibTorch with CUDA and a visible GPU"
+                                     : "a Tutti built with CUDA (meson setup -Dcuda=enabled)");
+    return 2;
+  }
+
+  tutti::init();              // Tutti (1/4)
+  torch::set_num_threads(1);  // One core per rank.
+  // One GPU per rank where there are enough, else ranks share them (Tutti then reduces
+  // through host staging: NCCL refuses two ranks on one GPU).
+  const torch::Device device =
+      flags->device == "cuda"
+          ? torch::Device(torch::kCUDA,
+                          static_cast<c10::DeviceIndex>(
+                              tutti::local_rank() % static_cast<int>(torch::cuda::device_count())))
+          : torch::Device(torch::kCPU);
+  const IdxDir idx_dir(flags->data_dir);
+  const std::string& dir = idx_dir.path();
+  if (dir.empty()) {
+    std::fprintf(stderr,
+                 "libtorch_mnist: no Fashion-MNIST in %s (apt-get install dataset-fashion-mnist, "
+                 "or --data-dir DIR)\n",
+                 flags->data_dir.c_str());
+    tutti::shutdown();
+    return 1;
+  }
+
+  auto train_set = torch::data::datasets::MNIST(dir, torch::data::datasets::MNIST::Mode::kTrain);
+  torch::Tensor images = train_set.images();
+  torch::Tensor labels = train_set.targets();
+  if (flags->limit > 0 && flags->limit < images.size(0)) {
+    images = images.slice(0, 0, flags->limit);
+    labels = labels.slice(0, 0, flags->limit);
+  }
+  Training training(images, labels, device, flags->lr);
+  int status = 0;
+  if (flags->elastic) {
+    status = train_elastic(*flags, training, dir);
+  } else {
+    train(*flags, training, dir);
   }
   tutti::shutdown();
-  return 0;
+  return status;
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tutti/data/distributed_sampler.h"
@@ -45,6 +46,24 @@ class TUTTI_API HostsUpdated : public std::exception {
 //
 // The collective members must be called by every rank, in the same order. Not thread-safe:
 // use a State from the training loop's thread. The registered objects must outlive it.
+// Tutti addition: state that State cannot look into (a LibTorch module or optimizer: see
+// tutti::libtorch::stateful() in tutti/libtorch.h; any object of the caller's), committed as
+// the bytes its own two functions make and read. Both must be set (add() refuses an empty one).
+struct Stateful {
+  // The object's state as it stands, as bytes: called by commit() on each rank that writes and
+  // by sync() on the root. An exception (any std::exception) fails that rank's write as a
+  // failed file write would: see commit().
+  std::function<std::string()> save;
+  // Reads `bytes` (what save() returned, in this launch or an earlier one, at any world size)
+  // and checks that they fit the object, changing nothing; returns the function that loads
+  // them, which must not throw. Throwing (any std::exception) refuses the commit: restore()
+  // and sync() then throw Error(InvalidArgument) on every rank, with the message on this one,
+  // and nothing registered changes on any rank. restore() and sync() call it on every rank
+  // that loads, before any registered object changes, and run what it returned only once every
+  // rank has prepared its load.
+  std::function<std::function<void()>(std::string_view bytes)> prepare_load;
+};
+
 class TUTTI_API State {
  public:
   // `name` tells the States of one job (and their files) apart: 1 to 200 letters, digits, '_'
@@ -74,11 +93,13 @@ class TUTTI_API State {
   //               another world size continues the epoch). A commit of a sampler over another
   //               data set size, seed, shuffle or drop_last is refused by restore().
   //   value, bytes: copied.
+  //   object:     Tutti addition: its save() and prepare_load() (see Stateful).
   void add(std::string key, nn::NamedParameters parameters);
   void add(std::string key, optim::Optimizer& optimizer);
   void add(std::string key, data::DistributedSampler& sampler);
   void add(std::string key, std::int64_t& value);
   void add(std::string key, std::vector<std::uint8_t>& bytes);
+  void add(std::string key, Stateful object);
 
   // Called by run(), in registration order, after it restored a commit written at another
   // world size: rescale the learning rate, rebuild what depends on the number of ranks.

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The LibTorch adapter (API.md, "LibTorch"): torch::Tensor <-> Tutti tensors, the broadcast
-// helpers for a LibTorch model and optimizer, and DistributedOptimizer, the data-parallel
-// wrapper of a torch::optim::Optimizer. Library libtutti_libtorch (pkg-config
-// tutti-libtorch); needs LibTorch's include flags. libtutti itself never depends on LibTorch.
+// helpers for a LibTorch model and optimizer, their elastic::State entries, and
+// DistributedOptimizer, the data-parallel wrapper of a torch::optim::Optimizer. Library
+// libtutti_libtorch (pkg-config tutti-libtorch); needs LibTorch's include flags. libtutti
+// itself never depends on LibTorch.
 #pragma once
 
 #include <torch/torch.h>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "tutti/collectives.h"
+#include "tutti/elastic.h"
 #include "tutti/optim/distributed_options.h"
 #include "tutti/process_set.h"
 #include "tutti/tensor.h"
@@ -45,6 +47,25 @@ void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& 
 // groups and shapes.
 void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank,
                                ProcessSet process_set = ProcessSet::global());
+
+// Tutti addition: `module`'s parameters and buffers (named_parameters() and named_buffers(),
+// its submodules' included), as an object an elastic::State commits, restores and syncs:
+//   state.add("model", tutti::libtorch::stateful(*model));
+//   state.add("optimizer", tutti::libtorch::stateful(adam));
+// Saved as CPU copies; loaded in place with copy_(), each onto its tensor's own device, so the
+// optimizer and a DistributedOptimizer's hooks keep the tensors they hold. A commit whose
+// tensors differ from the module's (count, names, dtypes or shapes) is refused: restore() and
+// sync() throw InvalidArgument on every rank naming the first difference, and nothing
+// changes. A tensor of a dtype view() rejects fails the commit. `module` must outlive the
+// State.
+elastic::Stateful stateful(torch::nn::Module& module);
+
+// Tutti addition: `optimizer`'s state and each parameter group's options (learning rate, ...),
+// in LibTorch's own archive as broadcast_optimizer_state() sends them, as an object an
+// elastic::State commits, restores and syncs. Loading checks what LibTorch's load checks: a
+// commit of another number of parameter groups, or of groups of other sizes, is refused as
+// above, and nothing changes. `optimizer` must outlive the State.
+elastic::Stateful stateful(torch::optim::Optimizer& optimizer);
 
 // optim::DistributedOptimizer for LibTorch (see tutti/optim/distributed_optimizer.h for the
 // semantics of every DistributedOptions field, synchronize(), skip_synchronize() and the

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tutti/data/distributed_sampler.h"
+#include "tutti/elastic.h"
 #include "tutti/nn/module.h"
 #include "tutti/optim/optimizer.h"
 
@@ -20,9 +21,10 @@ enum class EntryKind : std::uint8_t {
   Optimizer = 1,
   Sampler = 2,
   Int64 = 3,
-  Bytes = 4
+  Bytes = 4,
+  Stateful = 5
 };
-inline constexpr int kEntryKindCount = 5;
+inline constexpr int kEntryKindCount = 6;
 
 std::string_view to_string(EntryKind kind);
 
@@ -35,6 +37,7 @@ struct Entry {
   data::DistributedSampler* sampler = nullptr;
   std::int64_t* value = nullptr;
   std::vector<std::uint8_t>* bytes = nullptr;
+  Stateful object;
 };
 
 }  // namespace tutti::elastic::internal

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -75,6 +77,16 @@ void put_entry(ByteWriter& w, const Entry& e) {
       return;
     case EntryKind::Int64: w.put(*e.value); return;
     case EntryKind::Bytes: w.put_vector(*e.bytes); return;
+    case EntryKind::Stateful: {
+      std::string bytes;
+      try {
+        bytes = e.object.save();
+      } catch (const std::exception& error) {
+        throw_invalid_argument("elastic: saving '", e.key, "' failed: ", error.what());
+      }
+      w.put_string(bytes);
+      return;
+    }
   }
   throw_invalid_argument("elastic: entry '", e.key, "' of unknown kind ", static_cast<int>(e.kind));
 }
@@ -153,6 +165,7 @@ class BodyReader {
       case EntryKind::Bytes:
         if (!r_.get_vector(&e.bytes)) malformed();
         break;
+      case EntryKind::Stateful: e.object = get_string(); break;
     }
     return e;
   }
@@ -232,6 +245,7 @@ std::string_view to_string(EntryKind kind) {
     case EntryKind::Sampler: return "sampler";
     case EntryKind::Int64: return "int64";
     case EntryKind::Bytes: return "bytes";
+    case EntryKind::Stateful: return "object";
   }
   return "unknown";
 }
@@ -339,7 +353,23 @@ OptimizerStates load_optimizers(const Snapshot& s, const std::vector<Entry>& ent
   return replaced;
 }
 
-void load_values(const Snapshot& s, const std::vector<Entry>& entries) {
+ObjectLoads prepare_objects(const Snapshot& s, const std::vector<Entry>& entries) {
+  ObjectLoads loads;
+  for (const Entry& e : entries) {
+    if (e.kind != EntryKind::Stateful) continue;
+    std::function<void()> load;
+    try {
+      load = e.object.prepare_load(saved_entry(s, e.key).object);
+    } catch (const std::exception& error) {
+      mismatch(s, str_cat("'", e.key, "' refused its bytes: ", error.what()));
+    }
+    if (!load) mismatch(s, str_cat("'", e.key, "': prepare_load() returned an empty function"));
+    loads.push_back(std::move(load));
+  }
+  return loads;
+}
+
+void load_values(const Snapshot& s, const std::vector<Entry>& entries, const ObjectLoads& objects) {
   for (const Entry& e : entries) {
     const SavedEntry& saved = saved_entry(s, e.key);
     switch (e.kind) {
@@ -357,13 +387,16 @@ void load_values(const Snapshot& s, const std::vector<Entry>& entries) {
         break;
       case EntryKind::Int64: *e.value = saved.value; break;
       case EntryKind::Bytes: *e.bytes = saved.bytes; break;
+      case EntryKind::Stateful: break;  // `objects`, below.
     }
   }
+  for (const std::function<void()>& load : objects) load();
 }
 
 void load_into(const Snapshot& s, const std::vector<Entry>& entries) {
+  const ObjectLoads objects = prepare_objects(s, entries);
   load_optimizers(s, entries);
-  load_values(s, entries);
+  load_values(s, entries, objects);
 }
 
 }  // namespace tutti::elastic::internal

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -26,7 +27,9 @@ namespace tutti::elastic::internal {
 //                 name, float64
 //     Sampler:    uint64 epoch, position, data set size, seed; uint8 shuffle, drop_last
 //     Int64:      int64;  Bytes: vector<uint8>
-// A change of layout takes a new magic, so that old files are refused, not misread.
+//     Stateful:   string (what its save() returned)
+// A change of layout takes a new magic, so that old files are refused, not misread. A new kind
+// (Stateful was one) changes no layout: older files still read.
 inline constexpr char kCommitMagic[] = "TUTTIEL1";  // 8 bytes without the terminator.
 
 struct SavedTensor {
@@ -50,6 +53,7 @@ struct SavedEntry {
   bool drop_last = false;           // ... Sampler
   std::int64_t value = 0;           // Int64
   std::vector<std::uint8_t> bytes;  // Bytes
+  std::string object;               // Stateful
 };
 
 struct Snapshot {
@@ -86,10 +90,18 @@ struct OptimizerStates {
 // collective caller agrees on the outcome before it goes on (Note [Elastic agreement] in
 // src/elastic/state.cc) and puts the states back if another rank failed.
 OptimizerStates load_optimizers(const Snapshot& snapshot, const std::vector<Entry>& entries);
-// Copies the rest of `snapshot` (tensors, samplers, integers, bytes) into `entries`' objects.
-// Cannot fail once check_matches() has passed.
-void load_values(const Snapshot& snapshot, const std::vector<Entry>& entries);
-// load_optimizers(), then load_values(): on a refusal nothing changes.
+// The Stateful entries' loads, prepared (their bytes checked) and not yet run, in entry order.
+using ObjectLoads = std::vector<std::function<void()>>;
+// Calls each Stateful entry's prepare_load() on its bytes in `snapshot`, which changes nothing.
+// Requires check_matches() to have passed. Throws Error(InvalidArgument) naming the entry and
+// its refusal (any exception of prepare_load(), or an empty function returned).
+ObjectLoads prepare_objects(const Snapshot& snapshot, const std::vector<Entry>& entries);
+// Copies the rest of `snapshot` (tensors, samplers, integers, bytes) into `entries`' objects,
+// then runs `objects` (prepare_objects()' of the same snapshot). Cannot fail once
+// check_matches() has passed.
+void load_values(const Snapshot& snapshot, const std::vector<Entry>& entries,
+                 const ObjectLoads& objects);
+// prepare_objects(), load_optimizers(), then load_values(): on a refusal nothing changes.
 void load_into(const Snapshot& snapshot, const std::vector<Entry>& entries);
 
 // CRC-32 of `bytes` (zlib's).

@@ -180,14 +180,18 @@ struct State::Impl {
   internal::Snapshot load_agreed(const std::string& bytes, int source, std::string_view what,
                                  bool source_loads) {
     std::optional<internal::Snapshot> snapshot;
+    internal::ObjectLoads objects;
     internal::OptimizerStates replaced;
     std::string why;
     const bool loads = rank() != source || source_loads;
     try {
       snapshot = internal::decode(bytes);
       internal::check_matches(*snapshot, entries);
-      // Agreed on before the rest changes (Note [ZeRO in a State]).
-      if (loads) replaced = internal::load_optimizers(*snapshot, entries);
+      if (loads) {
+        objects = internal::prepare_objects(*snapshot, entries);  // Changes nothing.
+        // Agreed on before the rest changes (Note [ZeRO in a State]).
+        replaced = internal::load_optimizers(*snapshot, entries);
+      }
     } catch (const Error& e) {
       why = bytes.empty() ? str_cat("rank ", source, " had nothing to send (its log says why)")
                           : e.what();
@@ -200,7 +204,7 @@ struct State::Impl {
                                                    " failed on another rank (its log says why)")
                                          : why);
     }
-    if (loads) internal::load_values(*snapshot, entries);
+    if (loads) internal::load_values(*snapshot, entries, objects);
     return std::move(*snapshot);
   }
 };
@@ -261,6 +265,16 @@ void State::add(std::string key, std::int64_t& value) {
 void State::add(std::string key, std::vector<std::uint8_t>& bytes) {
   internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Bytes);
   entry.bytes = &bytes;
+  impl_->add(std::move(entry));
+}
+
+void State::add(std::string key, Stateful object) {
+  if (!object.save || !object.prepare_load) {
+    throw_invalid_argument("elastic::State::add('", key, "'): the Stateful's ",
+                           object.save ? "prepare_load" : "save", " is an empty function");
+  }
+  internal::Entry entry = entry_of(std::move(key), internal::EntryKind::Stateful);
+  entry.object = std::move(object);
   impl_->add(std::move(entry));
 }
 

@@ -13,52 +13,23 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "optimizers/reduction_rounds.h"
 #include "src/common/throw.h"
+#include "src/libtorch/dtypes.h"
+#include "src/libtorch/state_bytes.h"
 #include "tutti/cuda.h"
 #include "tutti/runtime.h"
 
 namespace tutti::libtorch {
 
+using internal::torch_type;
+using internal::tutti_type;
+
 namespace {
-
-std::optional<DataType> tutti_type(c10::ScalarType type) {
-  switch (type) {
-    case torch::kUInt8: return DataType::UInt8;
-    case torch::kInt8: return DataType::Int8;
-    case torch::kInt16: return DataType::Int16;
-    case torch::kInt32: return DataType::Int32;
-    case torch::kInt64: return DataType::Int64;
-    case torch::kFloat16: return DataType::Float16;
-    case torch::kBFloat16: return DataType::BFloat16;
-    case torch::kFloat32: return DataType::Float32;
-    case torch::kFloat64: return DataType::Float64;
-    case torch::kBool: return DataType::Bool;
-    default: return std::nullopt;
-  }
-}
-
-std::optional<c10::ScalarType> torch_type(DataType type) {
-  switch (type) {
-    case DataType::UInt8: return torch::kUInt8;
-    case DataType::Int8: return torch::kInt8;
-    case DataType::Int16: return torch::kInt16;
-    case DataType::Int32: return torch::kInt32;
-    case DataType::Int64: return torch::kInt64;
-    case DataType::Float16: return torch::kFloat16;
-    case DataType::BFloat16: return torch::kBFloat16;
-    case DataType::Float32: return torch::kFloat32;
-    case DataType::Float64: return torch::kFloat64;
-    case DataType::Bool: return torch::kBool;
-    case DataType::UInt16: break;  // LibTorch 1.13 has no uint16.
-  }
-  return std::nullopt;
-}
 
 // LibTorch's current stream of `tensor`'s device for a CUDA tensor (API.md: the adapter
 // submits every CUDA tensor with it, so that Tutti waits on the GPU for the kernels that wrote
@@ -149,44 +120,14 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank
   // `root_rank` is a global rank (API.md), like tutti::rank(); the set rank differs from it in
   // a set such as {1, 3}.
   const bool is_root = tutti::rank() == root_rank;
-  // LibTorch's optimizer archive carries the state but its load() does not restore the
-  // groups' options, so each group's options travel in an archive of their own.
   std::string bytes;
-  if (is_root) {
-    torch::serialize::OutputArchive archive;
-    torch::serialize::OutputArchive state;
-    optimizer.save(state);
-    archive.write("state", state);
-    for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-      torch::serialize::OutputArchive group;
-      optimizer.param_groups()[g].options().serialize(group);
-      archive.write("group/" + std::to_string(g), group);
-    }
-    archive.write("groups",
-                  torch::tensor(static_cast<std::int64_t>(optimizer.param_groups().size())));
-    std::ostringstream out;
-    archive.save_to(out);
-    bytes = out.str();
-  }
+  if (is_root) bytes = internal::save_optimizer(optimizer);
   bytes = broadcast_object(bytes, root_rank, "libtorch.broadcast_optimizer_state", process_set);
   if (is_root) return;
-  torch::serialize::InputArchive archive;
-  archive.load_from(bytes.data(), bytes.size());
-  torch::Tensor groups;
-  archive.read("groups", groups);
-  if (groups.item<std::int64_t>() != static_cast<std::int64_t>(optimizer.param_groups().size())) {
-    detail::throw_invalid_argument("broadcast_optimizer_state: the root has ",
-                                   groups.item<std::int64_t>(), " parameter groups, this rank ",
-                                   optimizer.param_groups().size());
-  }
-  torch::serialize::InputArchive state;
-  archive.read("state", state);
-  optimizer.state().clear();  // The root's state replaces this rank's, entries it lacks too.
-  optimizer.load(state);
-  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-    torch::serialize::InputArchive group;
-    archive.read("group/" + std::to_string(g), group);
-    optimizer.param_groups()[g].options().serialize(group);
+  try {
+    internal::load_optimizer(optimizer, bytes);  // The root's state replaces this rank's.
+  } catch (const Error& e) {
+    detail::throw_invalid_argument("broadcast_optimizer_state: ", e.what());
   }
 }
 

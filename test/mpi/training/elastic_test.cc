@@ -14,15 +14,20 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "src/elastic/commit_store.h"
 #include "src/elastic/snapshot.h"
+#include "test/mpi/training/elastic_dir.h"
 #include "test/mpi/training/training_test_util.h"
 #include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
@@ -35,32 +40,6 @@ namespace tutti::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory made by rank 0 and named to every rank, as TUTTI_ELASTIC_DIR (or unset
-// with `use` false) while the object lives. Collective.
-class ElasticDir {
- public:
-  explicit ElasticDir(bool use = true) {
-    char name[64] = "/tmp/tutti_elastic_mpi.XXXXXX";
-    if (world_rank() == 0 && ::mkdtemp(name) == nullptr) MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
-    if (use) {
-      ::setenv("TUTTI_ELASTIC_DIR", name, 1);
-    } else {
-      ::unsetenv("TUTTI_ELASTIC_DIR");
-    }
-  }
-  ~ElasticDir() {
-    ::unsetenv("TUTTI_ELASTIC_DIR");
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0) fs::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // What one training loop keeps: a model, SGD with momentum, a sampler, a step and bytes.
 struct Loop {
@@ -486,6 +465,82 @@ TEST_CASE("A ZeRO state one shard refuses is refused on every rank, changing not
   CHECK(all_ranks(error_of([&] { state.restore(); }, &message) == ErrorCode::InvalidArgument));
   INFO(message);
   CHECK(all_ranks(values_of(zero.local_optimizer().state_dict()) == before));
+}
+
+// An object of the caller's (elastic::Stateful): integers saved as text; it refuses bytes
+// that hold another count of them.
+struct Numbers {
+  std::vector<std::int64_t> values;
+
+  elastic::Stateful stateful() {
+    return {.save =
+                [this] {
+                  std::string text;
+                  for (std::int64_t v : values) text += std::to_string(v) + " ";
+                  return text;
+                },
+            .prepare_load = [this](std::string_view bytes) -> std::function<void()> {
+              std::vector<std::int64_t> read;
+              std::istringstream in{std::string(bytes)};
+              for (std::int64_t v = 0; in >> v;) read.push_back(v);
+              if (read.size() != values.size()) {
+                throw std::runtime_error(std::to_string(read.size()) + " numbers, this one holds " +
+                                         std::to_string(values.size()));
+              }
+              return [this, read] { values = read; };
+            }};
+  }
+};
+
+TEST_CASE("An object of the caller's is committed as its bytes, loaded only if every rank can",
+          "[elastic]") {
+  Session session;
+  ElasticDir dir;
+  const int last = tutti::size() - 1;
+  const auto r = static_cast<std::int64_t>(tutti::rank());
+  {
+    Numbers numbers{{1, 2, 3}};
+    std::int64_t step = 5;
+    elastic::State state;
+    state.add("numbers", numbers.stateful());
+    state.add("step", step);
+    state.commit();
+  }
+  {
+    Numbers numbers{{-r, -r, -r}};
+    std::int64_t step = -1;
+    elastic::State state;
+    state.add("numbers", numbers.stateful());
+    state.add("step", step);
+    CHECK(all_ranks(state.restore()));
+    CHECK(all_ranks(numbers.values == std::vector<std::int64_t>{1, 2, 3} && step == 5));
+  }
+  {  // The last rank's object holds four numbers: it refuses, and no rank changes anything.
+    Numbers numbers{std::vector<std::int64_t>(tutti::rank() == last ? 4 : 3, -r)};
+    const std::vector<std::int64_t> before = numbers.values;
+    std::int64_t step = -1;
+    elastic::State state;
+    state.add("numbers", numbers.stateful());
+    state.add("step", step);
+    std::string message;
+    CHECK(all_ranks(error_of([&] { state.restore(); }, &message) == ErrorCode::InvalidArgument));
+    INFO(message);
+    CHECK(all_ranks(numbers.values == before && step == -1 && state.commits() == 0));
+    const std::string expected = tutti::rank() == last
+                                     ? "'numbers' refused its bytes: 3 numbers, this one holds 4"
+                                     : "restore failed on another rank";
+    CHECK(all_ranks(message.find(expected) != std::string::npos));
+  }
+  {  // sync(): the root's object on every rank.
+    Numbers numbers{{r, 2 * r, 7}};
+    elastic::State state;
+    state.add("numbers", numbers.stateful());
+    state.sync(last);
+    CHECK(all_ranks(numbers.values == std::vector<std::int64_t>{last, 2 * last, 7}));
+  }
+  elastic::State state;
+  CHECK(all_ranks(error_of([&] { state.add("empty", elastic::Stateful{}); }) ==
+                  ErrorCode::InvalidArgument));
 }
 
 TEST_CASE("Bad names, keys and TUTTI_ELASTIC_KEEP are refused by the call", "[elastic]") {

@@ -19,9 +19,11 @@
 #include <catch2/catch.hpp>
 
 #include "test/mpi/training/capture_stderr.h"
+#include "test/mpi/training/elastic_dir.h"
 #include "test/mpi/training/training_test_util.h"
 #include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
+#include "tutti/elastic.h"
 #include "tutti/tutti.h"
 
 namespace tutti::test {
@@ -528,6 +530,164 @@ TEST_CASE("issue 24: LibTorch over a set whose ranks differ from the global ones
   CHECK(all_ranks(ok));
   barrier();
   remove_process_set(set);
+}
+
+// An MLP with BatchNorm (so that the module has buffers) and Adam, after `steps` steps of its
+// own on the whole batches `first`, `first` + 1, ... (the same on every rank for one `first`).
+struct TorchLoop {
+  torch::nn::Sequential model;
+  torch::optim::Adam adam;
+
+  explicit TorchLoop(int hidden = 8, int steps = 2, int first = 0)
+      : model(make_model(hidden)), adam(model->parameters(), torch::optim::AdamOptions(0.01)) {
+    for (int step = 0; step < steps; ++step) train(first + step);
+  }
+  static torch::nn::Sequential make_model(int hidden) {
+    torch::manual_seed(3);
+    torch::nn::Sequential m(torch::nn::Linear(6, hidden), torch::nn::BatchNorm1d(hidden),
+                            torch::nn::Tanh(), torch::nn::Linear(hidden, 3));
+    m->to(torch::kFloat64);
+    return m;
+  }
+  void train(int batch) {
+    adam.zero_grad();
+    loss_of(model, whole_batch({6}, torch::kFloat64, batch)).backward();
+    adam.step();
+  }
+  // Copies of the parameters, then the buffers.
+  std::vector<torch::Tensor> tensors() const {
+    std::vector<torch::Tensor> out;
+    for (const torch::Tensor& t : model->parameters()) out.push_back(t.detach().clone());
+    for (const torch::Tensor& t : model->buffers()) out.push_back(t.detach().clone());
+    return out;
+  }
+  // Adam's moments and step counts, parameter by parameter.
+  std::vector<torch::Tensor> moments() const {
+    std::vector<torch::Tensor> out;
+    for (const torch::Tensor& p : model->parameters()) {
+      const auto& state = static_cast<const torch::optim::AdamParamState&>(
+          *adam.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      out.push_back(state.exp_avg().clone());
+      out.push_back(state.exp_avg_sq().clone());
+      out.push_back(torch::tensor(state.step()));
+    }
+    return out;
+  }
+  void add_to(elastic::State& state) {
+    state.add("model", libtorch::stateful(*model));
+    state.add("adam", libtorch::stateful(adam));
+  }
+};
+
+bool equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+TEST_CASE("LibTorch: stateful() commits a model and its optimizer; restore() loads them in place",
+          "[libtorch][elastic]") {
+  Session session;
+  ElasticDir dir;
+  std::vector<torch::Tensor> committed;
+  std::vector<torch::Tensor> after_one_step;  // The committed state, then one step on batch 99.
+  {
+    TorchLoop loop;
+    elastic::State state;
+    loop.add_to(state);
+    state.commit();
+    committed = loop.tensors();
+    loop.train(99);
+    after_one_step = loop.tensors();
+  }
+  // A relaunch: another history, another learning rate.
+  TorchLoop loop(8, 3, 10 + world_rank());
+  loop.adam.param_groups()[0].options().set_lr(0.5);
+  std::vector<void*> storage;
+  for (const torch::Tensor& t : loop.model->parameters()) storage.push_back(t.data_ptr());
+  elastic::State state;
+  loop.add_to(state);
+  CHECK(all_ranks(state.restore()));
+  CHECK(all_ranks(equal(loop.tensors(), committed)));
+  CHECK(all_ranks(loop.adam.param_groups()[0].options().get_lr() == 0.01));
+  bool in_place = true;
+  for (std::size_t i = 0; i < storage.size(); ++i)
+    in_place = in_place && loop.model->parameters()[i].data_ptr() == storage[i];
+  CHECK(all_ranks(in_place));
+  // Adam's moments and step counts came back too: the next step is the committed state's.
+  loop.train(99);
+  CHECK(all_ranks(equal(loop.tensors(), after_one_step)));
+}
+
+TEST_CASE("LibTorch: a commit the model or the optimizer does not fit is refused, changing nothing",
+          "[libtorch][elastic]") {
+  Session session;
+  ElasticDir dir;
+  {
+    TorchLoop loop;
+    elastic::State state;
+    loop.add_to(state);
+    state.commit();
+  }
+  std::string message;
+  SECTION("a wider hidden layer") {
+    TorchLoop loop(9, 1, 5);
+    const std::vector<torch::Tensor> tensors = loop.tensors();
+    const std::vector<torch::Tensor> moments = loop.moments();
+    elastic::State state;
+    loop.add_to(state);
+    CHECK(all_ranks(error_of([&] { state.restore(); }, &message) == ErrorCode::InvalidArgument));
+    CHECK(all_ranks(message.find("'model' refused its bytes: '0.weight' is float64 [8, 6] in the "
+                                 "commit, float64 [9, 6] in the module") != std::string::npos));
+    CHECK(all_ranks(equal(loop.tensors(), tensors) && equal(loop.moments(), moments)));
+  }
+  SECTION("an optimizer over fewer parameters") {
+    // LibTorch's load throws after this rank's state was cleared: it is put back.
+    TorchLoop loop(8, 1, 5);
+    std::vector<torch::Tensor> first = loop.model->parameters();
+    first.pop_back();
+    torch::optim::Adam fewer(first, torch::optim::AdamOptions(0.02));
+    fewer.zero_grad();
+    loss_of(loop.model, whole_batch({6}, torch::kFloat64, 5)).backward();
+    fewer.step();
+    const std::size_t entries = fewer.state().size();
+    const std::vector<torch::Tensor> tensors = loop.tensors();
+    elastic::State state;
+    state.add("model", libtorch::stateful(*loop.model));
+    state.add("adam", libtorch::stateful(fewer));
+    CHECK(all_ranks(error_of([&] { state.restore(); }, &message) == ErrorCode::InvalidArgument));
+    INFO(message);
+    CHECK(
+        all_ranks(message.find("'adam' refused its bytes: loaded state dict contains a "
+                               "parameter group that has a different size") != std::string::npos));
+    CHECK(all_ranks(message.find("frame #") == std::string::npos));  // Not LibTorch's stack.
+    CHECK(all_ranks(fewer.state().size() == entries && entries == first.size()));
+    CHECK(all_ranks(equal(loop.tensors(), tensors)));
+    CHECK(all_ranks(fewer.param_groups()[0].options().get_lr() == 0.02));
+  }
+}
+
+TEST_CASE("LibTorch: sync() gives every rank the root's model and optimizer",
+          "[libtorch][elastic]") {
+  Session session;
+  const int root = world_size() - 1;
+  TorchLoop loop(8, 2, 20 + world_rank());  // Rank-dependent values and moments.
+  loop.adam.param_groups()[0].options().set_lr(0.01 * (world_rank() + 1));
+  elastic::State state;
+  loop.add_to(state);
+  state.sync(root);
+  std::vector<double> values;
+  for (const std::vector<torch::Tensor>& list : {loop.tensors(), loop.moments()}) {
+    for (const torch::Tensor& t : list) {
+      const torch::Tensor flat = t.to(torch::kFloat64).flatten().contiguous();
+      values.insert(values.end(), flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+    }
+  }
+  values.push_back(loop.adam.param_groups()[0].options().get_lr());
+  CHECK(same_as_root(values, root));
+  CHECK(all_ranks(loop.adam.param_groups()[0].options().get_lr() == 0.01 * (root + 1)));
 }
 
 TEST_CASE("LibTorch: view, to_torch and broadcast_parameters of parameters and buffers",

@@ -11,7 +11,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -38,7 +41,8 @@ Tensor filled(Shape shape, float first) {
 }
 
 // A training loop's state: two parameters, SGD with momentum (state after one step), a
-// sampler mid-epoch, an integer and bytes, all registered as State::add() would.
+// sampler mid-epoch, an integer, bytes and an object of its own (a Stateful over `note`, which
+// refuses bytes while `refuse` is set), all registered as State::add() would.
 struct Loop {
   nn::Variable w{filled({2, 3}, 1), true};
   nn::Variable b{filled({3}, -1), true};
@@ -46,6 +50,8 @@ struct Loop {
   data::DistributedSampler sampler{100, 4, 1, true, 7};
   std::int64_t step = 41;
   std::vector<std::uint8_t> bytes = {1, 2, 3};
+  std::string note = "note";
+  bool refuse = false;
   std::vector<Entry> entries;
 
   Loop() {
@@ -53,7 +59,7 @@ struct Loop {
     sgd.step();  // Creates the momentum buffers.
     sampler.set_epoch(2);
     sampler.advance(5);  // Position 20.
-    entries.resize(5);
+    entries.resize(6);
     entries[0].key = "model";
     entries[0].kind = EntryKind::Parameters;
     entries[0].parameters = {{"w", w}, {"b", b}};
@@ -69,6 +75,13 @@ struct Loop {
     entries[4].key = "bytes";
     entries[4].kind = EntryKind::Bytes;
     entries[4].bytes = &bytes;
+    entries[5].key = "note";
+    entries[5].kind = EntryKind::Stateful;
+    entries[5].object.save = [this] { return note; };
+    entries[5].object.prepare_load = [this](std::string_view saved) -> std::function<void()> {
+      if (refuse) throw std::runtime_error("not a note of mine");
+      return [this, copy = std::string(saved)] { note = copy; };
+    };
   }
   void scramble() {
     for (float& x : w.value().span<float>()) x = 0;
@@ -77,6 +90,7 @@ struct Loop {
     sampler.set_epoch(9);
     step = 0;
     bytes.clear();
+    note = "scrambled";
   }
   std::vector<float> values() const {
     std::vector<float> v(w.value().span<float>().begin(), w.value().span<float>().end());
@@ -126,6 +140,7 @@ TEST_CASE("A commit round-trips every kind of entry", "[elastic]") {
   CHECK(loop.sampler.position() == 20);
   CHECK(loop.step == 41);
   CHECK(loop.bytes == std::vector<std::uint8_t>{1, 2, 3});
+  CHECK(loop.note == "note");
 }
 
 TEST_CASE("A damaged, truncated or foreign file is refused with the reason", "[elastic]") {
@@ -229,6 +244,33 @@ TEST_CASE("A commit that does not fit the program is refused and changes nothing
     CHECK(other.values() == before);
     CHECK(other.step == 0);
   }
+  SECTION("an object that refuses its bytes: nothing is loaded") {
+    Loop other;
+    other.scramble();
+    other.refuse = true;
+    const std::vector<float> before = other.values();
+    check_matches(s, other.entries);
+    CHECK(error_of([&] { load_into(s, other.entries); }, &message) == ErrorCode::InvalidArgument);
+    CHECK(message.find("'note' refused its bytes: not a note of mine") != std::string::npos);
+    CHECK(other.sgd.state_dict().tensors.empty());
+    CHECK(other.values() == before);
+    CHECK(other.note == "scrambled");
+  }
+  SECTION("an object whose prepare_load() returns no function") {
+    Loop other;
+    other.entries[5].object.prepare_load = [](std::string_view) { return std::function<void()>(); };
+    CHECK(error_of([&] { load_into(s, other.entries); }, &message) == ErrorCode::InvalidArgument);
+    CHECK(message.find("'note': prepare_load() returned an empty function") != std::string::npos);
+  }
+}
+
+TEST_CASE("An object whose save() throws fails the encoding, naming it", "[elastic]") {
+  Loop loop;
+  loop.entries[5].object.save = []() -> std::string { throw std::runtime_error("no bytes"); };
+  std::string message;
+  CHECK(error_of([&] { encode("state", 1, 1, loop.entries); }, &message) ==
+        ErrorCode::InvalidArgument);
+  CHECK(message == "elastic: saving 'note' failed: no bytes");
 }
 
 TEST_CASE("The store keeps the newest commits and skips damaged ones", "[elastic]") {
