@@ -28,9 +28,27 @@ class TUTTI_API HostsUpdated : public std::exception {
   const char* what() const noexcept override;
 };
 
+// Tutti addition: state that State cannot look into (a LibTorch module or optimizer: see
+// tutti::libtorch::stateful() in tutti/libtorch.h; any object of the caller's), committed as
+// the bytes its own two functions make and read. Both must be set (add() refuses an empty one).
+struct Stateful {
+  // The object's state as it stands, as bytes: called by commit() on each rank that writes and
+  // by sync() on the root. An exception fails that rank's write as a failed file write would
+  // (see commit()), or the sync on every rank.
+  std::function<std::string()> save;
+  // Reads `bytes` (what save() returned, in this launch or an earlier one, at any world size)
+  // and checks that they fit the object, changing nothing; returns the function that loads
+  // them, which must not throw. Throwing refuses the commit: restore() and sync() then throw
+  // Error(InvalidArgument) on every rank, with the message on this one, and nothing registered
+  // changes on any rank. restore() and sync() call it on every rank that loads, before any
+  // registered object changes, and run what it returned only once every rank has prepared its
+  // load.
+  std::function<std::function<void()>(std::string_view bytes)> prepare_load;
+};
+
 // What a training loop must keep across a restart: named tensors, an optimizer's state, a
-// sampler's place in the epoch, integers and bytes, registered once with add() as references
-// to the loop's own objects, which commit() reads and restore()/sync() write.
+// sampler's place in the epoch, integers, bytes and objects of its own, registered once with add()
+// as references to the loop's own objects, which commit() reads and restore()/sync() write.
 //
 // The state is replicated, as data-parallel training keeps it: every rank holds the same
 // values (rank 0's after sync()). A commit therefore stores one copy per host: the first rank
@@ -46,24 +64,6 @@ class TUTTI_API HostsUpdated : public std::exception {
 //
 // The collective members must be called by every rank, in the same order. Not thread-safe:
 // use a State from the training loop's thread. The registered objects must outlive it.
-// Tutti addition: state that State cannot look into (a LibTorch module or optimizer: see
-// tutti::libtorch::stateful() in tutti/libtorch.h; any object of the caller's), committed as
-// the bytes its own two functions make and read. Both must be set (add() refuses an empty one).
-struct Stateful {
-  // The object's state as it stands, as bytes: called by commit() on each rank that writes and
-  // by sync() on the root. An exception (any std::exception) fails that rank's write as a
-  // failed file write would: see commit().
-  std::function<std::string()> save;
-  // Reads `bytes` (what save() returned, in this launch or an earlier one, at any world size)
-  // and checks that they fit the object, changing nothing; returns the function that loads
-  // them, which must not throw. Throwing (any std::exception) refuses the commit: restore()
-  // and sync() then throw Error(InvalidArgument) on every rank, with the message on this one,
-  // and nothing registered changes on any rank. restore() and sync() call it on every rank
-  // that loads, before any registered object changes, and run what it returned only once every
-  // rank has prepared its load.
-  std::function<std::function<void()>(std::string_view bytes)> prepare_load;
-};
-
 class TUTTI_API State {
  public:
   // `name` tells the States of one job (and their files) apart: 1 to 200 letters, digits, '_'

@@ -83,6 +83,8 @@ void put_entry(ByteWriter& w, const Entry& e) {
         bytes = e.object.save();
       } catch (const std::exception& error) {
         throw_invalid_argument("elastic: saving '", e.key, "' failed: ", error.what());
+      } catch (...) {  // Whatever it is, the collective caller must learn of it (no hang).
+        throw_invalid_argument("elastic: saving '", e.key, "' failed (not a std::exception)");
       }
       w.put_string(bytes);
       return;
@@ -362,6 +364,8 @@ ObjectLoads prepare_objects(const Snapshot& s, const std::vector<Entry>& entries
       load = e.object.prepare_load(saved_entry(s, e.key).object);
     } catch (const std::exception& error) {
       mismatch(s, str_cat("'", e.key, "' refused its bytes: ", error.what()));
+    } catch (...) {  // As in put_entry().
+      mismatch(s, str_cat("'", e.key, "' refused its bytes (not a std::exception)"));
     }
     if (!load) mismatch(s, str_cat("'", e.key, "': prepare_load() returned an empty function"));
     loads.push_back(std::move(load));

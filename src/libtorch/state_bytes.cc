@@ -54,8 +54,7 @@ void load_optimizer(torch::optim::Optimizer& optimizer, std::string_view bytes) 
   archive.read("groups", groups);
   if (groups.item<std::int64_t>() != static_cast<std::int64_t>(optimizer.param_groups().size())) {
     detail::throw_invalid_argument("the saved optimizer has ", groups.item<std::int64_t>(),
-                                   " parameter groups, this one ",
-                                   optimizer.param_groups().size());
+                                   " parameter groups, this one ", optimizer.param_groups().size());
   }
   torch::serialize::InputArchive state;
   archive.read("state", state);
@@ -146,8 +145,7 @@ std::vector<SavedTensor> read_module(std::string_view bytes) {
 void check_fits(const std::vector<SavedTensor>& saved,
                 const std::vector<std::pair<std::string, torch::Tensor>>& live) {
   if (saved.size() != live.size()) {
-    throw_invalid_argument(saved.size(), " tensors in the commit, ", live.size(),
-                           " in the module");
+    throw_invalid_argument(saved.size(), " tensors in the commit, ", live.size(), " in the module");
   }
   for (std::size_t i = 0; i < saved.size(); ++i) {
     const SavedTensor& t = saved[i];
@@ -171,24 +169,23 @@ void check_fits(const std::vector<SavedTensor>& saved,
 
 elastic::Stateful stateful(torch::nn::Module& module) {
   torch::nn::Module* m = &module;
-  return {
-      .save = [m] { return save_module(*m); },
-      .prepare_load = [m](std::string_view bytes) -> std::function<void()> {
-        auto saved = std::make_shared<const std::vector<SavedTensor>>(read_module(bytes));
-        auto live = tensors_of(*m);
-        check_fits(*saved, live);
-        return [saved, live = std::move(live)] {
-          const torch::NoGradGuard no_grad;
-          for (std::size_t i = 0; i < live.size(); ++i) {
-            const SavedTensor& t = (*saved)[i];
-            if (t.data.empty()) continue;
-            // from_blob wants a mutable pointer; copy_() only reads it.
-            void* data = const_cast<char*>(t.data.data());
-            live[i].second.copy_(torch::from_blob(
-                data, t.shape, torch::TensorOptions().dtype(*internal::torch_type(t.dtype))));
-          }
-        };
-      }};
+  return {.save = [m] { return save_module(*m); },
+          .prepare_load = [m](std::string_view bytes) -> std::function<void()> {
+            auto saved = std::make_shared<const std::vector<SavedTensor>>(read_module(bytes));
+            auto live = tensors_of(*m);
+            check_fits(*saved, live);
+            return [saved, live = std::move(live)] {
+              const torch::NoGradGuard no_grad;
+              for (std::size_t i = 0; i < live.size(); ++i) {
+                const SavedTensor& t = (*saved)[i];
+                if (t.data.empty()) continue;
+                // from_blob wants a mutable pointer; copy_() only reads it.
+                void* data = const_cast<char*>(t.data.data());
+                live[i].second.copy_(torch::from_blob(
+                    data, t.shape, torch::TensorOptions().dtype(*internal::torch_type(t.dtype))));
+              }
+            };
+          }};
 }
 
 // Note [An optimizer's load, tried]

@@ -2,11 +2,12 @@
 // A TUTTI_ELASTIC_DIR for the elastic tests at any rank count.
 #pragma once
 
-#include <mpi.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <string>
+
+#include <mpi.h>
 
 #include "test/support/mpi_test_util.h"
 
