@@ -8,7 +8,8 @@
 # Usage: python3 examples/example_flags_test.py MPIEXEC PROGRAM...
 #   PROGRAM: the built fashion_mnist, rpc_parameter_server, ring_allreduce, rpc_benchmark,
 #   p2p_benchmark, linear_regression, rpc_autograd, synthetic_benchmark, allreduce_benchmark,
-#   zero_benchmark and comm_hook_benchmark, in any order (found by name).
+#   zero_benchmark and comm_hook_benchmark, and libtorch_mnist where LibTorch was found (the
+#   one optional program), in any order (found by name).
 # One rank each: the flags are read before init (fashion_mnist's right after it), so a refusal
 # takes no longer than starting the job. --data-dir names no directory, so that a program which
 # took its flags would fail on the data (exit 1) rather than train.
@@ -88,12 +89,22 @@ REFUSED = {
         (["--tensors", "x"], "bad --tensors 'x'"),
         (["--bogus", "1"], "unknown flag --bogus"),
     ],
+    "libtorch_mnist": [
+        (["--epochs", "2x"] + NO_DATA, "bad --epochs '2x'"),
+        (["--device", "tpu"] + NO_DATA, "bad --device 'tpu'"),
+        (["--commit-every", "5"] + NO_DATA, "--commit-every needs --elastic"),
+        (["--frobnicate"] + NO_DATA, "unknown flag '--frobnicate'"),
+    ],
     "comm_hook_benchmark": [
         (["--rounds", "-1"], "bad --rounds '-1'"),
         (["--grads"], "--grads needs a value"),
         (["--bogus", "1"], "unknown flag --bogus"),
     ],
 }
+
+
+# Built only where LibTorch was found.
+OPTIONAL = {"libtorch_mnist"}
 
 
 def run(mpiexec, args):
@@ -119,7 +130,8 @@ def helped(mpiexec, name, program):
 
 def main(mpiexec, programs):
     by_name = {os.path.basename(p): p for p in programs}
-    faults = [f"no {name} given" for name in REFUSED if name not in by_name]
+    faults = [f"no {name} given" for name in REFUSED
+              if name not in by_name and name not in OPTIONAL]
     faults += [f"{p}: not a program this test knows" for n, p in by_name.items()
                if n not in REFUSED]
     # Concurrently: mpiexec waits about 2 s after a rank exits non-zero, idle.

@@ -25,13 +25,15 @@
 //               (default 50) and at each epoch's end, under TUTTI_ELASTIC_DIR (which tuttirun's
 //               elastic mode sets); a relaunched job resumes from the last commit. Rank 0
 //               prints a line per commit, per epoch and, last, "final test accuracy: XX.XX%".
-// Exit status: 0; 1 for missing data or a runtime error; 2 for bad flags; with --elastic, 75
+// Exit status: 0 (--help too); 1 for missing data or a runtime error; 2 for bad flags (a
+// message naming the flag and the value); with --elastic, 75
 // when the job stopped to be relaunched (tutti::elastic::kRelaunchExitCode).
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -152,44 +154,60 @@ struct Flags {
   std::int64_t commit_every = 50;  // Steps, with --elastic.
 };
 
-// Flags, or an empty optional for bad ones. A later flag overrides an earlier one.
-std::optional<Flags> parse_flags(int argc, char** argv) {
-  Flags f;
+// `text` as a number, all of it ("8x" is not 8).
+template <class T>
+bool read_number(const std::string& text, T& out) {
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, out);
+  return error == std::errc() && stop == end;
+}
+
+constexpr const char* kUsage =
+    "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] [--data-dir DIR] [--limit N] "
+    "[--device cpu|cuda] [--elastic [--commit-every N]]\n";
+
+// Reads the command line into `f` (a later flag overrides an earlier one). Returns what is
+// wrong with it, or "" (with `help` set for --help).
+std::string parse_flags(int argc, char** argv, Flags& f, bool& help) {
   bool commit_every = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help") {
+      help = true;
+      return "";
+    }
     if (flag == "--elastic") {  // The one flag without a value.
       f.elastic = true;
       continue;
     }
-    if (i + 1 >= argc) return std::nullopt;
-    const std::string value = argv[++i];
-    try {
-      if (flag == "--epochs") {
-        f.epochs = std::stoi(value);
-      } else if (flag == "--batch-size") {
-        f.batch_size = std::stoll(value);
-      } else if (flag == "--lr") {
-        f.lr = std::stod(value);
-      } else if (flag == "--data-dir") {
-        f.data_dir = value;
-      } else if (flag == "--limit") {
-        f.limit = std::stoll(value);
-      } else if (flag == "--device" && (value == "cpu" || value == "cuda")) {
-        f.device = value;
-      } else if (flag == "--commit-every") {
-        f.commit_every = std::stoll(value);
-        commit_every = true;
-      } else {
-        return std::nullopt;
-      }
-    } catch (const std::exception&) {  // Not a number.
-      return std::nullopt;
+    if (flag != "--epochs" && flag != "--batch-size" && flag != "--lr" && flag != "--data-dir" &&
+        flag != "--limit" && flag != "--device" && flag != "--commit-every") {
+      return "unknown flag '" + flag + "'";
     }
+    if (i + 1 >= argc) return flag + " needs a value";
+    const std::string value = argv[++i];
+    bool ok = true;
+    if (flag == "--epochs") {
+      ok = read_number(value, f.epochs) && f.epochs >= 0;
+    } else if (flag == "--batch-size") {
+      ok = read_number(value, f.batch_size) && f.batch_size >= 1;
+    } else if (flag == "--lr") {
+      ok = read_number(value, f.lr) && f.lr > 0;
+    } else if (flag == "--data-dir") {
+      f.data_dir = value;
+    } else if (flag == "--limit") {
+      ok = read_number(value, f.limit) && f.limit >= 0;
+    } else if (flag == "--device") {
+      ok = value == "cpu" || value == "cuda";
+      f.device = value;
+    } else {
+      ok = read_number(value, f.commit_every) && f.commit_every >= 1;
+      commit_every = true;
+    }
+    if (!ok) return "bad " + flag + " '" + value + "'";
   }
-  if (f.epochs < 0 || f.batch_size < 1 || f.commit_every < 1 || (commit_every && !f.elastic))
-    return std::nullopt;
-  return f;
+  if (commit_every && !f.elastic) return "--commit-every needs --elastic";
+  return "";
 }
 
 // The test accuracy: each rank scores its shard; the counts are summed with an allreduce.
@@ -394,15 +412,18 @@ int train_elastic(const Flags& flags, Training& t, const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::optional<Flags> flags = parse_flags(argc, argv);
-  if (!flags) {
-    std::fprintf(stderr,
-                 "usage: libtorch_mnist [--epochs N] [--batch-size B] [--lr LR] "
-                 "[--data-dir DIR] [--limit N] [--device cpu|cuda] "
-                 "[--elastic [--commit-every N]]\n");
+  Flags flags;
+  bool help = false;
+  const std::string problem = parse_flags(argc, argv, flags, help);
+  if (help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "libtorch_mnist: %s\n%s", problem.c_str(), kUsage);
     return 2;
   }
-  if (flags->device == "cuda" && !(torch::cuda::is_available() && tutti::cuda_built())) {
+  if (flags.device == "cuda" && !(torch::cuda::is_available() && tutti::cuda_built())) {
     std::fprintf(stderr, "libtorch_mnist: --device cuda needs %s\n",
                  tutti::cuda_built() ? "a LibTorch with CUDA and a visible GPU"
                                      : "a Tutti built with CUDA (meson setup -Dcuda=enabled)");
@@ -414,18 +435,18 @@ int main(int argc, char** argv) {
   // One GPU per rank where there are enough, else ranks share them (Tutti then reduces
   // through host staging: NCCL refuses two ranks on one GPU).
   const torch::Device device =
-      flags->device == "cuda"
+      flags.device == "cuda"
           ? torch::Device(torch::kCUDA,
                           static_cast<c10::DeviceIndex>(
                               tutti::local_rank() % static_cast<int>(torch::cuda::device_count())))
           : torch::Device(torch::kCPU);
-  const IdxDir idx_dir(flags->data_dir);
+  const IdxDir idx_dir(flags.data_dir);
   const std::string& dir = idx_dir.path();
   if (dir.empty()) {
     std::fprintf(stderr,
                  "libtorch_mnist: no Fashion-MNIST in %s (apt-get install dataset-fashion-mnist, "
                  "or --data-dir DIR)\n",
-                 flags->data_dir.c_str());
+                 flags.data_dir.c_str());
     tutti::shutdown();
     return 1;
   }
@@ -433,16 +454,16 @@ int main(int argc, char** argv) {
   auto train_set = torch::data::datasets::MNIST(dir, torch::data::datasets::MNIST::Mode::kTrain);
   torch::Tensor images = train_set.images();
   torch::Tensor labels = train_set.targets();
-  if (flags->limit > 0 && flags->limit < images.size(0)) {
-    images = images.slice(0, 0, flags->limit);
-    labels = labels.slice(0, 0, flags->limit);
+  if (flags.limit > 0 && flags.limit < images.size(0)) {
+    images = images.slice(0, 0, flags.limit);
+    labels = labels.slice(0, 0, flags.limit);
   }
-  Training training(images, labels, device, flags->lr);
+  Training training(images, labels, device, flags.lr);
   int status = 0;
-  if (flags->elastic) {
-    status = train_elastic(*flags, training, dir);
+  if (flags.elastic) {
+    status = train_elastic(flags, training, dir);
   } else {
-    train(*flags, training, dir);
+    train(flags, training, dir);
   }
   tutti::shutdown();
   return status;
