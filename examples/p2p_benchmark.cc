@@ -2,7 +2,8 @@
 // P6 of DESIGN.md section 6: isend/irecv ping-pong between ranks 0 and 1 against raw
 // MPI_Send/MPI_Recv in the same run: the latency of 1 float (median half round trip) and the
 // bandwidth at 64 MB. The raw ping-pong runs on a duplicate of MPI_COMM_WORLD while Tutti's
-// communication thread idles.
+// communication thread idles. The 64 MB round trips take turns, Tutti's and raw MPI's (Note
+// [Bandwidth in turns]); the bandwidths are each one's median.
 //
 // Usage: mpirun -n 2 build/examples/p2p_benchmark [--iterations N] [--mb-iterations M]
 //   --iterations     1-float round trips timed, 1 to 10^6 (default 2000)
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <mpi.h>
@@ -61,10 +63,28 @@ std::string latency_by_tenth(const std::vector<double>& samples) {
   return line;
 }
 
-// Round trips of `count` floats with tutti::isend/irecv, in microseconds (rank 0's clock).
-std::vector<double> time_tutti(int rank, std::int64_t count, int iterations) {
-  std::vector<float> buffer(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)), 1.0f);
-  const tutti::TensorView t(buffer.data(), {count});
+// Note [Bandwidth in turns]
+// The 64 MB round trips were timed in two blocks, Tutti's 20 and then raw MPI's 20, and the
+// ratio of the two medians read 0.887 and 1.004 in consecutive runs on the idle 2-core AMD EPYC
+// VM (family 25 model 17): that VM switches between a fast and a slow mode within seconds, and a
+// block could meet one mode and the next block the other. So the round trips take turns, one
+// turn of Tutti's and one of raw MPI's per timed pair, and each turn is a pause of 50 ms, a
+// warm-up round trip and the timed one:
+//  - after its last work, an idle runtime's communication thread naps from 10 us on, each nap
+//    an eighth of the idle time so far (src/core/idle_policy.h): some 50 wake-ups in the 10 ms
+//    after Tutti's round trip, each some 20 us of CPU on a VM, which a raw round trip that
+//    followed at once would pay for. After 50 ms the naps are 6 ms long.
+//  - raw MPI's turns pause as well, so that no timed round trip follows an idle spell the other
+//    side's do not (a VM's idle CPU may serve other guests meanwhile), and in both the warm-up
+//    round trip after the pause is not timed.
+// Eight alternated pairs of runs with the blocks and with the turns, on that VM: the ratio read
+// 0.900-1.108 with the blocks and 0.958-1.032 with the turns (examples/BENCHMARK_LOG.md,
+// thirty-ninth round).
+void pause_before_turn() { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+
+// Round trips of `buffer` with tutti::isend/irecv, in microseconds (rank 0's clock).
+std::vector<double> time_tutti(int rank, std::vector<float>& buffer, int iterations) {
+  const tutti::TensorView t(buffer.data(), {static_cast<std::int64_t>(buffer.size())});
   std::vector<double> samples;
   for (int i = 0; i < iterations; ++i) {
     if (rank == 0) {
@@ -81,9 +101,9 @@ std::vector<double> time_tutti(int rank, std::int64_t count, int iterations) {
   return samples;
 }
 
-std::vector<double> time_raw(MPI_Comm comm, int rank, std::int64_t count, int iterations) {
-  std::vector<float> buffer(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)), 1.0f);
-  const int n = static_cast<int>(count);
+// The same with MPI_Send/MPI_Recv on `comm`.
+std::vector<double> time_raw(MPI_Comm comm, int rank, std::vector<float>& buffer, int iterations) {
+  const int n = static_cast<int>(buffer.size());
   std::vector<double> samples;
   for (int i = 0; i < iterations; ++i) {
     if (rank == 0) {
@@ -134,23 +154,38 @@ int main(int argc, char** argv) {
   constexpr std::int64_t kBig = (64 << 20) / sizeof(float);
   const int warmup = std::max(1, iterations / 10);
 
-  static_cast<void>(time_tutti(rank, 1, warmup));
+  std::vector<float> one(1, 1.0f);
+  static_cast<void>(time_tutti(rank, one, warmup));
   ProcessUsage before = process_usage();
-  const std::vector<double> tutti_samples = time_tutti(rank, 1, iterations);
+  const std::vector<double> tutti_samples = time_tutti(rank, one, iterations);
   const std::string tutti_usage = usage_by_rank(per_op(before, process_usage(), iterations), comm);
   const double tutti_latency = median(tutti_samples) / 2;
   MPI_Barrier(comm);
-  static_cast<void>(time_raw(comm, rank, 1, warmup));
+  static_cast<void>(time_raw(comm, rank, one, warmup));
   before = process_usage();
-  const std::vector<double> raw_samples = time_raw(comm, rank, 1, iterations);
+  const std::vector<double> raw_samples = time_raw(comm, rank, one, iterations);
   const std::string raw_usage = usage_by_rank(per_op(before, process_usage(), iterations), comm);
   const double raw_latency = median(raw_samples) / 2;
   MPI_Barrier(comm);
-  static_cast<void>(time_tutti(rank, kBig, 2));
-  const double tutti_big = median(time_tutti(rank, kBig, mb_iterations)) / 2;
+  // In turns (Note [Bandwidth in turns]), one buffer for both.
+  std::vector<float> big(static_cast<std::size_t>(kBig), 1.0f);
+  std::vector<double> tutti_big_samples, raw_big_samples;
+  for (int i = 0; i < mb_iterations; ++i) {
+    pause_before_turn();
+    const std::vector<double> tutti_trip = time_tutti(rank, big, 2);
+    pause_before_turn();
+    const std::vector<double> raw_trip = time_raw(comm, rank, big, 2);
+    // Rank 0 times; the second round trip of each turn is the timed one.
+    if (rank == 0) {
+      tutti_big_samples.push_back(tutti_trip.back());
+      raw_big_samples.push_back(raw_trip.back());
+    }
+  }
+  // Ranks past 1 take no part: they wait here, since their shutdown would end Tutti's session
+  // for the turns still to come.
   MPI_Barrier(comm);
-  static_cast<void>(time_raw(comm, rank, kBig, 2));
-  const double raw_big = median(time_raw(comm, rank, kBig, mb_iterations)) / 2;
+  const double tutti_big = median(tutti_big_samples) / 2;
+  const double raw_big = median(raw_big_samples) / 2;
 
   if (rank == 0) {
     const double bytes = static_cast<double>(kBig * sizeof(float));
