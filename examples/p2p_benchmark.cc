@@ -7,7 +7,8 @@
 //
 // Usage: mpirun -n 2 build/examples/p2p_benchmark [--iterations N] [--mb-iterations M]
 //   --iterations     1-float round trips timed, 1 to 10^6 (default 2000)
-//   --mb-iterations  64 MB round trips timed, 1 to 10^6 (default 20)
+//   --mb-iterations  64 MB round trips timed of each, Tutti's and raw MPI's, each in a turn of its
+//                    own (a pause and a warm-up round trip first), 1 to 10^6 (default 20)
 // Ends with: P6 latency_us=<x> raw_us=<y> bandwidth_ratio=<tutti 64 MB bandwidth / raw>
 // Before it, for the latency runs, what a profile would say first (examples/process_usage.h):
 //   P6 detail tutti: latency_us by tenth of the run=<median of each tenth, in order>
@@ -77,8 +78,8 @@ std::string latency_by_tenth(const std::vector<double>& samples) {
 //  - raw MPI's turns pause as well, so that no timed round trip follows an idle spell the other
 //    side's do not (a VM's idle CPU may serve other guests meanwhile), and in both the warm-up
 //    round trip after the pause is not timed.
-// Eight alternated pairs of runs with the blocks and with the turns, on that VM: the ratio read
-// 0.900-1.108 with the blocks and 0.958-1.032 with the turns (examples/BENCHMARK_LOG.md,
+// 18 pairs of runs on that VM, the two ways back to back, ranks bound: the ratio read
+// 0.888-1.108 with the blocks and 0.938-1.032 with the turns (examples/BENCHMARK_LOG.md,
 // thirty-ninth round).
 void pause_before_turn() { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
 
