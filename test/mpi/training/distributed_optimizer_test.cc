@@ -407,7 +407,13 @@ TEST_CASE("A backward() that threw after every parameter's hook ran: that rank s
         if (fails && k == 0) u.grad() = Tensor(DataType::Float32, {2});
         const nn::Variable xs(
             Tensor::from<float>(std::vector<float>{static_cast<float>(x(rank, step, k))}, {1}));
-        (nn::sum(p * xs) + nn::sum(u)).backward();  // p's hook runs first (the newest result).
+        // p's term is made after u's, so that its result is the newer and the walk reaches p
+        // (its hook) before u, whose grad() throws. Written as one expression, which operand
+        // is made first is unspecified: clang made u's term last, and p's gradient went as
+        // zeros.
+        const nn::Variable u_term = nn::sum(u);
+        const nn::Variable p_term = nn::sum(p * xs);
+        (p_term + u_term).backward();
       }
       dist.step();
     } catch (const Error& e) {
