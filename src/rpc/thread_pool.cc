@@ -26,15 +26,19 @@ void ThreadPool::spawn() {
 }
 
 void ThreadPool::submit(std::function<void()> task) {
+  bool queued = false;
   {
     const tutti::detail::MutexLock lock(mutex_);
     if (!stopping_) {
       tasks_.push_back(std::move(task));
-      cv_.notify_one();
-      return;
+      queued = true;
     }
   }
-  // `task` is destroyed here, outside the lock: it may own things whose destructors call back.
+  // After the lock: a worker woken while it is held may run at once (the scheduler favours a
+  // thread that slept) only to block on it, two more context switches on a shared CPU.
+  if (queued) cv_.notify_one();
+  // A `task` not queued is destroyed here, outside the lock: it may own things whose
+  // destructors call back.
 }
 
 bool ThreadPool::idle() const {
