@@ -31,10 +31,10 @@ bool eventually(Done done) {
 }
 
 TEST_CASE("A one-thread pool runs every task once, in submission order", "[rpc][pool]") {
-  ThreadPool pool(1);
   constexpr int kTasks = 2000;
   std::mutex mutex;
   std::vector<int> order;
+  ThreadPool pool(1);  // Last: stopped before what its tasks touch goes.
   for (int i = 0; i < kTasks; ++i) {
     pool.submit([&, i] {
       const std::lock_guard<std::mutex> lock(mutex);
@@ -48,9 +48,9 @@ TEST_CASE("A one-thread pool runs every task once, in submission order", "[rpc][
 }
 
 TEST_CASE("Tasks submitted from many threads at once all run once", "[rpc][pool]") {
-  ThreadPool pool(3);
   constexpr int kThreads = 4, kEach = 500;
   std::vector<std::atomic<int>> runs(kThreads * kEach);
+  ThreadPool pool(3);
   std::vector<std::thread> submitters;
   for (int t = 0; t < kThreads; ++t) {
     submitters.emplace_back([&, t] {
@@ -66,10 +66,10 @@ TEST_CASE("A task blocked in a Blocking scope leaves a thread for the task it wa
           "[rpc][pool]") {
   // One thread: without the scope's helper, the second task could never run while the first
   // waits for it.
-  ThreadPool pool(1);
   std::promise<void> second_ran;
   std::shared_future<void> ran = second_ran.get_future().share();
   std::atomic<bool> first_saw_it{false};
+  ThreadPool pool(1);
   pool.submit([&] {
     const ThreadPool::Blocking blocking;
     first_saw_it = ran.wait_for(20s) == std::future_status::ready;
