@@ -67,7 +67,7 @@ TEST_CASE("A task blocked in a Blocking scope leaves a thread for the task it wa
   // One thread: without the scope's helper, the second task could never run while the first
   // waits for it.
   std::promise<void> second_ran;
-  std::shared_future<void> ran = second_ran.get_future().share();
+  std::future<void> ran = second_ran.get_future();
   std::atomic<bool> first_saw_it{false};
   ThreadPool pool(1);
   pool.submit([&] {
