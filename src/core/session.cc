@@ -28,7 +28,7 @@ namespace {
 // (Notes [A waiting thread drives point-to-point] in execution/p2p_engine.h and [A waiting
 // thread runs the cycle] in loop_driver.h): MPI must allow it, and their spinning must not
 // keep a CPU that a peer rank needs.
-bool waiting_threads_may_drive(const ops::Topology& topology, const CpuSharing& sharing) {
+bool may_drive_while_waiting(const ops::Topology& topology, const CpuSharing& sharing) {
   return topology.threads_multiple && !sharing.ranks_exceed_cpus;
 }
 
@@ -69,13 +69,13 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
       sharing_(this_process_cpu_sharing(transport_->topology(), !config_.thread_affinity.empty())),
       p2p_(std::make_shared<P2PEngine>(
           transport_->take_p2p_channel(), p2p_queue_, completer_, config_,
-          waiting_threads_may_drive(transport_->topology(), sharing_), [this] { queue_.wake(); })),
+          may_drive_while_waiting(transport_->topology(), sharing_), [this] { queue_.wake(); })),
       // No device: its ops stay on the communication thread (Note [A waiting thread runs the
       // cycle] in loop_driver.h).
-      loop_driver_(std::make_shared<LoopDriver>(
-          waiting_threads_may_drive(transport_->topology(), sharing_) &&
-              ops::device_ops().device_count() == 0,
-          [this] { queue_.wake(); })),
+      loop_driver_(
+          std::make_shared<LoopDriver>(may_drive_while_waiting(transport_->topology(), sharing_) &&
+                                           ops::device_ops().device_count() == 0,
+                                       [this] { queue_.wake(); })),
       loop_({.plane = transport_->control_plane(),
              .queue = queue_,
              .sets = sets_,
@@ -316,6 +316,10 @@ void Session::dump_after_error(const Status& why) {
   } else {
     TUTTI_LOG_ERROR(dumped.message());
   }
+}
+
+bool Session::waiting_threads_may_drive() const {
+  return may_drive_while_waiting(transport_->topology(), sharing_);
 }
 
 }  // namespace tutti::core

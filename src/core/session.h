@@ -88,6 +88,10 @@ class Session {
   // it and never uses it: one agent at a time drives it from its own thread while holding the
   // session alive (see Note [RPC threading] in src/rpc/agent.h).
   ops::ControlPlane* rpc_plane() const { return rpc_plane_.get(); }
+  // Any thread. Whether application threads may make MPI calls of the threads that serve them
+  // while they wait (the collectives' cycle, point-to-point, the RPC agent's pass): MPI allows
+  // it, and ranks do not outnumber the host's CPUs.
+  bool waiting_threads_may_drive() const;
 
  private:
   Session(Config config, std::unique_ptr<ops::Transport> transport);

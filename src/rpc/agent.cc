@@ -68,6 +68,13 @@ void Agent::add_handler(const std::string& name, Place place, Handler handler) {
 std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message args,
                                          Clock::duration timeout, std::int64_t context_id,
                                          std::string meta, std::string shown) {
+  return submit_call(to, std::move(function), std::move(args), timeout, context_id, std::move(meta),
+                     std::move(shown), /*notify=*/true);
+}
+
+std::shared_ptr<FutureState> Agent::submit_call(int to, std::string function, Message args,
+                                                Clock::duration timeout, std::int64_t context_id,
+                                                std::string meta, std::string shown, bool notify) {
   auto future = std::make_shared<FutureState>();
   if (shown.empty()) shown = function;
   std::string refused;
@@ -110,7 +117,7 @@ std::shared_ptr<FutureState> Agent::call(int to, std::string function, Message a
                                        .timeout = timeout});
     deadlines_.emplace(deadline, frame.id);
   }
-  enqueue(to, std::move(bytes), /*counted=*/true);
+  enqueue(to, std::move(bytes), /*counted=*/true, notify);
   return future;
 }
 
@@ -121,13 +128,13 @@ Status Agent::timed_out(const std::string& function, int destination,
                         "' timed out after ", to_seconds(timeout), " s"));
 }
 
-void Agent::enqueue(int destination, std::string bytes, bool counted) {
+void Agent::enqueue(int destination, std::string bytes, bool counted, bool notify) {
   {
     const tutti::detail::MutexLock lock(queue_mutex_);
     outgoing_.push_back(
         Outgoing{.destination = destination, .bytes = std::move(bytes), .counted = counted});
   }
-  queue_cv_.notify_one();
+  if (notify) queue_cv_.notify_one();
 }
 
 void Agent::wake() {
@@ -246,19 +253,31 @@ void Agent::run() {
   Clock::duration sleep = kMinSleep;
   Status fatal;
   while (true) {
-    bool did_work = flush_outgoing(&fatal);
-    while (!loopback_.empty()) {
-      std::string bytes = std::move(loopback_.front());
-      loopback_.pop_front();
-      process(rank(), std::move(bytes));
-      did_work = true;
+    if (drivers_.load(std::memory_order_acquire) > 0) {
+      // A waiting caller runs the passes (agent_drive.cc); one pass here after each sleep, so
+      // that callers driving one after another cannot keep the loop from shutting down.
+      sleep_while_driven();
+      last_activity = Clock::now();
+      sleep = kMinSleep;
     }
-    did_work |= poll_incoming(&fatal);
-    const Clock::time_point next_deadline = expire_calls();
-    if (!fatal.ok() || shutdown_step()) break;
-    // Also MPI's progress on our sends and receives: while one is in flight (a big message's
-    // rendezvous needs both sides' MPI calls) the thread keeps polling instead of sleeping.
-    const bool transferring = !plane_.sends_done() || plane_.receiving();
+    bool did_work = false;
+    bool transferring = false;
+    Clock::time_point next_deadline;
+    {
+      const tutti::detail::MutexLock pass(pass_mutex_);
+      in_pass_ = true;
+      did_work = exchange(&fatal);
+      if (fatal.ok()) fatal = driven_fatal_;
+      next_deadline = expire_calls();
+      in_pass_ = false;
+      if (!fatal.ok() || shutdown_step()) {
+        loop_ended_ = true;
+        break;
+      }
+      // Also MPI's progress on our sends and receives: while one is in flight (a big message's
+      // rendezvous needs both sides' MPI calls) the thread keeps polling instead of sleeping.
+      transferring = !plane_.sends_done() || plane_.receiving();
+    }
     const Clock::time_point now = Clock::now();
     if (did_work) {
       last_activity = now;
@@ -279,6 +298,18 @@ void Agent::run() {
   teardown(fatal.ok()
                ? Status(ErrorCode::ShutDown, str_cat("RPC has shut down on worker '", name(), "'"))
                : fatal);
+}
+
+bool Agent::exchange(Status* fatal) {
+  bool did_work = flush_outgoing(fatal);
+  while (fatal->ok() && !loopback_.empty()) {
+    std::string bytes = std::move(loopback_.front());
+    loopback_.pop_front();
+    process(rank(), std::move(bytes));
+    did_work = true;
+  }
+  if (fatal->ok()) did_work |= poll_incoming(fatal);
+  return did_work;
 }
 
 bool Agent::flush_outgoing(Status* fatal) {

@@ -8,7 +8,8 @@
 //    records distributed autograd sends, forks RRefs, encodes the frame, registers the pending
 //    call with its deadline and queues the bytes. They wait on the call's FutureState.
 //  - The RPC thread, one per agent, is the only user of the agent's ops::ControlPlane, so the
-//    only thread making MPI calls on RPC's communicator. It posts queued frames (fragmenting
+//    only thread making MPI calls on RPC's communicator (but for a caller running its pass
+//    under the same lock: below). It posts queued frames (fragmenting
 //    big ones), delivers frames to this worker itself without MPI, polls for arriving frames and
 //    decodes them, runs the RRef bookkeeping in arrival order (Note [RRef protocol]), completes
 //    futures from responses, fails calls past their deadline (Timeout; a thread waiting for
@@ -34,8 +35,12 @@
 // waits growing to kMaxSleep, until the next deadline at most. Frames queued locally wake it at
 // once; a frame arriving from a peer after a quiet spell waits up to kMaxSleep. Idle, the
 // thread costs about one MPI_Iprobe per kMaxSleep.
+// A thread waiting in rpc_sync() may run the RPC thread's pass itself meanwhile (Note [A
+// waiting caller runs the pass] in agent_drive.cc), so the RPC thread's state is the pass's:
+// whoever holds pass_mutex_.
 // Locks are never held while running callbacks or user code: futures complete, and handles
-// die, outside every lock of the agent.
+// die, outside every lock of the agent but the pass's (a pass completes futures from
+// responses; their callbacks must not block, as on the RPC thread).
 #pragma once
 
 #include <atomic>
@@ -89,6 +94,9 @@ struct AgentOptions {
   RpcOptions options;
   std::uint32_t epoch = 0;  // See Frame::epoch.
   std::size_t max_piece_bytes = kDefaultMaxPieceBytes;
+  // Whether a thread waiting in call_sync() runs the pass itself (Note [A waiting caller runs
+  // the pass] in agent_drive.cc): MPI_THREAD_MULTIPLE, and ranks not outnumbering the CPUs.
+  bool callers_drive = false;
 };
 
 // A request being served.
@@ -137,12 +145,20 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::shared_ptr<FutureState> call(int to, std::string function, Message args,
                                     Clock::duration timeout, std::int64_t context_id,
                                     std::string meta = {}, std::string shown = {});
+  // Any thread. call() and a wait for its future, which has completed on return. With
+  // AgentOptions::callers_drive the waiting thread runs the RPC thread's pass meanwhile
+  // (Note [A waiting caller runs the pass] in agent_drive.cc).
+  std::shared_ptr<FutureState> call_sync(int to, std::string function, Message args,
+                                         Clock::duration timeout, std::int64_t context_id);
   // Before start() returns only (the registration functions of the other files).
   void add_handler(const std::string& name, Place place, Handler handler);
   // Runs user function `function` on the pool with `request`'s arguments and context; the
   // future completes with its result, or its exception as an Error naming this worker.
   std::shared_ptr<FutureState> run_function(const std::shared_ptr<Incoming>& request,
                                             const std::string& function);
+
+  // Passes run by waiting callers so far (Note [A waiting caller runs the pass]), for tests.
+  std::uint64_t driven_passes() const { return driven_passes_.load(std::memory_order_relaxed); }
 
   RRefContext& rrefs() { return rrefs_; }
   ContextContainer& contexts() { return contexts_; }
@@ -168,12 +184,18 @@ class Agent : public std::enable_shared_from_this<Agent> {
   Agent(ops::ControlPlane& plane, AgentOptions options, std::map<std::string, Function> functions,
         std::shared_ptr<const void> keep_alive);
 
+  // call()'s body; `notify`: wake the RPC thread for the frame (not when the caller drives).
+  std::shared_ptr<FutureState> submit_call(int to, std::string function, Message args,
+                                           Clock::duration timeout, std::int64_t context_id,
+                                           std::string meta, std::string shown, bool notify);
+
   // Serialization (serialize.cc).
   WirePayload to_wire(const Message& message, int destination);
   Message from_wire(WirePayload payload, int source, const std::shared_ptr<DistContext>& context,
                     std::int64_t autograd_message_id);
 
-  void enqueue(int destination, std::string bytes, bool counted) TUTTI_EXCLUDES(queue_mutex_);
+  void enqueue(int destination, std::string bytes, bool counted, bool notify = true)
+      TUTTI_EXCLUDES(queue_mutex_);
   void wake() TUTTI_EXCLUDES(queue_mutex_);  // Wakes the RPC thread from its sleep.
   void respond(const Incoming& request, const Result<Message>& result);
   void send_control(int destination, ControlKind kind, std::uint64_t round = 0,
@@ -181,6 +203,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
 
   // The RPC thread (agent.cc).
   void run();
+  // The pass's traffic: queued frames out, local frames and arrived ones processed. True if it
+  // did any work. The RPC thread, or a driving caller (agent_drive.cc), under pass_mutex_.
+  bool exchange(Status* fatal) TUTTI_REQUIRES(pass_mutex_);
   bool flush_outgoing(Status* fatal);
   bool poll_incoming(Status* fatal);
   void process(int source, std::string bytes);
@@ -196,6 +221,12 @@ class Agent : public std::enable_shared_from_this<Agent> {
   bool shutdown_step();  // True: leave the loop.
   bool locally_idle();
   void teardown(const Status& why) TUTTI_EXCLUDES(pending_mutex_, queue_mutex_, state_mutex_);
+
+  // Driving (agent_drive.cc). One pass by a waiting caller if it gets pass_mutex_ at once
+  // (else it yields); false once it must stop driving: the loop has ended or a pass failed.
+  bool drive_once() TUTTI_EXCLUDES(pass_mutex_);
+  // The RPC thread: sleeps while a caller drives, until woken or kMaxSleep has passed.
+  void sleep_while_driven() TUTTI_EXCLUDES(queue_mutex_);
 
   ops::ControlPlane& plane_;
   const AgentOptions options_;
@@ -221,7 +252,19 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::deque<Outgoing> outgoing_ TUTTI_GUARDED_BY(queue_mutex_);
   bool wake_ TUTTI_GUARDED_BY(queue_mutex_) = false;
 
-  // RPC thread only.
+  // Held around each pass: the RPC thread's, or a waiting caller's (Note [A waiting caller
+  // runs the pass] in agent_drive.cc). The members below it to in_progress_ are the pass's.
+  tutti::detail::Mutex pass_mutex_;
+  std::atomic<int> drivers_{0};  // Callers driving now.
+  std::atomic<std::uint64_t> driven_passes_{0};
+  // Set by a driven pass: work left for the RPC thread when its driver lets go.
+  std::atomic<bool> driven_left_work_{false};
+  bool loop_ended_ TUTTI_GUARDED_BY(pass_mutex_) = false;  // No pass runs after the loop's last.
+  // This thread is inside a pass (holds pass_mutex_): its call_sync() must not drive.
+  static inline thread_local bool in_pass_ = false;
+  Status driven_fatal_ TUTTI_GUARDED_BY(pass_mutex_);  // A driven pass's fault, for run().
+
+  // The pass's (above).
   std::deque<std::string> loopback_;
   Reassembler reassembler_;
   std::uint64_t sent_ = 0;

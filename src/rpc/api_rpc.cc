@@ -194,7 +194,8 @@ void init_rpc(const std::string& name, RpcOptions options) {
                                      .names = std::move(names),
                                      .options = options,
                                      .epoch = ++r.epochs,
-                                     .max_piece_bytes = r.max_piece_bytes};
+                                     .max_piece_bytes = r.max_piece_bytes,
+                                     .callers_drive = session->waiting_threads_may_drive()};
   r.agent =
       detail::Agent::start(*session->rpc_plane(), std::move(agent_options), r.functions, session);
   r.was_shut_down = false;
@@ -245,7 +246,14 @@ Future rpc_async(const std::string& to, const std::string& function, Message arg
 
 Message rpc_sync(const std::string& to, const std::string& function, Message args,
                  double timeout_seconds) {
-  return rpc_async(to, function, std::move(args), timeout_seconds).wait();
+  std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
+  const int rank = checked_call(*agent, to, function, args);
+  const detail::Clock::duration timeout = detail::call_timeout(*agent, timeout_seconds);
+  // Waits in the call, running the RPC thread's pass meanwhile where that is allowed (Note [A
+  // waiting caller runs the pass] in agent_drive.cc).
+  return detail::FutureAccess::wrap(agent->call_sync(rank, function, std::move(args), timeout,
+                                                     detail::current_context_id()))
+      .wait();
 }
 
 RRef remote(const std::string& to, const std::string& function, Message args,

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shared cases of calls (Note [Shared RPC cases] in rpc_cases.h): to every worker, every
-// error, nested chains, many concurrent calls, big messages and both shutdowns.
+// error, nested chains, many concurrent calls (rpc_async, and rpc_sync from several threads),
+// big messages and both shutdowns.
 #include <cmath>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test/support/error_of.h"
@@ -131,6 +134,45 @@ Problems concurrent_calls_body(RpcWorld& world) {
   return p;
 }
 
+// Four threads of this worker, each making 250 rpc_sync() calls in a row to every worker in
+// turn (itself included), so that several callers wait, and may drive the pass, at once.
+Problems concurrent_sync_calls_body(RpcWorld& world) {
+  Problems p;
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 250;
+  std::vector<int> right(kThreads, 0);
+  std::vector<std::string> errors(kThreads);
+  rpc::detail::Agent* agent = rpc::detail::thread_agent();  // The unit tier's; null over MPI.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const rpc::detail::AgentScope scope(agent);
+      try {
+        for (int i = 0; i < kCalls; ++i) {
+          const std::string tag =
+              std::to_string(world.rank()) + "/" + std::to_string(t) + "/" + std::to_string(i);
+          const float value = float(t * kCalls + i);
+          Message m = rpc::rpc_sync(
+              world.peer(t + i), "echo",
+              {.tensors = {nn::Variable(filled({2}, value))}, .rrefs = {}, .bytes = tag});
+          right[static_cast<std::size_t>(t)] +=
+              m.bytes == tag && values_of(m.tensors.at(0).value()) == values_of(filled({2}, value));
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(t)] = e.what();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    const auto i = static_cast<std::size_t>(t);
+    p.expect(errors[i].empty(), "thread " + std::to_string(t) + " threw: " + errors[i]);
+    p.expect(right[i] == kCalls, "thread " + std::to_string(t) + ": " + std::to_string(right[i]) +
+                                     " of " + std::to_string(kCalls) + " calls right");
+  }
+  return p;
+}
+
 Problems big_messages_body(RpcWorld& world, std::size_t max_piece_bytes) {
   Problems p;
   nn::Variable mib(filled({512, 512}, float(world.rank()), 0.25f));  // 1 MiB.
@@ -201,6 +243,8 @@ RpcCase nested_chains() {
 }
 
 RpcCase concurrent_calls() { return {.setup = {}, .body = concurrent_calls_body}; }
+
+RpcCase concurrent_sync_calls() { return {.setup = {}, .body = concurrent_sync_calls_body}; }
 
 RpcCase big_messages(std::size_t max_piece_bytes) {
   return {.setup = {.rpc = {}, .max_piece_bytes = max_piece_bytes},

@@ -99,6 +99,10 @@ RpcCase failed_calls();
 RpcCase nested_chains();
 // 1,000 concurrent rpc_async calls to the next three workers all complete with their own results.
 RpcCase concurrent_calls();
+// Four threads of each worker make 250 rpc_sync() calls each, round every worker (itself
+// included), all with their own results: callers that wait at once, each possibly running the
+// RPC thread's pass (Note [A waiting caller runs the pass] in src/rpc/agent_drive.cc).
+RpcCase concurrent_sync_calls();
 // A 1 MiB tensor crosses in pieces of `max_piece_bytes`; with the default pieces, worker 0 also
 // sends one of 68 MiB (two pieces).
 RpcCase big_messages(std::size_t max_piece_bytes);

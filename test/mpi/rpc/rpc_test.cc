@@ -67,6 +67,10 @@ TEST_CASE("1,000 concurrent rpc_async calls all complete with their own results"
   check_on_ranks(concurrent_calls());
 }
 
+TEST_CASE("rpc_sync from four threads of every worker at once: each call its own result", "[rpc]") {
+  check_on_ranks(concurrent_sync_calls());
+}
+
 TEST_CASE("Big messages: 1 MiB tensors, in small pieces, and one over 64 MiB", "[rpc]") {
   const std::size_t piece = GENERATE(std::size_t{4096}, rpc::detail::kDefaultMaxPieceBytes);
   check_on_ranks(big_messages(piece));

@@ -26,7 +26,9 @@ namespace tutti::test {
 // A started group; workers shut down in run().
 class Group {
  public:
-  explicit Group(int size, RpcSetup setup = {}) : world_(size), setup_(setup) {
+  // `callers_drive`: AgentOptions::callers_drive on every agent (over MPI the session decides).
+  explicit Group(int size, RpcSetup setup = {}, bool callers_drive = false)
+      : world_(size), setup_(setup) {
     register_test_functions();
     std::vector<std::string> names;
     for (int r = 0; r < size; ++r) {
@@ -40,7 +42,8 @@ class Group {
                                     .names = names,
                                     .options = setup.rpc,
                                     .epoch = 1,
-                                    .max_piece_bytes = setup.max_piece_bytes},
+                                    .max_piece_bytes = setup.max_piece_bytes,
+                                    .callers_drive = callers_drive},
           rpc::detail::registered_functions(), nullptr));
     }
   }
@@ -110,10 +113,10 @@ class ThreadWorld final : public RpcWorld {
 };
 
 // Runs shared case `c` on `size` threads as workers (Note [Shared RPC cases]), then asserts
-// every worker's verdict.
-inline void check_on_threads(int size, const RpcCase& c) {
+// every worker's verdict. `callers_drive` as Group's.
+inline void check_on_threads(int size, const RpcCase& c, bool callers_drive = false) {
   std::vector<Problems> verdicts(static_cast<std::size_t>(size));
-  Group group(size, c.setup);
+  Group group(size, c.setup, callers_drive);
   Barrier barrier(size);
   group.run([&](int rank) {
     ThreadWorld world(group, barrier, rank);
