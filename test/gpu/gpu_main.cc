@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Catch2 main of the single-process gpu tests: exits 77 (Meson's SKIP) when this process sees
 // no CUDA device, so the suite passes on CI, which has none.
-#define CATCH_CONFIG_RUNNER  // NOLINT(readability-identifier-naming)
 #include <cstdio>
 
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
 #include "test/gpu/gpu_test_util.h"
+#include "test/support/catch_runner.h"
 
 int main(int argc, char** argv) {
   int count = 0;
@@ -17,5 +16,5 @@ int main(int argc, char** argv) {
                 code == cudaSuccess ? "none found" : cudaGetErrorString(code));
     return tutti::test::kSkipExitCode;
   }
-  return Catch::Session().run(argc, argv);
+  return tutti::test::run_catch_session(argc, argv);
 }

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // See Note [Every rank's failures] in test/support/mpi_catch.h.
-#define CATCH_CONFIG_RUNNER  // NOLINT(readability-identifier-naming)
 #include "test/support/mpi_catch.h"
 
 #include <unistd.h>
@@ -11,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include <catch2/catch.hpp>
 #include <mpi.h>
+
+#include "test/support/catch_runner.h"
 
 namespace tutti::test {
 namespace {
@@ -51,15 +51,10 @@ void print_report(int rank, int local_failures) {
 }  // namespace
 
 int run_catch(int argc, char** argv) {
-  Catch::Session session;
-  int failed = session.applyCommandLine(argc, argv);
-  if (failed != 0) return failed;
   const int rank = world_rank();
-  if (rank != 0) {
-    session.configData().outputFilename = report_path(rank);
-    session.configData().useColour = Catch::UseColour::No;  // Its lines go into a log.
-  }
-  return session.run();
+  if (rank == 0) return run_catch_session(argc, argv);
+  const std::string report = report_path(rank);
+  return run_catch_session(argc, argv, report.c_str());
 }
 
 int agree_on_failures(int local_failures) {

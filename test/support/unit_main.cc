@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // Catch2 main of the unit suite: one process, no MPI.
-#define CATCH_CONFIG_MAIN  // NOLINT(readability-identifier-naming)
-#include <catch2/catch.hpp>
+#include "test/support/catch_runner.h"
+
+int main(int argc, char** argv) { return tutti::test::run_catch_session(argc, argv); }
