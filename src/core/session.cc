@@ -24,14 +24,6 @@ namespace tutti::core {
 
 namespace {
 
-// Whether application threads may make the communication thread's MPI calls while they wait
-// (Notes [A waiting thread drives point-to-point] in execution/p2p_engine.h and [A waiting
-// thread runs the cycle] in loop_driver.h): MPI must allow it, and their spinning must not
-// keep a CPU that a peer rank needs.
-bool may_drive_while_waiting(const ops::Topology& topology, const CpuSharing& sharing) {
-  return topology.threads_multiple && !sharing.ranks_exceed_cpus;
-}
-
 // Note [One TUTTI_TIMELINE file per process]
 // TUTTI_TIMELINE names one file for the process, and the environment does not change when a
 // program calls init() again after shutdown() (a retry, an elastic restart in process, tests).
@@ -67,15 +59,14 @@ Session::Session(Config config, std::unique_ptr<ops::Transport> transport)
              .shm_stores = config_.shm_stores}),
       device_(sets_, completer_, transport_->topology()),
       sharing_(this_process_cpu_sharing(transport_->topology(), !config_.thread_affinity.empty())),
-      p2p_(std::make_shared<P2PEngine>(
-          transport_->take_p2p_channel(), p2p_queue_, completer_, config_,
-          may_drive_while_waiting(transport_->topology(), sharing_), [this] { queue_.wake(); })),
+      p2p_(std::make_shared<P2PEngine>(transport_->take_p2p_channel(), p2p_queue_, completer_,
+                                       config_, waiting_threads_may_drive(),
+                                       [this] { queue_.wake(); })),
       // No device: its ops stay on the communication thread (Note [A waiting thread runs the
       // cycle] in loop_driver.h).
-      loop_driver_(
-          std::make_shared<LoopDriver>(may_drive_while_waiting(transport_->topology(), sharing_) &&
-                                           ops::device_ops().device_count() == 0,
-                                       [this] { queue_.wake(); })),
+      loop_driver_(std::make_shared<LoopDriver>(
+          waiting_threads_may_drive() && ops::device_ops().device_count() == 0,
+          [this] { queue_.wake(); })),
       loop_({.plane = transport_->control_plane(),
              .queue = queue_,
              .sets = sets_,
@@ -318,8 +309,13 @@ void Session::dump_after_error(const Status& why) {
   }
 }
 
+// Notes [A waiting thread drives point-to-point] in execution/p2p_engine.h, [A waiting thread
+// runs the cycle] in loop_driver.h and [A waiting caller runs the pass] in
+// src/rpc/agent_drive.cc: MPI must allow it, and their spinning must not keep a CPU that a peer
+// rank needs. Reads only transport_ and sharing_, so the constructor may call it once those are
+// initialized.
 bool Session::waiting_threads_may_drive() const {
-  return may_drive_while_waiting(transport_->topology(), sharing_);
+  return transport_->topology().threads_multiple && !sharing_.ranks_exceed_cpus;
 }
 
 }  // namespace tutti::core
