@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "src/base/coarse_clock.h"
@@ -324,13 +325,32 @@ void P2PEngine::fail_set(int set_id, const Status& status) {
   busy_.store(!waiting_.empty() || !active_.empty(), std::memory_order_release);
 }
 
+void P2PEngine::settle() {
+  // See Note [Settling at the end].
+  const Clock::time_point deadline = Clock::now() + kSettleTime;
+  while (!waiting_.empty() || !active_.empty()) {
+    bool did_work = false;
+    if (!match_waiting(&did_work).ok() || !complete_finished(&did_work).ok()) return;
+    if (did_work) continue;
+    if (Clock::now() >= deadline) return;
+    std::this_thread::yield();
+  }
+}
+
 void P2PEngine::finish(const Status& status) {
   detail::MutexLock lock(mutex_);
   finished_ = true;
-  if (channel_ != nullptr) channel_->abandon();
   for (P2POpEntry& op : queue_.close(Status(ErrorCode::ShutDown, "Tutti has shut down"))) {
-    complete(op, status);
+    // A receive submitted before the end may still find its message (settle() below). A send
+    // not started yet is not started now: its peer's session is ending too.
+    if (op.send) {
+      complete(op, status);
+    } else {
+      waiting_.push_back(std::move(op));
+    }
   }
+  if (channel_ != nullptr && failed_.ok() && status.code() != ErrorCode::Communication) settle();
+  if (channel_ != nullptr) channel_->abandon();
   for (P2POpEntry& op : waiting_) complete(op, status);
   waiting_.clear();
   for (auto& [id, active] : active_) complete(active.op, status);

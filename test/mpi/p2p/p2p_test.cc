@@ -2,8 +2,8 @@
 // Point-to-point ops (tutti/p2p.h) at any rank count: every dtype around a ring, self-sends,
 // any_source with several senders, order per (sender, tag), interleaved tags, empty and 64 MB
 // messages, symmetric exchanges through batch_isend_irecv, dtype and count mismatches (the
-// next receive still works), argument errors, and a peer that shuts down. Expected values are
-// closed forms of the sender's rank, tag and index.
+// next receive still works), argument errors, a peer that shuts down (what it sent before still
+// arrives). Expected values are closed forms of the sender's rank, tag and index.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -426,6 +426,45 @@ TEST_CASE("a peer that shuts down fails the receives waiting on it with ShutDown
   shutdown();
   INFO("seconds " << seconds);
   CHECK(all_ranks(world_rank() != 0 || (code == ErrorCode::ShutDown && seconds < 30)));
+}
+
+TEST_CASE("messages their sender finished sending before it shut down are received", "[p2p]") {
+  // Note [Settling at the end] in src/core/execution/p2p_engine.h: rank 1's shutdown ends rank
+  // 0's session, perhaps before rank 0's loop collected the two messages; they still arrive.
+  const int size = world_size();
+  if (size < 2) return;
+  init();
+  constexpr std::int64_t kSmall = 4;     // Inside its header.
+  constexpr std::int64_t kLarge = 4096;  // 16 KB: a payload after its header.
+  std::vector<float> small(kSmall, -1.0f);
+  std::vector<float> large(kLarge, -1.0f);
+  bool ok = true;
+  if (world_rank() == 0) {
+    Handle r_small = irecv(TensorView(small.data(), {kSmall}), 1, 5);
+    Handle r_large = irecv(TensorView(large.data(), {kLarge}), 1, 6);
+    MPI_Barrier(MPI_COMM_WORLD);
+    // Not a barrier: rank 1's shutdown() ends the session here, then waits in MPI until every
+    // rank calls shutdown(). Rank 1 has usually shut down by the time this rank waits.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ok = !error_of([&] { r_small.wait(); }) && !error_of([&] { r_large.wait(); });
+    for (int i = 0; i < kSmall; ++i) ok = ok && small[i] == value(1, 5, i);
+    for (int i = 0; i < kLarge; ++i) ok = ok && large[i] == value(1, 6, i);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 1) {
+      for (int i = 0; i < kSmall; ++i) small[i] = value(1, 5, i);
+      for (int i = 0; i < kLarge; ++i) large[i] = value(1, 6, i);
+      send(TensorView(small.data(), {kSmall}), 0, 5);
+      send(TensorView(large.data(), {kLarge}), 0, 6);
+      // Only now may the other ranks shut down: any rank's shutdown() ends the session.
+      for (int r = 2; r < size; ++r) MPI_Send(nullptr, 0, MPI_BYTE, r, 0, MPI_COMM_WORLD);
+      shutdown();
+    } else {
+      MPI_Recv(nullptr, 0, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+  }
+  shutdown();
+  CHECK(all_ranks(ok));
 }
 
 }  // namespace

@@ -3,13 +3,17 @@
 // src/core/execution/p2p_engine.h), on a scripted channel: a driving thread starts and completes
 // ops and wakes the loop only for what stays in flight and moves only while polled (Note [Waking
 // the loop for point-to-point]); its errors reach the loop's progress();
-// the loop skips a step while another thread runs one; nothing is driven after finish().
+// the loop skips a step while another thread runs one; finish() first completes the receives
+// whose messages already arrived (Note [Settling at the end]); nothing is driven after finish().
 #include "src/core/execution/p2p_engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,9 +31,11 @@
 namespace tutti::core {
 namespace {
 
-// A channel whose sends complete at once (unless `sends_finish` is false) and whose headers
-// never arrive, unless told otherwise. Counts its calls; `gate` (if set) holds take_header() until
-// opened.
+// A channel whose sends complete at once (unless `sends_finish` is false: then once it is true
+// again) and whose headers
+// never arrive, unless told otherwise: `headers` arrive in order, and a payload receive fills its
+// floats with 2.0f and completes at once. Counts its calls; `gate` (if set) holds take_header()
+// until opened.
 class ScriptedChannel final : public ops::P2PChannel {
  public:
   struct Script {
@@ -37,7 +43,8 @@ class ScriptedChannel final : public ops::P2PChannel {
     std::atomic<bool> sends_finish{true};
     std::atomic<int> header_probes{0};
     std::atomic<bool> destroyed{false};
-    Status header_error;  // take_header() fails with it if not OK.
+    Status header_error;              // take_header() fails with it if not OK.
+    std::deque<std::string> headers;  // Arrived messages' headers, under `mutex`.
     // take_header() waits while `gate_closed` (then counts `inside_gate`).
     std::mutex mutex;
     std::condition_variable cv;
@@ -51,7 +58,7 @@ class ScriptedChannel final : public ops::P2PChannel {
   int max_tag() const override { return 1 << 24; }
   Result<Id> start_send(int, int, std::string, const void*, std::size_t) override {
     ++script_.sends;
-    if (script_.sends_finish) done_.push_back(next_);
+    (script_.sends_finish ? done_ : unfinished_).push_back(next_);
     return next_++;
   }
   Result<std::optional<Header>> take_header(int, int) override {
@@ -63,10 +70,22 @@ class ScriptedChannel final : public ops::P2PChannel {
       script_.inside_gate = false;
     }
     if (!script_.header_error.ok()) return script_.header_error;
-    return std::optional<Header>();
+    std::lock_guard<std::mutex> lock(script_.mutex);
+    if (script_.headers.empty()) return std::optional<Header>();
+    Header header{.source = 1, .bytes = std::move(script_.headers.front())};
+    script_.headers.pop_front();
+    return std::optional<Header>(std::move(header));
   }
-  Result<Id> start_receive(int, int, void*, std::size_t) override { return next_++; }
+  Result<Id> start_receive(int, int, void* data, std::size_t bytes) override {
+    std::fill_n(static_cast<float*>(data), bytes / sizeof(float), 2.0f);
+    done_.push_back(next_);
+    return next_++;
+  }
   Result<std::vector<Id>> completed() override {
+    if (script_.sends_finish) {
+      done_.insert(done_.end(), unfinished_.begin(), unfinished_.end());
+      unfinished_.clear();
+    }
     std::vector<Id> done;
     done.swap(done_);
     return done;
@@ -78,7 +97,20 @@ class ScriptedChannel final : public ops::P2PChannel {
   Script& script_;
   Id next_ = 1;
   std::vector<Id> done_;
+  std::vector<Id> unfinished_;  // Sends started while `sends_finish` was false.
 };
+
+// A header as Note [P2P protocol] and Note [P2P stage] lay it out: dtype, inline flag, element
+// count (8 bytes, host order), then the payload if inline.
+std::string float_header(std::int64_t count, const std::vector<float>& inline_payload = {}) {
+  std::string bytes(10, '\0');
+  bytes[0] = static_cast<char>(DataType::Float32);
+  bytes[1] = static_cast<char>(inline_payload.empty() ? 0 : 1);
+  std::memcpy(bytes.data() + 2, &count, sizeof count);
+  bytes.append(reinterpret_cast<const char*>(inline_payload.data()),
+               inline_payload.size() * sizeof(float));
+  return bytes;
+}
 
 struct Fixture {
   ScriptedChannel::Script script;
@@ -223,6 +255,72 @@ TEST_CASE("The loop skips its step while another thread runs one", "[p2p]") {
   driver.join();
   CHECK(f.engine->progress(std::chrono::steady_clock::now(), &did_work).ok());
   CHECK(f.script.header_probes == 2);
+}
+
+TEST_CASE("finish() completes a receive whose message arrived as the session ended", "[p2p]") {
+  Fixture f;
+  std::shared_ptr<detail::OpState> receive = f.push(false);
+  f.engine->drive();  // Nothing has arrived yet.
+  REQUIRE_FALSE(receive->done());
+  // A queued receive, never stepped, settles too.
+  std::shared_ptr<detail::OpState> queued = f.push(false);
+  {
+    std::lock_guard<std::mutex> lock(f.script.mutex);
+    f.script.headers.push_back(float_header(4, {7.0f, 8.0f, 9.0f, 10.0f}));
+    f.script.headers.push_back(float_header(4, {11.0f, 12.0f, 13.0f, 14.0f}));
+  }
+  f.engine->finish(Status(ErrorCode::ShutDown, "rank 1 shut down"));
+  CHECK(receive->wait().ok());
+  CHECK(queued->wait().ok());
+  // Both receives share `data`: the queued one, matched second, wrote last.
+  CHECK(f.data[0] == 11.0f);
+  CHECK(f.data[3] == 14.0f);
+  CHECK(receive->results().source == 1);
+}
+
+TEST_CASE("finish() collects a large receive whose payload follows its header", "[p2p]") {
+  Fixture f;
+  const auto floats = static_cast<std::int64_t>(P2PEngine::kInlineBytes / sizeof(float)) + 1;
+  std::shared_ptr<detail::OpState> receive = f.push(false, floats);
+  f.engine->drive();
+  {
+    std::lock_guard<std::mutex> lock(f.script.mutex);
+    f.script.headers.push_back(float_header(floats));
+  }
+  f.engine->finish(Status(ErrorCode::ShutDown, "rank 1 shut down"));
+  CHECK(receive->wait().ok());
+  CHECK(f.data[0] == 2.0f);
+  CHECK(f.data[static_cast<std::size_t>(floats) - 1] == 2.0f);
+  CHECK(f.data[static_cast<std::size_t>(floats)] == 1.0f);  // Past the receive: untouched.
+}
+
+TEST_CASE("finish() completes a send that MPI finished, and fails the queued ones", "[p2p]") {
+  Fixture f;
+  f.script.sends_finish = false;
+  std::shared_ptr<detail::OpState> send = f.push(true);
+  f.engine->drive();
+  REQUIRE_FALSE(send->done());
+  std::shared_ptr<detail::OpState> queued = f.push(true);
+  f.script.sends_finish = true;
+  f.engine->finish(Status(ErrorCode::ShutDown, "rank 1 shut down"));
+  CHECK(send->wait().ok());
+  CHECK(queued->wait().code() == ErrorCode::ShutDown);
+  CHECK(f.script.sends == 1);  // The queued send was never started.
+}
+
+TEST_CASE("finish() after a communication error fails receives without looking", "[p2p]") {
+  Fixture f;
+  std::shared_ptr<detail::OpState> receive = f.push(false);
+  f.engine->drive();
+  const int probes = f.script.header_probes;
+  {
+    std::lock_guard<std::mutex> lock(f.script.mutex);
+    f.script.headers.push_back(float_header(4, {7.0f, 8.0f, 9.0f, 10.0f}));
+  }
+  f.engine->finish(Status(ErrorCode::Communication, "the transport failed"));
+  CHECK(receive->wait().code() == ErrorCode::Communication);
+  CHECK(f.script.header_probes == probes);
+  CHECK(f.data[0] == 1.0f);
 }
 
 TEST_CASE("After finish() the engine drives nothing and holds no channel", "[p2p]") {
