@@ -6,9 +6,9 @@
 // ops/mpi/mpi_p2p.cc). The last rank sends to rank 0, which shuts down without receiving (at one
 // rank the send to itself stalls instead: run with short stall limits, see meson.build); the
 // sender unmaps the buffer as soon as its send ends (it fails, or completes as rank 0's end
-// discards the message), so any later read of it faults. Then a
-// second session must work. Its own main: tutti::init() starts MPI, as in most programs (the
-// fault did not show where the application had started MPI). Exits 0 when every check passed.
+// discards the message), so any later read of it faults. Then a second session must work. Its
+// own main: tutti::init() starts MPI, as in most programs (the fault did not show where the
+// application had started MPI). Exits 0 when every check passed.
 #include <sys/mman.h>
 
 #include <algorithm>

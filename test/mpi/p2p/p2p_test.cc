@@ -443,8 +443,8 @@ TEST_CASE("messages their sender finished sending before it shut down are receiv
     Handle r_small = irecv(TensorView(small.data(), {kSmall}), 1, 5);
     Handle r_large = irecv(TensorView(large.data(), {kLarge}), 1, 6);
     MPI_Barrier(MPI_COMM_WORLD);
-    // Not a barrier: rank 1's shutdown() ends the session here, then waits in MPI until every
-    // rank calls shutdown(). Rank 1 has usually shut down by the time this rank waits.
+    // Not a barrier: rank 1's shutdown() ends the session here, then waits for this rank's
+    // shutdown() (API.md: it is collective). Rank 1 has usually shut down when this rank waits.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     ok = !error_of([&] { r_small.wait(); }) && !error_of([&] { r_large.wait(); });
     for (int i = 0; i < kSmall; ++i) ok = ok && small[i] == value(1, 5, i);
