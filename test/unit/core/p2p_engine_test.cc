@@ -3,8 +3,8 @@
 // src/core/execution/p2p_engine.h), on a scripted channel: a driving thread starts and completes
 // ops and wakes the loop only for what stays in flight and moves only while polled (Note [Waking
 // the loop for point-to-point]); its errors reach the loop's progress();
-// the loop skips a step while another thread runs one; finish() first completes the receives
-// whose messages already arrived (Note [Settling at the end]); nothing is driven after finish().
+// the loop skips a step while another thread runs one; finish() first completes what already
+// arrived or finished (Note [Settling at the end]); nothing is driven after finish().
 #include "src/core/execution/p2p_engine.h"
 
 #include <algorithm>
@@ -32,10 +32,9 @@ namespace tutti::core {
 namespace {
 
 // A channel whose sends complete at once (unless `sends_finish` is false: then once it is true
-// again) and whose headers
-// never arrive, unless told otherwise: `headers` arrive in order, and a payload receive fills its
-// floats with 2.0f and completes at once. Counts its calls; `gate` (if set) holds take_header()
-// until opened.
+// again) and whose headers never arrive, unless told otherwise: `headers` arrive in order, and a
+// payload receive fills its floats with 2.0f and completes at once. Counts its calls; `gate` (if
+// set) holds take_header() until opened.
 class ScriptedChannel final : public ops::P2PChannel {
  public:
   struct Script {
