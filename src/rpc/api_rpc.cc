@@ -125,18 +125,27 @@ namespace {
 
 using ::tutti::detail::str_cat;
 
-// The checks every call makes before anything is sent; returns the callee's rank.
-int checked_call(const detail::Agent& agent, const std::string& to, const std::string& function,
-                 const Message& args) {
-  const int rank = agent.rank_of(to).value_or_throw();
+// A call to a worker by name, checked before anything is sent: the caller's agent, the callee's
+// rank and the call's timeout. What rpc_async(), rpc_sync() and remote() start from.
+struct CheckedCall {
+  std::shared_ptr<detail::Agent> agent;
+  int rank = 0;
+  detail::Clock::duration timeout{};
+};
+
+CheckedCall checked_call(const std::string& to, const std::string& function, const Message& args,
+                         double timeout_seconds) {
+  std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
+  const int rank = agent->rank_of(to).value_or_throw();
   if (function.empty()) throw Error(ErrorCode::InvalidArgument, "an RPC needs a function name");
   if (function.starts_with("tutti.")) {
     throw Error(
         ErrorCode::InvalidArgument,
         str_cat("RPC function names starting with 'tutti.' are reserved ('", function, "')"));
   }
-  detail::check_message(args, agent).throw_if_error();
-  return rank;
+  detail::check_message(args, *agent).throw_if_error();
+  const detail::Clock::duration timeout = detail::call_timeout(*agent, timeout_seconds);
+  return {.agent = std::move(agent), .rank = rank, .timeout = timeout};
 }
 
 }  // namespace
@@ -237,18 +246,14 @@ std::vector<WorkerInfo> get_worker_infos() {
 
 Future rpc_async(const std::string& to, const std::string& function, Message args,
                  double timeout_seconds) {
-  std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
-  const int rank = checked_call(*agent, to, function, args);
-  const detail::Clock::duration timeout = detail::call_timeout(*agent, timeout_seconds);
+  const auto [agent, rank, timeout] = checked_call(to, function, args, timeout_seconds);
   return detail::FutureAccess::wrap(
       agent->call(rank, function, std::move(args), timeout, detail::current_context_id()));
 }
 
 Message rpc_sync(const std::string& to, const std::string& function, Message args,
                  double timeout_seconds) {
-  std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
-  const int rank = checked_call(*agent, to, function, args);
-  const detail::Clock::duration timeout = detail::call_timeout(*agent, timeout_seconds);
+  const auto [agent, rank, timeout] = checked_call(to, function, args, timeout_seconds);
   // Waits in the call, running the RPC thread's pass meanwhile where that is allowed (Note [A
   // waiting caller runs the pass] in agent_drive.cc).
   return detail::FutureAccess::wrap(agent->call_sync(rank, function, std::move(args), timeout,
@@ -258,9 +263,7 @@ Message rpc_sync(const std::string& to, const std::string& function, Message arg
 
 RRef remote(const std::string& to, const std::string& function, Message args,
             double timeout_seconds) {
-  std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
-  const int rank = checked_call(*agent, to, function, args);
-  const detail::Clock::duration timeout = detail::call_timeout(*agent, timeout_seconds);
+  const auto [agent, rank, timeout] = checked_call(to, function, args, timeout_seconds);
   const std::uint64_t rref_id = agent->rrefs().new_id();
   detail::ByteWriter meta;
   meta.put(rref_id);
