@@ -106,7 +106,9 @@ class InlineVector {
     }
     // Full: the new element is made in the new buffer before the old ones move, since `args`
     // may refer to one of them (as in v.push_back(v[0])).
-    const std::size_t capacity = 2 * static_cast<std::size_t>(capacity_);
+    // At least N + 1: GCC 12 at -O3 cannot tell capacity_ is never 0 and warned of a
+    // zero-length buffer (-Warray-bounds) in resize().
+    const std::size_t capacity = std::max(2 * static_cast<std::size_t>(capacity_), N + 1);
     T* buffer = allocate(capacity);
     T* slot = nullptr;
     try {
