@@ -18,12 +18,14 @@ namespace {
 
 using detail::str_cat;
 
-// The header: dtype, inline flag, element count (little-endian host order: every rank of a
-// job runs on the same kind of machine), then the inline payload.
+// A header's fixed part: dtype, inline flag, element count (in host byte order: every rank of a
+// job runs on the same kind of machine).
 constexpr std::size_t kHeaderBytes = 1 + 1 + 8;
 
-std::string encode_header(DataType dtype, std::int64_t count, const void* inline_data,
-                          std::size_t inline_bytes) {
+}  // namespace
+
+std::string encode_p2p_header(DataType dtype, std::int64_t count, const void* inline_data,
+                              std::size_t inline_bytes) {
   std::string bytes(kHeaderBytes + inline_bytes, '\0');
   bytes[0] = static_cast<char>(dtype);
   bytes[1] = static_cast<char>(inline_data != nullptr ? 1 : 0);
@@ -31,8 +33,6 @@ std::string encode_header(DataType dtype, std::int64_t count, const void* inline
   if (inline_bytes > 0) std::memcpy(bytes.data() + kHeaderBytes, inline_data, inline_bytes);
   return bytes;
 }
-
-}  // namespace
 
 Status P2PQueue::push(std::vector<P2POpEntry> ops) {
   detail::MutexLock lock(mutex_);
@@ -215,8 +215,8 @@ Status P2PEngine::start(P2POpEntry op) {
   const std::size_t bytes = tensor.byte_size();
   const bool inline_payload = bytes <= kInlineBytes;
   std::string header =
-      encode_header(tensor.dtype(), tensor.num_elements(), inline_payload ? tensor.data() : nullptr,
-                    inline_payload ? bytes : 0);
+      encode_p2p_header(tensor.dtype(), tensor.num_elements(),
+                        inline_payload ? tensor.data() : nullptr, inline_payload ? bytes : 0);
   TUTTI_ASSIGN_OR_RETURN(const ops::P2PChannel::Id id,
                          channel_->start_send(op.peer, op.channel_tag, std::move(header),
                                               tensor.data(), inline_payload ? 0 : bytes));

@@ -79,6 +79,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
@@ -128,6 +130,12 @@ class P2PQueue {
   std::vector<P2POpEntry> new_ TUTTI_GUARDED_BY(mutex_);
 };
 
+// A message's header (Note [P2P protocol]): `dtype`, whether the payload is inline, `count`
+// elements, then the `inline_bytes` at `inline_data` (null: the payload follows as a message of
+// its own).
+std::string encode_p2p_header(DataType dtype, std::int64_t count, const void* inline_data,
+                              std::size_t inline_bytes);
+
 // Steps run under a lock, by the communication thread or by an application thread (Note [A
 // waiting thread drives point-to-point]).
 class P2PEngine final : public detail::Driver {
@@ -169,10 +177,9 @@ class P2PEngine final : public detail::Driver {
   void fail_set(int set_id, const Status& status) TUTTI_EXCLUDES(mutex_);
   // The session ends: completes the receives whose messages already arrived and the transfers
   // MPI finished (Note [Settling at the end]; not when `status` is a Communication error), then
-  // fails every other op in flight
-  // or queued with `status`, abandons transfers, and releases the channel. Later drive() and
-  // hand_back() calls do nothing, so an engine that a driving thread keeps past its session touches
-  // nothing of the session.
+  // fails every other op in flight or queued with `status`, abandons transfers, and releases the
+  // channel. Later drive() and hand_back() calls do nothing, so an engine that a driving thread
+  // keeps past its session touches nothing of the session.
   void finish(const Status& status) TUTTI_EXCLUDES(mutex_);
 
  private:

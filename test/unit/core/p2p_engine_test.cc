@@ -12,7 +12,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -99,16 +98,11 @@ class ScriptedChannel final : public ops::P2PChannel {
   std::vector<Id> unfinished_;  // Sends started while `sends_finish` was false.
 };
 
-// A header as Note [P2P protocol] and Note [P2P stage] lay it out: dtype, inline flag, element
-// count (8 bytes, host order), then the payload if inline.
+// A header of `count` floats, with `inline_payload` inside it unless that is empty.
 std::string float_header(std::int64_t count, const std::vector<float>& inline_payload = {}) {
-  std::string bytes(10, '\0');
-  bytes[0] = static_cast<char>(DataType::Float32);
-  bytes[1] = static_cast<char>(inline_payload.empty() ? 0 : 1);
-  std::memcpy(bytes.data() + 2, &count, sizeof count);
-  bytes.append(reinterpret_cast<const char*>(inline_payload.data()),
-               inline_payload.size() * sizeof(float));
-  return bytes;
+  return encode_p2p_header(DataType::Float32, count,
+                           inline_payload.empty() ? nullptr : inline_payload.data(),
+                           inline_payload.size() * sizeof(float));
 }
 
 struct Fixture {
