@@ -16,12 +16,16 @@ mkdir -p "$dir/tmp"
 export TMPDIR="$dir/tmp"
 printf '#!/bin/sh\necho localhost:2\n' > "$dir/hosts.sh"
 chmod +x "$dir/hosts.sh"
+# run NAME FLAG...: the commits of each run in a folder of its own under SCRATCH_DIR (not
+# tuttirun's default under /tmp, which outlives the test).
 run() {
-  "$tuttirun" --host-discovery-script "$dir/hosts.sh" -np 2 --mpi-args=--oversubscribe \
-    "$program" --elastic --epochs 2 --limit 30000 --commit-every 10 "$@"
+  commits="$dir/commits-$1"
+  shift
+  TUTTI_ELASTIC_DIR="$commits" "$tuttirun" --host-discovery-script "$dir/hosts.sh" -np 2 \
+    --mpi-args=--oversubscribe "$program" --elastic --epochs 2 --limit 30000 --commit-every 10 "$@"
 }
-run "$@" > "$dir/undisturbed.log" 2>&1 || { cat "$dir/undisturbed.log"; exit 1; }
-run "$@" > "$dir/killed.log" 2>&1 &
+run undisturbed "$@" > "$dir/undisturbed.log" 2>&1 || { cat "$dir/undisturbed.log"; exit 1; }
+run killed "$@" > "$dir/killed.log" 2>&1 &
 job=$!
 # Epoch 2's first progress line comes after a commit (fashion_mnist: after 100 of its ~235
 # steps per rank; libtorch_mnist: after its first commit of the epoch).

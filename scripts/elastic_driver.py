@@ -120,10 +120,19 @@ def per_launch_path(path, launch):
     return f"{root}.launch{launch}{extension}"
 
 
-def default_commit_dir():
-    """A folder name unique to this tuttirun, valid on every host (/tmp)."""
+def default_commit_dir(root="/tmp"):
+    """A folder name unique to this tuttirun, valid on every host (`root`): the user, this host,
+    the pid and the start time, and a number if this host has such a folder already. The pid
+    alone was not unique: pids are reused and the folders are kept, so a new job once resumed
+    from an old one's commits."""
     user = os.environ.get("USER") or str(os.geteuid())
-    return f"/tmp/tutti-elastic-{user}-{socket.gethostname()}-{os.getpid()}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(root, f"tutti-elastic-{user}-{socket.gethostname()}-{os.getpid()}-{stamp}")
+    path, number = base, 1
+    while os.path.exists(path):
+        number += 1
+        path = f"{base}-{number}"
+    return path
 
 
 class Launch:

@@ -267,6 +267,19 @@ class PlanTest(unittest.TestCase):
         self.assertIsNone(plan([("a", 2), ("b", 2)], {"a": "lost"}, None, 3, None))
         self.assertIsNone(plan([], {}, None, 1, None))
 
+    def test_the_default_commit_dir_is_not_an_earlier_jobs(self):
+        # Pids are reused and commit folders are kept: a folder named by the pid alone was once
+        # an earlier job's, and the new job resumed from its commits.
+        root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, root)
+        first = elastic_driver.default_commit_dir(root)
+        self.assertTrue(first.startswith(os.path.join(root, "tutti-elastic-")), first)
+        self.assertIn(f"-{os.getpid()}-", first)
+        os.mkdir(first)  # What the first job leaves behind.
+        second = elastic_driver.default_commit_dir(root)
+        self.assertNotEqual(second, first)
+        self.assertFalse(os.path.exists(second))
+
     def test_per_launch_paths(self):
         self.assertEqual(elastic_driver.per_launch_path("/t/x.json", 1), "/t/x.json")
         self.assertEqual(elastic_driver.per_launch_path("/t/x.json", 3), "/t/x.launch3.json")
