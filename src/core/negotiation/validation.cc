@@ -2,9 +2,12 @@
 #include "src/core/negotiation/validation.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <optional>
 #include <string>
 
+#include "src/base/dtype.h"
 #include "src/base/strings.h"
 
 namespace tutti::core {
@@ -33,6 +36,15 @@ Response mismatch(const Request& first, int first_rank, int other_rank, std::str
       str_cat("Mismatched ", to_string(first.op), " ", what, " for '", tensor, "': rank ",
               first_rank, " sent ", first_value, ", rank ", other_rank, " sent ", other_value);
   return response;
+}
+
+// A scale factor as the shortest text that reads back as the same double: two factors that
+// differ must print differently (1.0 / 3 against 0.333333; an ostream's 6 digits showed both as
+// 0.333333).
+std::string exact(double value) {
+  char digits[32];  // The longest shortest form, -2.2250738585072014e-308, is 24.
+  const std::to_chars_result end = std::to_chars(digits, digits + sizeof digits, value);
+  return std::string(digits, end.ptr);
 }
 
 std::string tensor_label(const Request& request, std::size_t index) {
@@ -70,11 +82,10 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
                   std::string(to_string(other.reduce_op)), first.name);
   }
   if (reduces && other.prescale != first.prescale) {
-    return differ("prescale factors", str_cat(first.prescale), str_cat(other.prescale), first.name);
+    return differ("prescale factors", exact(first.prescale), exact(other.prescale), first.name);
   }
   if (reduces && other.postscale != first.postscale) {
-    return differ("postscale factors", str_cat(first.postscale), str_cat(other.postscale),
-                  first.name);
+    return differ("postscale factors", exact(first.postscale), exact(other.postscale), first.name);
   }
   // Broadcast and the rooted ops (-1 on both sides for the others).
   if (other.root_rank != first.root_rank) {
@@ -177,6 +188,39 @@ void scatter_response(const std::vector<int>& global_ranks,
   response.splits = from_root->splits;
 }
 
+// Whether a tensor of `parts`' sum of rows, each row `spec`'s dims after the first, can exist:
+// its rows, elements and bytes within int64. Each rank checked its own tensor at its call; the
+// sum of the ranks' rows, which an allgather, a gather or an alltoall's receiver makes, is
+// checked here, so that an impossible sum fails the op on every rank instead of the
+// communication thread that would make the tensor (a negative shape stopped the runtime, and an
+// alltoall's other ranks waited in the exchange).
+bool fits_tensor(const std::vector<std::int64_t>& parts, const TensorSpec& spec) {
+  std::int64_t rows = 0;
+  for (const std::int64_t part : parts) {
+    if (__builtin_add_overflow(rows, part, &rows)) return false;
+  }
+  std::int64_t bytes = rows;
+  for (std::size_t d = 1; d < spec.shape.size(); ++d) {
+    if (__builtin_mul_overflow(bytes, spec.shape[d], &bytes)) return false;
+  }
+  return !__builtin_mul_overflow(
+      bytes, static_cast<std::int64_t>(detail::element_bytes(spec.dtype)), &bytes);
+}
+
+// Fails `response` with InvalidArgument: the rows `parts` that `whose` output ("rank 2's")
+// would put together into one tensor of `spec`'s other dims are more than a tensor holds.
+void refuse_rows(Response& response, const std::string& tensor, const std::string& whose,
+                 const std::vector<std::int64_t>& parts, const TensorSpec& spec) {
+  response.ok = false;
+  response.error_code = ErrorCode::InvalidArgument;
+  response.error_message = str_cat(
+      to_string(response.op), " '", tensor, "': ", whose, " output would have ",
+      detail::join_list(parts, " + "), " rows of ", dims_after_first(spec.shape), " ",
+      to_string(spec.dtype), ", more than a tensor holds (2^63 - 1 rows, elements or bytes)");
+  response.rows.clear();
+  response.splits.clear();
+}
+
 }  // namespace
 
 Response negotiate_response(const std::vector<int>& global_ranks,
@@ -221,10 +265,20 @@ Response negotiate_response(const std::vector<int>& global_ranks,
   }
   const std::size_t size = requests.size();
   if (first.op == Collective::Allgather || first.op == Collective::Gather) {
+    std::vector<std::int64_t> parts;
     for (std::size_t t = 0; t < first.tensors.size(); ++t) {
+      parts.clear();
       for (const auto& request : requests) {
-        response.rows.push_back(request ? request->tensors[t].shape.at(0) : 0);
+        parts.push_back(request ? request->tensors[t].shape.at(0) : 0);
       }
+      if (!fits_tensor(parts, first.tensors[t])) {
+        const std::string whose = first.op == Collective::Gather
+                                      ? str_cat("the root's (rank ", first.root_rank, ")")
+                                      : std::string("each rank's");
+        refuse_rows(response, tensor_label(first, t), whose, parts, first.tensors[t]);
+        return response;
+      }
+      response.rows.insert(response.rows.end(), parts.begin(), parts.end());
     }
   } else if (first.op == Collective::Alltoall) {
     for (const auto& request : requests) {
@@ -236,6 +290,16 @@ Response negotiate_response(const std::vector<int>& global_ranks,
         return response;
       }
       response.splits.insert(response.splits.end(), request->splits.begin(), request->splits.end());
+    }
+    std::vector<std::int64_t> received(size);
+    for (std::size_t to = 0; to < size; ++to) {
+      for (std::size_t from = 0; from < size; ++from)
+        received[from] = response.splits[from * size + to];
+      if (!fits_tensor(received, first.tensors.front())) {
+        refuse_rows(response, first.name, str_cat("rank ", global_ranks[to], "'s"), received,
+                    first.tensors.front());
+        return response;
+      }
     }
   } else if (first.op == Collective::Scatter) {
     scatter_response(global_ranks, requests, response);

@@ -3,6 +3,7 @@
 // included), grouped and fused batches, every root, the object helpers, and the cross-rank
 // errors (dim-1 and dtype mismatch, root mismatch).
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -180,6 +181,29 @@ TEST_CASE("allgather errors: 0-d at the call, dim-1 and dtype mismatch on every 
   // Still usable afterwards.
   const Tensor out = allgather(TensorView(f.data(), {1}), "after");
   CHECK(all_ranks(out.num_elements() == world_size()));
+}
+
+TEST_CASE("an allgather or gather whose rows add up past int64 fails on every rank",
+          "[allgather][errors]") {
+  if (world_size() < 2) return;
+  Session session;
+  // Each rank's tensor is valid alone (rows of zero width hold no memory); the sum of the
+  // ranks' rows is not a dim 0. Before, the communication thread made a tensor of negative
+  // shape and stopped the runtime.
+  const std::int64_t rows = std::numeric_limits<std::int64_t>::max() / 2 + 1;
+  const TensorView wide(nullptr, DataType::Float32, {rows, 0});
+  std::string message;
+  const auto all = error_of([&] { allgather(wide, "rows.all"); }, &message);
+  CHECK(all_ranks(all == ErrorCode::InvalidArgument &&
+                  message.find("ALLGATHER 'rows.all': each rank's output would have") !=
+                      std::string::npos &&
+                  message.find(" rows of [0] float32") != std::string::npos));
+  const auto rooted = error_of([&] { gather(wide, 1, "rows.rooted"); }, &message);
+  CHECK(all_ranks(rooted == ErrorCode::InvalidArgument &&
+                  message.find("the root's (rank 1) output") != std::string::npos));
+  std::vector<float> f(1, 1.0f);
+  CHECK(
+      all_ranks(allgather(TensorView(f.data(), {1}), "rows.after").num_elements() == world_size()));
 }
 
 TEST_CASE("broadcast from every root for every dtype and shape", "[broadcast]") {

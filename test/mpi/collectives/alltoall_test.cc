@@ -151,6 +151,32 @@ TEST_CASE("alltoall argument errors are thrown by the call", "[alltoall][errors]
   CHECK(all_ranks(result.output.num_elements() == size));
 }
 
+TEST_CASE("alltoall splits that add up past int64 at a receiver fail on every rank",
+          "[alltoall][errors]") {
+  if (world_size() < 2) return;
+  Session session;
+  // Every rank sends all its rows, of zero width, to the last rank: each rank's splits are
+  // valid, the rows the last rank would receive are not a dim 0. Before, that rank's
+  // communication thread stopped the runtime and the others waited in the exchange until
+  // MPI_Abort.
+  const int size = world_size();
+  const std::int64_t rows = std::numeric_limits<std::int64_t>::max() / 2 + 1;
+  std::vector<std::int64_t> splits(static_cast<std::size_t>(size), 0);
+  splits.back() = rows;
+  std::string message;
+  const auto code = error_of(
+      [&] {
+        alltoall(TensorView(nullptr, DataType::Float32, {rows, 0}), splits, "splits.sum");
+      },
+      &message);
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument &&
+                  message.find("ALLTOALL 'splits.sum': rank " + std::to_string(size - 1) +
+                               "'s output would have") != std::string::npos));
+  std::vector<float> v(static_cast<std::size_t>(size), 1.0f);
+  CHECK(all_ranks(
+      alltoall(TensorView(v.data(), {size}), {}, "splits.after").output.num_elements() == size));
+}
+
 TEST_CASE("alltoall rows that differ after dim 0 are a Mismatch on every rank",
           "[alltoall][errors]") {
   if (world_size() < 2) return;

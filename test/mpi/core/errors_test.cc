@@ -149,10 +149,18 @@ TEST_CASE("ranks that disagree get Mismatch on every rank, naming both values", 
   CHECK(all_ranks(op == ErrorCode::Mismatch && message.find("SUM") != std::string::npos &&
                   message.find("MAX") != std::string::npos));
 
+  // Factors that differ print differently, each as the shortest text that reads back as it (an
+  // ostream's 6 digits printed both of these as 0.333333).
   auto scale = error_of(
-      [&] { allreduce(TensorView(a.data(), {5}), "scale", {.prescale_factor = odd ? 2.0 : 1.0}); },
+      [&] {
+        allreduce(TensorView(a.data(), {5}), "scale",
+                  {.prescale_factor = odd ? 0.333333 : 1.0 / 3});
+      },
       &message);
-  CHECK(all_ranks(scale == ErrorCode::Mismatch && message.find("prescale") != std::string::npos));
+  CHECK(all_ranks(scale == ErrorCode::Mismatch &&
+                  message == "Mismatched ALLREDUCE prescale factors for 'scale': rank 0 sent "
+                             "0.3333333333333333, rank " +
+                                 std::to_string(last) + " sent 0.333333"));
 
   auto kind = error_of(
       [&] {
