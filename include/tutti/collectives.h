@@ -119,7 +119,9 @@ TUTTI_API Handle allreduce_async(TensorView tensor, std::string name = {}, Reduc
 TUTTI_API Handle allreduce_async(TensorView input, TensorView output, std::string name = {},
                                  ReduceOptions = {});
 // Reduces all `tensors` in place as one unit: negotiated, fused and completed together. The
-// tensors may have different dtypes. The group's tensors are named "<name>.<i>" internally.
+// tensors may have different dtypes. The group is one op under `name` (no name of its own per
+// tensor: an op named "<name>.0" meanwhile is another op); errors name its i-th tensor
+// "<name>[i]".
 TUTTI_API Handle grouped_allreduce_async(std::vector<TensorView> tensors, std::string name = {},
                                          ReduceOptions = {});
 

@@ -164,10 +164,11 @@ class TUTTI_API Tensor {
   Tensor slice(std::int64_t offset, Shape shape) const {
     const std::int64_t count = tutti::num_elements(shape);
     if (offset < 0 || offset > num_elements() || count > num_elements() - offset) {
-      throw Error(ErrorCode::InvalidArgument, "Tensor::slice: elements [" + std::to_string(offset) +
-                                                  ", " + std::to_string(offset + count) +
-                                                  ") do not lie within a tensor of " +
-                                                  std::to_string(num_elements()) + " elements");
+      // Offset and count, not the range's end: offset + count may pass int64.
+      throw Error(ErrorCode::InvalidArgument,
+                  "Tensor::slice: " + std::to_string(count) + " elements from element " +
+                      std::to_string(offset) + " do not lie within a tensor of " +
+                      std::to_string(num_elements()) + " elements");
     }
     Tensor part;
     part.storage_ = storage_;

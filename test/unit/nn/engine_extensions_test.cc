@@ -5,6 +5,7 @@
 // Tensor::slice and the bucket assignment.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -268,6 +269,10 @@ TEST_CASE("Tensor::slice shares storage, keeps it alive and checks its range", "
     CHECK_THROWS_AS(whole.slice(5, {2}), Error);
     CHECK_THROWS_AS(whole.slice(-1, {1}), Error);
     CHECK_THROWS_AS(whole.slice(7, {0}), Error);
+    // The message names the offset and count, not their sum, which would pass int64 here.
+    CHECK_THROWS_WITH(whole.slice(std::numeric_limits<std::int64_t>::max(), {2}),
+                      "Tensor::slice: 2 elements from element 9223372036854775807 do not lie "
+                      "within a tensor of 6 elements");
   }
   CHECK(values(slice) == std::vector<float>{20, 30});  // Alive after `whole` is gone.
 }
