@@ -25,6 +25,7 @@
 # (the mpirun command builder, Open MPI's failure scanner) so this module can be tested with
 # a fake job.
 
+import contextlib
 import os
 import signal
 import socket
@@ -56,7 +57,12 @@ class ElasticError(Exception):
 
 
 def log(message):
-    print(f"tuttirun: elastic: {message}", file=sys.stderr, flush=True)
+    """One decision's line on stderr; none once stderr's reader has gone (`| head`), so that
+    the driver goes on with the job rather than stopping on the write."""
+    try:
+        print(f"tuttirun: elastic: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def hosts_text(host_slots):
@@ -67,14 +73,24 @@ def run_discovery(script, parse_hosts):
     """[(host, slots)] from the script's 'host[:slots]' lines ('#' comments and blank lines
     allowed; a bare host has 1 slot; a host named twice gets the sum). Raises ElasticError
     when the script fails, times out or prints a malformed line (named by its number)."""
+    # A session of its own, so that a script past its time is ended with what it started (a
+    # `sleep` it waits for would otherwise outlive it, one more at every poll).
     try:
-        result = subprocess.run([script], capture_output=True, text=True, errors="replace",
-                                timeout=DISCOVERY_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise ElasticError(f"the discovery script {script} did not finish within "
-                           f"{DISCOVERY_TIMEOUT_S} s") from None
+        process = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, errors="replace", start_new_session=True)
     except OSError as e:
         raise ElasticError(f"cannot run the discovery script {script}: {e.strerror}") from None
+    try:
+        stdout, stderr = process.communicate(timeout=DISCOVERY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # Unless one left the session.
+            process.communicate(timeout=5)
+        process.wait()
+        raise ElasticError(f"the discovery script {script} did not finish within "
+                           f"{DISCOVERY_TIMEOUT_S} s") from None
+    result = subprocess.CompletedProcess([script], process.returncode, stdout, stderr)
     if result.returncode != 0:
         why = result.stderr.strip().splitlines()[-1:] or ["no message"]
         raise ElasticError(f"the discovery script {script} exited with status "
@@ -112,10 +128,14 @@ def plan_launch(discovered, excluded, current, min_np, max_np):
     return (plan, total) if total >= min_np and total > 0 else None
 
 
-def per_launch_path(path, launch):
-    """'t.json' -> 't.launch2.json' for launch 2; the first launch keeps the name."""
+def per_launch_path(path, launch, folder=False):
+    """'t.json' -> 't.launch2.json' for launch 2; a folder (`folder`: 'dumps/' or 'd.x') ->
+    'dumps.launch2', 'd.x.launch2', beside it, not inside it or within its name. The first
+    launch keeps the name."""
     if launch == 1:
         return path
+    if folder:
+        return f"{path.rstrip('/') or '/'}.launch{launch}"
     root, extension = os.path.splitext(path)
     return f"{root}.launch{launch}{extension}"
 
@@ -250,7 +270,7 @@ class ElasticDriver:
         env = dict(self.environ)
         for name in PER_LAUNCH_PATHS:
             if env.get(name):
-                env[name] = per_launch_path(env[name], number)
+                env[name] = per_launch_path(env[name], number, folder=name.endswith("_DIR"))
         return env
 
     def watch(self, plan):

@@ -284,6 +284,12 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(elastic_driver.per_launch_path("/t/x.json", 1), "/t/x.json")
         self.assertEqual(elastic_driver.per_launch_path("/t/x.json", 3), "/t/x.launch3.json")
         self.assertEqual(elastic_driver.per_launch_path("/t/log", 2), "/t/log.launch2")
+        # A folder is renamed beside itself, not inside it or before a dot in its name.
+        self.assertEqual(elastic_driver.per_launch_path("/t/dumps/", 2, folder=True),
+                         "/t/dumps.launch2")
+        self.assertEqual(elastic_driver.per_launch_path("/t/fr.d", 3, folder=True),
+                         "/t/fr.d.launch3")
+        self.assertEqual(elastic_driver.per_launch_path("/t/fr.d", 1, folder=True), "/t/fr.d")
 
 
 class DiscoveryTest(unittest.TestCase):
@@ -321,6 +327,31 @@ class DiscoveryTest(unittest.TestCase):
         with self.assertRaises(elastic_driver.ElasticError) as caught:
             self.discover("exec sleep 30\n")
         self.assertIn("did not finish within 0.5 s", str(caught.exception))
+
+    def test_a_script_cut_off_takes_what_it_started_with_it(self):
+        # Before, only the script was killed: the sleep it waited for outlived it, one more at
+        # every poll of a slow discovery command.
+        saved = elastic_driver.DISCOVERY_TIMEOUT_S
+        elastic_driver.DISCOVERY_TIMEOUT_S = 0.5
+        self.addCleanup(setattr, elastic_driver, "DISCOVERY_TIMEOUT_S", saved)
+        marker = tempfile.mkdtemp(prefix="tutti_discovery_test.")
+        self.addCleanup(shutil.rmtree, marker, True)
+        pid_file = os.path.join(marker, "pid")
+        with self.assertRaises(elastic_driver.ElasticError):
+            self.discover(f"sleep 30 &\necho $! > {pid_file}\nwait\n")
+        with open(pid_file, encoding="utf-8") as f:
+            pid = int(f.read())
+        def running():  # A zombie waiting for init to reap it has ended.
+            try:
+                with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and running():
+            time.sleep(0.05)
+        self.assertFalse(running(), "the script's sleep outlived it")
 
 
 class FlagTest(unittest.TestCase):
@@ -362,13 +393,36 @@ class FlagTest(unittest.TestCase):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TUTTI_", "HOROVOD_"))}
         result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
                                  cluster.script, "--dry-run", "--output-filename", "/tmp/o",
-                                 "prog", "x"], capture_output=True, text=True, env=env,
+                                 "true", "x"], capture_output=True, text=True, env=env,
                                 timeout=60)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("-np 2 -H localhost:2", result.stdout)
         self.assertIn("--output-filename /tmp/o/launch1", result.stdout)
         self.assertIn("TUTTI_ELASTIC_DIR=/tmp/tutti-elastic-", result.stdout)
         self.assertIn("-x TUTTI_ELASTIC_DIR", result.stdout)
+
+    def test_a_script_named_without_a_slash_is_the_file_checked(self):
+        # Before, the check found ./discover but the run looked for 'discover' on PATH.
+        cluster = Cluster("localhost:2")
+        self.addCleanup(cluster.remove)
+        result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script", "discover",
+                                 "--dry-run", "true"], capture_output=True, text=True,
+                                timeout=60, cwd=cluster.dir)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("-np 2 -H localhost:2", result.stdout)
+
+    def test_a_missing_program_on_this_machine_is_a_usage_error(self):
+        # As for a plain job; before, mpirun's launch failed (status 132) and was not relaunched.
+        cluster = Cluster("localhost:2")
+        self.addCleanup(cluster.remove)
+        for extra in ([], ["--dry-run"]):
+            with self.subTest(extra=extra):
+                result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                         cluster.script] + extra + ["/nonexistent/prog"],
+                                        capture_output=True, text=True, timeout=60)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn("tuttirun: error: program '/nonexistent/prog' not found",
+                              result.stderr)
 
     def test_a_missing_script_and_bad_knobs_are_usage_errors(self):
         result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
@@ -402,7 +456,7 @@ class FakeMpirunTest(unittest.TestCase):
             TUTTI_FLIGHT_RECORDER_DIR="/d/dumps")
         result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
                                  cluster.script, "--timeline-filename", "/d/t.json",
-                                 "--autotune-log-file", "/d/a.csv", "prog"],
+                                 "--autotune", "--autotune-log-file", "/d/a.csv", "true"],
                                 capture_output=True, text=True, env=env, timeout=60)
         self.assertEqual(result.returncode, 0, result.stderr)
         with open(record, encoding="utf-8") as f:
@@ -421,7 +475,7 @@ class FakeMpirunTest(unittest.TestCase):
                 env = fake_mpirun_environ(cluster, "trap 'kill $child; exit 1' TERM INT\n"
                                           f"sleep 30 & child=$!\ntouch {started}\nwait $child\n")
                 child = subprocess.Popen([sys.executable, TUTTIRUN, "--host-discovery-script",
-                                          cluster.script, "prog"], stdin=subprocess.DEVNULL,
+                                          cluster.script, "true"], stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          env=env)
                 deadline = time.monotonic() + 20

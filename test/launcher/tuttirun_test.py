@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -221,6 +222,15 @@ class HostsTest(unittest.TestCase):
             with self.subTest(text=text):
                 with self.assertRaises(ValueError):
                     tuttirun.parse_hosts(text)
+
+    def test_an_ipv6_address_is_refused_not_misread(self):
+        # '::1' was read as host ':' with 1 slot, a remote host (mpirun's -H takes no IPv6).
+        for text in ("::1", "fe80::1", "[::1]:2", "a:1,::1:2"):
+            with self.subTest(text=text):
+                with self.assertRaises(ValueError) as caught:
+                    tuttirun.parse_hosts(text)
+                self.assertIn("is an IPv6 address, which mpirun's -H cannot take",
+                              str(caught.exception))
 
     def write(self, text):
         f = tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False)
@@ -433,6 +443,34 @@ node tnode1 calling "abort". This may have caused other processes
         self.assertIsNone(self.scan("[1,0]<stderr>:some error\n", returncode=1))
 
 
+class RelayTest(unittest.TestCase):
+    def test_a_sink_that_fails_stops_the_copies_not_the_reading(self):
+        class Gone(io.RawIOBase):
+            def writable(self):
+                return True
+
+            def write(self, data):
+                raise BrokenPipeError(32, "Broken pipe")
+
+        class Lines:
+            def __init__(self):
+                self.lines = []
+
+            def feed_line(self, line):
+                self.lines.append(line)
+
+        read_end, write_end = os.pipe()
+        lines = [f"line {i} " + "x" * 60 for i in range(3000)]  # About 200 KB.
+        writer = threading.Thread(target=lambda: (os.write(write_end, (
+            "\n".join(lines) + "\n").encode()), os.close(write_end)))
+        writer.start()
+        scanner = Lines()
+        with os.fdopen(read_end, "rb") as source:
+            tuttirun._relay(source, Gone(), scanner)  # Returns at the end of the pipe.
+        writer.join()
+        self.assertEqual(scanner.lines, lines)
+
+
 class CommandTest(unittest.TestCase):
     def test_plain_local_command(self):
         command, env = build(["-np", "2", "prog", "a", "b"], cpu_count=4)
@@ -452,6 +490,23 @@ class CommandTest(unittest.TestCase):
     def test_oversubscribe_when_ranks_outnumber_local_cores(self):
         self.assertNotIn("--oversubscribe", build(["-np", "4", "prog"], cpu_count=4)[0])
         self.assertIn("--oversubscribe", build(["-np", "5", "prog"], cpu_count=4)[0])
+
+    def test_mpiruns_own_oversubscription_is_recognised(self):
+        # Only '--oversubscribe' was: '-np 3 -H localhost:1' was refused with these.
+        for mpi_args in (["--oversubscribe"], ["-oversubscribe"],
+                         ["--map-by", "slot:OVERSUBSCRIBE"], ["--map-by=core:PE=1,oversubscribe"],
+                         ["--mca", "rmaps_base_oversubscribe", "1"]):
+            with self.subTest(mpi_args=mpi_args):
+                self.assertTrue(tuttirun.oversubscribes(mpi_args, {}))
+        self.assertTrue(tuttirun.oversubscribes([], {"OMPI_MCA_rmaps_base_oversubscribe": "true"}))
+        for mpi_args, environ in ((["--map-by", "slot"], {}),
+                                  (["--mca", "rmaps_base_oversubscribe", "0"], {}),
+                                  ([], {"OMPI_MCA_rmaps_base_oversubscribe": "0"}), ([], {})):
+            with self.subTest(mpi_args=mpi_args, environ=environ):
+                self.assertFalse(tuttirun.oversubscribes(mpi_args, environ))
+        command, _ = build(["-np", "3", "-H", "localhost:1", "--binding-args",
+                            "--map-by slot:OVERSUBSCRIBE", "prog"])
+        self.assertIn("-np", command)
 
     def test_ranks_beyond_host_slots(self):
         with self.assertRaises(SystemExit) as raised:
@@ -603,6 +658,39 @@ class ErrorTest(unittest.TestCase):
         self.assertEqual(result.stderr, f"tuttirun: error: {tmp}/src/common/knobs.def not found: "
                          "tuttirun runs from a Tutti source checkout (scripts/tuttirun), not "
                          "copied out of one\n")
+
+    def test_knobs_init_refuses_together_are_usage_errors(self):
+        # Each was exported, and then every rank's init() refused it (the job ended in aborts).
+        for flags, message in (
+                (["--autotune-log-file", "/tmp/a.csv"],
+                 "--autotune-log-file needs --autotune (TUTTI_AUTOTUNE=1)"),
+                (["--autotune-warmup-samples", "2"],
+                 "--autotune-warmup-samples needs --autotune"),
+                (["--timeline-mark-cycles"],
+                 "--timeline-mark-cycles needs --timeline-filename (TUTTI_TIMELINE)"),
+                (["--no-stall-check", "--stall-check-warning-time-seconds", "5"],
+                 "--stall-check-warning-time-seconds is a limit of the stall inspector, which "
+                 "--no-stall-check turns off")):
+            with self.subTest(flags=flags):
+                self.assert_usage_error(["-np", "2", "--dry-run"] + flags + ["true"], message)
+        # Set in the environment, named as such; HOROVOD_ spellings count.
+        self.assert_usage_error(
+            ["-np", "2", "--dry-run", "--stall-check-shutdown-time-seconds", "9", "true"],
+            "which HOROVOD_STALL_CHECK_DISABLE (environment) turns off",
+            env=clean_environ(HOROVOD_STALL_CHECK_DISABLE="yes"))
+        self.assert_usage_error(["-np", "2", "--dry-run", "true"],
+                                "TUTTI_ELASTIC_KEEP (environment) needs TUTTI_ELASTIC_DIR",
+                                env=clean_environ(TUTTI_ELASTIC_KEEP="3"))
+        # What init() accepts passes.
+        for flags, env in ((["--autotune", "--autotune-log-file", "/tmp/a.csv"], {}),
+                           (["--autotune-steps-per-sample", "4"], {"HOROVOD_AUTOTUNE": "1"}),
+                           (["--timeline-filename", "/tmp/t.json", "--timeline-mark-cycles"], {}),
+                           (["--stall-check", "--stall-check-warning-time-seconds", "5"], {}),
+                           (["--no-stall-check"], {})):
+            with self.subTest(flags=flags, env=env):
+                result = run_launcher(["-np", "2", "--dry-run"] + flags + ["true"],
+                                      env=clean_environ(**env))
+                self.assertEqual(result.returncode, 0, result.stderr)
 
     def test_missing_program(self):
         self.assert_usage_error(["-np", "1", "no-such-program-xyz"],
@@ -757,6 +845,31 @@ class RealJobTest(unittest.TestCase):
             self.skipTest("too many cores to oversubscribe cheaply")
         result = run_launcher(["-np", str(cores + 1), "true"])
         self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_the_job_ends_when_stderrs_reader_has_gone(self):
+        # An elastic job's stderr passes through tuttirun's relay (as a job on several hosts'
+        # does). Its reader gone (`| head`), the relay stopped reading, mpirun blocked writing
+        # to it once 64 KiB were waiting, and the job never ended.
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "discover")
+            with open(script, "w", encoding="utf-8") as f:
+                f.write("#!/bin/sh\necho localhost:2\n")
+            os.chmod(script, 0o755)
+            noisy = ("i=0; while [ $i -lt 3000 ]; do echo \"rank line $i padding padding "
+                     "padding padding\" >&2; i=$((i+1)); done")
+            child = subprocess.Popen([sys.executable, TUTTIRUN, "--host-discovery-script", script,
+                                      "sh", "-c", noisy], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env=clean_environ(TUTTI_ELASTIC_DIR=os.path.join(tmp, "c")))
+            child.stderr.read(100)
+            child.stderr.close()
+            try:
+                returncode = child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                self.fail("the job outlived its stderr's reader")
+        self.assertEqual(returncode, 0)
 
     def test_sigterm_and_sigint_end_the_job(self):
         for signum in (signal.SIGTERM, signal.SIGINT):
