@@ -21,9 +21,12 @@ namespace tutti::dist_autograd {
 //
 // Ids are unique across the job: the creating rank in the high bits (id >> 48), a counter in
 // the low bits. The destructor releases the context here and on every worker it reached (they
-// free their recorded sends and gradients). Not copyable or movable. One context per thread
-// at a time: creating a second while one is current throws InvalidArgument. Throws
-// NotInitialized/ShutDown when RPC is not running.
+// free their recorded sends and gradients); a call in it that was under way then runs on
+// outside it (it could no longer be differentiated) rather than make it again on its callee.
+// Not copyable or movable. One context per thread at a time: creating a second while one is
+// current throws InvalidArgument. A Context destroyed on another thread than its creator's ends
+// all the same, and the creating thread may make a new one. Throws NotInitialized/ShutDown when
+// RPC is not running.
 class TUTTI_API Context {
  public:
   Context();

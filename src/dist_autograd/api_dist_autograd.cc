@@ -26,7 +26,13 @@ std::shared_ptr<detail::DistContext> find_context(rpc::detail::Agent& agent,
 
 Context::Context() : id_(-1), previous_(-1) {
   std::shared_ptr<rpc::detail::Agent> agent = rpc::detail::current_agent().value_or_throw();
-  const std::int64_t current = rpc::detail::current_context_id();
+  std::int64_t current = rpc::detail::current_context_id();
+  if (current != -1 && agent->contexts().find(current) == nullptr) {
+    // Stale: its Context was destroyed on another thread (which cannot reset this thread's id),
+    // or the request this thread serves was in a context that has ended since.
+    detail::exchange_current_context_id(-1);
+    current = -1;
+  }
   if (current != -1) {
     throw Error(ErrorCode::InvalidArgument,
                 str_cat("distributed autograd context ", current,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/dist_autograd/dist_context.h"
 
+#include <algorithm>
 #include <atomic>
 #include <span>
 
@@ -86,11 +87,21 @@ std::shared_ptr<DistContext> ContextContainer::create() {
   return context;
 }
 
+int creator_of(std::int64_t id) { return static_cast<int>(id >> 48); }
+
+bool ContextContainer::ended_here(std::int64_t id) const {
+  // Contexts this worker created are in contexts_ from create() until release(), so one missing
+  // has ended; for others, the list of recent releases (linear: a miss is rare, 4096 compares).
+  if (creator_of(id) == rank_) return true;
+  return std::find(released_.begin(), released_.end(), id) != released_.end();
+}
+
 std::shared_ptr<DistContext> ContextContainer::get_or_create(std::int64_t id) {
   const tutti::detail::MutexLock lock(mutex_);
-  auto& slot = contexts_[id];
-  if (!slot) slot = std::make_shared<DistContext>(id);
-  return slot;
+  auto it = contexts_.find(id);
+  if (it != contexts_.end()) return it->second;
+  if (ended_here(id)) return nullptr;
+  return contexts_.emplace(id, std::make_shared<DistContext>(id)).first->second;
 }
 
 std::shared_ptr<DistContext> ContextContainer::find(std::int64_t id) const {
@@ -105,6 +116,10 @@ std::shared_ptr<DistContext> ContextContainer::release(std::int64_t id) {
   if (it == contexts_.end()) return nullptr;
   std::shared_ptr<DistContext> context = std::move(it->second);
   contexts_.erase(it);
+  if (creator_of(id) != rank_) {
+    released_.push_back(id);
+    if (released_.size() > kRememberedReleases) released_.pop_front();
+  }
   return context;
 }
 
@@ -113,6 +128,7 @@ void ContextContainer::clear() {
   {
     const tutti::detail::MutexLock lock(mutex_);
     dropped.swap(contexts_);
+    released_.clear();
   }
 }
 

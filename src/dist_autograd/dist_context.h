@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -62,19 +63,33 @@ class ContextContainer {
   explicit ContextContainer(int rank) : rank_(rank) {}
   // A new context created here (the caller's Context object).
   std::shared_ptr<DistContext> create();
-  // The context of a request that arrived (made on first use).
+  // The context of a request that arrived, made on its first request; null if it has ended here:
+  // one this worker created and no longer holds, or one released here lately (kRememberedReleases).
+  // A late request (sent before its sender heard of the release) must not make it again: nobody
+  // would release it a second time, and it would live until rpc::shutdown().
   std::shared_ptr<DistContext> get_or_create(std::int64_t id);
   std::shared_ptr<DistContext> find(std::int64_t id) const;
-  // Removes it; returns it (null if unknown).
+  // Removes it and remembers it ended; returns it (null if unknown).
   std::shared_ptr<DistContext> release(std::int64_t id);
   void clear();
   std::size_t size() const;
 
+  // How many ended contexts of other workers get_or_create() refuses: a late request trails its
+  // release by one message's flight, so the newest few thousand are plenty (8 bytes each).
+  static constexpr std::size_t kRememberedReleases = 4096;
+
  private:
+  bool ended_here(std::int64_t id) const TUTTI_REQUIRES(mutex_);
+
   const int rank_;
   mutable tutti::detail::Mutex mutex_;
   std::map<std::int64_t, std::shared_ptr<DistContext>> contexts_ TUTTI_GUARDED_BY(mutex_);
+  // Other workers' contexts released here, oldest first (at most kRememberedReleases).
+  std::deque<std::int64_t> released_ TUTTI_GUARDED_BY(mutex_);
 };
+
+// The rank that created context `id` (make_global_id()'s bits 48..62).
+int creator_of(std::int64_t id);
 
 // The current context of the calling thread (-1: none): a Context's creator, or a pool thread
 // serving a request that carried one.

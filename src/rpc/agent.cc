@@ -393,7 +393,15 @@ void Agent::handle_request(int source, Frame frame) {
   std::shared_ptr<DistContext> context;
   if (frame.context_id >= 0) {
     context = contexts_.get_or_create(frame.context_id);
-    context->add_worker(source);
+    if (context != nullptr) {
+      context->add_worker(source);
+    } else {
+      // Sent before its sender heard that the context ended: it runs outside any context (the
+      // context's gradients can no longer be asked for), and its own calls carry none.
+      TUTTI_LOG_DEBUG("RPC: request ", frame.id, " from rank ", source, " in context ",
+                      frame.context_id, ", which has ended here, runs outside it");
+      request->context_id = -1;
+    }
   }
   request->args = from_wire(std::move(frame.payload), source, context, frame.autograd_message_id);
   in_progress_.fetch_add(1);

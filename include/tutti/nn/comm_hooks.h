@@ -42,9 +42,9 @@ struct GradBucket {
   bool is_last = false;
   // The DDP's process set: the ranks whose gradients the bucket is averaged over.
   ProcessSet process_set = ProcessSet::global();
-  // The bucket's op name, "DistributedDataParallel.<id>.bucket.<index>": identical on every
-  // rank and unique among the ops in flight. A hook names its collectives with it (as is, or
-  // plus a suffix of its own), so that they match across ranks whatever the order.
+  // The bucket's op name, "DistributedDataParallel.<root_rank>.<id>.bucket.<index>": identical on
+  // every rank and unique among the ops in flight. A hook names its collectives with it (as is,
+  // or plus a suffix of its own), so that they match across ranks whatever the order.
   std::string op_name;
 };
 

@@ -82,13 +82,14 @@ struct DistributedDataParallelOptions {
 // order backward() usually produces them), the first bucket up to first_bucket_mb, the others
 // up to bucket_cap_mb. Each parameter's grad hook marks it ready; the moment a bucket's last
 // gradient is final, the bucket starts its reduction (Average) under the name
-// "DistributedDataParallel.<id>.bucket.<b>" while backward() goes on: one grouped allreduce of
-// its gradients in place, or, with gradient_as_bucket_view, compression or a comm hook, of the
-// bucket (one contiguous float32 buffer). When the backward pass has propagated every gradient
-// (the engine's "backward finished" callback), DDP waits for the buckets (and writes the
-// averages of the buffers into grad()), before backward() returns. After the first synchronized
-// backward() the buckets are rebuilt once in the order the gradients became ready, taking the
-// root's order on every rank (one blocking broadcast), unless find_unused_parameters is set.
+// "DistributedDataParallel.<root_rank>.<id>.bucket.<b>" while backward() goes on: one grouped
+// allreduce of its gradients in place, or, with gradient_as_bucket_view, compression or a comm
+// hook, of the bucket (one contiguous float32 buffer). When the backward pass has propagated
+// every gradient (the engine's "backward finished" callback), DDP waits for the buckets (and
+// writes the averages of the buffers into grad()), before backward() returns. After the first
+// synchronized backward() the buckets are rebuilt once in the order the gradients became ready,
+// taking the root's order on every rank (one blocking broadcast), unless find_unused_parameters
+// is set.
 //
 // Which backward() passes synchronize: those through the output of a forward() called outside
 // no_sync(); the decision is taken at forward() (as PyTorch does). A backward() that does not
