@@ -198,7 +198,8 @@ class TUTTI_API DistributedOptimizer {
   // over the tensors of that owner's values (each RRef's value: tensors = parameters), and
   // waits until all exist. Application thread (any thread), after init_rpc().
   // Throws InvalidArgument for an unknown optimizer name (here or on an owner), bad options,
-  // an empty RRef; errors of the owners as rpc_sync().
+  // an empty RRef, no RRefs at all (as torch.optim refuses an empty parameter list: its options
+  // would go unchecked and its steps do nothing); errors of the owners as rpc_sync().
   DistributedOptimizer(const std::string& optimizer, std::map<std::string, double> options,
                        std::vector<RRef> parameters);
   // Drops the owners' optimizers (without waiting).

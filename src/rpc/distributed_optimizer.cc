@@ -292,6 +292,10 @@ DistributedOptimizer::DistributedOptimizer(const std::string& optimizer,
                                            std::vector<RRef> parameters) {
   std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
   detail::find_optimizer_factory(optimizer).status().throw_if_error();
+  if (parameters.empty()) {
+    throw Error(ErrorCode::InvalidArgument,
+                "DistributedOptimizer: no parameters (the list of RRefs is empty)");
+  }
   Message all{.tensors = {}, .rrefs = parameters, .bytes = {}};
   detail::check_message(all, *agent).throw_if_error();
   std::vector<int> owners;  // In order of first appearance.
