@@ -180,7 +180,9 @@ Problems optimizer_steps_body(RpcWorld& world, int kind) {
             rc = make(world.size() - 1, seed + 8, 2, 1);
   p.expect_error(error_of([&] { rpc::DistributedOptimizer("nope", {}, {ra}); }),
                  ErrorCode::InvalidArgument, "an unknown optimizer");
-  p.expect_error(error_of([&] { rpc::DistributedOptimizer("sgd", {{"betas", 1}}, {}); }),
+  p.expect_error(error_of([&] {
+                   rpc::DistributedOptimizer("sgd", {{"betas", 1}}, {});
+                 }),
                  ErrorCode::InvalidArgument, "no parameters (its options unchecked)");
   p.expect_error(error_of([&] {
                    rpc::DistributedOptimizer("sgd", {{"betas", 1}}, {ra});

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -164,27 +166,44 @@ Status P2PEngine::advance(Clock::time_point now, bool* did_work) {
 }
 
 Status P2PEngine::match_waiting(bool* did_work) {
-  // Oldest receive first: it gets the earlier of two messages both could take. A receive
-  // that found nothing blocks the later ones that could take what it waits for (a message
-  // may arrive between two probes), so those wait for the next cycle.
+  // Oldest receive first: it gets the earlier of two messages both could take (MPI's order).
+  // A receive that found nothing blocks the later ones that could take only what it waits for
+  // (a message may arrive between two probes): a later receive from the same peer, and every
+  // later receive behind an unmatched any-source one, wait for the next cycle. A later
+  // any-source receive behind receives from given peers still probes, since a message from
+  // another peer is its to take (before, it waited until those receives matched: for ever, if
+  // their peer sent only after it completed); a header it dequeues from the peer of an older
+  // unmatched receive goes to the oldest such receive instead.
   std::set<std::pair<int, int>> blocked;  // (channel tag, peer or -1) of unmatched receives.
-  std::set<int> blocked_tags;
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    const bool is_blocked = blocked.count({it->channel_tag, -1}) != 0 ||
-                            (it->peer < 0 ? blocked_tags.count(it->channel_tag) != 0
-                                          : blocked.count({it->channel_tag, it->peer}) != 0);
-    bool taken = false;
-    if (!is_blocked) {
-      TUTTI_ASSIGN_OR_RETURN(taken, match(*it));
+  std::vector<bool> matched(waiting_.size(), false);
+  for (std::size_t i = 0; i < waiting_.size(); ++i) {
+    P2POpEntry& op = waiting_[i];
+    const bool is_blocked = blocked.count({op.channel_tag, -1}) != 0 ||
+                            (op.peer >= 0 && blocked.count({op.channel_tag, op.peer}) != 0);
+    while (!is_blocked && !matched[i]) {
+      TUTTI_ASSIGN_OR_RETURN(std::optional<ops::P2PChannel::Header> header,
+                             channel_->take_header(op.peer, op.channel_tag));
+      if (!header) break;
+      std::size_t taker = i;  // Else the oldest unmatched receive from the header's source.
+      if (op.peer < 0 && blocked.count({op.channel_tag, header->source}) != 0) {
+        for (std::size_t j = 0; j < i && taker == i; ++j) {
+          const P2POpEntry& older = waiting_[j];
+          if (!matched[j] && older.channel_tag == op.channel_tag && older.peer == header->source)
+            taker = j;
+        }
+      }
+      TUTTI_RETURN_IF_ERROR(accept(waiting_[taker], std::move(header).value()));
+      matched[taker] = true;
+      *did_work = true;
     }
-    if (!taken) {
-      blocked.insert({it->channel_tag, it->peer});
-      blocked_tags.insert(it->channel_tag);
-      ++it;
-      continue;
+    if (!matched[i]) blocked.insert({op.channel_tag, op.peer});
+  }
+  if (std::find(matched.begin(), matched.end(), true) != matched.end()) {
+    std::deque<P2POpEntry> left;
+    for (std::size_t i = 0; i < waiting_.size(); ++i) {
+      if (!matched[i]) left.push_back(std::move(waiting_[i]));
     }
-    *did_work = true;
-    it = waiting_.erase(it);
+    waiting_.swap(left);
   }
   return Status();
 }
@@ -224,11 +243,8 @@ Status P2PEngine::start(P2POpEntry op) {
   return Status();
 }
 
-Result<bool> P2PEngine::match(P2POpEntry& op) {
-  TUTTI_ASSIGN_OR_RETURN(std::optional<ops::P2PChannel::Header> header,
-                         channel_->take_header(op.peer, op.channel_tag));
-  if (!header) return false;
-  const std::string& bytes = header->bytes;
+Status P2PEngine::accept(P2POpEntry& op, ops::P2PChannel::Header header) {
+  const std::string& bytes = header.bytes;
   if (bytes.size() < kHeaderBytes) {
     return Status(ErrorCode::Communication,
                   str_cat(describe(op), ": a malformed message header (", bytes.size(), " bytes)"));
@@ -238,12 +254,12 @@ Result<bool> P2PEngine::match(P2POpEntry& op) {
   std::int64_t count = 0;
   std::memcpy(&count, bytes.data() + 2, sizeof count);
   const std::size_t payload = static_cast<std::size_t>(count) * element_size(dtype);
-  op.entry->state->mutable_results().source = header->source;
+  op.entry->state->mutable_results().source = header.source;
   const TensorView& tensor = op.entry->inputs[0];
   Status status;
   if (dtype != tensor.dtype() || count != tensor.num_elements()) {
     status = Status(ErrorCode::Mismatch,
-                    str_cat("irecv from rank ", header->source, " with tag ", op.tag,
+                    str_cat("irecv from rank ", header.source, " with tag ", op.tag,
                             ": the message holds ", count, " ", to_string(dtype),
                             " elements, the receive expects ", tensor.num_elements(), " ",
                             to_string(tensor.dtype()), " (the message was consumed)"));
@@ -253,7 +269,7 @@ Result<bool> P2PEngine::match(P2POpEntry& op) {
       std::memcpy(tensor.data(), bytes.data() + kHeaderBytes, payload);
     }
     complete(op, status);
-    return true;
+    return Status();
   }
   Active active{.op = op, .status = status, .scratch = {}};
   void* into = tensor.data();
@@ -262,10 +278,10 @@ Result<bool> P2PEngine::match(P2POpEntry& op) {
     into = active.scratch.data();
   }
   TUTTI_ASSIGN_OR_RETURN(const ops::P2PChannel::Id id,
-                         channel_->start_receive(header->source, op.channel_tag, into, payload));
+                         channel_->start_receive(header.source, op.channel_tag, into, payload));
   // Moving the vector keeps its heap block, so the scratch pointer given to MPI stays valid.
   active_.emplace(id, std::move(active));
-  return true;
+  return Status();
 }
 
 Status P2PEngine::check_stalls(Clock::time_point now) {

@@ -203,8 +203,10 @@ class P2PEngine final : public detail::Driver {
   // Completes the transfers the channel finished.
   Status complete_finished(bool* did_work) TUTTI_REQUIRES(mutex_);
   Status start(P2POpEntry op) TUTTI_REQUIRES(mutex_);
-  // Tries to take the header of a waiting receive; true if it was taken.
-  Result<bool> match(P2POpEntry& op) TUTTI_REQUIRES(mutex_);
+  // Gives waiting receive `op` the header it was matched with: completes it (a payload inside
+  // the header, or a mismatch, which fails `op` alone) or starts receiving its payload. Returns
+  // an error, which fails the session, for a malformed header or a receive that did not start.
+  Status accept(P2POpEntry& op, ops::P2PChannel::Header header) TUTTI_REQUIRES(mutex_);
   void complete(P2POpEntry& op, const Status& status) TUTTI_REQUIRES(mutex_);
   Status check_stalls(Clock::time_point now) TUTTI_REQUIRES(mutex_);
   // Stalled if `op` waited past the shutdown limit; warns once past the check time.

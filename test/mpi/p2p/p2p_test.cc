@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Point-to-point ops (tutti/p2p.h) at any rank count: every dtype around a ring, self-sends,
-// any_source with several senders, order per (sender, tag), interleaved tags, empty and 64 MB
-// messages, symmetric exchanges through batch_isend_irecv, dtype and count mismatches (the
-// next receive still works), argument errors, a peer that shuts down (what it sent before still
-// arrives). Expected values are closed forms of the sender's rank, tag and index.
+// any_source with several senders, any_source behind a receive from a given rank, order per
+// (sender, tag), interleaved tags, empty and 64 MB messages, symmetric exchanges through
+// batch_isend_irecv, dtype and count mismatches (the next receive still works), argument errors,
+// a peer that shuts down (what it sent before still arrives). Expected values are closed forms of
+// the sender's rank, tag and index.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -203,6 +204,57 @@ TEST_CASE("any_source keeps each sender's order", "[p2p]") {
     }
   }
   wait_all(sends);
+  CHECK(all_ranks(ok));
+}
+
+TEST_CASE("an any_source receive behind one from a given rank takes another rank's message",
+          "[p2p]") {
+  // As MPI: the older receive cannot take rank 0's own message, so the any_source receive must,
+  // though the older one is still unmatched (before, it waited until that one matched: here
+  // never, since its sender waits for the any_source receive; the stall limit ended the job).
+  // Then the order rule still holds across the two: the older receive gets the earlier message.
+  Session session;
+  if (world_size() < 2) return;
+  const int last = world_size() - 1;
+  bool ok = true;
+  if (world_rank() == 0) {
+    float from_last = -1, any = -1, mine = value(0, 3, 0), go = 1;
+    Handle older = irecv(TensorView(&from_last, {1}), last, 3);
+    Handle later = irecv(TensorView(&any, {1}), any_source, 3);
+    Handle self = isend(TensorView(&mine, {1}), 0, 3);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!later.poll() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ok = later.poll() && !older.poll();
+    send(TensorView(&go, {1}), last, 4);  // Now `last` sends what `older` waits for.
+    older.wait();
+    later.wait();
+    self.wait();
+    ok = ok && later.source() == 0 && any == value(0, 3, 0) && older.source() == last &&
+         from_last == value(last, 3, 0);
+    // Two messages from `last`, a receive from it and an any_source one after it: in order.
+    std::vector<float> first(2000, -1), second(2000, -1);
+    Handle a = irecv(TensorView(first.data(), {2000}), last, 6);
+    Handle b = irecv(TensorView(second.data(), {2000}), any_source, 6);
+    send(TensorView(&go, {1}), last, 5);
+    a.wait();
+    b.wait();
+    ok = ok && b.source() == last && first.front() == value(last, 6, 0) &&
+         first.back() == value(last, 6, 0) && second.front() == value(last, 6, 1) &&
+         second.back() == value(last, 6, 1);
+  }
+  if (world_rank() == last) {
+    float go = 0, reply = value(last, 3, 0);
+    recv(TensorView(&go, {1}), 0, 4);
+    send(TensorView(&reply, {1}), 0, 3);
+    recv(TensorView(&go, {1}), 0, 5);
+    std::vector<float> m0(2000, value(last, 6, 0)), m1(2000, value(last, 6, 1));
+    Handle s0 = isend(TensorView(m0.data(), {2000}), 0, 6);
+    Handle s1 = isend(TensorView(m1.data(), {2000}), 0, 6);
+    s0.wait();
+    s1.wait();
+  }
   CHECK(all_ranks(ok));
 }
 
