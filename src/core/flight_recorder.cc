@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -390,9 +391,13 @@ Status FlightRecorder::dump(const std::string& path, std::string_view reason) co
     std::error_code ignored;  // An existing directory is fine; fopen below reports the rest.
     std::filesystem::create_directories(target.parent_path(), ignored);
   }
-  // Beside the target, so the rename cannot cross file systems; the pid keeps two processes
-  // dumping to one path from writing one temporary file.
-  const std::string temporary = detail::str_cat(path, ".", getpid(), ".tmp");
+  // Beside the target, so the rename cannot cross file systems. Each dump has a temporary file
+  // of its own: the pid tells processes apart, the counter this process's threads (a stall's
+  // dump on the communication thread races a SIGTERM's on the dump thread; sharing one file,
+  // one truncated the other's, renamed it half-written, or found it gone).
+  static std::atomic<std::uint64_t> dumps{0};
+  const std::string temporary = detail::str_cat(
+      path, ".", getpid(), ".", dumps.fetch_add(1, std::memory_order_relaxed), ".tmp");
   std::FILE* file = std::fopen(temporary.c_str(), "w");
   if (file == nullptr) return fail("open");
   const bool written = std::fwrite(out.data(), 1, out.size(), file) == out.size();

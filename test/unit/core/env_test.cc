@@ -98,6 +98,19 @@ TEST_CASE("Config::from_env parses every knob and rejects out-of-range values", 
   CHECK_FALSE(core::Config::from_env().ok());
 }
 
+TEST_CASE("A flight recorder the process could not hold is refused by name", "[env]") {
+  // 10^8 ops (the old maximum) is some 22 GB of ring: init() threw std::bad_alloc, not an Error.
+  {
+    ScopedEnv size("TUTTI_FLIGHT_RECORDER_SIZE", "1000000");
+    CHECK(core::Config::from_env().ok());
+  }
+  ScopedEnv size("TUTTI_FLIGHT_RECORDER_SIZE", "100000000");
+  Result<core::Config> config = core::Config::from_env();
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(std::string(config.status().message()), Catch::Contains("TUTTI_FLIGHT_RECORDER_SIZE"));
+}
+
 TEST_CASE("Values that overflow or are not numbers are refused by name", "[env]") {
   // The values hostile probes got through init() before knobs had ranges (issue 11, defect 5).
   const char* cases[][2] = {

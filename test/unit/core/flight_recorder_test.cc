@@ -483,6 +483,45 @@ TEST_CASE("A dump names the job, the rank, the sets and every op", "[flight_reco
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("Dumps from several threads to one path each replace the file whole",
+          "[flight_recorder]") {
+  // A stall's dump, a signal's and the application's may run at once, all to rank<R>.json.
+  // Before, they shared one temporary file: dumps failed ("rename: No such file or directory")
+  // and the file read back empty or with an older dump's tail after its end.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tutti_fr_race_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "rank0.json").string();
+  FlightRecorder recorder(64);
+  for (int i = 0; i < 64; ++i) {  // Dumps of different lengths: names of different lengths.
+    recorder.submitted(recorded_request(std::string(static_cast<std::size_t>(i), 'x')), i);
+  }
+  constexpr int kThreads = 3, kDumps = 150;
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string reason = t == 0 ? "a" : t == 1 ? "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" : "c";
+      for (int i = 0; i < kDumps; ++i) {
+        if (!recorder.dump(path, reason).ok()) ++failed;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(failed == 0);
+  const std::string text = file_text(path);
+  // Whole: one dump's text, ending where a dump ends, holding every op once.
+  CHECK(text.size() > 1000);
+  CHECK(text.ends_with("\n]}\n"));
+  CHECK(text.find("\n]}\n") == text.size() - 4);
+  CHECK(text.find("\"sequence\": 63,") != std::string::npos);
+  int files = 0;  // No temporary file left behind.
+  for ([[maybe_unused]] const auto& file : std::filesystem::directory_iterator(dir)) ++files;
+  CHECK(files == 1);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A dump that cannot be written says where and why", "[flight_recorder]") {
   FlightRecorder recorder(2);
   const Status status = recorder.dump("/proc/no/such/dir/rank0.json", "test");
