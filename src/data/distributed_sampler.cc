@@ -78,7 +78,10 @@ void DistributedSampler::advance(std::size_t count) {
 std::size_t DistributedSampler::position() const {
   // Replica r has visited positions r, r + R, ... of the laid-out list, so together the
   // replicas have consumed its first processed_ · R positions; beyond the data set's end
-  // they are padding.
+  // they are padding. A finished epoch is at the end whatever it left: with drop_last, the
+  // last rest % R entries are dropped, not still to come (resumed at fewer replicas, they were
+  // laid out as one more step of the finished epoch).
+  if (processed_ == num_samples_) return dataset_size_;
   const std::size_t rest = dataset_size_ - start_;
   const auto replicas = static_cast<std::size_t>(num_replicas_);
   return start_ + std::min(processed_ * replicas, rest);

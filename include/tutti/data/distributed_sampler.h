@@ -73,7 +73,8 @@ class TUTTI_API DistributedSampler {
   void advance(std::size_t count);
   // Entries of the current epoch's list consumed by all the replicas together: the position
   // of the last set_epoch()/set_position() plus num_replicas per index advance()d, at most
-  // dataset_size. The same on every replica; dataset_size once the epoch is done.
+  // dataset_size. The same on every replica; dataset_size once the epoch is done (every index
+  // advance()d: with drop_last, the dropped tail counts as consumed).
   std::size_t position() const;
   // Continues the current epoch at `position` (as position() returned it, possibly at another
   // num_replicas): indices() then covers the entries from there on. Throws

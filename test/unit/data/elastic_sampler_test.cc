@@ -142,6 +142,27 @@ TEST_CASE("With drop_last, a resumed epoch repeats nothing and drops only its ta
   CHECK(out.visits.size() + out.padding_bound >= n);  // At most replicas - 1 dropped.
 }
 
+TEST_CASE("A finished drop_last epoch stays finished when resumed at fewer replicas",
+          "[sampler]") {
+  // 10 samples, 3 replicas, drop_last: 3 indices each, sample order[9] dropped. A commit at the
+  // epoch's last step must not leave that sample for the next launch: before, position() was 9
+  // and a relaunch at 1 replica trained one more step of the finished epoch.
+  std::size_t position = 0;
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler s(10, 3, r, /*shuffle=*/true, /*seed=*/4, /*drop_last=*/true);
+    s.set_epoch(1);
+    REQUIRE(s.num_samples() == 3);
+    s.advance(3);
+    CHECK(s.position() == 10);
+    position = s.position();
+  }
+  DistributedSampler one(10, 1, 0, true, 4, true);
+  one.set_epoch(1);
+  one.set_position(position);
+  CHECK(one.num_samples() == 0);
+  CHECK(one.indices().empty());
+}
+
 TEST_CASE("set_epoch() keeps the current epoch's position and resets it for another", "[sampler]") {
   DistributedSampler sampler(50, 2, 0, true, 1);
   sampler.set_epoch(4);
