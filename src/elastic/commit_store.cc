@@ -80,10 +80,11 @@ bool read_file(const std::string& path, std::string* bytes) {
 }
 
 // Calls f(path, middle) for each file in `directory` named <prefix><middle><suffix> with a
-// non-empty middle; a directory that cannot be read has no files.
+// non-empty middle. Returns why the directory could not be read (all or part of it), or "" if
+// it could or does not exist (no commit yet: not a problem).
 template <typename F>
-void for_each_file(const fs::path& directory, const std::string& prefix, const std::string& suffix,
-                   F f) {
+std::string for_each_file(const fs::path& directory, const std::string& prefix,
+                          const std::string& suffix, F f) {
   std::error_code error;
   for (fs::directory_iterator it(directory, error), end; !error && it != end; it.increment(error)) {
     const std::string file = it->path().filename().string();
@@ -93,6 +94,8 @@ void for_each_file(const fs::path& directory, const std::string& prefix, const s
     f(it->path(),
       std::string_view(file).substr(prefix.size(), file.size() - prefix.size() - suffix.size()));
   }
+  if (!error || error == std::errc::no_such_file_or_directory) return "";
+  return str_cat(directory.string(), ": cannot list the folder: ", error.message());
 }
 
 }  // namespace
@@ -155,12 +158,14 @@ std::string CommitStore::write(std::int64_t commit, std::string_view bytes) cons
   return "";
 }
 
-std::vector<std::int64_t> CommitStore::list() const {
+std::vector<std::int64_t> CommitStore::list(std::string* problem) const {
   std::vector<std::int64_t> commits;
   if (!enabled()) return commits;
-  for_each_file(directory_, name_ + ".", ".commit", [&](const fs::path&, std::string_view middle) {
-    if (std::optional<std::int64_t> commit = to_number(middle)) commits.push_back(*commit);
-  });
+  const std::string why =
+      for_each_file(directory_, name_ + ".", ".commit", [&](const fs::path&, std::string_view m) {
+        if (std::optional<std::int64_t> commit = to_number(m)) commits.push_back(*commit);
+      });
+  if (problem != nullptr) *problem = why;
   std::sort(commits.rbegin(), commits.rend());
   return commits;
 }
@@ -168,7 +173,12 @@ std::vector<std::int64_t> CommitStore::list() const {
 std::optional<CommitStore::Found> CommitStore::newest(
     const std::function<std::string(std::int64_t, std::string_view)>& accept,
     std::vector<std::string>* problems) const {
-  for (std::int64_t commit : list()) {
+  std::string unlisted;
+  const std::vector<std::int64_t> commits = list(&unlisted);
+  // A folder that cannot be listed looks like one without commits: say so, or a job that has
+  // commits (permissions, a stale NFS handle) silently starts over.
+  if (!unlisted.empty()) problems->push_back(unlisted);
+  for (std::int64_t commit : commits) {
     Found found{.commit = commit, .bytes = {}};
     const std::string path = path_of(commit);
     if (!read_file(path, &found.bytes)) {

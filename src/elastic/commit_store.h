@@ -40,11 +40,12 @@ class CommitStore {
     std::int64_t commit = 0;
     std::string bytes;
   };
-  // The commits present, newest first.
-  std::vector<std::int64_t> list() const;
+  // The commits present, newest first; if the folder could not be listed (all or part of it;
+  // a folder not yet made is fine), why, in `problem` when given ("" otherwise).
+  std::vector<std::int64_t> list(std::string* problem = nullptr) const;
   // The newest commit whose bytes `accept` takes, given the commit number of the file's name
   // (it returns "" for good bytes, else why not); each one refused is described in `problems`
-  // ("<file>: <why>").
+  // ("<file>: <why>"), and a folder that could not be listed ("<folder>: cannot list ...").
   std::optional<Found> newest(
       const std::function<std::string(std::int64_t, std::string_view)>& accept,
       std::vector<std::string>* problems) const;

@@ -142,8 +142,7 @@ TEST_CASE("With drop_last, a resumed epoch repeats nothing and drops only its ta
   CHECK(out.visits.size() + out.padding_bound >= n);  // At most replicas - 1 dropped.
 }
 
-TEST_CASE("A finished drop_last epoch stays finished when resumed at fewer replicas",
-          "[sampler]") {
+TEST_CASE("A finished drop_last epoch stays finished when resumed at fewer replicas", "[sampler]") {
   // 10 samples, 3 replicas, drop_last: 3 indices each, sample order[9] dropped. A commit at the
   // epoch's last step must not leave that sample for the next launch: before, position() was 9
   // and a relaunch at 1 replica trained one more step of the finished epoch.

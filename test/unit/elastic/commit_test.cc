@@ -359,6 +359,22 @@ TEST_CASE("A directory that cannot be written is reported, not thrown", "[elasti
   CHECK(store.list().empty());
 }
 
+TEST_CASE("A folder that cannot be listed is a problem; one not made yet is not", "[elastic]") {
+  // Before, both read as "no commit": a job whose commits could not be listed (permissions, a
+  // stale NFS handle) started over without a word. Root reads any folder, so the test's
+  // unlistable folder is a file.
+  TempDir dir;
+  std::ofstream(dir.path + "/file") << "x";
+  auto accept = [](std::int64_t, std::string_view) { return std::string(); };
+  std::vector<std::string> problems;
+  CHECK_FALSE(CommitStore(dir.path + "/file", "state", 2).newest(accept, &problems));
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].find(dir.path + "/file: cannot list the folder: ") == 0);
+  problems.clear();
+  CHECK_FALSE(CommitStore(dir.path + "/not_yet", "state", 2).newest(accept, &problems));
+  CHECK(problems.empty());
+}
+
 TEST_CASE("%h in the directory is the host name", "[elastic]") {
   char host[256] = {};
   REQUIRE(::gethostname(host, sizeof host - 1) == 0);
