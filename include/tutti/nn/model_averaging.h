@@ -44,8 +44,10 @@ class TUTTI_API PeriodicModelAverager {
   // (one blocking grouped allreduce, Average, named "PeriodicModelAverager.<set id>"); then
   // increments step(). Collective over the set at those steps: every member calls it at every
   // step with parameters of the same shapes in the same order. A Variable listed twice is
-  // averaged once. Throws InvalidArgument for an empty Variable (step() unchanged) and rethrows
-  // the allreduce's errors (step() advanced, as on the other members).
+  // averaged once. While members have joined (tutti::join()), the average is over the members
+  // still calling (a joined member's values are not in it, and not changed). Throws
+  // InvalidArgument for an empty Variable (step() unchanged) and rethrows the allreduce's errors
+  // (step() advanced, as on the other members).
   void average_parameters(const NamedParameters& parameters);
 
   // Calls of average_parameters() so far.
@@ -77,7 +79,7 @@ class TUTTI_API HierarchicalModelAverager {
   // Call after every optimizer step. When step() >= warmup_steps and some period divides
   // step(), averages the parameters over the set of the largest such period (blocking, named
   // "HierarchicalModelAverager.<set id>", collective over that set); then increments step().
-  // Errors as PeriodicModelAverager's.
+  // Joined members and errors as PeriodicModelAverager's.
   void average_parameters(const NamedParameters& parameters);
 
   std::int64_t step() const { return step_; }

@@ -4,6 +4,8 @@
 #include "tutti/nn/model_averaging.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -29,11 +31,28 @@ std::vector<TensorView> distinct_values(const NamedParameters& parameters, const
   return values;
 }
 
-// The blocking average of `values` over `set`, as one unit.
+// The blocking average of `values` (float32, as every Variable) over the members of `set` that
+// have not joined, as one unit. A joined member adds zeros and Average divides by the set's
+// size, so the group carries a 1 from each member: its average is the share of members still
+// training, and the values are rescaled when some have joined (before, they shrank by that
+// share: (n - 1) / n with one member joined). All training: the plain Average, bit for bit.
 void average(std::vector<TensorView> values, const ProcessSet& set, const char* who) {
   if (values.empty()) return;
-  grouped_allreduce(std::move(values), std::string(who) + "." + std::to_string(set.id()),
+  float share = 1.0f;
+  values.emplace_back(&share, Shape{1});
+  grouped_allreduce(values, std::string(who) + "." + std::to_string(set.id()),
                     {.op = ReduceOp::Average, .process_set = set});
+  values.pop_back();
+  const int members = set.size();
+  const auto training = static_cast<int>(std::lround(double(share) * members));
+  if (training >= members || training < 1) return;
+  const double rescale = double(members) / training;
+  for (const TensorView& value : values) {
+    float* data = static_cast<float*>(value.data());
+    for (std::int64_t i = 0; i < value.num_elements(); ++i) {
+      data[i] = static_cast<float>(data[i] * rescale);
+    }
+  }
 }
 
 void check_warmup(int warmup_steps, const char* who) {

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // PeriodicModelAverager and HierarchicalModelAverager at 1-4 ranks: period 1 with SGD against
 // synchronous DDP, the schedule (which steps average, over which set) against the closed form,
-// the averages against plain MPI, and the argument errors. See Note [Collective assertions].
+// the averages against plain MPI, an average while a member has joined against its closed form,
+// and the argument errors. See Note [Collective assertions].
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -95,6 +98,34 @@ TEST_CASE("PeriodicModelAverager averages after warm-up, every period, over its 
   }
   CHECK(all_ranks(averager.step() == 9 && averager.num_averages() == expected_averages));
   if (period == 3 && warmup == 2) CHECK(all_ranks(expected_averages == 3));  // Steps 2, 5, 8.
+}
+
+TEST_CASE("An average while a member has joined is over the members still training",
+          "[averaging]") {
+  // The last rank has run out of data and joined; the others' parameters, r + 1 + i on rank r,
+  // average to n / 2 + i over ranks 0..n-2. Before, the joined rank's zeros were in the mean
+  // and every value shrank by (n - 1) / n.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  if (size < 2) return;
+  bool ok = true;
+  if (rank == size - 1) {
+    tutti::join();
+  } else {
+    Tensor value(DataType::Float32, {5});
+    std::span<float> v = value.span<float>();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(rank + 1) + float(i);
+    const nn::NamedParameters named = {{"w", nn::Variable(value, true)}};
+    PeriodicModelAverager averager(1);
+    averager.average_parameters(named);
+    tutti::join();
+    std::span<const float> after = named[0].second.value().span<float>();
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      ok = ok && std::abs(double(after[i]) - (size / 2.0 + double(i))) < 1e-5;
+    }
+  }
+  CHECK(all_ranks(ok));
 }
 
 TEST_CASE("HierarchicalModelAverager averages within pairs every 2 steps, globally every 4",
