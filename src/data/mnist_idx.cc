@@ -136,9 +136,12 @@ ImageDataset load_mnist_idx(const std::string& directory, bool train) {
          labels_file.path() + "' holds " + std::to_string(label_count) + " labels");
   }
 
-  // Three 32-bit factors fit in 96 bits; refuse what does not fit a tensor before reading.
+  // Three 32-bit factors fit in 96 bits; refuse what does not fit a tensor before reading. The
+  // image size alone too: 0 images of 2^32-1 x 2^32-1 made a tensor whose rows * cols, as a
+  // model's input, overflows int64.
+  constexpr std::uint64_t kMost = std::numeric_limits<std::int64_t>::max() / 4;
   const std::uint64_t pixels = std::uint64_t{rows} * cols;
-  if (pixels != 0 && count > std::numeric_limits<std::int64_t>::max() / 4 / pixels) {
+  if (pixels > kMost || (pixels != 0 && count > kMost / pixels)) {
     fail("'" + images_file.path() + "' declares an impossible size: " + std::to_string(count) +
          " images of " + std::to_string(rows) + "x" + std::to_string(cols));
   }

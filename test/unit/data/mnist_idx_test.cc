@@ -168,6 +168,20 @@ TEST_CASE("load_mnist_idx rejects image and label counts that differ", "[mnist]"
              Catch::Contains("4 images") && Catch::Contains("3 labels"));
 }
 
+TEST_CASE("load_mnist_idx rejects sizes no tensor holds, with or without images", "[mnist]") {
+  const std::uint32_t count = GENERATE(0u, 1u);
+  TempDir dir;
+  std::vector<unsigned char> header;  // No pixels follow: the size must be refused first.
+  put_u32(header, 0x803);
+  put_u32(header, count);
+  put_u32(header, 0xFFFFFFFFu);
+  put_u32(header, 0xFFFFFFFFu);
+  write_file(dir.path() / "train-images-idx3-ubyte", header, false);
+  write_file(dir.path() / "train-labels-idx1-ubyte", idx_labels(count), false);
+  CHECK_THAT(load_error(dir.path(), true),
+             Catch::Contains("impossible size") && Catch::Contains("4294967295x4294967295"));
+}
+
 TEST_CASE("load_mnist_idx rejects a corrupt gzip stream", "[mnist]") {
   TempDir dir;
   // A gzip header followed by garbage: zlib reports a data error (or a short read).
