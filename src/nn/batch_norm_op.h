@@ -12,12 +12,16 @@
 
 namespace tutti::nn::detail {
 
-// How a synchronized layer reduces; both members empty for the local BatchNorm.
+// How a synchronized layer reduces; every member empty for the local BatchNorm.
 struct StatisticsReducer {
-  // Sums `values` in place over every rank that normalizes together (SyncBatchNorm: one
-  // allreduce over its process set). Called with identical layouts on every rank, in forward
-  // (per channel: sums, sums of squares, then the element count) and in backward (per channel:
-  // sums of the output gradient, then sums of gradient times normalized input).
+  // Gathers `row` from every rank that normalizes together (SyncBatchNorm: one allgather over
+  // its process set; a joined member sends none): a float64 tensor [ranks, row.size()] in rank
+  // order, the same on every rank. Called in forward with each rank's element count, then per
+  // channel its mean and its sum of squared deviations from that mean.
+  std::function<Tensor(std::span<const double> row)> gather;
+  // Sums `values` in place over the same ranks (one allreduce). Called in backward, with
+  // identical layouts on every rank (per channel: sums of the output gradient, then sums of
+  // gradient times normalized input).
   std::function<void(std::span<double> values)> sum;
   // A backward() on this rank threw before this layer's backward began, while the other ranks'
   // backward waits in its reduction: takes part in it with `count` zeros, not waiting for it

@@ -29,10 +29,18 @@ std::shared_ptr<const BatchNormSync> make_batch_norm_sync(ProcessSet process_set
 }
 
 StatisticsReducer sync_reducer(const BatchNormSync& sync) {
-  // Sum, not Average: a member that has joined contributes zeros, and the counts reduced
-  // alongside keep the mean exact.
+  // Sum, not Average: a member that has joined contributes zeros, which leave the sums of the
+  // others exact (its statistics are not gathered at all).
   const ReduceOptions options{.op = ReduceOp::Sum, .process_set = sync.process_set};
   return {
+      // A name of its own: an allgather, where the backward's are allreduces.
+      .gather =
+          [set = sync.process_set, name = sync.name + ".statistics"](std::span<const double> row) {
+            const auto size = static_cast<std::int64_t>(row.size());
+            // allgather() only reads its input.
+            return allgather(TensorView(const_cast<double*>(row.data()), Shape{1, size}), name,
+                             set);
+          },
       .sum =
           [options, name = sync.name](std::span<double> values) {
             allreduce(TensorView(values.data(), Shape{static_cast<std::int64_t>(values.size())}),

@@ -15,17 +15,18 @@ namespace tutti::nn::detail {
 
 struct BatchNormSync {
   ProcessSet process_set;
-  // "SyncBatchNorm.<k>": the name of this layer's allreduces, forward and backward (each is
-  // blocking, so one name serves both). k numbers the synchronized layers in creation order,
-  // which is the same on every rank that builds the same model.
+  // "SyncBatchNorm.<k>": the name of this layer's backward allreduce; its forward allgather is
+  // "SyncBatchNorm.<k>.statistics". k numbers the synchronized layers in creation order, which
+  // is the same on every rank that builds the same model.
   std::string name;
 };
 
 // A new BatchNormSync over `process_set` with the next layer number.
 std::shared_ptr<const BatchNormSync> make_batch_norm_sync(ProcessSet process_set);
 
-// Sums the values in place over sync.process_set (blocking allreduce, Sum, float64); its
-// sum_zeros starts that allreduce of zeros and waits for it in a backward callback.
+// Gathers forward's statistics over sync.process_set (blocking allgather) and sums backward's
+// in place (blocking allreduce, Sum, float64); its sum_zeros starts that allreduce of zeros and
+// waits for it in a backward callback.
 StatisticsReducer sync_reducer(const BatchNormSync& sync);
 
 // convert_sync_batchnorm()'s way into BatchNorm1d/2d.

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // SyncBatchNorm and convert_sync_batchnorm at 1-4 ranks against BatchNorm over the concatenated
 // batch in one process (computed on every rank): outputs, input and parameter gradients,
-// running statistics, uneven and empty shards, and DDP training with converted layers.
+// running statistics, uneven and empty shards, a mean large against the spread, and DDP
+// training with converted layers.
 // See Note [Collective assertions] in test/support/mpi_test_util.h.
 #include <cmath>
 #include <cstdint>
@@ -129,6 +130,33 @@ TEST_CASE("SyncBatchNorm equals BatchNorm over the concatenated batch, forward a
                            plain->forward(x).value().span<float>()) < 1e-6;
   }
   CHECK(all_ranks(eval_ok));
+}
+
+TEST_CASE("SyncBatchNorm keeps the variance when the mean is large against the spread",
+          "[sync_batch_norm]") {
+  // 1e5 + 0.01 * pattern: the variance is 1e-14 of the mean's square. Sums of x and x^2 reduced
+  // together lost it to cancellation (outputs 0.04 off at 2 ranks); gathered means and centred
+  // squares keep it, as BatchNorm's two passes over the concatenated batch do.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  constexpr std::int64_t kChannels = 2, kRows = 64;
+  auto shifted = [](Tensor t) {
+    for (float& v : t.span<float>()) v = 1e5f + 0.01f * v;
+    return t;
+  };
+  nn::SyncBatchNorm sync(kChannels);
+  nn::BatchNorm1d plain(kChannels);
+  const nn::Variable y =
+      sync.forward(nn::Variable(shifted(pattern({kRows, kChannels}, rank * kRows, 0)), false));
+  const nn::Variable y_all =
+      plain.forward(nn::Variable(shifted(pattern({size * kRows, kChannels}, 0, 0)), false));
+  CHECK(all_ranks(max_abs_diff(y.value().span<float>(), rows(y_all.value(), rank * kRows, kRows)) <
+                  1e-4));
+  // running_var: the unbiased variance, of order 1e-5 here.
+  const double var_error = max_abs_diff(sync.named_buffers()[1].second.value().span<float>(),
+                                        plain.named_buffers()[1].second.value().span<float>());
+  CHECK(all_ranks(var_error < 1e-9));
 }
 
 TEST_CASE("A backward() that threw on one rank before a SyncBatchNorm still reduces there",
