@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -192,7 +193,7 @@ struct State::Impl {
         // Agreed on before the rest changes (Note [ZeRO in a State]).
         replaced = internal::load_optimizers(*snapshot, entries);
       }
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // Error, or a user optimizer's own exception.
       why = bytes.empty() ? str_cat("rank ", source, " had nothing to send (its log says why)")
                           : e.what();
     }
@@ -302,7 +303,7 @@ void State::commit() {
   s.encode_where(writes, [&] {
     try {
       bytes = internal::encode(s.name, number, size(), s.entries);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // Error, or a user optimizer's own exception.
       problem = e.what();
     }
   });
@@ -310,7 +311,7 @@ void State::commit() {
     if (problem.empty()) {
       try {
         problem = s.store.write(number, bytes);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         problem = e.what();
       }
     }
@@ -398,7 +399,7 @@ void State::sync(int root_rank) {
   if (rank() == root_rank) {
     try {
       bytes = internal::encode(s.name, s.commits, size(), s.entries);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // Error, or a user optimizer's own exception.
       log_line(Level::Warning, str_cat("sync of '", s.name, "': ", e.what()));
       // Sends nothing: every rank then fails the sync (Note [Elastic agreement]).
     }

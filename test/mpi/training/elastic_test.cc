@@ -178,6 +178,43 @@ TEST_CASE("Without a commit restore() changes nothing, and sync() gives every ra
   CHECK(all_ranks(error_of([&] { state.sync(tutti::size()); }) == ErrorCode::InvalidArgument));
 }
 
+// An optimizer of the caller's whose state_dict() or load_state_dict() throws an exception of
+// its own (not a tutti::Error) while `refuse_save` or `refuse_load` is set.
+class Refusing final : public optim::Optimizer {
+ public:
+  explicit Refusing(std::vector<nn::Variable> parameters) : Optimizer(std::move(parameters)) {}
+  void step() override {}
+  optim::StateDict state_dict() const override {
+    if (refuse_save) throw std::runtime_error("no state today");
+    return {};
+  }
+  void load_state_dict(const optim::StateDict&) override {
+    if (refuse_load) throw std::runtime_error("cannot load today");
+  }
+  bool refuse_save = false, refuse_load = false;
+};
+
+TEST_CASE("A caller's optimizer that throws its own exception fails sync() on every rank",
+          "[elastic]") {
+  // Before, only tutti::Error was caught: the root's exception left before the broadcast (the
+  // others waited in it until the stall limit), a loading rank's before the agreement.
+  Session session;
+  Loop loop;
+  Refusing optimizer(variables(loop.named));
+  elastic::State state("refusing");
+  state.add("optimizer", optimizer);
+  const int root = tutti::size() - 1;
+  optimizer.refuse_save = tutti::rank() == root;
+  std::string message;
+  CHECK(all_ranks(error_of([&] { state.sync(root); }, &message) == ErrorCode::InvalidArgument));
+  if (tutti::size() < 2) return;
+  optimizer.refuse_save = false;
+  optimizer.refuse_load = tutti::rank() == 0;  // The root does not load its own.
+  message.clear();
+  CHECK(all_ranks(error_of([&] { state.sync(root); }, &message) == ErrorCode::InvalidArgument));
+  if (tutti::rank() == 0) CHECK_THAT(message, Catch::Contains("cannot load today"));
+}
+
 TEST_CASE("SIGUSR2 on one rank stops every rank at the next commit, which is written",
           "[elastic]") {
   Session session;
