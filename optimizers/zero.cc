@@ -53,8 +53,6 @@ ZeroLayout make_zero_layout(const std::vector<std::int64_t>& counts,
 
 namespace {
 
-constexpr double kBytesPerMb = 1024.0 * 1024.0;
-
 std::vector<nn::Variable> variables_of(const nn::NamedParameters& parameters) {
   std::vector<nn::Variable> variables;
   for (const auto& [name, variable] : parameters) variables.push_back(variable);
@@ -189,8 +187,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(nn::NamedParameters parameters,
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
 std::int64_t ZeroRedundancyOptimizer::bucket_elements() const {
-  return std::max<std::int64_t>(
-      1, static_cast<std::int64_t>(options_.bucket_cap_mb * kBytesPerMb / sizeof(float)));
+  return internal::zero_bucket_elements(options_.bucket_cap_mb);
 }
 
 void ZeroRedundancyOptimizer::step() {

@@ -34,6 +34,20 @@ struct ZeroLayout {
 ZeroLayout make_zero_layout(const std::vector<std::int64_t>& counts,
                             const std::vector<bool>& trainable, int size);
 
+// The most elements one collective of a step moves: 2^62, exact as a double and far above any
+// tensor's element count, so that step()'s `at += bucket` over a parameter cannot overflow.
+inline constexpr std::int64_t kMaxBucketElements = std::int64_t{1} << 62;
+
+// ZeroOptions::bucket_cap_mb (MiB of float32) as elements, clamped to [1, kMaxBucketElements]:
+// a huge finite cap (1e30) is the maximum, not a double-to-int64 conversion out of range
+// (undefined behaviour; in practice INT64_MIN, then a bucket of 1 element).
+inline std::int64_t zero_bucket_elements(double bucket_cap_mb) {
+  const double elements = bucket_cap_mb * (1024.0 * 1024.0) / sizeof(float);
+  if (!(elements >= 1)) return 1;  // Also NaN.
+  if (elements >= static_cast<double>(kMaxBucketElements)) return kMaxBucketElements;
+  return static_cast<std::int64_t>(elements);
+}
+
 }  // namespace tutti::optim::internal
 
 namespace tutti::optim {

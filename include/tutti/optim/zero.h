@@ -33,7 +33,8 @@ struct ZeroOptions {
   ProcessSet process_set = ProcessSet::global();
   // Tutti addition: the most elements one collective of step() moves, in MiB of float32; a
   // parameter larger than that goes to or from its owner in several. Every collective of a
-  // step is in flight at once. Must be positive.
+  // step is in flight at once. Must be positive and finite; a cap above 2^44 MiB (2^62
+  // elements) counts as that, and one under a float as one element.
   double bucket_cap_mb = 25;
 };
 

@@ -132,6 +132,64 @@ TEST_CASE("ZeRO: 50 Adam steps equal the unsharded DistributedOptimizer's", "[ze
   CHECK(all_ranks(largest <= unsharded / static_cast<std::size_t>(size) + largest_parameter_state));
 }
 
+// Parameters p0..p3 of 8, 6, 4, 2 elements, every element 1.
+nn::NamedParameters four_parameters() {
+  nn::NamedParameters named;
+  for (const std::int64_t n : {8, 6, 4, 2}) {
+    Tensor value(DataType::Float32, {n});
+    for (float& v : value.span<float>()) v = 1.0f;
+    named.emplace_back("p" + std::to_string(named.size()), nn::Variable(value, true));
+  }
+  return named;
+}
+
+ZeroRedundancyOptimizer::Factory sgd_factory() {
+  return [](std::vector<nn::Variable> shard) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::SGD>(std::move(shard), optim::SGDOptions{.lr = 0.5});
+  };
+}
+
+TEST_CASE("ZeRO with a huge bucket_cap_mb moves each parameter in one piece", "[zero]") {
+  // 1e30 MiB is far beyond int64 elements: the bucket is clamped (2^62 elements), where the
+  // conversion overflowed before (a bucket of one element: a broadcast per element).
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool stage2 = GENERATE(false, true);
+  INFO("stage " << (stage2 ? 2 : 1));
+  const nn::NamedParameters named = four_parameters();
+  ZeroRedundancyOptimizer zero(named, sgd_factory(),
+                               {.shard_gradients = stage2, .bucket_cap_mb = 1e30});
+  // Parameter i's gradient: i + 1 (stage 1, averaged already), or rank r's (i + 1) (r + 1),
+  // whose average is (i + 1) (size + 1) / 2 (stage 2). SGD with lr 0.5 subtracts half of it.
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const double g = static_cast<double>(i + 1) * (stage2 ? rank + 1 : 1);
+    for (float& v : named[i].second.grad().span<float>()) v = static_cast<float>(g);
+  }
+  zero.step();
+  bool ok = true;
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const double mean = static_cast<double>(i + 1) * (stage2 ? (size + 1) / 2.0 : 1.0);
+    for (const float v : named[i].second.value().span<float>()) {
+      ok = ok && std::abs(v - (1 - 0.5 * mean)) < 1e-6;
+    }
+  }
+  CHECK(all_ranks(ok));
+  // One broadcast (and in stage 2 one reduce) per parameter, each of the whole parameter.
+  int broadcasts = 0, reduces = 0, pieces = 0;
+  for (const debug::OpRecord& op : debug::flight_recorder()) {
+    if (op.name.ends_with(".members")) continue;
+    const bool broadcast = op.name.starts_with("ZeroRedundancyOptimizer.broadcast.");
+    const bool reduce = op.name.starts_with("ZeroRedundancyOptimizer.reduce.");
+    broadcasts += broadcast ? 1 : 0;
+    reduces += reduce ? 1 : 0;
+    if ((broadcast || reduce) && !op.name.ends_with(".0")) ++pieces;
+  }
+  INFO(broadcasts << " broadcasts, " << reduces << " reduces, " << pieces << " past a first piece");
+  const int expected = size == 1 ? 0 : static_cast<int>(named.size());
+  CHECK(all_ranks(broadcasts == expected && reduces == (stage2 ? expected : 0) && pieces == 0));
+}
+
 TEST_CASE("ZeRO: every parameter is owned by exactly one rank", "[zero]") {
   Session session;
   auto model = make_deep_model(1);

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // ZeroRedundancyOptimizer's sharding (optimizers/zero_layout.h) against hand-worked cases: the
-// greedy largest-first assignment and each shard's order.
+// greedy largest-first assignment and each shard's order, and bucket_cap_mb in elements.
 #include "optimizers/zero_layout.h"
 
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -44,6 +45,21 @@ TEST_CASE("ZeRO shards balance many parameters to within the largest one", "[zer
                           std::int64_t{0}) ==
           std::accumulate(counts.begin(), counts.end(), std::int64_t{0}));
   }
+}
+
+TEST_CASE("ZeRO buckets: bucket_cap_mb in float32 elements, clamped to [1, 2^62]", "[zero]") {
+  // 25 MiB of 4-byte floats: 25 * 2^20 / 4.
+  CHECK(zero_bucket_elements(25) == 25 * (std::int64_t{1} << 20) / 4);
+  CHECK(zero_bucket_elements(1e-4) == 26);  // 104.8576 bytes: 26 floats.
+  CHECK(zero_bucket_elements(1e-9) == 1);   // Under one float.
+  CHECK(zero_bucket_elements(std::numeric_limits<double>::denorm_min()) == 1);
+  // 2^62 elements are 2^44 MiB: the maximum from there on, never an out-of-range conversion.
+  const std::int64_t max = std::int64_t{1} << 62;
+  CHECK(zero_bucket_elements(0x1p44) == max);
+  CHECK(zero_bucket_elements(0x1p43) == max / 2);
+  CHECK(zero_bucket_elements(1e30) == max);
+  CHECK(zero_bucket_elements(std::numeric_limits<double>::max()) == max);
+  CHECK(zero_bucket_elements(std::numeric_limits<double>::infinity()) == max);
 }
 
 }  // namespace
