@@ -83,9 +83,10 @@ using PieceOp = std::function<Handle(const nn::Variable& parameter, std::int64_t
 // on the ResNet-50 shapes at 2 ranks, stages 1 and 2 took 1.09-1.43x DistributedOptimizer's
 // step that way, and take 0.68-0.77x in place (P13, README).
 // A member that joined (tutti::join()) fails the ops rooted at it, so the step throws
-// InvalidArgument on the others. One that owns no parameter roots none: where a member owns
-// nothing, a step also counts the members with a one-element allreduce (a joined member
-// contributes zero), so that such a join fails the step too.
+// InvalidArgument on the others. One that owns no element roots none (no parameter, or only
+// parameters of 0 elements, whose piece loop starts nothing): where a member owns no element,
+// a step also counts the members with a one-element allreduce (a joined member contributes
+// zero), so that such a join fails the step too.
 
 // Runs `start` on every piece (at most `bucket` elements) of every owned parameter, all in
 // flight at once, and waits; `what` names the ops.
@@ -97,8 +98,8 @@ void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
   const std::string prefix = detail::str_cat(internal::kWho, ".", what, ".");
   std::vector<Handle> handles;
   std::int32_t members = 1;
-  const bool count_members = std::any_of(layout.shards.begin(), layout.shards.end(),
-                                         [](const auto& shard) { return shard.empty(); });
+  const bool count_members = std::any_of(layout.shard_elements.begin(), layout.shard_elements.end(),
+                                         [](std::int64_t elements) { return elements == 0; });
   try {
     if (count_members) {
       handles.push_back(allreduce_async(TensorView(&members, {}), prefix + "members",

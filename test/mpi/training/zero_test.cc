@@ -410,6 +410,53 @@ TEST_CASE("ZeRO with members that own no parameter: the step's closed form, and 
                                                    " members have joined") != std::string::npos));
 }
 
+// size - 1 parameters of 4 elements and one of 0 (the last): the greedy layout gives each of
+// ranks 0 .. size - 2 one of 4 and the last rank the empty parameter alone, so no shard is
+// empty but the last rank owns no element and roots no op of the step.
+TEST_CASE("ZeRO with a member that owns only empty parameters: a join fails the step",
+          "[zero][join]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool stage2 = GENERATE(false, true);
+  INFO("stage " << (stage2 ? 2 : 1));
+  nn::NamedParameters named;
+  for (int i = 0; i < size; ++i) {
+    Tensor value(DataType::Float32, {i == size - 1 ? 0 : 4});
+    for (float& v : value.span<float>()) v = 1.0f;
+    named.emplace_back("p" + std::to_string(i), nn::Variable(value, true));
+  }
+  ZeroRedundancyOptimizer zero(named, sgd_factory(), {.shard_gradients = stage2});
+  const std::vector<std::string> owned = zero.owned_parameters();
+  CHECK(all_ranks(owned == std::vector<std::string>{"p" + std::to_string(rank)}));
+  // A step with every gradient 2 (the same on every rank, so also its average): 1 - 0.5 * 2.
+  auto set_grads = [&] {
+    for (auto& [name, p] : named) {
+      for (float& g : p.grad().span<float>()) g = 2.0f;
+    }
+  };
+  set_grads();
+  zero.step();
+  bool zeroed = true;
+  for (const auto& [name, p] : named) {
+    for (const float v : p.value().span<float>()) zeroed = zeroed && v == 0.0f;
+  }
+  CHECK(all_ranks(zeroed));
+
+  if (size == 1) return;  // Nobody to join. The same on every rank.
+  ErrorCode code = ErrorCode::InvalidArgument;
+  std::string message;
+  if (rank != size - 1) {
+    set_grads();
+    std::tie(code, message) = error_from([&] { zero.step(); });
+  }
+  tutti::join();
+  INFO(message);
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
+                                                   " members have joined") != std::string::npos));
+}
+
 TEST_CASE(
     "ZeRO: a rank whose backward() threw skips the step in zero_grad(), in step with the "
     "others",
