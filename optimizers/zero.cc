@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -191,13 +192,30 @@ std::int64_t ZeroRedundancyOptimizer::bucket_elements() const {
   return internal::zero_bucket_elements(options_.bucket_cap_mb);
 }
 
+// A local step that throws (a refused gradient, an exception of the caller's own optimizer)
+// must not keep this rank from the broadcasts rooted at it: the other members wait in them, until
+// the stall limit. So it still broadcasts its shard, as the failed local step left it (for the
+// built-in rules: not updated), and then rethrows the local error, which is the one to report.
 void ZeroRedundancyOptimizer::step() {
   pass_failed_->store(false);
   if (options_.shard_gradients) reduce_gradients();
-  local_->step();
+  std::exception_ptr local_error;
+  try {
+    local_->step();
+  } catch (...) {
+    local_error = std::current_exception();
+  }
   consolidated_to_.reset();
   consolidated_.reset();
-  broadcast_parameters();
+  if (!local_error) {
+    broadcast_parameters();
+    return;
+  }
+  try {
+    broadcast_parameters();
+  } catch (...) {  // The local error is the one to report.
+  }
+  std::rethrow_exception(local_error);
 }
 
 // Note [A rank that skips a ZeRO step]

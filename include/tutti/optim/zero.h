@@ -86,6 +86,11 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   // optimizer steps the shard and each owner broadcasts the new values into every member's
   // parameters, in place. Collective, blocking. Errors of the collectives are rethrown (a
   // failed reduce leaves every parameter unchanged). At set size 1 nothing is sent.
+  // Tutti addition: if the local optimizer's step() throws on a member, that member still
+  // broadcasts its shard (as the local step left it; not updated by the built-in rules, which
+  // change nothing when they throw) and then rethrows the local optimizer's exception; the
+  // other members' step() completes, with that shard not updated, and the parameters stay
+  // equal on every member.
   void step() override;
   // Zeroes the gradients (Optimizer::zero_grad()). Tutti addition: after a backward() that threw
   // on this rank since the last step() (the parameters' failed-pass hooks tell it), it first

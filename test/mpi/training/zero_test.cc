@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -537,6 +538,86 @@ TEST_CASE(
     }
   }
   INFO("stage " << (stage2 ? 2 : 1) << log);
+  CHECK(all_ranks(ok));
+}
+
+// SGD (lr 0.5) whose step() throws, having changed nothing, while `*fail` is set.
+class FailingSgd : public optim::Optimizer {
+ public:
+  FailingSgd(std::vector<nn::Variable> shard, std::shared_ptr<bool> fail)
+      : Optimizer(shard), sgd_(std::move(shard), {.lr = 0.5}), fail_(std::move(fail)) {}
+  void step() override {
+    if (*fail_) throw std::runtime_error("the local step failed");
+    sgd_.step();
+  }
+
+ private:
+  optim::SGD sgd_;
+  std::shared_ptr<bool> fail_;
+};
+
+TEST_CASE("ZeRO: a local step that throws on one rank throws there; the others' step completes",
+          "[zero][errors]") {
+  // The last rank's local optimizer throws at step 0. It still broadcasts its shard (not
+  // updated) and then throws the local error; the others' step() returns. Step 1 then goes
+  // normally everywhere. Before, that rank left without its broadcasts, and the others waited
+  // for them until the stall limit.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool stage2 = GENERATE(false, true);
+  INFO("stage " << (stage2 ? 2 : 1));
+  const nn::NamedParameters named = four_parameters();
+  const auto fail = std::make_shared<bool>(false);
+  ZeroRedundancyOptimizer zero(
+      named,
+      [&](std::vector<nn::Variable> shard) { return std::make_unique<FailingSgd>(shard, fail); },
+      {.shard_gradients = stage2});
+  // Parameter i's gradient: i + 1 (stage 1, averaged already), or rank r's (i + 1) (r + 1),
+  // whose average is (i + 1) (size + 1) / 2 (stage 2). SGD with lr 0.5 subtracts half of it.
+  auto set_grads = [&] {
+    for (std::size_t i = 0; i < named.size(); ++i) {
+      const double g = static_cast<double>(i + 1) * (stage2 ? rank + 1 : 1);
+      for (float& v : named[i].second.grad().span<float>()) v = static_cast<float>(g);
+    }
+  };
+  bool ok = true;
+  std::string log;
+  for (int step = 0; step < 2; ++step) {
+    set_grads();
+    *fail = step == 0 && rank == size - 1;
+    try {
+      zero.step();
+      ok = ok && !*fail;
+    } catch (const std::runtime_error& e) {
+      ok = ok && *fail && std::string(e.what()) == "the local step failed";
+      log += std::string(" step ") + std::to_string(step) + ": " + e.what();
+    } catch (const std::exception& e) {
+      ok = false;
+      log += std::string(" step ") + std::to_string(step) + ": " + e.what();
+    }
+  }
+  // Each parameter's owner (plain MPI: the owners' ranks summed).
+  std::vector<int> owner(named.size(), 0);
+  const std::vector<std::string> mine = zero.owned_parameters();
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    if (std::find(mine.begin(), mine.end(), named[i].first) != mine.end()) owner[i] = rank;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, owner.data(), static_cast<int>(owner.size()), MPI_INT, MPI_SUM,
+                MPI_COMM_WORLD);
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const double mean = static_cast<double>(i + 1) * (stage2 ? (size + 1) / 2.0 : 1.0);
+    const int updates = owner[i] == size - 1 ? 1 : 2;  // The last rank's shard missed step 0.
+    const double expected = 1 - updates * 0.5 * mean;
+    for (const float v : named[i].second.value().span<float>()) {
+      if (std::abs(v - expected) > 1e-6) {
+        ok = false;
+        log += " " + named[i].first + ": " + std::to_string(v) + " for " + std::to_string(expected);
+        break;
+      }
+    }
+  }
+  INFO(log);
   CHECK(all_ranks(ok));
 }
 
