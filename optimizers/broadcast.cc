@@ -4,6 +4,7 @@
 #include "tutti/optim/broadcast.h"
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <set>
 #include <string>
@@ -108,14 +109,26 @@ void broadcast_parameters(const nn::NamedParameters& params, int root_rank,
 void broadcast_optimizer_state(
     Optimizer& optimizer, int root_rank,
     ProcessSet process_set) {  // NOLINT(performance-unnecessary-value-param)
-  StateDict local = optimizer.state_dict();
   const bool is_root = process_set.included() && tutti::rank() == root_rank;
+  // Only the root's state dict is needed; another rank's saves allocating tensors where it
+  // matches, but a rank may have none to give (a ZeroRedundancyOptimizer's state_dict() works
+  // only on the rank it consolidated to): it starts from an empty one.
+  StateDict local;
+  std::string root_error;
+  try {
+    local = optimizer.state_dict();
+  } catch (const std::exception& e) {  // Error, or a user optimizer's own exception.
+    if (is_root) root_error = std::string("the root's state_dict() failed: ") + e.what();
+  } catch (...) {
+    if (is_root) root_error = "the root's state_dict() threw a non-std::exception";
+  }
 
   // 1. The root's keys, dtypes, shapes and scalar names. A root-side problem travels as an
   //    error string so that every rank fails the same way instead of waiting for tensors.
   std::string message;
   if (is_root) {
     StateLayout layout;
+    layout.error = root_error;
     std::set<std::string> keys;
     for (const auto& [key, tensor] : local.tensors) {
       if (!keys.insert(key).second && layout.error.empty()) {

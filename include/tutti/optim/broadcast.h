@@ -32,6 +32,14 @@ TUTTI_API void broadcast_parameters(const nn::NamedParameters& params, int root_
 // ("broadcast_optimizer_state.scalars"); finally optimizer.load_state_dict() takes the result.
 // For a DistributedOptimizer this is its inner optimizer's state.
 //
+// Only the root's state_dict() is needed: another rank starts from its own where it can get it
+// (its tensors of the root's key, dtype and shape are reused) and from an empty one where its
+// state_dict() throws, as a ZeroRedundancyOptimizer's does on every rank but the one it
+// consolidated to. So `zero.consolidate_state_dict(root); broadcast_optimizer_state(zero,
+// root);` gives every member the consolidated state. If the root's state_dict() throws (a
+// ZeroRedundancyOptimizer not consolidated to the root), every member throws InvalidArgument
+// naming it, before any tensor is sent.
+//
 // Collective over the set; blocking; the optimizers must be of the same type over the same
 // parameter shapes (load_state_dict()'s InvalidArgument otherwise).
 TUTTI_API void broadcast_optimizer_state(Optimizer& optimizer, int root_rank,

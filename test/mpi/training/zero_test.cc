@@ -347,6 +347,63 @@ TEST_CASE("ZeRO: consolidate at N ranks, load at 1 and 2, continue as an uninter
   }
 }
 
+TEST_CASE("ZeRO: broadcast_optimizer_state distributes a consolidated state, or fails everywhere",
+          "[zero][state]") {
+  // How a user restores a consolidated state on every rank: consolidate_state_dict(0), then
+  // broadcast_optimizer_state(zero, 0). Only the root's state_dict() works; before, every rank
+  // called it, the others threw InvalidArgument there and rank 0 waited for them in the
+  // broadcast until the stall limit.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto code = [](auto&& f) { return error_from(f).first; };
+  const ErrorCode bad = ErrorCode::InvalidArgument;
+  // The oracle: Adam over the whole batch in one process (every rank alike), 3 steps and 4.
+  auto oracle = make_deep_model(8);
+  optim::Adam oracle_adam(variables(oracle->named_parameters()), {.lr = 0.01});
+  optim::StateDict after3;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    if (step == 3) after3 = oracle_adam.state_dict();
+    oracle_adam.zero_grad();
+    forward_backward(*oracle, deep_batch(step, 0, 1));
+    oracle_adam.step();
+  }
+
+  auto model = make_deep_model(8);
+  const nn::NamedParameters named = model->named_parameters();
+  ZeroRedundancyOptimizer zero(named, adam_factory(), {.shard_gradients = true});
+  // No consolidation yet: the root's state_dict() throws, and every rank throws its message.
+  const auto [unconsolidated, why] = error_from([&] { optim::broadcast_optimizer_state(zero, 0); });
+  INFO(why);
+  CHECK(all_ranks(unconsolidated == bad &&
+                  why.find("consolidate_state_dict() on every member") != std::string::npos));
+  for (std::int64_t step = 0; step < 3; ++step) {
+    zero.zero_grad();
+    forward_backward(*model, deep_batch(step, rank, size));
+    zero.step();
+  }
+  zero.consolidate_state_dict(0);
+  const auto [broadcast_code, message] =
+      error_from([&] { optim::broadcast_optimizer_state(zero, 0); });
+  INFO(message);
+  CHECK(all_ranks(broadcast_code == ErrorCode::Internal));  // No error.
+  // Every member loaded the consolidated state: consolidated again, it is the oracle's.
+  zero.consolidate_state_dict(0);
+  const optim::StateDict again = share_state(rank == 0 ? zero.state_dict() : optim::StateDict{}, 0);
+  CHECK(all_ranks(state_diff(again, after3) < 1e-6));
+  if (size > 1) {  // Consolidated on another rank than the root: every rank throws.
+    zero.consolidate_state_dict(size - 1);
+    CHECK(all_ranks(code([&] { optim::broadcast_optimizer_state(zero, 0); }) == bad));
+  }
+  // And the run continues as the uninterrupted one.
+  zero.zero_grad();
+  forward_backward(*model, deep_batch(3, rank, size));
+  zero.step();
+  const double diff = max_diff(named, oracle->named_parameters());
+  INFO("max |parameter difference| after 4 steps " << diff);
+  CHECK(all_ranks(diff < 1e-5));
+}
+
 TEST_CASE("ZeRO with a joined member fails its step on the others instead of misplacing shards",
           "[zero][join]") {
   Session session;
