@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -106,13 +107,49 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
       encode_shard(local_->state_dict(), layout_->shards[static_cast<std::size_t>(me)]);
   Tensor bytes(DataType::UInt8, {static_cast<std::int64_t>(mine.size())});
   if (!mine.empty()) std::memcpy(bytes.data(), mine.data(), mine.size());
-  Handle handle = gather_async(bytes, to, std::string(internal::kWho) + ".consolidate", set);
-  handle.wait();
   consolidated_.reset();
-  consolidated_to_ = to;
-  if (members[static_cast<std::size_t>(me)] != to) return;
+  consolidated_to_.reset();
+  // A joined member (tutti::join()) would contribute no shard to the gather: beside it, one
+  // element counts the members (a joined member contributes zero), so that every live member
+  // throws the same InvalidArgument, also when `to` is the joined one.
+  std::int32_t live = 1;
+  const bool count = set.size() > 1;
+  std::vector<Handle> handles;
+  try {
+    if (count) {
+      handles.push_back(allreduce_async(TensorView(&live, {}),
+                                        std::string(internal::kWho) + ".consolidate.members",
+                                        {.op = ReduceOp::Sum, .process_set = set}));
+    }
+    handles.push_back(gather_async(bytes, to, std::string(internal::kWho) + ".consolidate", set));
+  } catch (...) {
+    try {
+      wait_all(handles);
+    } catch (...) {  // The submission error is the one to report.
+    }
+    throw;
+  }
+  std::exception_ptr count_error, gather_error;
+  for (std::size_t h = 0; h < handles.size(); ++h) {
+    try {
+      handles[h].wait();
+    } catch (...) {
+      (count && h == 0 ? count_error : gather_error) = std::current_exception();
+    }
+  }
+  if (count_error) std::rethrow_exception(count_error);
+  if (live != set.size()) {
+    detail::throw_invalid_argument(internal::kWho, "::consolidate_state_dict: ", set.size() - live,
+                                   " of ", set.size(),
+                                   " members have joined (tutti::join() is not supported)");
+  }
+  if (gather_error) std::rethrow_exception(gather_error);
+  if (members[static_cast<std::size_t>(me)] != to) {
+    consolidated_to_ = to;
+    return;
+  }
 
-  const Tensor& gathered = handle.output();
+  const Tensor& gathered = handles.back().output();
   ByteReader reader(
       std::string_view(static_cast<const char*>(gathered.data()), gathered.byte_size()));
   std::vector<Entry> entries;
@@ -125,6 +162,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
                    [](const Entry& a, const Entry& b) { return a.index < b.index; });
   for (Entry& e : entries) state.tensors.emplace_back(std::move(e.key), std::move(e.tensor));
   consolidated_ = std::move(state);
+  consolidated_to_ = to;
 }
 
 StateDict ZeroRedundancyOptimizer::state_dict() const {

@@ -61,10 +61,10 @@ struct ZeroOptions {
 //
 // Collective over the set: step() and consolidate_state_dict() communicate (and zero_grad()
 // after a backward() that threw on this rank, see there); every member calls them in the same
-// order, and none may have joined (tutti::join(): a joined member's shard
-// could not be updated; step() then throws InvalidArgument). Their ops are named
-// "ZeroRedundancyOptimizer.<what>.<...>" in the set, so two of these optimizers over one set
-// must not step concurrently. Not thread-safe. The optimizer does not broadcast the initial
+// order, and none may have joined (tutti::join(): a joined member's shard could not be updated
+// or gathered; step() and consolidate_state_dict() then throw InvalidArgument). Their ops are
+// named "ZeroRedundancyOptimizer.<what>.<...>" in the set, so two of these optimizers over one
+// set must not step concurrently. Not thread-safe. The optimizer does not broadcast the initial
 // parameters: the members must start equal (DDP's constructor or optim::broadcast_parameters() sees
 // to that).
 class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
@@ -105,7 +105,9 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   // state_dict() then returns it in the unsharded layout: what the local optimizer type over all
   // parameters would return (tensors keyed "<index among all parameters>.<name>", ordered by
   // parameter; scalars, e.g. the learning rate and step count, from set rank 0's). Collective
-  // over the set, blocking. Throws InvalidArgument for a `to` outside the set.
+  // over the set, blocking. Throws InvalidArgument for a `to` outside the set, and on every
+  // member still training when a member has joined (tutti::join(): its shard cannot be
+  // gathered), naming the count; no consolidation then stands.
   void consolidate_state_dict(int to = 0);
   // On the member that consolidated, after consolidate_state_dict() and before the next step()
   // or load_state_dict(): the consolidated state. Elsewhere, or without a consolidation since

@@ -423,6 +423,37 @@ TEST_CASE("ZeRO with a joined member fails its step on the others instead of mis
   CHECK(all_ranks(code == ErrorCode::InvalidArgument));
 }
 
+TEST_CASE("ZeRO: consolidate_state_dict with a joined member throws on every other member",
+          "[zero][join][state]") {
+  // The last rank joins; the others' consolidation counts the members and throws
+  // InvalidArgument naming the join. Before, the joined rank's shard was missing from the
+  // gather, and rank 0 failed to decode it (Internal, "malformed shard state") while the
+  // others returned as if it had worked.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  if (size == 1) return;          // Nobody to join. The same on every rank.
+  const int to = GENERATE(0, 1);  // A live member, or (at 2 ranks) the joined one.
+  INFO("consolidated to rank " << to);
+  auto model = make_deep_model(5);
+  ZeroRedundancyOptimizer zero(model->named_parameters(), adam_factory(),
+                               {.shard_gradients = true});
+  forward_backward(*model, deep_batch(0, rank, size));
+  zero.step();
+  ErrorCode code = ErrorCode::InvalidArgument;
+  std::string message;
+  if (rank != size - 1)
+    std::tie(code, message) = error_from([&] { zero.consolidate_state_dict(to); });
+  tutti::join();
+  INFO(message);
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
+                                                   " members have joined") != std::string::npos));
+  // No consolidation stands: state_dict() refuses on every rank.
+  CHECK(all_ranks(error_from([&] { static_cast<void>(zero.state_dict()); }).first ==
+                  ErrorCode::InvalidArgument));
+}
+
 // One parameter: rank 0 owns it and every other rank owns nothing (Note [ZeRO's collectives]).
 TEST_CASE("ZeRO with members that own no parameter: the step's closed form, and a join fails it",
           "[zero][join]") {
