@@ -177,11 +177,7 @@ void broadcast_optimizer_state(
           broadcast_async(scalars, root_rank, "broadcast_optimizer_state.scalars", process_set));
     }
   } catch (...) {
-    try {
-      wait_all(handles);
-    } catch (...) {  // The submission error is the one to report.
-    }
-    throw;
+    internal::drain_and_rethrow(handles);
   }
   wait_all(handles);
   const std::span<const double> values = scalars.span<double>();

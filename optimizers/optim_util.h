@@ -14,6 +14,7 @@
 
 #include "src/base/strings.h"
 #include "src/common/throw.h"
+#include "tutti/collectives.h"
 #include "tutti/error.h"
 #include "tutti/nn/variable.h"
 #include "tutti/tensor.h"
@@ -22,6 +23,17 @@ namespace tutti::optim::internal {
 
 // True if `p` has a gradient the rules should use (a parameter that requires grad).
 inline bool trainable(const nn::Variable& p) { return p.requires_grad(); }
+
+// Waits for `handles` (ignoring their errors) and rethrows the exception being handled: what
+// a failed submission of a batch of collectives does, so that no buffer goes away under the
+// runtime while the ops already submitted still read or write it.
+[[noreturn]] inline void drain_and_rethrow(std::vector<Handle>& handles) {
+  try {
+    wait_all(handles);
+  } catch (...) {  // The submission error is the one to report.
+  }
+  throw;
+}
 
 // The float32 elements of a parameter's value or gradient.
 inline std::span<float> floats(const Tensor& t) { return t.span<float>(); }

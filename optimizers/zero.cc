@@ -60,16 +60,6 @@ std::vector<nn::Variable> variables_of(const nn::NamedParameters& parameters) {
   return variables;
 }
 
-// Waits for `handles` (ignoring their errors) and rethrows the exception being handled: what
-// a failed submission does, so that no buffer goes away under the runtime.
-[[noreturn]] void drain_and_rethrow(std::vector<Handle>& handles) {
-  try {
-    wait_all(handles);
-  } catch (...) {  // The submission error is the one to report.
-  }
-  throw;
-}
-
 // Starts one collective on elements [at, at + n) of `parameter`, whose owner has global rank
 // `root`, named `name`.
 using PieceOp = std::function<Handle(const nn::Variable& parameter, std::int64_t at, std::int64_t n,
@@ -116,7 +106,7 @@ void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
       }
     }
   } catch (...) {
-    drain_and_rethrow(handles);
+    internal::drain_and_rethrow(handles);
   }
   wait_all(handles);
   if (count_members && members != size) {

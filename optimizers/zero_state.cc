@@ -123,11 +123,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     }
     handles.push_back(gather_async(bytes, to, std::string(internal::kWho) + ".consolidate", set));
   } catch (...) {
-    try {
-      wait_all(handles);
-    } catch (...) {  // The submission error is the one to report.
-    }
-    throw;
+    internal::drain_and_rethrow(handles);
   }
   std::exception_ptr count_error, gather_error;
   for (std::size_t h = 0; h < handles.size(); ++h) {
