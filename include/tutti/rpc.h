@@ -35,7 +35,8 @@ struct RpcOptions {
   // Default deadline of every call (rpc_sync, rpc_async, remote, RRef::to_here) whose own
   // timeout is 0; must be > 0. Also bounds how long shutdown(true) waits for the other workers.
   double timeout_seconds = 60;
-  // Threads that run the functions called on this worker, >= 1. A function that waits on a
+  // Threads that run the functions called on this worker, 1 to 4096 (each started by
+  // init_rpc(); InvalidArgument outside that range). A function that waits on a
   // nested call does not count: the pool starts a helper thread meanwhile, so nested calls
   // never deadlock for want of threads.
   int num_worker_threads = 4;

@@ -46,6 +46,9 @@ void shutdown_before_tutti() {
   }
 }
 
+// RpcOptions::num_worker_threads' most (include/tutti/rpc.h).
+constexpr int kMaxWorkerThreads = 4096;
+
 // What is wrong with this rank's init_rpc() call, or "".
 std::string local_problem(const std::string& name, const RpcOptions& options,
                           const core::Session& session) {
@@ -54,8 +57,10 @@ std::string local_problem(const std::string& name, const RpcOptions& options,
     return str_cat("RpcOptions::timeout_seconds must be a positive, finite number of seconds, got ",
                    options.timeout_seconds);
   }
-  if (options.num_worker_threads < 1) {
-    return str_cat("RpcOptions::num_worker_threads must be at least 1, got ",
+  // Each is a thread init_rpc() starts at once, so a count past what a process can start
+  // (INT_MAX) must be refused here, before any is started.
+  if (options.num_worker_threads < 1 || options.num_worker_threads > kMaxWorkerThreads) {
+    return str_cat("RpcOptions::num_worker_threads must be from 1 to ", kMaxWorkerThreads, ", got ",
                    options.num_worker_threads);
   }
   if (!session.topology().threads_multiple) {

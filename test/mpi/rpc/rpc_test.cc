@@ -3,6 +3,7 @@
 // many concurrent calls, big messages and both shutdowns (cases shared with the unit tier,
 // test/support/rpc_agent_cases.cc); and init_rpc()'s checks.
 #include <cstddef>
+#include <limits>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -40,6 +41,19 @@ TEST_CASE("init_rpc() refuses duplicate names, a second init and a missing tutti
   const auto empty_name =
       error_of([] { rpc::init_rpc(world_rank() == 0 ? "" : worker(world_rank())); });
   CHECK(all_ranks(empty_name == ErrorCode::InvalidArgument));
+  // Past 4096 worker threads (each is started by init_rpc()) is refused on every rank, as are
+  // none; before, any count was accepted and its threads started at once.
+  for (const int threads : {0, 4097, std::numeric_limits<int>::max()}) {
+    message.clear();
+    const auto refused = error_of(
+        [&] {
+          rpc::init_rpc(worker(world_rank()),
+                        {.num_worker_threads = world_rank() == 0 ? threads : 2});
+        },
+        &message);
+    INFO(threads << " threads: " << message);
+    CHECK(all_ranks(refused == ErrorCode::InvalidArgument));
+  }
   rpc::init_rpc(worker(world_rank()));
   const auto twice = error_of([] { rpc::init_rpc(worker(world_rank())); });
   CHECK(all_ranks(twice == ErrorCode::InvalidArgument));
