@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
@@ -404,6 +405,21 @@ TEST_CASE("ZeRO: broadcast_optimizer_state distributes a consolidated state, or 
   CHECK(all_ranks(diff < 1e-5));
 }
 
+// The last rank joins (tutti::join()) while every other rank runs `op`, which must throw
+// InvalidArgument naming the one joined member ("1 of <size> members have joined").
+void check_fails_beside_a_join(const std::function<void()>& op) {
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  ErrorCode code = ErrorCode::InvalidArgument;
+  std::string message;
+  if (rank != size - 1) std::tie(code, message) = error_from(op);
+  tutti::join();
+  INFO(message);
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
+                                                   " members have joined") != std::string::npos));
+}
+
 TEST_CASE("ZeRO with a joined member fails its step on the others instead of misplacing shards",
           "[zero][join]") {
   Session session;
@@ -440,15 +456,7 @@ TEST_CASE("ZeRO: consolidate_state_dict with a joined member throws on every oth
                                {.shard_gradients = true});
   forward_backward(*model, deep_batch(0, rank, size));
   zero.step();
-  ErrorCode code = ErrorCode::InvalidArgument;
-  std::string message;
-  if (rank != size - 1)
-    std::tie(code, message) = error_from([&] { zero.consolidate_state_dict(to); });
-  tutti::join();
-  INFO(message);
-  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
-  CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
-                                                   " members have joined") != std::string::npos));
+  check_fails_beside_a_join([&] { zero.consolidate_state_dict(to); });
   // No consolidation stands: state_dict() refuses on every rank.
   CHECK(all_ranks(error_from([&] { static_cast<void>(zero.state_dict()); }).first ==
                   ErrorCode::InvalidArgument));
@@ -486,17 +494,10 @@ TEST_CASE("ZeRO with members that own no parameter: the step's closed form, and 
   if (size == 1) return;  // Nobody to join. The same on every rank.
   // The last rank owns nothing, so no op of the step is rooted at it: the step's count of
   // members is what fails it on the others.
-  ErrorCode code = ErrorCode::InvalidArgument;
-  std::string message;
-  if (rank != size - 1) {
+  check_fails_beside_a_join([&] {
     set_grad();
-    std::tie(code, message) = error_from([&] { zero.step(); });
-  }
-  tutti::join();
-  INFO(message);
-  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
-  CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
-                                                   " members have joined") != std::string::npos));
+    zero.step();
+  });
 }
 
 // size - 1 parameters of 4 elements and one of 0 (the last): the greedy layout gives each of
@@ -533,17 +534,10 @@ TEST_CASE("ZeRO with a member that owns only empty parameters: a join fails the 
   CHECK(all_ranks(zeroed));
 
   if (size == 1) return;  // Nobody to join. The same on every rank.
-  ErrorCode code = ErrorCode::InvalidArgument;
-  std::string message;
-  if (rank != size - 1) {
+  check_fails_beside_a_join([&] {
     set_grads();
-    std::tie(code, message) = error_from([&] { zero.step(); });
-  }
-  tutti::join();
-  INFO(message);
-  CHECK(all_ranks(code == ErrorCode::InvalidArgument));
-  CHECK(all_ranks(rank == size - 1 || message.find("1 of " + std::to_string(size) +
-                                                   " members have joined") != std::string::npos));
+    zero.step();
+  });
 }
 
 TEST_CASE(
