@@ -16,11 +16,14 @@
 namespace tutti::core {
 namespace {
 
+// Posted by the handler (sem_post is async-signal-safe; std::call_once, which initializes it, is
+// not, so the handler reaches it directly: it is installed only after dump_requests() ran).
+sem_t requests_semaphore;
+
 sem_t& dump_requests() {
-  static sem_t semaphore;
   static std::once_flag once;
-  std::call_once(once, [] { sem_init(&semaphore, 0, 0); });
-  return semaphore;
+  std::call_once(once, [] { sem_init(&requests_semaphore, 0, 0); });
+  return requests_semaphore;
 }
 
 volatile std::sig_atomic_t terminating = 0;  // SIGTERM arrived: dump, then end.
@@ -31,7 +34,7 @@ constexpr std::chrono::milliseconds kSigtermLinger(250);
 extern "C" void request_dump(int signal) {
   const int saved = errno;  // A handler must leave errno as it found it.
   if (signal == SIGTERM) terminating = 1;
-  sem_post(&dump_requests());
+  sem_post(&requests_semaphore);
   errno = saved;
 }
 
