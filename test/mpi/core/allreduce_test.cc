@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -48,6 +49,47 @@ TEST_CASE("prescale and postscale apply before and after the reduction", "[allre
   }
   INFO(failure);
   CHECK(all_ranks(all_ok));
+}
+
+// The integer rule (collectives.h): each scaling in double, truncated toward zero and
+// saturated to the dtype's range. Inputs and factors keep every sum in range, so only the
+// scalings reach the limits; the expected values are closed forms in the set size.
+TEST_CASE("integer scalings truncate toward zero and saturate to the dtype's range",
+          "[allreduce]") {
+  Session session;
+  const int n = world_size();
+  constexpr std::int64_t kCount = 37;  // Odd: past any vector loop's whole blocks.
+  auto equal_all = [](const auto& values, auto expected) {
+    return std::all_of(values.begin(), values.end(), [&](auto v) { return v == expected; });
+  };
+  // Prescale past both ends of int8, then Min/Max: every rank's scaled value is a limit.
+  std::vector<std::int8_t> high(kCount, static_cast<std::int8_t>(1 + world_rank() % 3));
+  allreduce(TensorView(high.data(), {kCount}), "sat.high",
+            {.op = ReduceOp::Min, .prescale_factor = 1000.0});
+  std::vector<std::int8_t> low(kCount, static_cast<std::int8_t>(1 + world_rank() % 3));
+  allreduce(TensorView(low.data(), {kCount}), "sat.low",
+            {.op = ReduceOp::Max, .prescale_factor = -1000.0});
+  // Postscale of a sum in range: 100 * n saturates at 127 from n = 2; -n into uint8 is 0; n
+  // times 1e10 past int32's maximum.
+  std::vector<std::int8_t> post(kCount, 1);
+  allreduce(TensorView(post.data(), {kCount}), "sat.post",
+            {.op = ReduceOp::Sum, .postscale_factor = 100.0});
+  std::vector<std::uint8_t> negative(kCount, 1);
+  allreduce(TensorView(negative.data(), {kCount}), "sat.negative",
+            {.op = ReduceOp::Sum, .postscale_factor = -1.0});
+  std::vector<std::int32_t> huge(kCount, 1);
+  allreduce(TensorView(huge.data(), {kCount}), "sat.huge",
+            {.op = ReduceOp::Sum, .postscale_factor = 1e10});
+  // Truncation toward zero: -n * 0.4 is -0.4, -0.8, -1.2, -1.6 at 1-4 ranks: 0, 0, -1, -1.
+  std::vector<std::int32_t> truncated(kCount, -1);
+  allreduce(TensorView(truncated.data(), {kCount}), "sat.truncated",
+            {.op = ReduceOp::Sum, .postscale_factor = 0.4});
+  CHECK(all_ranks(equal_all(high, std::int8_t{127})));
+  CHECK(all_ranks(equal_all(low, std::int8_t{-128})));
+  CHECK(all_ranks(equal_all(post, static_cast<std::int8_t>(std::min(100 * n, 127)))));
+  CHECK(all_ranks(equal_all(negative, std::uint8_t{0})));
+  CHECK(all_ranks(equal_all(huge, std::numeric_limits<std::int32_t>::max())));
+  CHECK(all_ranks(equal_all(truncated, static_cast<std::int32_t>(std::trunc(-0.4 * n)))));
 }
 
 TEST_CASE("a batch of mixed tensors submitted in a different order on each rank", "[allreduce]") {
