@@ -353,15 +353,22 @@ class ElasticDriver:
                 signal.signal(signum, handler)
 
     def dry_run(self):
-        """Prints the first launch's command (make_command does) without running anything."""
+        """Prints the first launch's command (make_command does) without running anything. With
+        fewer than -np slots listed now, says that a run would first wait for them."""
         try:
-            plan = plan_launch(self.discover(), {}, None, self.min_np, self.max_np)
+            discovered = self.discover()
         except ElasticError as e:
             log(str(e))
             return 1
+        plan = plan_launch(discovered, {}, None, self.first_np, self.max_np)
         if plan is None:
-            log(f"the discovery script lists fewer than --min-np {self.min_np} slots now")
-            return 1
+            plan = plan_launch(discovered, {}, None, self.min_np, self.max_np)
+            if plan is None:
+                log(f"the discovery script lists fewer than --min-np {self.min_np} slots now")
+                return 1
+            log(f"the discovery script lists {plan[1]} slot(s) now, fewer than -np "
+                f"{self.first_np}: a run would wait up to {self.timeout:g} s (--elastic-timeout) "
+                "for more, then launch this")
         self.make_command(plan[1], plan[0], 1, self.environment(1))
         return 0
 

@@ -25,6 +25,10 @@ def fail(message):
 
 def main():
     program, mpiexec = sys.argv[1:3]
+    # mpirun --enable-recovery waits for ever on a program it cannot start (seen where a build
+    # left this suite's programs out): say so at once instead of after JOB_TIMEOUT_S.
+    if not os.access(program, os.X_OK):
+        fail(f"{program} is not an executable file (not built here?)")
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
                              check=False).stdout
     if "Open MPI" not in version and "OpenRTE" not in version:

@@ -401,6 +401,26 @@ class FlagTest(unittest.TestCase):
         self.assertIn("TUTTI_ELASTIC_DIR=/tmp/tutti-elastic-", result.stdout)
         self.assertIn("-x TUTTI_ELASTIC_DIR", result.stdout)
 
+    def test_dry_run_says_a_run_would_wait_for_np(self):
+        # Before, -np was not looked at: the launch on --min-np's slots was printed as if a run
+        # would start it at once.
+        cluster = Cluster("localhost:2")
+        self.addCleanup(cluster.remove)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TUTTI_", "HOROVOD_"))}
+        result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                 cluster.script, "-np", "4", "--min-np", "2",
+                                 "--elastic-timeout", "7", "--dry-run", "true"],
+                                capture_output=True, text=True, env=env, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("-np 2 -H localhost:2", result.stdout)
+        self.assertIn("lists 2 slot(s) now, fewer than -np 4: a run would wait up to 7 s "
+                      "(--elastic-timeout) for more, then launch this", result.stderr)
+        result = subprocess.run([sys.executable, TUTTIRUN, "--host-discovery-script",
+                                 cluster.script, "-np", "2", "--dry-run", "true"],
+                                capture_output=True, text=True, env=env, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("would wait", result.stderr)
+
     def test_a_script_named_without_a_slash_is_the_file_checked(self):
         # Before, the check found ./discover but the run looked for 'discover' on PATH.
         cluster = Cluster("localhost:2")
