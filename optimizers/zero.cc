@@ -73,29 +73,47 @@ using PieceOp = std::function<Handle(const nn::Variable& parameter, std::int64_t
 // instead copied every element in and out of fresh buffers the size of the model on each step:
 // on the ResNet-50 shapes at 2 ranks, stages 1 and 2 took 1.09-1.43x DistributedOptimizer's
 // step that way, and take 0.68-0.77x in place (P13, README).
-// A member that joined (tutti::join()) fails the ops rooted at it, so the step throws
-// InvalidArgument on the others. One that owns no element roots none (no parameter, or only
-// parameters of 0 elements, whose piece loop starts nothing): where a member owns no element,
-// a step also counts the members with a one-element allreduce (a joined member contributes
-// zero), so that such a join fails the step too.
+//
+// A member that joined (tutti::join()) fails the ops rooted at it, and one that owns no element
+// roots none, so a step counts the members with a one-element allreduce (a joined member
+// contributes zero) and throws InvalidArgument on the others when one is missing, before this
+// rank's shard or optimizer state changes: stage 2 beside its reduces (which change no
+// parameter), stage 1 alone before the local step. Stage 1 counted beside its broadcasts
+// before, and its members had stepped their shards and optimizer state when the broadcasts
+// rooted at the joined member failed; the step threw with the parameters half updated.
+
+// Throws InvalidArgument when `live` (a count of the members that took part) is short of the
+// set's size.
+void require_every_member(std::int32_t live, const ProcessSet& set) {
+  if (live != set.size()) {
+    detail::throw_invalid_argument(internal::kWho, "::step: ", set.size() - live, " of ",
+                                   set.size(),
+                                   " members have joined (tutti::join() is not supported)");
+  }
+}
+
+// Starts the count of the members that take part in this step (Note [ZeRO's collectives]) into
+// `live`, which must stay valid until the handle is waited for.
+Handle count_members(std::int32_t& live, const ProcessSet& set, const char* what) {
+  live = 1;
+  return allreduce_async(TensorView(&live, {}),
+                         detail::str_cat(internal::kWho, ".", what, ".members"),
+                         {.op = ReduceOp::Sum, .process_set = set});
+}
 
 // Runs `start` on every piece (at most `bucket` elements) of every owned parameter, all in
-// flight at once, and waits; `what` names the ops.
+// flight at once, and waits; `what` names the ops. With `count`, the count of the members runs
+// beside them, and a missing member is the error reported (the pieces rooted at it fail with a
+// message of their own).
 void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
                    const std::vector<nn::Variable>& params, std::int64_t bucket, const char* what,
-                   const PieceOp& start) {
-  const int size = set.size();
-  if (size == 1) return;
+                   const PieceOp& start, bool count) {
+  if (set.size() == 1) return;
   const std::string prefix = detail::str_cat(internal::kWho, ".", what, ".");
   std::vector<Handle> handles;
-  std::int32_t members = 1;
-  const bool count_members = std::any_of(layout.shard_elements.begin(), layout.shard_elements.end(),
-                                         [](std::int64_t elements) { return elements == 0; });
+  std::int32_t live = 0;
   try {
-    if (count_members) {
-      handles.push_back(allreduce_async(TensorView(&members, {}), prefix + "members",
-                                        {.op = ReduceOp::Sum, .process_set = set}));
-    }
+    if (count) handles.push_back(count_members(live, set, what));
     for (std::size_t i = 0; i < params.size(); ++i) {
       if (layout.owner[i] < 0) continue;
       const int root = set.ranks()[static_cast<std::size_t>(layout.owner[i])];
@@ -108,11 +126,19 @@ void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
   } catch (...) {
     internal::drain_and_rethrow(handles);
   }
-  wait_all(handles);
-  if (count_members && members != size) {
-    detail::throw_invalid_argument(internal::kWho, "::step: ", size - members, " of ", size,
-                                   " members have joined (tutti::join() is not supported)");
+  std::exception_ptr count_error, piece_error;
+  for (std::size_t h = 0; h < handles.size(); ++h) {
+    try {
+      handles[h].wait();
+    } catch (...) {
+      std::exception_ptr& error = count && h == 0 ? count_error : piece_error;
+      if (!error) error = std::current_exception();
+    }
   }
+  // A missing member explains the pieces' errors.
+  if (count_error) std::rethrow_exception(count_error);
+  if (count) require_every_member(live, set);
+  if (piece_error) std::rethrow_exception(piece_error);
 }
 
 }  // namespace
@@ -188,7 +214,7 @@ std::int64_t ZeroRedundancyOptimizer::bucket_elements() const {
 // built-in rules: not updated), and then rethrows the local error, which is the one to report.
 void ZeroRedundancyOptimizer::step() {
   pass_failed_->store(false);
-  if (options_.shard_gradients) reduce_gradients();
+  prepare_step();
   std::exception_ptr local_error;
   try {
     local_->step();
@@ -220,7 +246,7 @@ void ZeroRedundancyOptimizer::step() {
 // update.
 void ZeroRedundancyOptimizer::skip_step() {
   Optimizer::zero_grad();
-  if (options_.shard_gradients) reduce_gradients();
+  prepare_step();
   consolidated_to_.reset();
   consolidated_.reset();
   broadcast_parameters();
@@ -231,6 +257,19 @@ void ZeroRedundancyOptimizer::zero_grad() {
   Optimizer::zero_grad();
 }
 
+void ZeroRedundancyOptimizer::prepare_step() {
+  const ProcessSet& set = options_.process_set;
+  if (set.size() == 1) return;
+  if (options_.shard_gradients) {
+    reduce_gradients();
+    return;
+  }
+  std::int32_t live = 0;
+  Handle handle = count_members(live, set, "step");
+  handle.wait();
+  require_every_member(live, set);
+}
+
 void ZeroRedundancyOptimizer::reduce_gradients() {
   const ProcessSet& set = options_.process_set;
   run_per_piece(
@@ -238,7 +277,8 @@ void ZeroRedundancyOptimizer::reduce_gradients() {
       [&](const nn::Variable& p, std::int64_t at, std::int64_t n, int root, std::string name) {
         return reduce_async(p.grad().slice(at, {n}), root, std::move(name),
                             {.op = ReduceOp::Average, .process_set = set});
-      });
+      },
+      /*count=*/true);
 }
 
 void ZeroRedundancyOptimizer::broadcast_parameters() {
@@ -247,7 +287,8 @@ void ZeroRedundancyOptimizer::broadcast_parameters() {
       *layout_, set, parameters(), bucket_elements(), "broadcast",
       [&](const nn::Variable& p, std::int64_t at, std::int64_t n, int root, std::string name) {
         return broadcast_async(p.value().slice(at, {n}), root, std::move(name), set);
-      });
+      },
+      /*count=*/false);  // prepare_step() counted.
 }
 
 std::vector<std::string> ZeroRedundancyOptimizer::owned_parameters() const {

@@ -85,7 +85,9 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   // in grad() afterwards (the other parameters' grad() keep this rank's own). Then the local
   // optimizer steps the shard and each owner broadcasts the new values into every member's
   // parameters, in place. Collective, blocking. Errors of the collectives are rethrown (a
-  // failed reduce leaves every parameter unchanged). At set size 1 nothing is sent.
+  // failed reduce leaves every parameter unchanged). With a member joined it throws
+  // InvalidArgument ("<k> of <n> members have joined") before any parameter or optimizer state
+  // changes, in both stages. At set size 1 nothing is sent.
   // Tutti addition: if the local optimizer's step() throws on a member, that member still
   // broadcasts its shard (as the local step left it; not updated by the built-in rules, which
   // change nothing when they throw) and then rethrows the local optimizer's exception; the
@@ -135,6 +137,11 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   struct Layout;  // Note [ZeRO layout] in optimizers/zero_layout.h.
 
   std::int64_t bucket_elements() const;
+  // The collectives of a step (or of one skipped, see zero_grad()) before the local step:
+  // stage 2's reduce_gradients(), stage 1's count of the members alone. Throws InvalidArgument
+  // when a member has joined, before anything is stepped (Note [ZeRO's collectives]).
+  void prepare_step();
+  // Stage 2: each gradient to its owner (Average), beside a count of the members.
   void reduce_gradients();
   void broadcast_parameters();
   void skip_step();
