@@ -131,7 +131,8 @@ class TUTTI_API DistributedDataParallel : public Module {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // In training mode with broadcast_buffers, first broadcasts the root's buffers (collective).
+  // In training mode with broadcast_buffers, first broadcasts the root's buffers (collective);
+  // while a member of the set has joined (tutti::join()), every member keeps its own instead.
   // Then module().forward(input), recorded so that its backward() averages the gradients
   // (unless inside no_sync()).
   Variable forward(const Variable& input) override;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <span>
@@ -19,6 +20,7 @@
 #include "src/nn/tensor_math.h"
 #include "tutti/collectives.h"
 #include "tutti/nn/parallel.h"
+#include "tutti/runtime.h"
 
 namespace tutti::nn {
 namespace {
@@ -207,20 +209,45 @@ Variable DistributedDataParallel::forward(const Variable& input) {
   return reducer_->attach(output);
 }
 
-// The root's buffers into every member's. Also while members have joined (they take part as
-// receivers, as in any collective they did not submit): a decision to skip would rest on each
-// rank's view of who has joined, which differs after a join() (the last rank to train saw the
-// others joined, the first did not), and ranks that disagreed waited in different ops forever.
+// Note [Buffers while a member has joined]
+// The root's buffers go into every member's, except while a member has joined (tutti::join()):
+// then every member keeps its own (API.md). Whether one has joined is the set's fact, not a
+// rank's: each rank's own view differs after a join() (the last rank to train saw the others
+// joined, the first did not), and ranks that decided on their views waited in different ops
+// forever. So every forward broadcasts, and beside the broadcasts a one-element allreduce counts
+// the members that take part (a joined one contributes zero); all receive the same count, and
+// where it falls short each member restores the values it had. A root that has joined cannot
+// send: every member then gets InvalidArgument from its broadcasts' wait() alike, and none has
+// changed. The count costs no extra round: it is negotiated and run with the broadcasts.
 void DistributedDataParallel::broadcast_buffers() {
-  if (options_.process_set.size() == 1) return;
+  const ProcessSet& set = options_.process_set;
+  if (set.size() == 1) return;
   std::vector<std::pair<std::string, Tensor>> buffers;
   const std::string prefix = op_prefix(options_.root_rank, id_) + ".buffer.";
   for (auto& [name, b] : named_buffers()) buffers.emplace_back(prefix + name, b.value());
   if (buffers.empty()) return;
-  // A root that has joined cannot send: every member then gets InvalidArgument from wait()
-  // alike, and none has broadcast (the buffers stay as they were).
-  static_cast<void>(
-      broadcast_all(buffers, options_.root_rank, options_.process_set, /*joined_root_ok=*/true));
+  std::vector<Tensor> own;
+  if (tutti::rank() != options_.root_rank) {
+    for (const auto& [name, b] : buffers) own.push_back(b.clone());
+  }
+  std::int32_t live = 1;
+  Handle count = allreduce_async(TensorView(&live, {}),
+                                 op_prefix(options_.root_rank, id_) + ".buffers.members",
+                                 {.op = ReduceOp::Sum, .process_set = set});
+  try {
+    static_cast<void>(broadcast_all(buffers, options_.root_rank, set, /*joined_root_ok=*/true));
+  } catch (...) {
+    try {
+      count.wait();  // `live` must outlive the op.
+    } catch (...) {  // The broadcasts' error is the one to report.
+    }
+    throw;
+  }
+  count.wait();
+  if (live == set.size()) return;
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    std::memcpy(buffers[i].second.data(), own[i].data(), own[i].byte_size());
+  }
 }
 
 void DistributedDataParallel::register_comm_hook(CommHook hook) {

@@ -332,7 +332,7 @@ TEST_CASE("join(): a rank with fewer batches contributes zeros and nobody hangs"
   auto steps_of = [&](int r) { return r == fewer ? fewer_steps : 3; };
   auto make = [] {
     nn::manual_seed(29);
-    auto model = std::make_shared<nn::Sequential>();  // With buffers: broadcast while joined.
+    auto model = std::make_shared<nn::Sequential>();  // With buffers, kept while one joined.
     model->add(std::make_shared<nn::Linear>(4, 8))
         .add(std::make_shared<nn::BatchNorm1d>(8))
         .add(std::make_shared<nn::ReLU>())
@@ -403,6 +403,41 @@ TEST_CASE("After a join() the next epoch trains and the buffers are broadcast ag
   MPI_Allreduce(mean.data(), low.data(), static_cast<int>(mean.size()), MPI_FLOAT, MPI_MIN,
                 MPI_COMM_WORLD);
   CHECK(all_ranks(!mean.empty() && high == low));
+}
+
+TEST_CASE("While a rank has joined, the others keep their own buffers", "[ddp][join]") {
+  // API.md: "While any rank of the set has joined, buffers are not broadcast." The last rank
+  // joins at once; the others train two steps on their own batches, so that each one's running
+  // statistics differ from the root's at the second forward. Oracle: the same model without
+  // DDP on this rank's batches (DDP changes no parameter without an optimizer). Before, the
+  // second forward gave every rank the root's statistics (observable from 3 ranks: 2 live).
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  auto make = [] {
+    nn::manual_seed(37);
+    auto model = std::make_shared<nn::Sequential>();
+    model->add(std::make_shared<nn::Linear>(4, 2)).add(std::make_shared<nn::BatchNorm1d>(2));
+    return model;
+  };
+  DistributedDataParallel ddp(make());
+  auto reference = make();
+  if (rank != size - 1 || size == 1) {
+    for (int step = 0; step < 2; ++step) {
+      forward_backward(ddp, shard(rank, size, step));
+      static_cast<void>(reference->forward(nn::Variable(shard(rank, size, step).x)));
+    }
+  }
+  tutti::join();
+  std::vector<float> mine, expected;
+  for (const auto& [name, b] : ddp.named_buffers()) {
+    for (float v : b.value().span<float>()) mine.push_back(v);
+  }
+  for (const auto& [name, b] : reference->named_buffers()) {
+    for (float v : b.value().span<float>()) expected.push_back(v);
+  }
+  INFO("rank " << rank);
+  CHECK(all_ranks(!mine.empty() && mine == expected));
 }
 
 // Identity in forward; its backward records how many buckets had started by then.
