@@ -2,6 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # Usage: cluster_test.py CASE ARGS...
+#   env SPEC                             the launcher's environment on SPEC's hosts (see case_env)
 #   layout SPEC [--hostfile] PROGRAM     rank-layout queries on SPEC's hosts (e.g. 3,1: 3 ranks
 #                                        on tnode0, 1 on tnode1), launched with -H or a hostfile
 #   sweep SPEC on|off|auto PROGRAM [ARGS]  an mpi-suite test program on SPEC's hosts,
@@ -572,13 +573,36 @@ def case_elastic(args):
         shutil.rmtree(cluster.dir, ignore_errors=True)
 
 
-CASES = {"layout": case_layout, "sweep": case_sweep, "fault": case_fault, "mnist": case_mnist,
-         "p10": case_p10, "rate": case_rate, "elastic": case_elastic, "bell": case_bell,
-         "bell6": case_bell6}
+def case_env(args):
+    """A variable of the launcher's environment reaches the ranks on every host, as horovodrun
+    exports it; one that describes the launching shell (OLDPWD) does not. The hosts' daemons
+    start with a bare environment (as ssh gives), so before only TUTTI_*, HOROVOD_*,
+    LD_LIBRARY_PATH and PATH arrived there."""
+    spec = args[0]
+    total = sum(int(slots) for slots in spec.split(","))
+    env = dict(os.environ, CLUSTER_ENV_PROBE="a value with spaces", OLDPWD="/launcher/only")
+    script = 'echo "probe [$CLUSTER_ENV_PROBE] [$OLDPWD] on $(hostname)"'
+    status, out, _ = tuttirun(["-np", str(total), "-H", hosts_of(spec), "sh", "-c", script],
+                              timeout=60, env=env)
+    if status != 0:
+        fail(f"the job exited {status}")
+    probes = re.findall(r"probe \[(.*)\] \[(.*)\] on (\S+)$", out, flags=re.MULTILINE)
+    if len(probes) != total:
+        fail(f"{len(probes)} of {total} ranks printed their probe line")
+    for value, oldpwd, host in probes:
+        if value != "a value with spaces":
+            fail(f"the rank on {host} saw CLUSTER_ENV_PROBE '{value}'")
+        if oldpwd == "/launcher/only":
+            fail(f"the rank on {host} saw the launching shell's OLDPWD")
+
+
+CASES = {"env": case_env, "layout": case_layout, "sweep": case_sweep, "fault": case_fault,
+         "mnist": case_mnist, "p10": case_p10, "rate": case_rate, "elastic": case_elastic,
+         "bell": case_bell, "bell6": case_bell6}
 
 
 def host_count(case, args):
-    return len(args[0].split(",")) if case in ("layout", "sweep", "bell", "bell6") else 2
+    return len(args[0].split(",")) if case in ("env", "layout", "sweep", "bell", "bell6") else 2
 
 
 def main(argv):

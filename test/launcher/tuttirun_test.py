@@ -515,13 +515,30 @@ class CommandTest(unittest.TestCase):
         command, _ = build(["-np", "6", "-H", "a:2,b:3", "--mpi-args=--oversubscribe", "prog"])
         self.assertEqual(command.count("--oversubscribe"), 1)
 
-    def test_existing_tutti_and_horovod_variables_are_exported(self):
+    def test_the_environment_is_exported_as_horovodrun_does(self):
+        # Ranks on other hosts get only the variables named by -x (ssh gives their daemons a
+        # bare environment). Before, only TUTTI_*, HOROVOD_*, LD_LIBRARY_PATH and PATH went, so
+        # OMP_NUM_THREADS or NCCL_* set for the job stopped at the first host.
         environ = {"TUTTI_CYCLE_TIME": "3", "HOROVOD_FUSION_THRESHOLD": "1", "OTHER": "x",
-                   "LD_LIBRARY_PATH": "/l", "PATH": "/p", "MY_TUTTI_X": "y"}
+                   "LD_LIBRARY_PATH": "/l", "PATH": "/p", "MY_TUTTI_X": "y",
+                   "OMP_NUM_THREADS": "4", "NCCL_SOCKET_IFNAME": "eth0"}
         command, env = build(["-np", "2", "--autotune", "prog"], environ=environ)
         self.assertEqual(exported(command), ["HOROVOD_FUSION_THRESHOLD", "TUTTI_AUTOTUNE",
-                                             "TUTTI_CYCLE_TIME", "LD_LIBRARY_PATH", "PATH"])
+                                             "TUTTI_CYCLE_TIME", "LD_LIBRARY_PATH", "MY_TUTTI_X",
+                                             "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS", "OTHER",
+                                             "PATH"])
         self.assertEqual(env["OTHER"], "x")
+
+    def test_the_shells_and_the_mpi_launchers_own_variables_are_not_exported(self):
+        kept = {"PATH": "/p", "SSHX": "1", "OMPI": "1", "PWDX": "1", "X_PWD": "1"}
+        left = {"BASH_FUNC_f%%": "() { :; }", "OLDPWD": "/o", "PWD": "/w", "SHLVL": "2",
+                "_": "/usr/bin/python3", "HOSTNAME": "h", "SSH_CONNECTION": "a b",
+                "SSH_AUTH_SOCK": "/s", "OMPI_MCA_btl": "self", "OMPI_COMM_WORLD_RANK": "0",
+                "PMIX_RANK": "0", "PMI_RANK": "0", "PRTE_MCA_x": "1", "ORTE_X": "1",
+                "OPAL_PREFIX": "/o"}
+        command, env = build(["-np", "2", "prog"], environ={**kept, **left}, is_root=True)
+        self.assertEqual(exported(command), sorted(kept))
+        self.assertEqual(env["OMPI_MCA_btl"], "self")  # mpirun itself still reads it.
 
     def test_no_path_no_export(self):
         command, _ = build(["-np", "2", "prog"], environ={})
