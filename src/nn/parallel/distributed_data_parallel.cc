@@ -218,7 +218,9 @@ Variable DistributedDataParallel::forward(const Variable& input) {
 // the members that take part (a joined one contributes zero); all receive the same count, and
 // where it falls short each member restores the values it had. A root that has joined cannot
 // send: every member then gets InvalidArgument from its broadcasts' wait() alike, and none has
-// changed. The count costs no extra round: it is negotiated and run with the broadcasts.
+// changed. The count is negotiated in the same cycles as the broadcasts; what it adds to a
+// forward is one 4-byte allreduce, and on the members other than the root a copy of the
+// buffers.
 void DistributedDataParallel::broadcast_buffers() {
   const ProcessSet& set = options_.process_set;
   if (set.size() == 1) return;
