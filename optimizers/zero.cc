@@ -50,6 +50,19 @@ ZeroLayout make_zero_layout(const std::vector<std::int64_t>& counts,
   return layout;
 }
 
+Handle count_members(std::int32_t& live, const ProcessSet& set, const char* what) {
+  live = 1;
+  return allreduce_async(TensorView(&live, {}), detail::str_cat(kWho, ".", what, ".members"),
+                         {.op = ReduceOp::Sum, .process_set = set});
+}
+
+void require_every_member(std::int32_t live, const ProcessSet& set, const char* where) {
+  if (live != set.size()) {
+    detail::throw_invalid_argument(kWho, "::", where, ": ", set.size() - live, " of ", set.size(),
+                                   " members have joined (tutti::join() is not supported)");
+  }
+}
+
 }  // namespace internal
 
 namespace {
@@ -82,25 +95,6 @@ using PieceOp = std::function<Handle(const nn::Variable& parameter, std::int64_t
 // before, and its members had stepped their shards and optimizer state when the broadcasts
 // rooted at the joined member failed; the step threw with the parameters half updated.
 
-// Throws InvalidArgument when `live` (a count of the members that took part) is short of the
-// set's size.
-void require_every_member(std::int32_t live, const ProcessSet& set) {
-  if (live != set.size()) {
-    detail::throw_invalid_argument(internal::kWho, "::step: ", set.size() - live, " of ",
-                                   set.size(),
-                                   " members have joined (tutti::join() is not supported)");
-  }
-}
-
-// Starts the count of the members that take part in this step (Note [ZeRO's collectives]) into
-// `live`, which must stay valid until the handle is waited for.
-Handle count_members(std::int32_t& live, const ProcessSet& set, const char* what) {
-  live = 1;
-  return allreduce_async(TensorView(&live, {}),
-                         detail::str_cat(internal::kWho, ".", what, ".members"),
-                         {.op = ReduceOp::Sum, .process_set = set});
-}
-
 // Runs `start` on every piece (at most `bucket` elements) of every owned parameter, all in
 // flight at once, and waits; `what` names the ops. With `count`, the count of the members runs
 // beside them, and a missing member is the error reported (the pieces rooted at it fail with a
@@ -113,7 +107,7 @@ void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
   std::vector<Handle> handles;
   std::int32_t live = 0;
   try {
-    if (count) handles.push_back(count_members(live, set, what));
+    if (count) handles.push_back(internal::count_members(live, set, what));
     for (std::size_t i = 0; i < params.size(); ++i) {
       if (layout.owner[i] < 0) continue;
       const int root = set.ranks()[static_cast<std::size_t>(layout.owner[i])];
@@ -137,7 +131,7 @@ void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
   }
   // A missing member explains the pieces' errors.
   if (count_error) std::rethrow_exception(count_error);
-  if (count) require_every_member(live, set);
+  if (count) internal::require_every_member(live, set, "step");
   if (piece_error) std::rethrow_exception(piece_error);
 }
 
@@ -265,9 +259,9 @@ void ZeroRedundancyOptimizer::prepare_step() {
     return;
   }
   std::int32_t live = 0;
-  Handle handle = count_members(live, set, "step");
+  Handle handle = internal::count_members(live, set, "step");
   handle.wait();
-  require_every_member(live, set);
+  internal::require_every_member(live, set, "step");
 }
 
 void ZeroRedundancyOptimizer::reduce_gradients() {

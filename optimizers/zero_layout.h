@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// How ZeroRedundancyOptimizer shards the parameters: which set rank owns each one.
+// How ZeroRedundancyOptimizer shards the parameters (which set rank owns each one), and the
+// count of the members its collective calls start with.
 // Internal to optimizers/, apart from zero.cc for unit tests.
 #pragma once
 
@@ -8,7 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "tutti/collectives.h"
 #include "tutti/optim/zero.h"
+#include "tutti/process_set.h"
 
 namespace tutti::optim::internal {
 
@@ -33,6 +36,15 @@ struct ZeroLayout {
 // the fewest elements so far (ties to the lower rank).
 ZeroLayout make_zero_layout(const std::vector<std::int64_t>& counts,
                             const std::vector<bool>& trainable, int size);
+
+// A member that has joined (tutti::join()) contributes zero to an allreduce, so a one-element
+// Sum of ones counts the members taking part (Note [ZeRO's collectives] in optimizers/zero.cc).
+// Starts that count into `live` (valid until the handle is waited for) as the op
+// "ZeroRedundancyOptimizer.<what>.members".
+Handle count_members(std::int32_t& live, const ProcessSet& set, const char* what);
+// Throws InvalidArgument ("<kWho>::<where>: <k> of <n> members have joined ...") when `live` is
+// short of the set's size.
+void require_every_member(std::int32_t live, const ProcessSet& set, const char* where);
 
 // The most elements one collective of a step moves: 2^62, exact as a double and far above any
 // tensor's element count, so that step()'s `at += bucket` over a parameter cannot overflow.

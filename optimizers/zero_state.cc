@@ -116,11 +116,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   const bool count = set.size() > 1;
   std::vector<Handle> handles;
   try {
-    if (count) {
-      handles.push_back(allreduce_async(TensorView(&live, {}),
-                                        std::string(internal::kWho) + ".consolidate.members",
-                                        {.op = ReduceOp::Sum, .process_set = set}));
-    }
+    if (count) handles.push_back(internal::count_members(live, set, "consolidate"));
     handles.push_back(gather_async(bytes, to, std::string(internal::kWho) + ".consolidate", set));
   } catch (...) {
     internal::drain_and_rethrow(handles);
@@ -134,11 +130,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     }
   }
   if (count_error) std::rethrow_exception(count_error);
-  if (live != set.size()) {
-    detail::throw_invalid_argument(internal::kWho, "::consolidate_state_dict: ", set.size() - live,
-                                   " of ", set.size(),
-                                   " members have joined (tutti::join() is not supported)");
-  }
+  internal::require_every_member(live, set, "consolidate_state_dict");
   if (gather_error) std::rethrow_exception(gather_error);
   if (members[static_cast<std::size_t>(me)] != to) {
     consolidated_to_ = to;
