@@ -32,18 +32,18 @@ Status run_once(HierarchicalBackend& backend, Collective collective, Path path, 
 // Per calibration size, the best time of each path on this rank, in ms: flat's, then
 // hierarchical's. The two paths alternate run by run, so that a burst of load on the machine
 // slows both alike rather than one.
-Result<std::vector<double>> time_paths(HierarchicalBackend& backend, Collective collective) {
-  const std::size_t largest = kCalibrationBytes.back() / sizeof(float);
+Result<std::vector<double>> time_paths(HierarchicalBackend& backend, Collective collective,
+                                       const CalibrationPlan& plan) {
+  const std::size_t largest = plan.bytes.back() / sizeof(float);
   std::vector<float> data(largest, 0.0f), gathered(largest, 0.0f);
-  const std::size_t n = kCalibrationBytes.size();
+  const std::size_t n = plan.bytes.size();
   std::vector<double> best(2 * n, 1e300);
   for (std::size_t i = 0; i < n; ++i) {
-    for (int run = 0; run <= kCalibrationRuns; ++run) {  // Run 0 warms up.
+    for (int run = 0; run <= plan.runs; ++run) {  // Run 0 warms up.
       for (Path path : {Path::Flat, Path::Hierarchical}) {
         TUTTI_RETURN_IF_ERROR(backend.flat().barrier());
         const Clock::time_point start = Clock::now();
-        TUTTI_RETURN_IF_ERROR(
-            run_once(backend, collective, path, kCalibrationBytes[i], data, gathered));
+        TUTTI_RETURN_IF_ERROR(run_once(backend, collective, path, plan.bytes[i], data, gathered));
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
         double& slot = best[path == Path::Flat ? i : n + i];
         if (run > 0) slot = std::min(slot, ms);
@@ -55,21 +55,24 @@ Result<std::vector<double>> time_paths(HierarchicalBackend& backend, Collective 
 
 // The threshold of `collective` measured on `backend`; `report` gets the figures.
 Result<std::size_t> measure(HierarchicalBackend& backend, Collective collective,
-                            std::string* report) {
-  TUTTI_ASSIGN_OR_RETURN(std::vector<double> times, time_paths(backend, collective));
+                            const CalibrationPlan& plan, std::string* report) {
+  TUTTI_ASSIGN_OR_RETURN(std::vector<double> times, time_paths(backend, collective, plan));
   // The slowest member's times, the same numbers on every member.
   TUTTI_RETURN_IF_ERROR(
       backend.flat().allreduce(times.data(), times.size(), DataType::Float64, WireOp::Max));
   const std::span<const double> all(times);
-  const std::size_t n = kCalibrationBytes.size();
-  const std::size_t threshold = threshold_from(all.first(n), all.subspan(n, n));
+  const std::size_t n = plan.bytes.size();
+  const std::size_t threshold = threshold_from(all.first(n), all.subspan(n, n), plan.bytes);
   if (report != nullptr) {
     auto ms = [](double x) { return std::round(x * 1000.0) / 1000.0; };
     *report += detail::str_cat(collective == Collective::Allreduce ? "allreduce" : "allgather",
                                " flat/hierarchical");
     for (std::size_t i = 0; i < n; ++i) {
-      *report += detail::str_cat(i == 0 ? " " : ", ", kCalibrationBytes[i] >> 10, " KiB ",
-                                 ms(all[i]), "/", ms(all[n + i]), " ms");
+      const std::size_t bytes = plan.bytes[i];
+      *report += detail::str_cat(
+          i == 0 ? " " : ", ",
+          bytes % 1024 == 0 ? detail::str_cat(bytes >> 10, " KiB") : detail::str_cat(bytes, " B"),
+          " ", ms(all[i]), "/", ms(all[n + i]), " ms");
     }
     *report += "; ";
   }
@@ -78,23 +81,23 @@ Result<std::size_t> measure(HierarchicalBackend& backend, Collective collective,
 
 }  // namespace
 
-std::size_t threshold_from(std::span<const double> flat_ms,
-                           std::span<const double> hierarchical_ms) {
+std::size_t threshold_from(std::span<const double> flat_ms, std::span<const double> hierarchical_ms,
+                           const std::array<std::size_t, 3>& bytes) {
   std::size_t threshold = HierarchicalBackend::kNever;
   // From the largest size down: a clear win moves the threshold down to it, a tie leaves it
   // (it joins a threshold a smaller size sets), a clear loss ends the scan, since "from a size
   // up" would then include a size where flat is faster. NaNs count as a loss.
-  for (std::size_t i = kCalibrationBytes.size(); i-- > 0;) {
+  for (std::size_t i = bytes.size(); i-- > 0;) {
     const bool hierarchical_wins = hierarchical_ms[i] <= kCalibrationMargin * flat_ms[i];
     const bool flat_wins = flat_ms[i] <= kCalibrationMargin * hierarchical_ms[i];
     if (flat_wins || std::isnan(flat_ms[i]) || std::isnan(hierarchical_ms[i])) break;
-    if (hierarchical_wins) threshold = kCalibrationBytes[i];
+    if (hierarchical_wins) threshold = bytes[i];
   }
   return threshold;
 }
 
 Status settle_thresholds(HierarchicalBackend& backend, const HierarchyOptions& options,
-                         std::string* report) {
+                         std::string* report, const CalibrationPlan& plan) {
   auto fixed = [](HierarchyMode mode) {
     return mode == HierarchyMode::On ? std::size_t{0} : HierarchicalBackend::kNever;
   };
@@ -104,11 +107,11 @@ Status settle_thresholds(HierarchicalBackend& backend, const HierarchyOptions& o
     backend.set_thresholds({.allreduce_bytes = 0, .allgather_bytes = 0});  // Both paths run.
     if (options.allreduce == HierarchyMode::Auto) {
       TUTTI_ASSIGN_OR_RETURN(thresholds.allreduce_bytes,
-                             measure(backend, Collective::Allreduce, report));
+                             measure(backend, Collective::Allreduce, plan, report));
     }
     if (options.allgather == HierarchyMode::Auto) {
       TUTTI_ASSIGN_OR_RETURN(thresholds.allgather_bytes,
-                             measure(backend, Collective::Allgather, report));
+                             measure(backend, Collective::Allgather, plan, report));
     }
   }
   backend.set_thresholds(thresholds);

@@ -39,15 +39,25 @@ inline constexpr int kCalibrationRuns = 5;
 // shared development machine).
 inline constexpr double kCalibrationMargin = 0.9;
 
-// Collective over the backend's set (every member, at the same point, as the backend's
-// creation is). Sets the backend's thresholds from `options`: Off = never, On = always,
-// Auto = measured (Note [Automatic hierarchy]). `report`, if not null, receives a line of the
-// measurements for the log.
-Status settle_thresholds(HierarchicalBackend& backend, const HierarchyOptions& options,
-                         std::string* report = nullptr);
+// What an automatic calibration measures: its sizes in bytes, ascending, and how many timed
+// runs each path gets per size. Jobs always use the defaults; the unit tests pass smaller
+// sizes, so that their threads-as-ranks backends measure in a fraction of a second under the
+// sanitizers (the defaults took 31 s under ThreadSanitizer).
+struct CalibrationPlan {
+  std::array<std::size_t, 3> bytes = kCalibrationBytes;
+  int runs = kCalibrationRuns;
+};
 
-// Pure: the threshold from per-size times (kCalibrationBytes' sizes) of both paths.
-std::size_t threshold_from(std::span<const double> flat_ms,
-                           std::span<const double> hierarchical_ms);
+// Collective over the backend's set (every member, at the same point, as the backend's
+// creation is, with the same `plan`). Sets the backend's thresholds from `options`: Off =
+// never, On = always, Auto = measured as `plan` says (Note [Automatic hierarchy]). `report`,
+// if not null, receives a line of the measurements for the log.
+Status settle_thresholds(HierarchicalBackend& backend, const HierarchyOptions& options,
+                         std::string* report = nullptr, const CalibrationPlan& plan = {});
+
+// Pure: the threshold from per-size times of both paths, measured at `bytes`' sizes (one time
+// per size in each span).
+std::size_t threshold_from(std::span<const double> flat_ms, std::span<const double> hierarchical_ms,
+                           const std::array<std::size_t, 3>& bytes = kCalibrationBytes);
 
 }  // namespace tutti::ops::hierarchical

@@ -206,6 +206,8 @@ TEST_CASE("The automatic threshold: the smallest size hierarchical wins, flat wi
   CHECK(threshold_from(Times{0.084, 0.296, 3.63}, Times{0.045, 0.26, 3.821}) ==
         kCalibrationBytes[0]);
   CHECK(threshold_from(Times{1, 10, 100}, Times{0.5, 5, std::nan("")}) == kNever);
+  // The sizes a calibration plan measured, when they are not the defaults.
+  CHECK(threshold_from(Times{1, 10, 100}, Times{2, 5, 50}, {256, 1024, 4096}) == 1024);
 }
 
 TEST_CASE("Thresholds follow the knobs, or measurements every member shares",
@@ -215,9 +217,14 @@ TEST_CASE("Thresholds follow the knobs, or measurements every member shares",
       GENERATE(ops::HierarchyMode::Off, ops::HierarchyMode::On, ops::HierarchyMode::Auto);
   std::vector<HierarchicalBackend::Thresholds> settled(ids.size());
   std::vector<int> ok(ids.size(), 0);
+  // Small sizes and one timed run: what is tested is that every member settles on the same
+  // measured thresholds, which the default sizes (up to 4 MiB, five runs) took 31 s to show
+  // under ThreadSanitizer.
+  const ops::hierarchical::CalibrationPlan plan{.bytes = {256, 1024, 4096}, .runs = 1};
   with_backends(ids, [&](HierarchicalBackend& backend, int rank) {
     const auto me = static_cast<std::size_t>(rank);
-    bool right = settle_thresholds(backend, {.allreduce = mode, .allgather = mode}).ok();
+    bool right =
+        settle_thresholds(backend, {.allreduce = mode, .allgather = mode}, nullptr, plan).ok();
     settled[me] = backend.thresholds();
     // Whichever path each size takes now, the sums are right.
     for (std::size_t count : {std::size_t{3}, std::size_t{70000}}) {
@@ -237,8 +244,8 @@ TEST_CASE("Thresholds follow the knobs, or measurements every member shares",
       CHECK(t.allreduce_bytes == expected);
       CHECK(t.allgather_bytes == expected);
     } else {
-      const std::vector<std::size_t> possible = {kCalibrationBytes[0], kCalibrationBytes[1],
-                                                 kCalibrationBytes[2], HierarchicalBackend::kNever};
+      const std::vector<std::size_t> possible = {plan.bytes[0], plan.bytes[1], plan.bytes[2],
+                                                 HierarchicalBackend::kNever};
       CHECK(std::count(possible.begin(), possible.end(), t.allreduce_bytes) == 1);
       CHECK(std::count(possible.begin(), possible.end(), t.allgather_bytes) == 1);
     }
