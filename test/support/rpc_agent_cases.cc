@@ -11,25 +11,21 @@
 #include "test/support/error_of.h"
 #include "test/support/rpc_cases.h"
 #include "test/support/rpc_functions.h"
-
-// ThreadSanitizer's build skips the 68 MiB echo of big_messages(): it took 23 of the RPC
-// test's 27 s there, touching fresh memory, and adds nothing for threads that the 1 MiB
-// messages in 4 KiB pieces do not.
-#if defined(__SANITIZE_THREAD__)
-#define TUTTI_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TUTTI_UNDER_TSAN 1
-#endif
-#endif
-#ifndef TUTTI_UNDER_TSAN
-#define TUTTI_UNDER_TSAN 0
-#endif
+#include "test/support/sanitizers.h"
 
 namespace tutti::test {
 namespace {
 
 using rpc::Message;
+
+// ThreadSanitizer's build skips the 68 MiB echo of big_messages(): it took 23 of the RPC
+// test's 27 s there, touching fresh memory, and adds nothing for threads that the 1 MiB
+// messages in 4 KiB pieces do not.
+#if defined(TUTTI_THREAD_SANITIZER)
+constexpr bool kEchoesHugeMessage = false;
+#else
+constexpr bool kEchoesHugeMessage = true;
+#endif
 
 Problems every_worker_reached_body(RpcWorld& world) {
   Problems p;
@@ -195,7 +191,7 @@ Problems big_messages_body(RpcWorld& world, std::size_t max_piece_bytes) {
   p.expect(values_of(m.tensors.at(0).value()) == values_of(mib.value()) &&
                m.bytes == std::string(10000, 'x'),
            "1 MiB echo");
-  if (!TUTTI_UNDER_TSAN && max_piece_bytes == rpc::detail::kDefaultMaxPieceBytes &&
+  if (kEchoesHugeMessage && max_piece_bytes == rpc::detail::kDefaultMaxPieceBytes &&
       world.rank() == 0) {
     // 68 MiB: two pieces. Once, from worker 0: fresh memory is slow to touch on the test
     // machines.

@@ -15,17 +15,13 @@
 #include <catch2/catch.hpp>
 
 #include "src/core/negotiation/message_codec.h"
+#include "test/support/sanitizers.h"
 
 // ThreadSanitizer's runtime defines the global operator new and delete itself (they cannot be
 // replaced under it): there the allocation sizes go untracked and only those checks are skipped.
-#if defined(__SANITIZE_THREAD__)
+#if defined(TUTTI_THREAD_SANITIZER)
 #define TUTTI_TRACK_ALLOCATIONS 0
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TUTTI_TRACK_ALLOCATIONS 0
-#endif
-#endif
-#ifndef TUTTI_TRACK_ALLOCATIONS
+#else
 #define TUTTI_TRACK_ALLOCATIONS 1
 #endif
 
