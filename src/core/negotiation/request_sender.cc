@@ -110,11 +110,9 @@ std::optional<RequestList> RequestSender::take_new(bool batch_by_yielding) {
 std::optional<RequestList> RequestSender::take_resend(std::span<const std::int32_t> ids) {
   if (last_sent_ || ids.empty()) return std::nullopt;
   RequestList again;
-  for (std::int32_t id : ids) {
-    for (const auto& entry : queue_.with_cache_hit(id)) {
-      entry->cache_hit = -1;
-      again.requests.push_back(entry->request);
-    }
+  for (const auto& entry : queue_.with_cache_hits(ids)) {
+    entry->cache_hit = -1;
+    again.requests.push_back(entry->request);
   }
   return again;
 }

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // RequestSender::take_new(): each op of a batch goes as its cache id when the rank's cache holds
 // an identical request, else in full, in submission order, whatever the batch's length (its
-// lookups run as a pipeline of stages 8 ops apart: Note [Lookup pipeline]).
+// lookups run as a pipeline of stages 8 ops apart: Note [Lookup pipeline]). take_resend(): the
+// hits the coordinator asks back go again in full, in the order asked, once each.
 #include "src/core/negotiation/request_sender.h"
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -58,6 +61,47 @@ TEST_CASE("take_new sends cached ops as their ids and the rest in full, in order
   }
   CHECK(marked == length);
   CHECK_FALSE(sender.take_new(false).has_value());  // Nothing new since.
+}
+
+TEST_CASE("take_resend sends the asked hits in full, in the order asked, and only those",
+          "[sender]") {
+  const int length = GENERATE(1, 7, 300);
+  TensorQueue queue;
+  RankCache cache;
+  std::vector<std::shared_ptr<Entry>> entries;
+  for (int i = 0; i < length; ++i) {
+    const Request request = allreduce_of("op" + std::to_string(i), 4);
+    cache.insert(5000 + i, request, Response());
+    std::shared_ptr<Entry> entry = make_entry();
+    entry->request = request;
+    REQUIRE(queue.push(entry).ok());
+    entries.push_back(entry);
+  }
+  RequestSender sender(queue, cache, std::chrono::microseconds(0));
+  const std::optional<RequestList> sent = sender.take_new(/*batch_by_yielding=*/false);
+  REQUIRE(sent.has_value());
+  REQUIRE(sent->cache_hits.size() == static_cast<std::size_t>(length));
+  // Every other op asked back, in a shuffled order, plus an id no op in flight was sent as.
+  std::vector<std::int32_t> asked;
+  for (int i = 0; i < length; i += 2) asked.push_back(5000 + i);
+  std::shuffle(asked.begin(), asked.end(), std::mt19937(static_cast<unsigned>(length)));
+  asked.push_back(4999);
+  const std::optional<RequestList> again = sender.take_resend(asked);
+  REQUIRE(again.has_value());
+  CHECK(again->cache_hits.empty());
+  std::vector<std::string> names;
+  for (const Request& request : again->requests) names.push_back(request.name);
+  std::vector<std::string> expected;
+  for (std::size_t k = 0; k + 1 < asked.size(); ++k)
+    expected.push_back("op" + std::to_string(asked[k] - 5000));
+  CHECK(names == expected);
+  // The resent ops are no longer hits, so asking again sends nothing; the others still are.
+  for (int i = 0; i < length; ++i) {
+    CHECK(entries[static_cast<std::size_t>(i)]->cache_hit == (i % 2 == 0 ? -1 : 5000 + i));
+  }
+  const std::optional<RequestList> twice = sender.take_resend(asked);
+  REQUIRE(twice.has_value());
+  CHECK(twice->requests.empty());
 }
 
 }  // namespace
