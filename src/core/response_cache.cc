@@ -76,6 +76,7 @@ std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* ev
                       .used = used,
                       .process_set_id = set_id};
   push_age(id, used);
+  if (auto report = thrash_.inserted(view_of(owned))) thrash_report_ = report;
   by_key_.insert_or_assign(std::move(owned), id);
   return id;
 }
@@ -94,6 +95,7 @@ bool CoordinatorCache::evict_least_recent(std::vector<std::int32_t>* evicted) {
       push_age(oldest.id, slot->used);  // Used since.
       continue;
     }
+    thrash_.evicted_for_room(OpKeyView{slot->entry->process_set_id, slot->entry->name});
     erase(oldest.id, evicted);
     return true;
   }

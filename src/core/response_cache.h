@@ -18,8 +18,10 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "src/core/cache_thrash.h"
 #include "src/core/id_index.h"
 #include "src/core/name_index.h"
 #include "src/core/op_key.h"
@@ -37,7 +39,7 @@ class CoordinatorCache {
     Response response;
   };
 
-  explicit CoordinatorCache(std::int64_t capacity) : capacity_(capacity) {}
+  explicit CoordinatorCache(std::int64_t capacity) : capacity_(capacity), thrash_(capacity) {}
 
   bool enabled() const { return capacity_ > 0; }
   // The entry for `id`, marked as recently used; null if unknown (evicted).
@@ -65,6 +67,11 @@ class CoordinatorCache {
   // The entries of the ids appended to `evicted` since the last call, in the same order: the
   // coordinator's pending hits on an evicted id still need its requests.
   std::vector<std::shared_ptr<const Entry>> take_evicted();
+  // Once in the cache's life, after the insert that found it: the cache is too small for the
+  // names that recur (Note [Cache thrash] in cache_thrash.h); nullopt otherwise.
+  std::optional<CacheThrashWatch::Report> take_thrash_report() {
+    return std::exchange(thrash_report_, std::nullopt);
+  }
   std::size_t size() const { return entries_.size(); }
   // Records in its least-recently-used heap, live or not (Note [Least recently used by
   // stamps]): for tests of their bound.
@@ -115,6 +122,8 @@ class CoordinatorCache {
   IdIndex<Slot> entries_;
   std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;
   std::vector<std::shared_ptr<const Entry>> evicted_;  // See take_evicted().
+  CacheThrashWatch thrash_;
+  std::optional<CacheThrashWatch::Report> thrash_report_;
 };
 
 // What the executor derives from a response (its fusion key and bytes), kept with the cached

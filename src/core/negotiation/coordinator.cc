@@ -7,6 +7,7 @@
 
 #include "src/base/strings.h"
 #include "src/common/check.h"
+#include "src/common/logging.h"
 #include "src/core/negotiation/validation.h"
 
 namespace tutti::core {
@@ -379,6 +380,9 @@ void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pe
                         .requests = std::move(pending.requests),
                         .response = response},
                        &list.evicted);
+    // Note [Cache thrash] in cache_thrash.h.
+    if (std::optional<CacheThrashWatch::Report> thrash = cache_.take_thrash_report())
+      TUTTI_LOG_WARNING(describe(*thrash));
   }
   list.responses.push_back(std::move(response));
   list.cache_ids.push_back(id);

@@ -3,6 +3,7 @@
 
 #include <list>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -144,6 +145,99 @@ TEST_CASE("The coordinator cache's eviction order stays bounded in memory", "[ca
   const auto gone = cache.take_evicted();
   REQUIRE(gone.size() == 1);
   CHECK(gone.front()->name == "n0");
+}
+
+// One step of `names` ops named "<prefix><i>", as the coordinator meets them: a cached name is
+// a hit (marked used), any other is negotiated and inserted. Returns the step's inserts.
+int run_step(CoordinatorCache& cache, int names, const std::string& prefix = "op") {
+  std::vector<std::int32_t> evicted;
+  int inserts = 0;
+  for (int i = 0; i < names; ++i) {
+    const std::string name = prefix + std::to_string(i);
+    if (const std::optional<std::int32_t> id = cache.id_of(OpKeyView{0, name})) {
+      REQUIRE(cache.find(*id) != nullptr);
+    } else {
+      cache.insert(entry(name), &evicted);
+      ++inserts;
+    }
+    cache.take_evicted();
+  }
+  return inserts;
+}
+
+TEST_CASE("A cache too small for the names that recur says so once, with how many recur",
+          "[cache][thrash]") {
+  // 300 names a step in a cache of 64: least-recently-used evicts each name 64 inserts after
+  // it went in, and it comes back 300 inserts after that insert, so every op misses and the
+  // names recur among exactly 300 (Note [Cache thrash]).
+  CoordinatorCache cache(64);
+  CHECK(run_step(cache, 300) == 300);
+  int steps = 1;
+  std::optional<CacheThrashWatch::Report> report;
+  while (!report && steps < 5) {
+    CHECK(run_step(cache, 300) == 300);
+    ++steps;
+    report = cache.take_thrash_report();
+  }
+  REQUIRE(report.has_value());
+  CHECK(steps == 2);  // The second step's 64th returning name makes it due.
+  CHECK(report->capacity == 64);
+  CHECK(report->recurrences == 64);
+  CHECK(report->distance == 300);
+  const std::string text = describe(*report);
+  CHECK_THAT(text, Catch::Contains("TUTTI_CACHE_CAPACITY=64"));
+  CHECK_THAT(text, Catch::Contains("at least 300"));
+  for (int more = 0; more < 3; ++more) {
+    run_step(cache, 300);
+    CHECK_FALSE(cache.take_thrash_report().has_value());  // Once.
+  }
+}
+
+TEST_CASE("A cache with room, or names that never come back, reports nothing", "[cache][thrash]") {
+  SECTION("the names fit") {
+    CoordinatorCache cache(64);
+    CHECK(run_step(cache, 64) == 64);
+    for (int step = 0; step < 5; ++step) CHECK(run_step(cache, 64) == 0);  // All hits.
+    CHECK_FALSE(cache.take_thrash_report().has_value());
+  }
+  SECTION("every name is new") {
+    CoordinatorCache cache(64);
+    for (int step = 0; step < 50; ++step) run_step(cache, 300, "step" + std::to_string(step) + ".");
+    CHECK_FALSE(cache.take_thrash_report().has_value());
+  }
+  SECTION("a few names come back, fewer than the capacity") {
+    CoordinatorCache cache(64);
+    for (int step = 0; step < 50; ++step) {
+      run_step(cache, 300, "step" + std::to_string(step) + ".");
+      run_step(cache, 1, "again");  // Evicted each step and negotiated again: one recurrence.
+    }
+    CHECK_FALSE(cache.take_thrash_report().has_value());
+  }
+}
+
+TEST_CASE("The thrash watch forgets the oldest evictions beyond its bound", "[cache][thrash]") {
+  CacheThrashWatch watch(4);
+  const std::size_t bound = CacheThrashWatch::kMinRemembered;
+  for (std::size_t i = 0; i < 3 * bound; ++i) {
+    const std::string name = "gone" + std::to_string(i);
+    watch.evicted_for_room(OpKeyView{0, name});
+    CHECK_FALSE(watch.inserted(OpKeyView{0, "new" + std::to_string(i)}).has_value());
+  }
+  CHECK(watch.remembered() == bound);
+  // The first evictions are forgotten: their names coming back are not recurrences.
+  for (std::size_t i = 0; i < 8; ++i) {
+    const std::string name = "gone" + std::to_string(i);
+    CHECK_FALSE(watch.inserted(OpKeyView{0, name}).has_value());
+  }
+  CHECK(watch.remembered() == bound);
+  // The latest are remembered: four of them coming back make the report due (capacity 4).
+  std::optional<CacheThrashWatch::Report> report;
+  for (std::size_t i = 3 * bound - 4; i < 3 * bound; ++i) {
+    report = watch.inserted(OpKeyView{0, "gone" + std::to_string(i)});
+  }
+  REQUIRE(report.has_value());
+  CHECK(report->recurrences == 4);
+  CHECK(watch.remembered() == 0);  // Done: nothing kept after the report.
 }
 
 TEST_CASE("Re-negotiating a name evicts its old id; ids are never reused", "[cache]") {
