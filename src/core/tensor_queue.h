@@ -142,9 +142,10 @@ class TensorQueue {
   // Communication thread. Removes and returns every in-flight entry of a set (being removed).
   std::vector<std::shared_ptr<Entry>> take_set(int process_set_id) TUTTI_EXCLUDES(mutex_);
   // Communication thread. The in-flight entries that were sent as the cache hits `ids`, in the
-  // order of `ids`. One pass over the ops in flight, whatever the number of ids: a cache too
-  // small for a step's ops has the coordinator ask back hundreds of hits a cycle, with
-  // thousands of ops in flight (Note [Resends in one pass] in tensor_queue.cc).
+  // order of `ids` (an id given twice counts at its first place). One pass over the ops in
+  // flight, whatever the number of ids: a cache too small for a step's ops has the coordinator
+  // ask back hundreds of hits a cycle, with thousands of ops in flight (Note [Resends in one
+  // pass] in tensor_queue.cc).
   std::vector<std::shared_ptr<Entry>> with_cache_hits(std::span<const std::int32_t> ids) const
       TUTTI_EXCLUDES(mutex_);
   // Communication thread. Whether anything is in flight.

@@ -85,15 +85,16 @@ TEST_CASE("take_resend sends the asked hits in full, in the order asked, and onl
   std::vector<std::int32_t> asked;
   for (int i = 0; i < length; i += 2) asked.push_back(5000 + i);
   std::shuffle(asked.begin(), asked.end(), std::mt19937(static_cast<unsigned>(length)));
+  const std::vector<std::int32_t> once = asked;
   asked.push_back(4999);
+  asked.push_back(asked.front());  // Asked twice: sent once, at its first place.
   const std::optional<RequestList> again = sender.take_resend(asked);
   REQUIRE(again.has_value());
   CHECK(again->cache_hits.empty());
   std::vector<std::string> names;
   for (const Request& request : again->requests) names.push_back(request.name);
   std::vector<std::string> expected;
-  for (std::size_t k = 0; k + 1 < asked.size(); ++k)
-    expected.push_back("op" + std::to_string(asked[k] - 5000));
+  for (std::int32_t id : once) expected.push_back("op" + std::to_string(id - 5000));
   CHECK(names == expected);
   // The resent ops are no longer hits, so asking again sends nothing; the others still are.
   for (int i = 0; i < length; ++i) {
