@@ -9,8 +9,7 @@
 namespace tutti::core {
 
 CacheThrashWatch::CacheThrashWatch(std::int64_t capacity)
-    : capacity_(capacity),
-      limit_(static_cast<std::size_t>(std::clamp<std::int64_t>(
+    : limit_(static_cast<std::size_t>(std::clamp<std::int64_t>(
           8 * std::min<std::int64_t>(capacity, kMaxRemembered),
           static_cast<std::int64_t>(kMinRemembered), static_cast<std::int64_t>(kMaxRemembered)))) {
   seen_.capacity = capacity;
@@ -36,11 +35,11 @@ std::optional<CacheThrashWatch::Report> CacheThrashWatch::inserted(OpKeyView key
   if (it == by_hash_.end()) return std::nullopt;
   // The inserts since its eviction, this one excluded, evicted as many names; with the
   // capacity's worth it was among, that is the names it recurs among.
-  const std::int64_t distance = inserts_ - 1 - it->second + capacity_;
+  const std::int64_t distance = inserts_ - 1 - it->second + seen_.capacity;
   by_hash_.erase(it);
   ++seen_.recurrences;
   seen_.distance = std::max(seen_.distance, distance);
-  if (seen_.recurrences < capacity_) return std::nullopt;
+  if (seen_.recurrences < seen_.capacity) return std::nullopt;
   reported_ = true;
   by_hash_.clear();
   order_.clear();

@@ -65,7 +65,6 @@ class CacheThrashWatch {
   std::size_t remembered() const { return by_hash_.size(); }
 
  private:
-  std::int64_t capacity_;
   std::size_t limit_;                                        // Evictions remembered at most.
   std::int64_t inserts_ = 0;                                 // Inserts so far.
   std::unordered_map<std::uint64_t, std::int64_t> by_hash_;  // Name -> inserts_ at eviction.
@@ -74,7 +73,7 @@ class CacheThrashWatch {
     std::int64_t at = 0;
   };
   std::deque<Evicted> order_;  // Oldest first; records of names since re-evicted are skipped.
-  Report seen_;
+  Report seen_;                // Its capacity is the cache's, set at construction.
   bool reported_ = false;
 };
 

@@ -23,6 +23,14 @@ Request allreduce_of(const std::string& name, std::int64_t count) {
   return request;
 }
 
+// A new op submitted with `request`, accepted by `queue`.
+std::shared_ptr<Entry> pushed(TensorQueue& queue, const Request& request) {
+  std::shared_ptr<Entry> entry = make_entry();
+  entry->request = request;
+  REQUIRE(queue.push(entry).ok());
+  return entry;
+}
+
 TEST_CASE("take_new sends cached ops as their ids and the rest in full, in order", "[sender]") {
   const int length = GENERATE(1, 2, 8, 9, 23, 24, 25, 26, 100);
   TensorQueue queue;
@@ -42,10 +50,7 @@ TEST_CASE("take_new sends cached ops as their ids and the rest in full, in order
     } else {
       expected_misses.push_back(name);
     }
-    std::shared_ptr<Entry> entry = make_entry();
-    entry->request = request;
-    REQUIRE(queue.push(entry).ok());
-    entries.push_back(entry);
+    entries.push_back(pushed(queue, request));
   }
   RequestSender sender(queue, cache, std::chrono::microseconds(0));
   const std::optional<RequestList> list = sender.take_new(/*batch_by_yielding=*/false);
@@ -72,10 +77,7 @@ TEST_CASE("take_resend sends the asked hits in full, in the order asked, and onl
   for (int i = 0; i < length; ++i) {
     const Request request = allreduce_of("op" + std::to_string(i), 4);
     cache.insert(5000 + i, request, Response());
-    std::shared_ptr<Entry> entry = make_entry();
-    entry->request = request;
-    REQUIRE(queue.push(entry).ok());
-    entries.push_back(entry);
+    entries.push_back(pushed(queue, request));
   }
   RequestSender sender(queue, cache, std::chrono::microseconds(0));
   const std::optional<RequestList> sent = sender.take_new(/*batch_by_yielding=*/false);
