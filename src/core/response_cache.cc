@@ -55,51 +55,57 @@ std::vector<std::shared_ptr<const CoordinatorCache::Entry>> CoordinatorCache::ta
 }
 
 std::optional<std::int32_t> CoordinatorCache::id_of(OpKeyView key) const {
-  auto it = by_key_.find(key);
-  if (it == by_key_.end()) return std::nullopt;
-  return it->second;
+  const Keyed* keyed = by_key_.find(key, name_hash(key));
+  if (keyed == nullptr) return std::nullopt;
+  return keyed->id;
 }
 
 std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* evicted) {
   const OpKeyView key{entry.process_set_id, entry.name};
-  if (auto old = by_key_.find(key); old != by_key_.end()) erase(old->second, evicted);
-  while (!entries_.empty() && static_cast<std::int64_t>(entries_.size()) >= capacity_) {
-    // Every live id has a record: a heap without one is a bug, not a reason to loop forever.
+  const std::uint64_t hash = name_hash(key);
+  if (const Keyed* old = by_key_.find(key, hash)) erase(old->id, evicted);
+  const bool full = static_cast<std::int64_t>(entries_.size()) >= capacity_;
+  const std::uint64_t used = ++clock_;
+  if (!admission_.admits(hash, full ? oldest_use() : std::nullopt, used)) return -1;
+  if (full) {
+    // Every live id has a record: a heap without one is a bug.
     const bool evicted_one = evict_least_recent(evicted);
     TUTTI_CHECK(evicted_one, "the response cache's order of use lost an entry");
   }
   const std::int32_t id = next_id_++;
-  OpKey owned{entry.process_set_id, entry.name};
-  const std::uint64_t used = ++clock_;
   const int set_id = entry.process_set_id;
-  entries_[id] = Slot{.entry = std::make_shared<const Entry>(std::move(entry)),
-                      .used = used,
-                      .process_set_id = set_id};
+  auto stored = std::make_shared<const Entry>(std::move(entry));
+  const Entry* keyed = stored.get();
+  entries_[id] = Slot{.entry = std::move(stored), .used = used, .process_set_id = set_id};
   push_age(id, used);
-  if (auto report = thrash_.inserted(view_of(owned))) thrash_report_ = report;
-  by_key_.insert_or_assign(std::move(owned), id);
+  by_key_.insert(hash, Keyed{.id = id, .entry = keyed});  // Its old id, if any, is erased.
   return id;
 }
 
-bool CoordinatorCache::evict_least_recent(std::vector<std::int32_t>* evicted) {
+std::optional<std::uint64_t> CoordinatorCache::oldest_use() {
   // See Note [Least recently used by stamps]. Ends: each record is current, stale (pushed back
   // with a larger stamp, at most once per use) or dead (dropped), and a live entry's is current
   // once pushed back.
   while (!by_age_.empty()) {
-    std::pop_heap(by_age_.begin(), by_age_.end());
-    const Age oldest = by_age_.back();
-    by_age_.pop_back();
+    const Age oldest = by_age_.front();
     const Slot* slot = entries_.find(oldest.id);
-    if (slot == nullptr) continue;  // Erased since.
-    if (slot->used != oldest.stamp) {
-      push_age(oldest.id, slot->used);  // Used since.
-      continue;
-    }
-    thrash_.evicted_for_room(OpKeyView{slot->entry->process_set_id, slot->entry->name});
-    erase(oldest.id, evicted);
-    return true;
+    if (slot != nullptr && slot->used == oldest.stamp) return oldest.stamp;
+    std::pop_heap(by_age_.begin(), by_age_.end());
+    by_age_.pop_back();
+    if (slot != nullptr) push_age(oldest.id, slot->used);  // Used since; else erased since.
   }
-  return false;
+  return std::nullopt;
+}
+
+bool CoordinatorCache::evict_least_recent(std::vector<std::int32_t>* evicted) {
+  if (!oldest_use()) return false;
+  std::pop_heap(by_age_.begin(), by_age_.end());
+  const Age oldest = by_age_.back();
+  by_age_.pop_back();
+  const Entry& entry = *entries_.find(oldest.id)->entry;
+  admission_.evicted_for_room(name_hash(OpKeyView{entry.process_set_id, entry.name}), oldest.stamp);
+  erase(oldest.id, evicted);
+  return true;
 }
 
 void CoordinatorCache::push_age(std::int32_t id, std::uint64_t used) {
@@ -118,9 +124,10 @@ void CoordinatorCache::erase_set(int process_set_id, std::vector<std::int32_t>* 
 void CoordinatorCache::erase(std::int32_t id, std::vector<std::int32_t>* evicted) {
   Slot* slot = entries_.find(id);
   if (slot == nullptr) return;
-  const Entry& entry = *slot->entry;
-  auto key = by_key_.find(OpKeyView{entry.process_set_id, entry.name});
-  if (key != by_key_.end() && key->second == id) by_key_.erase(key);
+  const OpKeyView key{slot->entry->process_set_id, slot->entry->name};
+  const std::uint64_t hash = name_hash(key);
+  if (const Keyed* keyed = by_key_.find(key, hash); keyed != nullptr && keyed->id == id)
+    by_key_.take(key, hash);
   evicted_.push_back(std::move(slot->entry));
   entries_.erase(id);
   evicted->push_back(id);

@@ -6,10 +6,11 @@
 // submits the same request under that name it sends the 4-byte id instead; when every rank of
 // the set did so, the coordinator answers with the id alone and each rank replays its cached
 // response. The coordinator decides insertions and evictions (least recently used beyond the
-// capacity) and announces them in its response lists, which every rank applies in the same
-// order (a list's evictions after its inserts), so every rank's cache holds the same ids. A hit
-// on an id the coordinator evicted meanwhile is answered with "resend", and the rank sends the
-// full request; ops whose hits were filed before their id was evicted are negotiated afresh.
+// capacity, for the names a full cache lets in: Note [Cache admission]) and announces them in
+// its response lists, which every rank applies in the same order (a list's evictions after its
+// inserts), so every rank's cache holds the same ids. A hit on an id the coordinator evicted
+// meanwhile is answered with "resend", and the rank sends the full request; ops whose hits were
+// filed before their id was evicted are negotiated afresh.
 #pragma once
 
 #include <cstddef>
@@ -17,11 +18,10 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "src/core/cache_thrash.h"
+#include "src/core/cache_admission.h"
 #include "src/core/id_index.h"
 #include "src/core/name_index.h"
 #include "src/core/op_key.h"
@@ -39,7 +39,7 @@ class CoordinatorCache {
     Response response;
   };
 
-  explicit CoordinatorCache(std::int64_t capacity) : capacity_(capacity), thrash_(capacity) {}
+  explicit CoordinatorCache(std::int64_t capacity) : capacity_(capacity), admission_(capacity) {}
 
   bool enabled() const { return capacity_ > 0; }
   // The entry for `id`, marked as recently used; null if unknown (evicted).
@@ -60,18 +60,17 @@ class CoordinatorCache {
   std::shared_ptr<const Entry> peek(std::int32_t id) const;
   // The id cached for (set, name), if any.
   std::optional<std::int32_t> id_of(OpKeyView key) const;
-  // Stores a negotiated op and returns its new id. Ids of the same name and of the least
-  // recently used entries beyond the capacity are appended to `evicted`.
+  // Stores a negotiated op and returns its new id, or -1 when a full cache keeps the name out
+  // (Note [Cache admission] in cache_admission.h). Ids of the same name and of the least
+  // recently used entry, when it makes room, are appended to `evicted`.
   std::int32_t insert(Entry entry, std::vector<std::int32_t>* evicted);
   void erase_set(int process_set_id, std::vector<std::int32_t>* evicted);
   // The entries of the ids appended to `evicted` since the last call, in the same order: the
   // coordinator's pending hits on an evicted id still need its requests.
   std::vector<std::shared_ptr<const Entry>> take_evicted();
   // Once in the cache's life, after the insert that found it: the cache is too small for the
-  // names that recur (Note [Cache thrash] in cache_thrash.h); nullopt otherwise.
-  std::optional<CacheThrashWatch::Report> take_thrash_report() {
-    return std::exchange(thrash_report_, std::nullopt);
-  }
+  // names that recur (Note [Cache thrash] in cache_admission.h); nullopt otherwise.
+  std::optional<CacheAdmission::Report> take_thrash_report() { return admission_.take_report(); }
   std::size_t size() const { return entries_.size(); }
   // Records in its least-recently-used heap, live or not (Note [Least recently used by
   // stamps]): for tests of their bound.
@@ -85,6 +84,9 @@ class CoordinatorCache {
   static constexpr std::size_t kAgeSlack = 1024;
 
   void erase(std::int32_t id, std::vector<std::int32_t>* evicted);
+  // The stamp of the least recently used entry's latest use, its record brought to the top of
+  // `by_age_`; nullopt if there is none.
+  std::optional<std::uint64_t> oldest_use();
   // Erases the least recently used entry; false if there is none.
   bool evict_least_recent(std::vector<std::int32_t>* evicted);
   void push_age(std::int32_t id, std::uint64_t used);
@@ -120,10 +122,20 @@ class CoordinatorCache {
     int process_set_id = 0;              // The entry's, for use_set(). In what was padding.
   };
   IdIndex<Slot> entries_;
-  std::unordered_map<OpKey, std::int32_t, OpKeyHash, OpKeyEqual> by_key_;
+  // The id of each cached (set, name), with its entry for the key: one probe of a flat array
+  // (Note [Name index]), which every miss takes (id_of() in the coordinator, insert()).
+  struct Keyed {
+    std::int32_t id = -1;
+    const Entry* entry = nullptr;  // The slot's, alive while the id is cached.
+  };
+  struct KeyedKey {
+    OpKeyView operator()(const Keyed& keyed) const {
+      return OpKeyView{keyed.entry->process_set_id, keyed.entry->name};
+    }
+  };
+  NameIndex<Keyed, KeyedKey> by_key_;
   std::vector<std::shared_ptr<const Entry>> evicted_;  // See take_evicted().
-  CacheThrashWatch thrash_;
-  std::optional<CacheThrashWatch::Report> thrash_report_;
+  CacheAdmission admission_;
 };
 
 // What the executor derives from a response (its fusion key and bytes), kept with the cached

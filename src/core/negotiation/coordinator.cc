@@ -375,13 +375,15 @@ void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pe
   Response response = decide(set_id, set, name, pending, decided, &list.evicted);
   std::int32_t id = -1;
   if (cacheable(response) && cache_.enabled()) {
+    // -1 if a full cache keeps the name out: the response goes uncached then (Note [Cache
+    // admission] in cache_admission.h).
     id = cache_.insert({.process_set_id = set_id,
                         .name = name,
                         .requests = std::move(pending.requests),
                         .response = response},
                        &list.evicted);
-    // Note [Cache thrash] in cache_thrash.h.
-    if (std::optional<CacheThrashWatch::Report> thrash = cache_.take_thrash_report())
+    // Note [Cache thrash] in cache_admission.h.
+    if (std::optional<CacheAdmission::Report> thrash = cache_.take_thrash_report())
       TUTTI_LOG_WARNING(describe(*thrash));
   }
   list.responses.push_back(std::move(response));

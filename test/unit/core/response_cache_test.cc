@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/response_cache.h"
 
-#include <list>
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <random>
@@ -62,60 +62,91 @@ TEST_CASE("The coordinator cache's use_set() names the set and counts as a use; 
   CHECK(cache.use_set(b) == std::nullopt);
 }
 
-// A reference model of the coordinator cache's eviction order: ids, most recently used first.
-struct LruModel {
-  std::list<std::int32_t> order;
-  void use(std::int32_t id) {
-    order.remove(id);
-    order.push_front(id);
+// A reference model of the coordinator cache: least-recently-used eviction, and the admission
+// rule of Note [Cache admission] in cache_admission.h, on a clock that ticks once per use and
+// once per insert, as the cache's does.
+struct CacheModel {
+  std::size_t capacity = 0;
+  std::uint64_t clock = 0;
+  std::map<std::int32_t, std::string> names;       // Live ids.
+  std::map<std::int32_t, std::uint64_t> last_use;  // Of live ids.
+  std::map<std::string, std::uint64_t> gone;       // Names evicted for room or kept out.
+  std::int32_t next_id = 0;
+
+  void use(std::int32_t id) { last_use[id] = ++clock; }
+  // The ids insert(name) evicts, in order, and the id it returns (-1 if kept out).
+  std::pair<std::vector<std::int32_t>, std::int32_t> insert(const std::string& name) {
+    std::vector<std::int32_t> evicted;
+    for (const auto& [id, known] : names) {
+      if (known == name) evicted.push_back(id);
+    }
+    for (std::int32_t id : evicted) drop(id);
+    const std::uint64_t now = ++clock;
+    if (names.size() >= capacity) {
+      const auto oldest =
+          std::min_element(last_use.begin(), last_use.end(),
+                           [](const auto& a, const auto& b) { return a.second < b.second; });
+      if (auto was = gone.find(name); was != gone.end() && was->second < oldest->second) {
+        was->second = now;
+        return {evicted, -1};
+      }
+      evicted.push_back(oldest->first);
+      gone[names[oldest->first]] = oldest->second;
+      drop(oldest->first);
+    }
+    gone.erase(name);
+    const std::int32_t id = next_id++;
+    names[id] = name;
+    last_use[id] = now;
+    return {evicted, id};
+  }
+  void drop(std::int32_t id) {
+    names.erase(id);
+    last_use.erase(id);
   }
 };
 
-TEST_CASE("The coordinator cache evicts in exact least-recently-used order", "[cache]") {
-  // Random inserts (of new and of cached names), finds and set removals, against a list moved
-  // in order of use. Capacity 5 of 9 names: most inserts evict.
+TEST_CASE("The coordinator cache evicts least recently used and admits as its model says",
+          "[cache]") {
+  // Random inserts (of new, cached and departed names) and finds, against the reference model.
+  // Capacity 5 of 9 names: most inserts evict, or are kept out.
   constexpr int kCapacity = 5;
   CoordinatorCache cache(kCapacity);
-  LruModel model;
-  std::map<std::int32_t, std::string> names;  // Live ids in the model.
+  CacheModel model;
+  model.capacity = kCapacity;
   std::mt19937 random(7);
   std::vector<std::int32_t> evicted;
+  int kept_out = 0;
+  int evictions_for_room = 0;
   for (int step = 0; step < 20000; ++step) {
     const int what = static_cast<int>(random() % 10);
     if (what < 4) {
       const std::string name = "n" + std::to_string(random() % 9);
-      std::vector<std::int32_t> expected;
-      // The same name's old id first, then the least recently used while full.
-      for (const auto& [id, known] : names) {
-        if (known == name) expected.push_back(id);
-      }
-      for (std::int32_t id : expected) {
-        model.order.remove(id);
-        names.erase(id);
-      }
-      while (static_cast<int>(model.order.size()) >= kCapacity) {
-        expected.push_back(model.order.back());
-        names.erase(model.order.back());
-        model.order.pop_back();
-      }
+      const bool cached =
+          std::ranges::any_of(model.names, [&](const auto& live) { return live.second == name; });
+      const auto [expected, expected_id] = model.insert(name);
       evicted.clear();
       const std::int32_t id = cache.insert(entry(name), &evicted);
       REQUIRE(evicted == expected);
-      model.use(id);
-      names[id] = name;
-    } else if (!names.empty()) {
-      auto live = names.begin();
-      std::advance(live, static_cast<long>(random() % names.size()));
+      REQUIRE(id == expected_id);
+      kept_out += id < 0 ? 1 : 0;
+      evictions_for_room += static_cast<int>(expected.size()) - (cached ? 1 : 0);
+    } else if (!model.names.empty()) {
+      auto live = model.names.begin();
+      std::advance(live, static_cast<long>(random() % model.names.size()));
       const CoordinatorCache::Entry* found = cache.find(live->first);
       REQUIRE(found != nullptr);
       CHECK(found->name == live->second);
       model.use(live->first);
     }
-    REQUIRE(cache.size() == names.size());
+    REQUIRE(cache.size() == model.names.size());
   }
+  // Both ways of a full cache were taken, many times.
+  CHECK(kept_out > 500);
+  CHECK(evictions_for_room > 500);
   // Evicted ids stay unknown.
   for (std::int32_t id = 0; id < 100; ++id) {
-    if (!names.contains(id)) CHECK(cache.find(id) == nullptr);
+    if (!model.names.contains(id)) CHECK(cache.find(id) == nullptr);
   }
 }
 
@@ -147,40 +178,55 @@ TEST_CASE("The coordinator cache's eviction order stays bounded in memory", "[ca
   CHECK(gone.front()->name == "n0");
 }
 
-// One step of `names` ops named "<prefix><i>", as the coordinator meets them: a cached name is
-// a hit (marked used), any other is negotiated and inserted. Returns the step's inserts.
-int run_step(CoordinatorCache& cache, int names, const std::string& prefix = "op") {
-  std::vector<std::int32_t> evicted;
+// What one step did in the cache.
+struct StepCount {
+  int hits = 0;
   int inserts = 0;
+  int kept_out = 0;
+  int evicted = 0;
+};
+
+// One step of `names` ops named "<prefix><i>", as the coordinator meets them: a cached name is
+// a hit (marked used), any other is negotiated and offered to the cache.
+StepCount run_step(CoordinatorCache& cache, int names, const std::string& prefix = "op") {
+  StepCount count;
+  std::vector<std::int32_t> evicted;
   for (int i = 0; i < names; ++i) {
     const std::string name = prefix + std::to_string(i);
     if (const std::optional<std::int32_t> id = cache.id_of(OpKeyView{0, name})) {
       REQUIRE(cache.find(*id) != nullptr);
+      ++count.hits;
+    } else if (cache.insert(entry(name), &evicted) >= 0) {
+      ++count.inserts;
     } else {
-      cache.insert(entry(name), &evicted);
-      ++inserts;
+      ++count.kept_out;
     }
     cache.take_evicted();
   }
-  return inserts;
+  count.evicted = static_cast<int>(evicted.size());
+  return count;
 }
 
-TEST_CASE("A cache too small for the names that recur says so once, with how many recur",
+TEST_CASE("A cache too small for the names that recur keeps a capacity's worth and says so once",
           "[cache][thrash]") {
-  // 300 names a step in a cache of 64: least-recently-used evicts each name 64 inserts after
-  // it went in, and it comes back 300 inserts after that insert, so every op misses and the
-  // names recur among exactly 300 (Note [Cache thrash]).
+  // 300 names a step in a cache of 64. The first step inserts all 300, each evicting the least
+  // recently used once the cache is full, and ends holding names 236-299. From the second step
+  // on every evicted name was last used before every cached one, so it is kept out (Note [Cache
+  // admission]): names 236-299 hit, 0-235 are negotiated in full, and nothing is evicted. Name
+  // k < 64 was evicted at miss k + 65 and comes back at miss k + 301: the names recur among
+  // exactly 300 (Note [Cache thrash]).
   CoordinatorCache cache(64);
-  CHECK(run_step(cache, 300) == 300);
-  int steps = 1;
-  std::optional<CacheThrashWatch::Report> report;
-  while (!report && steps < 5) {
-    CHECK(run_step(cache, 300) == 300);
-    ++steps;
-    report = cache.take_thrash_report();
-  }
-  REQUIRE(report.has_value());
-  CHECK(steps == 2);  // The second step's 64th returning name makes it due.
+  const StepCount first = run_step(cache, 300);
+  CHECK(first.inserts == 300);
+  CHECK(first.evicted == 300 - 64);
+  CHECK_FALSE(cache.take_thrash_report().has_value());
+  const StepCount second = run_step(cache, 300);
+  CHECK(second.hits == 64);
+  CHECK(second.kept_out == 300 - 64);
+  CHECK(second.inserts == 0);
+  CHECK(second.evicted == 0);
+  const std::optional<CacheAdmission::Report> report = cache.take_thrash_report();
+  REQUIRE(report.has_value());  // The second step's 64th returning name made it due.
   CHECK(report->capacity == 64);
   CHECK(report->recurrences == 64);
   CHECK(report->distance == 300);
@@ -188,56 +234,149 @@ TEST_CASE("A cache too small for the names that recur says so once, with how man
   CHECK_THAT(text, Catch::Contains("TUTTI_CACHE_CAPACITY=64"));
   CHECK_THAT(text, Catch::Contains("at least 300"));
   for (int more = 0; more < 3; ++more) {
-    run_step(cache, 300);
+    const StepCount step = run_step(cache, 300);
+    CHECK(step.hits == 64);  // The same 64, every step.
+    CHECK(step.evicted == 0);
     CHECK_FALSE(cache.take_thrash_report().has_value());  // Once.
   }
+}
+
+TEST_CASE("A full cache takes a new phase's names, and an old phase's back two steps after",
+          "[cache][thrash]") {
+  // Phase a's 300 names settle as above: names a236-a299 cached. Phase b's names are new: all
+  // get in, and b settles in its second step. When a comes back, every a name was last used
+  // before every cached b name: all kept out (remembered as used then). In the next step the
+  // cached b names are the older ones: a0-a63 get in, each evicting a b name, and a64-a299 are
+  // again older than the a names now cached. From the step after, a0-a63 hit.
+  CoordinatorCache cache(64);
+  for (int step = 0; step < 3; ++step) run_step(cache, 300, "a");
+  const StepCount b_first = run_step(cache, 300, "b");
+  CHECK(b_first.inserts == 300);
+  CHECK(b_first.evicted == 300);
+  CHECK(run_step(cache, 300, "b").hits == 64);
+  const StepCount back = run_step(cache, 300, "a");
+  CHECK(back.hits == 0);
+  CHECK(back.kept_out == 300);
+  const StepCount next = run_step(cache, 300, "a");
+  CHECK(next.inserts == 64);
+  CHECK(next.evicted == 64);
+  CHECK(next.kept_out == 300 - 64);
+  for (int step = 0; step < 2; ++step) {
+    const StepCount settled = run_step(cache, 300, "a");
+    CHECK(settled.hits == 64);
+    CHECK(settled.evicted == 0);
+  }
+  // Phase b's cached names are all gone: b's step now starts over.
+  CHECK(run_step(cache, 300, "b").hits == 0);
 }
 
 TEST_CASE("A cache with room, or names that never come back, reports nothing", "[cache][thrash]") {
   SECTION("the names fit") {
     CoordinatorCache cache(64);
-    CHECK(run_step(cache, 64) == 64);
-    for (int step = 0; step < 5; ++step) CHECK(run_step(cache, 64) == 0);  // All hits.
+    CHECK(run_step(cache, 64).inserts == 64);
+    for (int step = 0; step < 5; ++step) CHECK(run_step(cache, 64).hits == 64);
     CHECK_FALSE(cache.take_thrash_report().has_value());
   }
   SECTION("every name is new") {
     CoordinatorCache cache(64);
-    for (int step = 0; step < 50; ++step) run_step(cache, 300, "step" + std::to_string(step) + ".");
+    for (int step = 0; step < 50; ++step) {
+      const StepCount count = run_step(cache, 300, "step" + std::to_string(step) + ".");
+      CHECK(count.inserts == 300);  // New names always get in.
+    }
     CHECK_FALSE(cache.take_thrash_report().has_value());
   }
   SECTION("a few names come back, fewer than the capacity") {
     CoordinatorCache cache(64);
     for (int step = 0; step < 50; ++step) {
       run_step(cache, 300, "step" + std::to_string(step) + ".");
-      run_step(cache, 1, "again");  // Evicted each step and negotiated again: one recurrence.
+      run_step(cache, 1, "again");  // Gone each step and negotiated again: one recurrence.
     }
     CHECK_FALSE(cache.take_thrash_report().has_value());
   }
 }
 
-TEST_CASE("The thrash watch forgets the oldest evictions beyond its bound", "[cache][thrash]") {
-  CacheThrashWatch watch(4);
-  const std::size_t bound = CacheThrashWatch::kMinRemembered;
+std::uint64_t hash_of(const std::string& name) { return name_hash(OpKeyView{0, name}); }
+
+TEST_CASE("Cache admission forgets the oldest departures beyond its bound", "[cache][thrash]") {
+  CacheAdmission admission(4);
+  const std::size_t bound = CacheAdmission::kMinRemembered;
+  std::uint64_t clock = 0;
   for (std::size_t i = 0; i < 3 * bound; ++i) {
-    const std::string name = "gone" + std::to_string(i);
-    watch.evicted_for_room(OpKeyView{0, name});
-    CHECK_FALSE(watch.inserted(OpKeyView{0, "new" + std::to_string(i)}).has_value());
+    const std::uint64_t used = ++clock;  // The entry evicted for it was last used then.
+    CHECK(admission.admits(hash_of("new" + std::to_string(i)), used, ++clock));
+    admission.evicted_for_room(hash_of("gone" + std::to_string(i)), used);
   }
-  CHECK(watch.remembered() == bound);
-  // The first evictions are forgotten: their names coming back are not recurrences.
-  for (std::size_t i = 0; i < 8; ++i) {
-    const std::string name = "gone" + std::to_string(i);
-    CHECK_FALSE(watch.inserted(OpKeyView{0, name}).has_value());
-  }
-  CHECK(watch.remembered() == bound);
-  // The latest are remembered: four of them coming back make the report due (capacity 4).
-  std::optional<CacheThrashWatch::Report> report;
-  for (std::size_t i = 3 * bound - 4; i < 3 * bound; ++i) {
-    report = watch.inserted(OpKeyView{0, "gone" + std::to_string(i)});
-  }
+  CHECK(admission.remembered() == bound);
+  const std::uint64_t lru_used = ++clock;  // Used after every departure.
+  // The first departures are forgotten: their names come back as new ones, and get in.
+  for (std::size_t i = 0; i < 8; ++i)
+    CHECK(admission.admits(hash_of("gone" + std::to_string(i)), lru_used, ++clock));
+  CHECK(admission.remembered() == bound);
+  CHECK_FALSE(admission.take_report().has_value());
+  // The latest are remembered and older than the cache's least recent use: kept out, and four
+  // of them coming back make the report due (capacity 4).
+  for (std::size_t i = 3 * bound - 4; i < 3 * bound; ++i)
+    CHECK_FALSE(admission.admits(hash_of("gone" + std::to_string(i)), lru_used, ++clock));
+  const std::optional<CacheAdmission::Report> report = admission.take_report();
   REQUIRE(report.has_value());
   CHECK(report->recurrences == 4);
-  CHECK(watch.remembered() == 0);  // Done: nothing kept after the report.
+  // Kept out: remembered again, as used now; their new records pushed the four oldest out.
+  CHECK(admission.remembered() == bound - 4);
+  // Kept out at a use later than `lru_used`: now they are the more recent, and get in.
+  for (std::size_t i = 3 * bound - 4; i < 3 * bound; ++i)
+    CHECK(admission.admits(hash_of("gone" + std::to_string(i)), lru_used, ++clock));
+  CHECK(admission.remembered() == bound - 8);
+  CHECK_FALSE(admission.take_report().has_value());
+}
+
+TEST_CASE("Cache admission remembers exactly the latest departures, as its model says",
+          "[cache][thrash]") {
+  // Random misses and evictions over more names than it remembers, so that its flat index
+  // wraps, forgets and shifts back, against a model that keeps every departure.
+  CacheAdmission admission(4);
+  const std::size_t bound = CacheAdmission::kMinRemembered;
+  struct Latest {
+    std::uint64_t used = 0;
+    std::size_t departure = 0;  // Its place among all departures.
+  };
+  std::map<int, Latest> remembered;  // By name; only names whose latest departure is kept.
+  std::vector<int> departures;       // Every departure's name, in order.
+  const auto depart = [&](int name, std::uint64_t used) {
+    departures.push_back(name);
+    remembered[name] = Latest{.used = used, .departure = departures.size() - 1};
+    if (departures.size() > bound) {
+      const std::size_t oldest = departures.size() - 1 - bound;
+      auto it = remembered.find(departures[oldest]);
+      if (it != remembered.end() && it->second.departure == oldest) remembered.erase(it);
+    }
+  };
+  std::mt19937 random(11);
+  std::uint64_t clock = 0;
+  for (int step = 0; step < 200000; ++step) {
+    const int name = static_cast<int>(random() % 40000);
+    const std::uint64_t hash = hash_of("n" + std::to_string(name));
+    const std::uint64_t now = ++clock;
+    if (random() % 2 == 0) {
+      admission.evicted_for_room(hash, now);
+      depart(name, now);
+      continue;
+    }
+    // A least recent use somewhere in the recent past, or room.
+    std::optional<std::uint64_t> lru_used;
+    if (random() % 4 != 0) lru_used = now - 1 - random() % 30000;
+    bool expected = true;
+    if (auto it = remembered.find(name); it != remembered.end()) {
+      if (lru_used && it->second.used < *lru_used) {
+        expected = false;
+        depart(name, now);
+      } else {
+        remembered.erase(it);
+      }
+    }
+    REQUIRE(admission.admits(hash, lru_used, now) == expected);
+    REQUIRE(admission.remembered() == remembered.size());
+  }
+  CHECK(remembered.size() > bound / 2);
 }
 
 TEST_CASE("Re-negotiating a name evicts its old id; ids are never reused", "[cache]") {
