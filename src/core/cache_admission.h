@@ -43,20 +43,20 @@ namespace tutti::core {
 // least recently used entry is evicted for it, as plain least-recently-used would. (The rule is
 // the one LIRS admits by: a block's reuse distance against the oldest resident's recency.)
 //
-// Names recurring in a cycle longer than the capacity: plain least-recently-used hits none of
-// them. With the rule, the first round fills the cache; from the second round on every name that
-// was evicted is older than every cached entry (each is used once a round) and is kept out, so
-// the same `capacity` names hit every round and nothing churns: a hit rate of capacity / names
-// in place of zero. A P3 driver (one-float ops, 2 ranks on the 2-core AMD EPYC VM, median step,
-// two rounds in turns) at the default 1,024 entries: 1,100 names 0.42-0.50 ms against 0.92-1.28
-// before (plain least-recently-used), 0.94-1.59 with the cache off, 0.27-0.29 with room for all;
-// 2,000 names 1.55-2.01 ms against 3.87-4.31 before and 3.09-3.52 off; 10,000 names 18.7-20.3 ms
-// against 29.6-36.3 before, but 13.2-15.9 off: at a hit rate of a tenth, what a miss costs with
-// the cache on (the lookups by name, this class's probes) outweighs the hits. A new name (not
-// remembered) always gets in, so a job whose names change (a new phase, an evaluation loop)
-// takes its new names as before; names of an old phase that come back are kept out for a round
-// (the entries of the phase in between are the more recent), get in the next, and hit from the
-// round after.
+// Names recurring in a cycle longer than the capacity: plain least-recently-used hits none of them.
+// With the rule, the first round fills the cache; from the second round on every name that was
+// evicted is older than every cached entry (each is used once a round) and is kept out, so the same
+// `capacity` names hit every round and nothing churns: a hit rate of capacity / names in place of
+// zero. A P3 driver (one-float ops, 2 ranks on the 2-core AMD EPYC VM, median step, three rounds in
+// turns) at the default 1,024 entries: 1,100 names 0.42-0.71 ms against 0.92-1.28 before (plain
+// least-recently-used), 0.94-2.49 with the cache off, 0.27-0.29 with room for all; 2,000 names
+// 1.55-2.32 ms against 3.87-5.92 before and 3.09-5.24 off; 10,000 names 18.7-21.0 ms against
+// 27.8-36.3 before, but 13.2-23.2 off (slower in two rounds of three): at a hit rate of a tenth,
+// what a miss costs with the cache on (the lookups by name, this class's probes) outweighs the
+// hits. A new name (not remembered) always gets in, so a job whose names change (a new phase, an
+// evaluation loop) takes its new names as before; names of an old phase that come back are kept out
+// for a round (the entries of the phase in between are the more recent), get in the next, and hit
+// from the round after.
 //
 // Cost: nothing while the cache has room (no lookup while nothing has left); once it is full, a
 // probe of a flat table per miss and per departure, beside the full negotiation those ops take
