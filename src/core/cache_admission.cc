@@ -5,6 +5,7 @@
 #include <bit>
 
 #include "src/base/strings.h"
+#include "src/core/name_index.h"
 
 namespace tutti::core {
 
@@ -62,18 +63,8 @@ std::size_t CacheAdmission::slot_of(std::uint64_t hash) const {
 }
 
 void CacheAdmission::erase_slot(std::size_t at) {
-  const std::size_t mask = index_.size() - 1;
-  index_[at] = Slot{};
+  erase_probed_slot(index_, at);
   --remembered_;
-  for (std::size_t next = (at + 1) & mask; index_[next].hash != 0; next = (next + 1) & mask) {
-    const std::size_t home = index_[next].hash & mask;
-    // The value at `next` stays if its home lies cyclically within (at, next].
-    const bool stays = at <= next ? (at < home && home <= next) : (at < home || home <= next);
-    if (stays) continue;
-    index_[at] = index_[next];
-    index_[next] = Slot{};
-    at = next;
-  }
 }
 
 void CacheAdmission::recurred(std::int64_t left_at) {

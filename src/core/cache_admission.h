@@ -101,7 +101,7 @@ class CacheAdmission {
   void recurred(std::int64_t left_at);
   // The slot of `index_` holding `hash`, or the empty one where it would go.
   std::size_t slot_of(std::uint64_t hash) const;
-  void erase_slot(std::size_t at);  // Backward-shift deletion, as in NameIndex.
+  void erase_slot(std::size_t at);  // erase_probed_slot() in name_index.h.
 
   std::size_t limit_;        // Departures remembered at most.
   std::int64_t misses_ = 0;  // Calls to admits() so far.

@@ -32,6 +32,25 @@ inline std::uint64_t name_hash(OpKeyView key) {
   return hash == 0 ? 1 : hash;
 }
 
+// Empties slot `at` of a linear-probing array and moves later members of its probe run back
+// (backward-shift deletion), so that no tombstones are left. The array's size is a power of two;
+// each slot has a `hash` member, 0 when empty, and its home is hash & (size - 1). For NameIndex
+// and for other flat tables keyed by such hashes (CacheAdmission's).
+template <class Slot>
+void erase_probed_slot(std::vector<Slot>& slots, std::size_t at) {
+  const std::size_t mask = slots.size() - 1;
+  slots[at] = Slot{};
+  for (std::size_t next = (at + 1) & mask; slots[next].hash != 0; next = (next + 1) & mask) {
+    const std::size_t start = slots[next].hash & mask;
+    // The value at `next` stays if its home lies cyclically within (at, next].
+    const bool stays = at <= next ? (at < start && start <= next) : (at < start || start <= next);
+    if (stays) continue;
+    slots[at] = std::move(slots[next]);
+    slots[next] = Slot{};
+    at = next;
+  }
+}
+
 // `KeyOf` is a functor: OpKeyView operator()(const T&) const. Not thread-safe: the owner locks.
 template <class T, class KeyOf>
 class NameIndex {
@@ -174,20 +193,9 @@ class NameIndex {
     }
   }
 
-  // Empties slot `at` and moves later members of its probe run back (backward-shift deletion).
   void erase_slot(std::size_t at) {
-    const std::size_t mask = slots_.size() - 1;
-    slots_[at] = Slot{};
+    erase_probed_slot(slots_, at);
     --size_;
-    for (std::size_t next = (at + 1) & mask; slots_[next].hash != 0; next = (next + 1) & mask) {
-      const std::size_t start = home(slots_[next].hash);
-      // The value at `next` stays if its home lies cyclically within (at, next].
-      const bool stays = at <= next ? (at < start && start <= next) : (at < start || start <= next);
-      if (stays) continue;
-      slots_[at] = std::move(slots_[next]);
-      slots_[next] = Slot{};
-      at = next;
-    }
   }
 
   std::vector<Slot> slots_;
