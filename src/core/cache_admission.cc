@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <string>
 
 #include "src/base/strings.h"
 #include "src/core/name_index.h"
@@ -80,10 +81,14 @@ void CacheAdmission::recurred(std::int64_t left_at) {
 }
 
 std::string describe(const CacheAdmission::Report& report) {
+  const std::string size =
+      report.grown ? detail::str_cat(report.capacity,
+                                     " entries, the most it grows to with TUTTI_CACHE_CAPACITY "
+                                     "unset at this job's size")
+                   : detail::str_cat("TUTTI_CACHE_CAPACITY=", report.capacity);
   return detail::str_cat(
-      "the response cache is too small for the op names that recur (TUTTI_CACHE_CAPACITY=",
-      report.capacity, "): names came back ", report.recurrences,
-      " times after they left it, and they recur among about ", report.distance,
+      "the response cache is too small for the op names that recur (", size, "): names came back ",
+      report.recurrences, " times after they left it, and they recur among about ", report.distance,
       " names. It keeps ", report.capacity,
       " of them and negotiates the others in full each time. Set TUTTI_CACHE_CAPACITY to at "
       "least ",

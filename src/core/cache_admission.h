@@ -29,11 +29,13 @@ namespace tutti::core {
 // each left. A name that misses while remembered has recurred, at a distance of the misses since it
 // left plus the capacity: about the number of names it recurs among, which is the capacity the
 // cache would need for it to hit. Once as many recurrences as the capacity have been seen, the
-// report is due, once, with the largest distance seen, and the coordinator logs a warning naming
-// TUTTI_CACHE_CAPACITY. Names that never recur (automatic ones, a name per step) fill the memory
-// and are forgotten; they report nothing. So is a name that comes back after more departures
-// than the memory holds (eight times the capacity, within kMinRemembered and kMaxRemembered):
-// with the default 1,024 entries, names recurring among up to about 17,000.
+// report is due, once, with the largest distance seen: a cache that may grow grows (Note [Cache
+// growth] in response_cache.h); one that may not (TUTTI_CACHE_CAPACITY set, or grown to its
+// limit) keeps its capacity, and the coordinator logs a warning naming TUTTI_CACHE_CAPACITY. Names
+// that never recur (automatic ones, a name per step) fill the memory and are forgotten; they report
+// nothing. So is a name that comes back after more departures than the memory holds (eight times
+// the capacity, within kMinRemembered and kMaxRemembered): with the default 1,024 entries, names
+// recurring among up to about 17,000.
 //
 // Note [Cache admission]
 // A full cache lets a missed name in only if that name came back sooner than the least recently
@@ -72,6 +74,9 @@ class CacheAdmission {
     std::int64_t capacity = 0;
     std::int64_t recurrences = 0;
     std::int64_t distance = 0;
+    // Set by the cache: `capacity` is the most it grew to by itself, TUTTI_CACHE_CAPACITY unset
+    // (Note [Cache growth] in response_cache.h).
+    bool grown = false;
   };
 
   // The fewest and most departures remembered; between them, eight times the capacity.

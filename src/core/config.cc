@@ -206,6 +206,7 @@ Result<Config> Config::from_env(const detail::KnobSource& source) {
   c.cycle_time_set = source.find(detail::knob::CYCLE_TIME.name).has_value();
   TUTTI_ASSIGN_OR_RETURN(c.cache_capacity,
                          detail::knob_value(detail::knob::CACHE_CAPACITY, source));
+  c.cache_capacity_set = source.find(detail::knob::CACHE_CAPACITY.name).has_value();
   TUTTI_ASSIGN_OR_RETURN(c.host_memory_cache,
                          detail::knob_value(detail::knob::HOST_MEMORY_CACHE, source));
   TUTTI_RETURN_IF_ERROR(parse_host_transport(source, &c));

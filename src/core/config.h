@@ -23,6 +23,9 @@ struct Config {
   std::chrono::microseconds cycle_time = ms_to_us(detail::knob_default(detail::knob::CYCLE_TIME));
   bool cycle_time_set = false;  // TUTTI_CYCLE_TIME was set: with autotune, a candidate.
   std::int64_t cache_capacity = detail::knob_default(detail::knob::CACHE_CAPACITY);
+  // TUTTI_CACHE_CAPACITY was set: the cache keeps that capacity; unset, it grows to fit the names
+  // that recur (Note [Cache growth] in response_cache.h).
+  bool cache_capacity_set = false;
   // Bytes of freed CPU tensor storage kept for reuse (Note [Host memory cache]).
   std::int64_t host_memory_cache = detail::knob_default(detail::knob::HOST_MEMORY_CACHE);
   ops::HostTransport host_transport = ops::HostTransport::Auto;

@@ -10,6 +10,12 @@
 
 namespace tutti::core {
 
+std::int64_t cache_growth_limit(std::int64_t capacity, bool capacity_set, int world_size) {
+  if (capacity_set || capacity <= 0) return capacity;
+  const std::int64_t fits = kGrownRequests / std::max(world_size, 1);
+  return std::clamp(fits, capacity, std::max(capacity, kMaxGrownCapacity));
+}
+
 std::string cache_key(int process_set_id, const std::string& name) {
   std::string key = std::to_string(process_set_id);
   key += ':';
@@ -66,8 +72,10 @@ std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* ev
   if (const Keyed* old = by_key_.find(key, hash)) erase(old->id, evicted);
   const bool full = static_cast<std::int64_t>(entries_.size()) >= capacity_;
   const std::uint64_t used = ++clock_;
-  if (!admission_.admits(hash, full ? oldest_use() : std::nullopt, used)) return -1;
-  if (full) {
+  const bool admitted = admission_.admits(hash, full ? oldest_use() : std::nullopt, used);
+  if (std::optional<CacheAdmission::Report> report = admission_.take_report()) settle(*report);
+  if (!admitted) return -1;
+  if (static_cast<std::int64_t>(entries_.size()) >= capacity_) {  // Still full, if it grew.
     // Every live id has a record: a heap without one is a bug.
     const bool evicted_one = evict_least_recent(evicted);
     TUTTI_CHECK(evicted_one, "the response cache's order of use lost an entry");
@@ -80,6 +88,19 @@ std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* ev
   push_age(id, used);
   by_key_.insert(hash, Keyed{.id = id, .entry = keyed});  // Its old id, if any, is erased.
   return id;
+}
+
+void CoordinatorCache::settle(const CacheAdmission::Report& report) {
+  if (capacity_ >= growth_limit_) {
+    thrash_ = report;
+    thrash_->grown = grows_;
+    return;
+  }
+  const std::int64_t to =
+      std::min(growth_limit_, std::max(2 * capacity_, report.distance + report.distance / 4));
+  growth_ = Growth{.from = capacity_, .to = to, .distance = report.distance};
+  capacity_ = to;
+  admission_ = CacheAdmission(to);
 }
 
 std::optional<std::uint64_t> CoordinatorCache::oldest_use() {

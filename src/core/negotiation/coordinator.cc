@@ -382,7 +382,12 @@ void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pe
                         .requests = std::move(pending.requests),
                         .response = response},
                        &list.evicted);
-    // Note [Cache thrash] in cache_admission.h.
+    // Notes [Cache thrash] in cache_admission.h and [Cache growth] in response_cache.h.
+    if (std::optional<CoordinatorCache::Growth> growth = cache_.take_growth()) {
+      TUTTI_LOG_INFO("the response cache grew from ", growth->from, " to ", growth->to,
+                     " entries: op names recur among about ", growth->distance,
+                     " (TUTTI_CACHE_CAPACITY fixes its size)");
+    }
     if (std::optional<CacheAdmission::Report> thrash = cache_.take_thrash_report())
       TUTTI_LOG_WARNING(describe(*thrash));
   }

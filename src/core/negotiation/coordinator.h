@@ -106,9 +106,15 @@ using Clock = std::chrono::steady_clock;
 // when it executes a set change. Communication thread of the coordinator (rank 0) only.
 class Coordinator {
  public:
-  // `sets` and `timeline` (null = none) must outlive the coordinator.
+  // `sets` and `timeline` (null = none) must outlive the coordinator. The response cache holds
+  // `cache_capacity` entries and grows up to `cache_growth_limit` (Note [Cache growth] in
+  // response_cache.h).
+  Coordinator(const ProcessSetTable& sets, std::int64_t cache_capacity,
+              std::int64_t cache_growth_limit, Timeline* timeline)
+      : sets_(sets), cache_(cache_capacity, cache_growth_limit), timeline_(timeline) {}
+  // A response cache that never grows.
   Coordinator(const ProcessSetTable& sets, std::int64_t cache_capacity, Timeline* timeline)
-      : sets_(sets), cache_(cache_capacity), timeline_(timeline) {}
+      : Coordinator(sets, cache_capacity, cache_capacity, timeline) {}
 
   // Files one rank's requests and cache hits (step 2). Cache ids the coordinator no longer
   // knows are appended to `resend`. Requests of a set this rank is not in, or of a set that

@@ -7,7 +7,11 @@ namespace tutti::core {
 
 CoordinatorStage::CoordinatorStage(const Config& config, const ProcessSetTable& sets,
                                    Timeline* timeline, int size)
-    : coordinator_(sets, config.cache_capacity, timeline), stalls_(config), size_(size) {
+    : coordinator_(sets, config.cache_capacity,
+                   cache_growth_limit(config.cache_capacity, config.cache_capacity_set, size),
+                   timeline),
+      stalls_(config),
+      size_(size) {
   if (config.desync_check) desync_.emplace(sets, config.desync_setting);
 }
 

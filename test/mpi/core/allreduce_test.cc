@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include <mpi.h>
 
 #include "test/mpi/core/oracle.h"
+#include "test/support/capture_stderr.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
@@ -190,6 +192,63 @@ TEST_CASE("cache hits in order, reversed, in order again, and past a changed op 
   step(5, Order::Forward, kCount / 2);  // The widened op's new id, out of the others' order.
   step(6, Order::Forward, -1);          // Back to one element: its third request.
   CHECK(all_ranks(all_ok));
+}
+
+// Note [Cache growth]: a step of more op names than the default cache holds (1,024). With
+// TUTTI_CACHE_CAPACITY unset, the cache grows once the names have come back often enough (rank 0
+// logs it at INFO); set (the "small-cache" run's 4 entries), it keeps its capacity, keeps the
+// names it cannot hold out and warns once. Either way every op has its closed-form sum in every
+// step.
+TEST_CASE("more recurring op names than the cache holds stay correct while it grows",
+          "[allreduce][cache]") {
+  const bool capacity_set = std::getenv("TUTTI_CACHE_CAPACITY") != nullptr;
+  const char* level = std::getenv("TUTTI_LOG_LEVEL");
+  const std::string saved_level = level != nullptr ? level : "";
+  ::setenv("TUTTI_LOG_LEVEL", "INFO", 1);
+  CaptureStderr capture;
+  const int size = world_size();
+  const int rank = world_rank();
+  constexpr int kCount = 1500;
+  bool all_ok = true;
+  {
+    Session session;
+    std::vector<std::int64_t> values(kCount);
+    std::vector<Handle> handles(kCount);
+    // The 476 names the first step evicts come back once a step: the 1,024th recurrence, which
+    // makes the report due, is in the fourth step.
+    for (int s = 0; s < 6; ++s) {
+      for (int i = 0; i < kCount; ++i) {
+        values[static_cast<std::size_t>(i)] =
+            static_cast<std::int64_t>(i + 1) * (s + 1) * (rank + 1);
+        handles[static_cast<std::size_t>(i)] =
+            allreduce_async(TensorView(&values[static_cast<std::size_t>(i)], {1}),
+                            "growing." + std::to_string(i), {.op = ReduceOp::Sum});
+      }
+      for (int i = 0; i < kCount; ++i) {
+        handles[static_cast<std::size_t>(i)].wait();
+        // Sum over ranks r of (i + 1)(s + 1)(r + 1).
+        all_ok = all_ok && values[static_cast<std::size_t>(i)] ==
+                               static_cast<std::int64_t>(i + 1) * (s + 1) * size * (size + 1) / 2;
+      }
+    }
+  }
+  const std::string log = capture.text();
+  if (saved_level.empty()) {
+    ::unsetenv("TUTTI_LOG_LEVEL");
+  } else {
+    ::setenv("TUTTI_LOG_LEVEL", saved_level.c_str(), 1);
+  }
+  CHECK(all_ranks(all_ok));
+  if (rank == 0) {
+    INFO(log);
+    if (capacity_set) {
+      CHECK(count_occurrences(log, "the response cache is too small") == 1);
+      CHECK(count_occurrences(log, "the response cache grew") == 0);
+    } else {
+      CHECK(count_occurrences(log, "the response cache grew from 1024 to ") == 1);
+      CHECK(count_occurrences(log, "the response cache is too small") == 0);
+    }
+  }
 }
 
 TEST_CASE("grouped allreduce of mixed dtypes completes as one unit", "[allreduce]") {

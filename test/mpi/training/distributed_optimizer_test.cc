@@ -17,8 +17,8 @@
 #include <catch2/catch.hpp>
 #include <mpi.h>
 
-#include "test/mpi/training/capture_stderr.h"
 #include "test/mpi/training/training_test_util.h"
+#include "test/support/capture_stderr.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/debug.h"
 #include "tutti/nn.h"

@@ -18,9 +18,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "test/mpi/training/capture_stderr.h"
 #include "test/mpi/training/elastic_dir.h"
 #include "test/mpi/training/training_test_util.h"
+#include "test/support/capture_stderr.h"
 #include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/elastic.h"

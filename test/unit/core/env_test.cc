@@ -89,6 +89,13 @@ TEST_CASE("Config::from_env parses every knob and rejects out-of-range values", 
     CHECK(config.value().cycle_time_set);  // Autotune then measures it as a candidate.
     CHECK(config.value().fusion_threshold_set);
     CHECK(config.value().stall_shutdown_time.count() == 0);
+    // Unset, the response cache may grow (Note [Cache growth]); set, even to its default, not.
+    CHECK_FALSE(config.value().cache_capacity_set);
+    ScopedEnv capacity("HOROVOD_CACHE_CAPACITY", "1024");
+    Result<core::Config> fixed = core::Config::from_env();
+    REQUIRE(fixed.ok());
+    CHECK(fixed.value().cache_capacity == 1024);
+    CHECK(fixed.value().cache_capacity_set);
   }
   ScopedEnv negative("TUTTI_FUSION_THRESHOLD", "-1");
   Result<core::Config> config = core::Config::from_env();

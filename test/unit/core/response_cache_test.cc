@@ -295,6 +295,91 @@ TEST_CASE("A cache with room, or names that never come back, reports nothing", "
   }
 }
 
+TEST_CASE("A cache that may grow grows to fit the names that recur, and reports nothing",
+          "[cache][growth]") {
+  // As above, 300 names a step in 64 entries, but the cache may grow to 1024 (Note [Cache
+  // growth]). The second step keeps names 0-63 out, as a fixed cache would; the 64th of them
+  // makes the report due (distance 300), and the cache grows to max(2 * 64, 300 + 300 / 4) =
+  // 375 with a fresh admission memory. Names 64-235 are then new to it and get in without
+  // evicting (64 + 172 = 236 entries), and 236-299 hit. The third step inserts 0-63 (300
+  // entries); from the fourth, every name hits.
+  CoordinatorCache cache(64, 1024);
+  CHECK(run_step(cache, 300).inserts == 300);
+  CHECK_FALSE(cache.take_growth().has_value());
+  const StepCount second = run_step(cache, 300);
+  CHECK(second.kept_out == 64);
+  CHECK(second.inserts == 300 - 64 - 64);
+  CHECK(second.hits == 64);
+  CHECK(second.evicted == 0);
+  const std::optional<CoordinatorCache::Growth> growth = cache.take_growth();
+  REQUIRE(growth.has_value());
+  CHECK(growth->from == 64);
+  CHECK(growth->to == 375);
+  CHECK(growth->distance == 300);
+  CHECK(cache.capacity() == 375);
+  const StepCount third = run_step(cache, 300);
+  CHECK(third.inserts == 64);
+  CHECK(third.hits == 300 - 64);
+  CHECK(third.evicted == 0);
+  for (int step = 0; step < 3; ++step) {
+    const StepCount settled = run_step(cache, 300);
+    CHECK(settled.hits == 300);
+    CHECK(settled.evicted == 0);
+  }
+  CHECK_FALSE(cache.take_growth().has_value());  // Once: it fits now.
+  CHECK_FALSE(cache.take_thrash_report().has_value());
+  CHECK(cache.capacity() == 375);
+}
+
+TEST_CASE("A cache that grew to its limit keeps that many names and says so once",
+          "[cache][growth]") {
+  // 300 names a step, 64 entries growing to 100 at most: the first report grows the cache to
+  // min(100, 375); once the names settle, 100 hit each step, the other 200 are kept out, and the
+  // second report goes to the user, naming the limit rather than TUTTI_CACHE_CAPACITY.
+  CoordinatorCache cache(64, 100);
+  std::vector<CacheAdmission::Report> reports;
+  std::vector<CoordinatorCache::Growth> growths;
+  for (int step = 0; step < 8; ++step) {
+    run_step(cache, 300);
+    if (std::optional<CacheAdmission::Report> report = cache.take_thrash_report())
+      reports.push_back(*report);
+    if (std::optional<CoordinatorCache::Growth> growth = cache.take_growth())
+      growths.push_back(*growth);
+  }
+  REQUIRE(growths.size() == 1);
+  CHECK(growths.front().from == 64);
+  CHECK(growths.front().to == 100);
+  CHECK(cache.capacity() == 100);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports.front().capacity == 100);
+  CHECK(reports.front().grown);
+  CHECK(reports.front().distance >= 300);
+  const std::string text = describe(reports.front());
+  CHECK_THAT(text, Catch::Contains("100 entries, the most it grows to"));
+  CHECK_THAT(text, !Catch::Contains("TUTTI_CACHE_CAPACITY=100"));
+  for (int step = 0; step < 2; ++step) {
+    const StepCount settled = run_step(cache, 300);
+    CHECK(settled.hits == 100);
+    CHECK(settled.kept_out == 200);
+    CHECK(settled.evicted == 0);
+  }
+}
+
+TEST_CASE("The cache grows only while TUTTI_CACHE_CAPACITY is unset, by the job's size",
+          "[cache][growth]") {
+  // kGrownRequests = 131072 requests' worth, within the capacity and kMaxGrownCapacity = 65536.
+  CHECK(cache_growth_limit(1024, true, 2) == 1024);  // Set: never grows.
+  CHECK(cache_growth_limit(4096, true, 64) == 4096);
+  CHECK(cache_growth_limit(0, false, 2) == 0);  // Off stays off.
+  CHECK(cache_growth_limit(1024, false, 1) == 65536);
+  CHECK(cache_growth_limit(1024, false, 2) == 65536);
+  CHECK(cache_growth_limit(1024, false, 4) == 32768);
+  CHECK(cache_growth_limit(1024, false, 8) == 16384);
+  CHECK(cache_growth_limit(1024, false, 64) == 2048);
+  CHECK(cache_growth_limit(1024, false, 256) == 1024);  // 512 requests' worth: no growth.
+  CHECK(cache_growth_limit(100000, false, 2) == 100000);
+}
+
 std::uint64_t hash_of(const std::string& name) { return name_hash(OpKeyView{0, name}); }
 
 TEST_CASE("Cache admission forgets the oldest departures beyond its bound", "[cache][thrash]") {
