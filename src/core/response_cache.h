@@ -51,9 +51,11 @@ class CoordinatorCache {
   // reports, as a cache of fixed capacity does, and the coordinator warns. Only rank 0's cache
   // has a capacity: the ranks' caches hold the ids it announces, and erase the ids it evicts.
   // The limit (cache_growth_limit()) bounds what the entries cost: rank 0 keeps every member's
-  // request with each entry, about 0.5 KB a member (P3's 10,000 names at 4 ranks: rank 0's peak
-  // resident memory 55.6 MB with room for all against 37.3 MB at 1,024 entries; the other ranks'
-  // grew by less than 3 MB). A capacity the user set is never changed.
+  // request with each entry, so an entry costs it about 0.5 KB and 0.25 KB a member (Entry is 320
+  // bytes and Request 168, with their allocations): at the limit, at most about 64 MB. P3's
+  // 10,000 names at 4 ranks (2 cores): rank 0's peak resident memory 54.0 MB grown (to 12,501
+  // entries) against 47.6 MB at a fixed 1,024; the other ranks' 37.7-38.3 MB either way. A
+  // capacity the user set is never changed.
   //
   // A P3 driver (one-float ops, 2 ranks on the 2-core AMD EPYC VM, median of 40 steps, three
   // rounds in turns; the growth's first steps among them): 10,000 names 2.8-4.0 ms a step
