@@ -9,9 +9,9 @@
 // capacity, for the names a full cache lets in: Note [Cache admission]; the capacity grows
 // unless the user set it: Note [Cache growth]) and announces them in its response lists, which
 // every rank applies in the same order (a list's evictions after its inserts), so every rank's
-// cache holds the same ids. A hit on an id the coordinator evicted
-// meanwhile is answered with "resend", and the rank sends the full request; ops whose hits were
-// filed before their id was evicted are negotiated afresh.
+// cache holds the same ids. A hit on an id the coordinator evicted meanwhile is answered with
+// "resend", and the rank sends the full request; ops whose hits were filed before their id was
+// evicted are negotiated afresh.
 #pragma once
 
 #include <cstddef>
