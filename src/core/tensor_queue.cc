@@ -2,23 +2,15 @@
 #include "src/core/tensor_queue.h"
 
 #include <algorithm>
-#include <cctype>
-#include <charconv>
 #include <utility>
 
 #include "src/base/coarse_clock.h"
 #include "src/base/recycling_allocator.h"
 #include "src/base/strings.h"
+#include "src/core/automatic_name.h"
 
 namespace tutti::core {
 namespace {
-
-std::string lower(std::string_view text) {
-  std::string s(text);
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 // make_entry()'s one allocation. The empty constructor makes allocate_shared default-initialize
 // it (every member has its initializer) instead of zeroing the whole block first.
@@ -83,8 +75,7 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
     if (!closed_.ok()) return closed_;
     if (request.name.empty()) {
       // See Note [Automatic names].
-      request.name = detail::str_cat(lower(to_string(request.op)), ".noname.",
-                                     unnamed_counts_[request.process_set_id]++);
+      request.name = automatic_name(request.op, unnamed_counts_[request.process_set_id]++);
       entry->name_hash = name_hash(OpKeyView{request.process_set_id, request.name});
     }
     // Moved in, and kept by pointer in new_ (Note [Ops not yet drained]).
@@ -164,16 +155,11 @@ void TensorQueue::take_all(std::span<Take> takes) {
 }
 
 void TensorQueue::skip_automatic_name(int process_set_id, const std::string& name) {
-  constexpr std::string_view kMarker = ".noname.";
-  const std::size_t at = name.rfind(kMarker);
-  if (at == std::string::npos) return;
-  const std::string_view digits = std::string_view(name).substr(at + kMarker.size());
-  std::uint64_t n = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-  if (error != std::errc() || end != digits.data() + digits.size() || digits.empty()) return;
+  const std::optional<std::uint64_t> n = automatic_number(name);
+  if (!n) return;
   detail::MutexLock lock(mutex_, spin_);
   std::uint64_t& count = unnamed_counts_[process_set_id];
-  count = std::max(count, n + 1);
+  count = std::max(count, *n + 1);
 }
 
 std::vector<std::shared_ptr<Entry>> TensorQueue::take_set(int process_set_id) {

@@ -1,11 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The ops this rank has submitted and not yet finished: a table by (process set, name) and a
-// FIFO of those not yet sent to the coordinator.
-//
-// Note [Automatic names]
-// An op submitted without a name gets "<op>.noname.<n>", n counting unnamed ops per process
-// set from 0 in each session. Ranks agree on the name only if they submit unnamed ops in the
-// same order, as API.md tells users.
+// FIFO of those not yet sent to the coordinator. An op submitted without a name gets one here
+// (Note [Automatic names] in automatic_name.h).
 #pragma once
 
 #include <chrono>

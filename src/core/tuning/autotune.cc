@@ -3,7 +3,6 @@
 #include "src/core/tuning/autotune.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <functional>
 #include <iterator>
@@ -15,25 +14,16 @@
 #include "src/base/shape.h"
 #include "src/base/strings.h"
 #include "src/common/logging.h"
+#include "src/core/automatic_name.h"
 
 namespace tutti::core {
 namespace {
 
 using detail::str_cat;
 
-// "allreduce.noname.17" -> "allreduce.noname": unnamed ops of one type share a step identity.
-std::string_view step_name(std::string_view name) {
-  constexpr std::string_view kMarker = ".noname.";
-  const std::size_t at = name.rfind(kMarker);
-  if (at == std::string_view::npos || at + kMarker.size() == name.size()) return name;
-  for (char c : name.substr(at + kMarker.size())) {
-    if (!std::isdigit(static_cast<unsigned char>(c))) return name;
-  }
-  return name.substr(0, at + kMarker.size() - 1);
-}
-
 std::uint64_t step_key(const Response& response) {
-  const std::uint64_t name = std::hash<std::string_view>{}(step_name(response.name));
+  // "allreduce.noname.17" -> "allreduce.noname": unnamed ops of one type share a step identity.
+  const std::uint64_t name = std::hash<std::string_view>{}(without_automatic_number(response.name));
   return name ^ (static_cast<std::uint64_t>(response.process_set_id) * 0x9e3779b97f4a7c15ull);
 }
 

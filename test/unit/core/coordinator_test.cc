@@ -170,6 +170,33 @@ TEST_CASE("Cache ids from every rank replay the response; a stale id is sent bac
   CHECK(resend == std::vector<std::int32_t>{id});
 }
 
+TEST_CASE("Ops with automatic names are answered uncached and evict nothing", "[coordinator]") {
+  // Note [Automatic names are not cached]: "allreduce.noname.<n>" never comes back. One entry
+  // holds "a"; twenty unnamed ops go by without an id and leave it cached, so "a" still hits.
+  Job job(2);
+  Coordinator c(job.sets, 1, nullptr);
+  std::vector<std::int32_t> resend;
+  for (int r : {0, 1}) c.receive(r, list_of({allreduce("a", {4})}), t0, &resend);
+  const std::int32_t id = c.take_ready().cache_ids.at(0);
+  REQUIRE(id >= 0);
+  for (int n = 0; n < 20; ++n) {
+    const std::string name = "allreduce.noname." + std::to_string(n);
+    for (int r : {0, 1}) c.receive(r, list_of({allreduce(name, {4})}), t0, &resend);
+    const ResponseList list = c.take_ready();
+    REQUIRE(list.responses.size() == 1);
+    CHECK(list.responses[0].ok);
+    CHECK(list.cache_ids == std::vector<std::int32_t>{-1});
+    CHECK(list.evicted.empty());
+  }
+  // A name that only looks alike ("noname" without a number) is cached as any other: it
+  // evicts "a", the one entry.
+  for (int r : {0, 1}) c.receive(r, list_of({allreduce("allreduce.noname", {4})}), t0, &resend);
+  const ResponseList alike = c.take_ready();
+  CHECK(alike.cache_ids.at(0) > id);
+  CHECK(alike.evicted == std::vector<std::int32_t>{id});
+  CHECK(resend.empty());
+}
+
 TEST_CASE("A joined rank's absence releases ops; the last join answers with the last joiner",
           "[coordinator][join]") {
   Job job(3);

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "src/core/automatic_name.h"
+
+#include <cctype>
+#include <charconv>
+#include <system_error>
+
+#include "src/base/strings.h"
+
+namespace tutti::core {
+namespace {
+
+constexpr std::string_view kMarker = ".noname.";
+
+// Where `name`'s number starts, if it is an automatic name's; npos otherwise.
+std::size_t number_start(std::string_view name) {
+  const std::size_t at = name.rfind(kMarker);
+  if (at == std::string_view::npos || at + kMarker.size() == name.size()) {
+    return std::string_view::npos;
+  }
+  for (char c : name.substr(at + kMarker.size())) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return std::string_view::npos;
+  }
+  return at + kMarker.size();
+}
+
+}  // namespace
+
+std::string automatic_name(Collective op, std::uint64_t n) {
+  std::string name(to_string(op));
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return detail::str_cat(name, kMarker, n);
+}
+
+std::optional<std::uint64_t> automatic_number(std::string_view name) {
+  const std::size_t start = number_start(name);
+  if (start == std::string_view::npos) return std::nullopt;
+  std::uint64_t n = 0;
+  const auto [end, error] = std::from_chars(name.data() + start, name.data() + name.size(), n);
+  if (error != std::errc() || end != name.data() + name.size()) return std::nullopt;  // Overflow.
+  return n;
+}
+
+std::string_view without_automatic_number(std::string_view name) {
+  const std::size_t start = number_start(name);
+  return start == std::string_view::npos ? name : name.substr(0, start - 1);
+}
+
+}  // namespace tutti::core
