@@ -74,7 +74,7 @@ Status TensorQueue::push(std::shared_ptr<Entry> entry) {
     detail::MutexLock lock(mutex_, spin_);
     if (!closed_.ok()) return closed_;
     if (request.name.empty()) {
-      // See Note [Automatic names].
+      // See Note [Automatic names] in automatic_name.h.
       request.name = automatic_name(request.op, unnamed_counts_[request.process_set_id]++);
       entry->name_hash = name_hash(OpKeyView{request.process_set_id, request.name});
     }

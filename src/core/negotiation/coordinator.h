@@ -31,7 +31,7 @@
 //    allgather, receives a broadcast into scratch memory and enters barriers. Every member
 //    thus calls the same collectives in the same order. It also moves its counter of
 //    automatic names past those of the ops it missed, so unnamed ops (barrier() has no name)
-//    still match after the join (see Note [Automatic names] in tensor_queue.h).
+//    still match after the join (see Note [Automatic names] in automatic_name.h).
 // 4. When every member has joined, the Join is ready: its Response carries last_joined_rank,
 //    completes every member's join() with it, and the set's joined state is cleared.
 // A rank's requests reach the coordinator in submission order, so an op a rank submitted
