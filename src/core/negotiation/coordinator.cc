@@ -27,8 +27,9 @@ bool is_set_change(Collective op) {
 // Nor is an op with an automatic name (Note [Automatic names] in automatic_name.h): it never
 // comes back, so its entry could never hit, and while the cache is full each insert evicts an
 // entry that could, on every rank. A P3 driver of 10,000 unnamed one-float ops a step (2 ranks
-// on the 2-core AMD EPYC VM, median step) took 26.6 and 44.1 ms so, against 10.5 and 20.5 ms
-// for named ones with the cache off: the churn cost more than the negotiation itself.
+// on the 2-core AMD EPYC VM, median step, five rounds in turns) took 26.5-38.9 ms so, against
+// 13.0-19.3 ms with the cache off: the churn cost more than the negotiation itself. Uncached,
+// 12.9-23.0 ms.
 bool cacheable(const Response& response) {
   return response.ok && response.joined.empty() && response.op != Collective::Join &&
          !is_set_change(response.op) && !automatic_number(response.name).has_value();
