@@ -10,13 +10,14 @@
 // some 150 instructions for that malloc and free even on the fast path of its own per-thread
 // cache (its checks against heap corruption), of the ~3,200 a rank spends per op in P3 (10,000
 // tiny allreduces a step; callgrind, examples/BENCHMARK_LOG.md twenty-fourth round). So the
-// thread that frees a block keeps it, up to kKeptBlocks per type, and that thread's next
-// allocation of the type takes it back in a few instructions. Past kKeptBlocks, and for arrays,
-// blocks go to std::allocator. A thread that frees blocks others made (the communication
-// thread, for an op whose Handle was dropped before it finished) keeps at most kKeptBlocks it
-// may never reuse: a few hundred KB at most. A thread's kept blocks are freed as it exits; a
-// block freed after that (by a later thread_local's destructor) goes straight back. Under
-// AddressSanitizer a kept block is poisoned, so a use after free is still reported.
+// thread that frees a block keeps it, up to kKeptBlocks per type (256, or the allocator's
+// MaxKept), and that thread's next allocation of the type takes it back in a few instructions.
+// Past kKeptBlocks, and for arrays, blocks go to std::allocator. A thread that frees blocks
+// others made (the communication thread, for an op whose Handle was dropped before it finished)
+// keeps at most kKeptBlocks it may never reuse: a few hundred KB at most at the default. A thread's
+// kept blocks are freed as it exits; a block freed after that (by a later thread_local's
+// destructor) goes straight back. Under AddressSanitizer a kept block is poisoned, so a use after
+// free is still reported.
 #pragma once
 
 #include <cstddef>
@@ -28,17 +29,23 @@
 
 namespace tutti::base {
 
-template <class T>
+// `MaxKept`: the most freed blocks of T one thread keeps (a type made in larger batches before
+// they are freed keeps more: Note [Requests' blocks kept] in negotiation/coordinator.cc).
+template <class T, std::uint32_t MaxKept = 256>
 class RecyclingAllocator {
  public:
   using value_type = T;
+  // Spelt out: std::allocator_traits rebinds only templates whose parameters are all types.
+  template <class U>
+  struct rebind {
+    using other = RecyclingAllocator<U, MaxKept>;
+  };
 
-  // The most freed blocks of T one thread keeps.
-  static constexpr std::uint32_t kKeptBlocks = 256;
+  static constexpr std::uint32_t kKeptBlocks = MaxKept;
 
   RecyclingAllocator() noexcept = default;
   template <class U>
-  RecyclingAllocator(const RecyclingAllocator<U>& /*other*/) noexcept {}  // NOLINT: rebinding.
+  RecyclingAllocator(const RecyclingAllocator<U, MaxKept>& /*other*/) noexcept {}  // NOLINT
 
   // A block for `n` objects of T: one this thread kept when n is 1 and it has one.
   T* allocate(std::size_t n) {

@@ -62,10 +62,13 @@ namespace tutti::core {
 //
 // Cost: nothing while the cache has room (no lookup while nothing has left); once it is full, a
 // probe of a flat table per miss and per departure, beside the full negotiation those ops take
-// anyway. A first version kept the departures in std::unordered_map and std::deque: on P3's
-// names at 1,024 entries that was 5 % of rank 0's samples (the nodes' allocations and cache
-// misses). Memory, once the cache has evicted: 56 bytes a remembered departure (0.9 MB at the
-// default capacity, 3.5 MB at most), allocated at the first one.
+// anyway. A name kept out builds no entry (CoordinatorCache::insert_made()): no copy of its
+// response, and its requests' slots stay with the coordinator's record for reuse (Note [Pending
+// ops by name] in negotiation/pending_ops.h). A first version kept the departures in
+// std::unordered_map and std::deque: on P3's names at 1,024 entries that was 5 % of rank 0's
+// samples (the nodes' allocations and cache misses). Memory, once the cache has evicted: 56 bytes a
+// remembered departure (0.9 MB at the default capacity, 3.5 MB at most), allocated at the first
+// one.
 class CacheAdmission {
  public:
   // What the watch found, once: the cache's capacity, the recurrences seen, and the largest

@@ -66,20 +66,23 @@ std::optional<std::int32_t> CoordinatorCache::id_of(OpKeyView key) const {
   return keyed->id;
 }
 
-std::int32_t CoordinatorCache::insert(Entry entry, std::vector<std::int32_t>* evicted) {
-  const OpKeyView key{entry.process_set_id, entry.name};
-  const std::uint64_t hash = name_hash(key);
+std::optional<std::uint64_t> CoordinatorCache::admit(OpKeyView key, std::uint64_t hash,
+                                                     std::vector<std::int32_t>* evicted) {
   if (const Keyed* old = by_key_.find(key, hash)) erase(old->id, evicted);
   const bool full = static_cast<std::int64_t>(entries_.size()) >= capacity_;
   const std::uint64_t used = ++clock_;
   const bool admitted = admission_.admits(hash, full ? oldest_use() : std::nullopt, used);
   if (std::optional<CacheAdmission::Report> report = admission_.take_report()) settle(*report);
-  if (!admitted) return -1;
+  if (!admitted) return std::nullopt;
   if (static_cast<std::int64_t>(entries_.size()) >= capacity_) {  // Still full, if it grew.
     // Every live id has a record: a heap without one is a bug.
     const bool evicted_one = evict_least_recent(evicted);
     TUTTI_CHECK(evicted_one, "the response cache's order of use lost an entry");
   }
+  return used;
+}
+
+std::int32_t CoordinatorCache::store(std::uint64_t hash, std::uint64_t used, Entry entry) {
   const std::int32_t id = next_id_++;
   const int set_id = entry.process_set_id;
   auto stored = std::make_shared<const Entry>(std::move(entry));

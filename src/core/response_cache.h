@@ -97,7 +97,20 @@ class CoordinatorCache {
   // Stores a negotiated op and returns its new id, or -1 when a full cache keeps the name out
   // (Note [Cache admission] in cache_admission.h). Ids of the same name and of the least
   // recently used entry, when it makes room, are appended to `evicted`.
-  std::int32_t insert(Entry entry, std::vector<std::int32_t>* evicted);
+  std::int32_t insert(Entry entry, std::vector<std::int32_t>* evicted) {
+    const OpKeyView key{entry.process_set_id, entry.name};
+    return insert_made(
+        key, [&] { return std::move(entry); }, evicted);
+  }
+  // insert() of the Entry that `make()` returns, whose (set, name) is `key` (viewing a string
+  // that outlives the call): make() is called only if the name gets in, so that a name kept out
+  // costs no Entry (a copy of the response; the requests, which the caller keeps).
+  template <class Make>
+  std::int32_t insert_made(OpKeyView key, Make&& make, std::vector<std::int32_t>* evicted) {
+    const std::uint64_t hash = name_hash(key);
+    const std::optional<std::uint64_t> used = admit(key, hash, evicted);
+    return used ? store(hash, *used, make()) : -1;
+  }
   void erase_set(int process_set_id, std::vector<std::int32_t>* evicted);
   // The entries of the ids appended to `evicted` since the last call, in the same order: the
   // coordinator's pending hits on an evicted id still need its requests.
@@ -126,6 +139,12 @@ class CoordinatorCache {
   static constexpr std::size_t kAgeSlack = 1024;
 
   void erase(std::int32_t id, std::vector<std::int32_t>* evicted);
+  // insert()'s first half: erases the name's old entry, asks admission_ (settling its report),
+  // and evicts to make room if the name gets in. The new entry's stamp, or nullopt if kept out.
+  std::optional<std::uint64_t> admit(OpKeyView key, std::uint64_t hash,
+                                     std::vector<std::int32_t>* evicted);
+  // insert()'s second half: stores `entry`, whose name_hash() is `hash`, stamped `used`; its id.
+  std::int32_t store(std::uint64_t hash, std::uint64_t used, Entry entry);
   // The stamp of the least recently used entry's latest use, its record brought to the top of
   // `by_age_`; nullopt if there is none.
   std::optional<std::uint64_t> oldest_use();

@@ -91,6 +91,7 @@
 #include <vector>
 
 #include "src/core/negotiation/hit_table.h"
+#include "src/core/negotiation/pending_ops.h"
 #include "src/core/process_set_table.h"
 #include "src/core/request.h"
 #include "src/core/response_cache.h"
@@ -139,17 +140,10 @@ class Coordinator {
   bool empty() const;
 
  private:
-  struct Pending {
-    std::vector<std::shared_ptr<const Request>> requests;  // By set rank; null until submitted.
-    int count = 0;
-    std::int32_t common_hit = -2;  // -2: nothing yet; -1: not all the same hit; else the id.
-    Clock::time_point first_seen;
-    bool queued = false;  // In ready_.
-  };
   // A set as negotiation sees it.
   struct SetState {
     SetInfo info;
-    std::unordered_map<std::string, Pending> pending;
+    int named = 0;             // Its ops in pending_ (filed by name).
     std::vector<bool> joined;  // By set rank; see Note [Join].
     int joined_count = 0;      // Set ranks in `joined`.
     int last_joined = -1;      // Global rank.
@@ -163,11 +157,13 @@ class Coordinator {
     std::set<int> removed;
   };
 
-  // An op in readiness order: a name pending in its set, or (`hit` >= 0) a run of counted cache
-  // hits, ids [hit, hit + hits).
+  // An op in readiness order: an op pending by name in its set, or (`hit` >= 0) a run of counted
+  // cache hits, ids [hit, hit + hits).
   struct Ready {
     int process_set_id = 0;
-    std::string name;  // Empty for a run of hits.
+    // In pending_ until take_ready() takes it, unless its set was removed: it is read only
+    // while its set exists. Null for a run of hits.
+    PendingOp* op = nullptr;
     std::int32_t hit = -1;
     std::int32_t hits = 0;
   };
@@ -205,15 +201,15 @@ class Coordinator {
   static void append_hits(ResponseList& list, std::int32_t first, std::int32_t count);
   // Decides one ready op, files it in the cache if cacheable, and appends it to `list`; ids it
   // evicts move their counted hits to the named bookkeeping.
-  void respond(int set_id, SetState& set, const std::string& name, Pending& pending,
+  void respond(int set_id, SetState& set, const std::string& name, PendingOp& pending,
                Decided& decided, ResponseList& list);
   // Every member has submitted the op or joined.
-  static bool is_ready(const SetState& set, const Pending& pending);
+  static bool is_ready(const SetState& set, const PendingOp& pending);
   // Marks `global_rank` joined and queues the ops that were waiting only for it.
   void join(int set_id, SetState& set, int global_rank);
   // The response for one ready op (steps 2 and 4 of Note [Join]); cache ids evicted on the
   // way go to `evicted`.
-  Response decide(int set_id, SetState& set, const std::string& name, Pending& pending,
+  Response decide(int set_id, SetState& set, const std::string& name, PendingOp& pending,
                   Decided& decided, std::vector<std::int32_t>* evicted);
   // Decides a negotiated AddProcessSet or RemoveProcessSet, or turns it into an error response
   // (a duplicate or unknown set).
@@ -223,6 +219,7 @@ class Coordinator {
   CoordinatorCache cache_;
   Timeline* timeline_;
   std::map<int, SetState> states_;
+  PendingOps pending_;              // Ops filed by name, of every set (Note [Pending ops by name]).
   SetState* last_state_ = nullptr;  // state()'s last answer: ops come in runs of one set.
   HitTable hits_;                   // Counted cache hits (Note [Hit fast path]).
   // What the ids of ready runs that were evicted before take_ready() stood for.

@@ -220,6 +220,54 @@ TEST_CASE("A joined rank's absence releases ops; the last join answers with the 
   CHECK(done.responses[0].last_joined_rank == 0);
 }
 
+TEST_CASE("A join releases the ops that waited only for it in submission order, then by name",
+          "[coordinator][join]") {
+  Job job(3);
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::int32_t> resend;
+  // Ranks 0 and 2 submit five ops at four times (the first submission's time counts); rank 1
+  // joins.
+  const std::vector<std::pair<std::string, int>> ops = {
+      {"c", 1}, {"b", 0}, {"z", 3}, {"a", 2}, {"y", 3}};
+  for (int rank : {0, 2}) {
+    for (const auto& [name, second] : ops)
+      c.receive(rank, list_of({allreduce(name, {1})}), t0 + seconds(second), &resend);
+  }
+  CHECK(c.take_ready().responses.empty());
+  c.receive(1, list_of({test::join_request()}), t0 + seconds(4), &resend);
+  const ResponseList released = c.take_ready();
+  CHECK(names(released) == std::vector<std::string>{"b", "c", "a", "y", "z"});
+  for (const Response& response : released.responses) CHECK(response.joined == std::vector<int>{1});
+  CHECK_FALSE(c.empty());  // The join waits for ranks 0 and 2.
+  CHECK(resend.empty());
+}
+
+TEST_CASE("Removing a set drops its pending ops and skips its ops ready later in the list",
+          "[coordinator][process_set]") {
+  Job job(3);
+  REQUIRE(job.sets.add(1, {0, 1}).ok());
+  Coordinator c(job.sets, 16, nullptr);
+  std::vector<std::int32_t> resend;
+  Request remove;
+  remove.name = "tutti.process_set.0";
+  remove.op = Collective::RemoveProcessSet;
+  remove.target_set_id = 1;
+  // "r" and "s" of set 1 from rank 0; then the removal from everyone, ready first; then "r"
+  // from rank 1, ready after it in the same list.
+  c.receive(0, list_of({allreduce("r", {1}, 1), allreduce("s", {1}, 1), remove}), t0, &resend);
+  c.receive(2, list_of({remove}), t0, &resend);
+  c.receive(1, list_of({remove, allreduce("r", {1}, 1)}), t0, &resend);
+  const ResponseList list = c.take_ready();
+  CHECK(names(list) == std::vector<std::string>{"tutti.process_set.0"});
+  REQUIRE(list.responses.size() == 1);
+  CHECK(list.responses[0].ok);
+  CHECK(list.responses[0].target_set_id == 1);
+  // "s", which only rank 0 had sent, went with the set: nothing is pending, nothing stalls.
+  CHECK(c.empty());
+  CHECK(c.stalls(t0 + seconds(3600), seconds(0)).empty());
+  CHECK(resend.empty());
+}
+
 TEST_CASE("The coordinator is empty exactly while no submitted op awaits its answer",
           "[coordinator]") {
   // What lets rank 0 nap long (Note [Quiet naps] in idle_policy.h): a pending op keeps it

@@ -154,5 +154,33 @@ TEST_CASE("allocate_shared's blocks come back to the thread", "[recycling_alloca
   CHECK(again->values[0] == 0);  // Constructed afresh.
 }
 
+TEST_CASE("An allocator that keeps more blocks keeps them, shared_ptr's blocks too",
+          "[recycling_allocator]") {
+  // As the coordinator's requests (Note [Requests' blocks kept] in negotiation/coordinator.cc):
+  // a batch far larger than the default's 256 made, then freed.
+  using T = Block<7>;
+  constexpr std::uint32_t kKept = 1000;
+  using Many = RecyclingAllocator<T, kKept>;
+  static_assert(Many::kKeptBlocks == kKept);
+  Many alloc;
+  std::vector<T*> blocks;
+  for (std::uint32_t i = 0; i < kKept + 50; ++i) blocks.push_back(alloc.allocate(1));
+  for (T* block : blocks) alloc.deallocate(block, 1);
+  CHECK(Many::kept_blocks() == kKept);
+  CHECK(Alloc<T>::kept_blocks() == 0);  // The default's blocks are counted apart.
+  for (std::uint32_t i = 0; i < kKept; ++i) CHECK(alloc.allocate(1) == blocks[kKept - 1 - i]);
+  CHECK(Many::kept_blocks() == 0);
+  for (std::uint32_t i = 0; i < kKept; ++i) alloc.deallocate(blocks[i], 1);
+
+  // shared_ptr rebinds it to its own block type, keeping the count (rebind is spelt out).
+  using Shared = RecyclingAllocator<const Block<8>, kKept>;
+  const Block<8>* first = nullptr;
+  {
+    auto shared = std::allocate_shared<const Block<8>>(Shared());
+    first = shared.get();
+  }
+  CHECK(std::allocate_shared<const Block<8>>(Shared()).get() == first);
+}
+
 }  // namespace
 }  // namespace tutti::base

@@ -464,6 +464,37 @@ TEST_CASE("Cache admission remembers exactly the latest departures, as its model
   CHECK(remembered.size() > bound / 2);
 }
 
+TEST_CASE("A name kept out costs no entry: insert_made() builds one only for a name let in",
+          "[cache]") {
+  CoordinatorCache cache(1);
+  std::vector<std::int32_t> evicted;
+  CHECK(cache.insert(entry("a"), &evicted) == 0);
+  CHECK(cache.insert(entry("b"), &evicted) == 1);  // New: let in, evicting "a" (used at 1).
+  CHECK(evicted == std::vector<std::int32_t>{0});
+  int made = 0;
+  const auto insert = [&](const std::string& name) {
+    return cache.insert_made(
+        {0, name},
+        [&] {
+          ++made;
+          return entry(name);
+        },
+        &evicted);
+  };
+  // "a" came back, but it was last used before "b", the least recently used entry: kept out.
+  CHECK(insert("a") == -1);
+  CHECK(made == 0);
+  CHECK(evicted == std::vector<std::int32_t>{0});
+  CHECK(cache.size() == 1);
+  // A new name gets in: built once, stored under the next id, "b" evicted for it.
+  CHECK(insert("c") == 2);
+  CHECK(made == 1);
+  CHECK(evicted == std::vector<std::int32_t>{0, 1});
+  REQUIRE(cache.get(2) != nullptr);
+  CHECK(cache.get(2)->name == "c");
+  CHECK(cache.id_of({0, "c"}) == 2);
+}
+
 TEST_CASE("Re-negotiating a name evicts its old id; ids are never reused", "[cache]") {
   CoordinatorCache cache(10);
   std::vector<std::int32_t> evicted;
