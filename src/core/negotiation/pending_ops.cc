@@ -19,6 +19,7 @@ PendingOp& PendingOps::file(OpKeyView key, std::uint64_t hash, int members,
   } else {
     op = std::move(spare_.back());
     spare_.pop_back();
+    spare_slots_ -= op->requests.capacity();
   }
   op->process_set_id = key.process_set_id;
   op->name.assign(key.name);  // Keeps a recycled record's capacity.
@@ -41,8 +42,11 @@ std::unique_ptr<PendingOp> PendingOps::take(const PendingOp& op) {
 }
 
 void PendingOps::recycle(std::unique_ptr<PendingOp> op) {
-  if (op == nullptr || spare_.size() >= kSpare) return;
+  if (op == nullptr || spare_.size() >= kSpare ||
+      spare_slots_ + op->requests.capacity() > kSpareSlots)
+    return;
   op->requests.clear();  // Releases the requests; keeps the slots' allocation.
+  spare_slots_ += op->requests.capacity();
   spare_.push_back(std::move(op));
 }
 

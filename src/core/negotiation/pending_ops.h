@@ -11,13 +11,14 @@
 // again into the ready list, a vector of request slots allocated per op, and the name hashed
 // twice (filed, then taken). Here an op is a record found through a NameIndex (one probe; the
 // hash computed once and kept with the record), the ready list holds a pointer to it, and a
-// taken record is kept, with its name's and request slots' allocations, for the next op, so
-// steady traffic allocates nothing here. Records live on the heap: a pointer to one stays valid
-// while the index moves its slots. Rank 0 under perf (P3's driver with the cache off: 10,000
-// one-float ops a step, 150 steps, 2 ranks on the 2-core AMD EPYC VM of family 26; samples at
-// 1 kHz): filing 221 samples before, 119 after; the whole coordinator (filing, then answering)
-// 571 before, 453 after, and 399 with Note [Requests' blocks kept] in negotiation/coordinator.cc.
-// Figures: examples/BENCHMARK_LOG.md, forty-ninth round.
+// taken record is kept, with its name's and request slots' allocations, for the next op (up to
+// kSpare records and kSpareSlots slots among them), so steady traffic allocates nothing here.
+// Records live on the heap: a pointer to one stays valid while the index moves its slots. Rank 0
+// under perf (P3's driver with the cache off: 10,000 one-float ops a step, 150 steps, 2 ranks on
+// the 2-core AMD EPYC VM of family 26; samples at 1 kHz): filing 221 samples before, 119 after; the
+// whole coordinator (filing, then answering) 571 before, 453 after, and 399 with Note [Requests'
+// blocks kept] in negotiation/coordinator.cc. Figures: examples/BENCHMARK_LOG.md, forty-ninth
+// round.
 #pragma once
 
 #include <chrono>
@@ -69,7 +70,8 @@ class PendingOps {
   // Takes `op` (pending here) out of the table: the caller decides it, then gives it back
   // with recycle().
   std::unique_ptr<PendingOp> take(const PendingOp& op);
-  // A taken op's record, kept for a later file() (up to kSpare of them).
+  // A taken op's record, kept for a later file() (up to kSpare of them, with kSpareSlots
+  // request slots among them).
   void recycle(std::unique_ptr<PendingOp> op);
   // Drops every op of set `process_set_id` (the set was removed).
   void take_set(int process_set_id);
@@ -84,9 +86,11 @@ class PendingOps {
     index_.for_each([&](const std::unique_ptr<PendingOp>& op) { visit(std::as_const(*op)); });
   }
 
-  // Records kept for reuse at most: a step's worth of P3's ops, 2.5 MB or so at most (a record,
-  // its name and its request slots).
+  // Records kept for reuse at most: a step's worth of P3's ops. And request slots kept among
+  // them at most (2 MB of them): a record has a slot per member, so in a large job fewer records
+  // are kept (kSpareSlots / members), as the response cache grows less (Note [Cache growth]).
   static constexpr std::size_t kSpare = 16384;
+  static constexpr std::size_t kSpareSlots = 131072;
   std::size_t spare() const { return spare_.size(); }
 
  private:
@@ -97,6 +101,7 @@ class PendingOps {
   };
   NameIndex<std::unique_ptr<PendingOp>, KeyOf> index_;
   std::vector<std::unique_ptr<PendingOp>> spare_;
+  std::size_t spare_slots_ = 0;  // The request slots' capacity of spare_'s records.
 };
 
 }  // namespace tutti::core

@@ -126,6 +126,22 @@ TEST_CASE("Records stay where they are while the table grows and shrinks", "[pen
   CHECK(ops.spare() == PendingOps::kSpare);  // 20,000 taken, 16,384 kept.
 }
 
+TEST_CASE("In a large job fewer records are kept: kSpareSlots request slots at most",
+          "[pending_ops]") {
+  PendingOps ops;
+  constexpr int kMembers = 1000;  // 131 records' slots fit in kSpareSlots (131,072).
+  std::vector<PendingOp*> filed;
+  bool made = false;
+  for (int i = 0; i < 200; ++i)
+    filed.push_back(&file(ops, 0, "op." + std::to_string(i), kMembers, t0, &made));
+  for (PendingOp* op : filed) ops.recycle(ops.take(*op));
+  CHECK(ops.spare() == PendingOps::kSpareSlots / kMembers);
+  CHECK(ops.spare() == 131);
+  // Reused records come back with their slots, and make room for others again.
+  for (int i = 0; i < 131; ++i) file(ops, 1, "again." + std::to_string(i), kMembers, t0, &made);
+  CHECK(ops.spare() == 0);
+}
+
 TEST_CASE("Removing a set drops its ops and keeps the others'", "[pending_ops]") {
   PendingOps ops;
   bool made = false;
