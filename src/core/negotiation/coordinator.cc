@@ -40,13 +40,15 @@ bool cacheable(const Response& response) {
 // Every request the coordinator files by name is moved into a block of its own (shared: a cached
 // entry keeps the members' requests), and freed as its op is answered, or as its entry leaves the
 // cache: on a step of 10,000 uncached ops with 2 ranks, 20,000 blocks of about 200 bytes made and
-// freed on the communication thread, thousands of them alive at once. With Note [Pending ops by
-// name], glibc's malloc and free still took 149 of the coordinator's 453 samples (rank 0 under
-// perf, P3's driver with the cache off, the AMD EPYC VM of family 26: see there), nearly all for
-// these blocks. A RecyclingAllocator (Note [Blocks kept per thread] in
-// src/base/recycling_allocator.h) keeping up to 16,384 of them (3 MB at most, on rank 0's
-// communication thread, the only one that makes them) reuses them from the second step on: 8
-// samples of 399. Its default of 256 kept too few for batches of thousands.
+// freed by the threads that run rank 0's cycle, thousands of them alive at once. With Note [Pending
+// ops by name], glibc's malloc and free still took 149 of the coordinator's 453 samples (rank 0
+// under perf, P3's driver with the cache off, the AMD EPYC VM of family 26: see there), nearly all
+// for these blocks. A RecyclingAllocator (Note [Blocks kept per thread] in
+// src/base/recycling_allocator.h) keeping up to 16,384 of them reuses them from the second step
+// on: 8 samples of 399. Its default of 256 kept too few for batches of thousands. The thread
+// that frees a block keeps it, one that runs rank 0's cycle (the communication thread, or an
+// application thread that drives it while it waits: Note [A waiting thread runs the cycle] in
+// loop_driver.h): 3 MB at most per such thread.
 using RequestBlocks = base::RecyclingAllocator<Request, 16384>;
 
 Response error_response(const Response& about, ErrorCode code, std::string message) {
