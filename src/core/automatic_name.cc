@@ -12,16 +12,16 @@ namespace {
 
 constexpr std::string_view kMarker = ".noname.";
 
-// Where `name`'s number starts, if it is an automatic name's; npos otherwise.
+// Where `name`'s number starts, if it is an automatic name's; npos otherwise. The digits at the
+// end first, then the marker just before them: no search through the name (the coordinator asks
+// this of every response it caches, cacheable() in negotiation/coordinator.cc). The marker ends in
+// '.', so its last occurrence before the digits is the one right before them.
 std::size_t number_start(std::string_view name) {
-  const std::size_t at = name.rfind(kMarker);
-  if (at == std::string_view::npos || at + kMarker.size() == name.size()) {
-    return std::string_view::npos;
-  }
-  for (char c : name.substr(at + kMarker.size())) {
-    if (!std::isdigit(static_cast<unsigned char>(c))) return std::string_view::npos;
-  }
-  return at + kMarker.size();
+  std::size_t start = name.size();
+  while (start > 0 && std::isdigit(static_cast<unsigned char>(name[start - 1]))) --start;
+  if (start == name.size() || start < kMarker.size()) return std::string_view::npos;
+  return name.substr(start - kMarker.size(), kMarker.size()) == kMarker ? start
+                                                                        : std::string_view::npos;
 }
 
 }  // namespace

@@ -30,6 +30,11 @@ TEST_CASE("Only a name ending in .noname. and decimal digits has an automatic nu
   CHECK_FALSE(automatic_number("broadcast_object.noname").has_value());
   CHECK_FALSE(automatic_number("grad.fc1.weight").has_value());
   CHECK_FALSE(automatic_number("").has_value());
+  CHECK(automatic_number(".noname.5") == 5u);  // The marker at the very start.
+  CHECK(automatic_number("x.noname.noname.5") == 5u);
+  CHECK_FALSE(automatic_number("noname.5").has_value());  // The marker's first '.' missing.
+  CHECK_FALSE(automatic_number("grad.12").has_value());   // Digits, no marker.
+  CHECK_FALSE(automatic_number("12").has_value());
 }
 
 TEST_CASE("Taking the number off leaves the op and the marker, and other names alone", "[names]") {
