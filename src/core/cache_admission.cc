@@ -6,12 +6,11 @@
 #include <string>
 
 #include "src/base/strings.h"
-#include "src/core/name_index.h"
 
 namespace tutti::core {
 
 CacheAdmission::CacheAdmission(std::int64_t capacity)
-    : limit_(static_cast<std::size_t>(std::clamp<std::int64_t>(
+    : limit_(static_cast<std::uint32_t>(std::clamp<std::int64_t>(
           8 * std::min<std::int64_t>(capacity, kMaxRemembered),
           static_cast<std::int64_t>(kMinRemembered), static_cast<std::int64_t>(kMaxRemembered)))) {
   seen_.capacity = capacity;
@@ -20,59 +19,69 @@ CacheAdmission::CacheAdmission(std::int64_t capacity)
 bool CacheAdmission::admits(std::uint64_t hash, std::optional<std::uint64_t> lru_used,
                             std::uint64_t now) {
   ++misses_;
-  if (remembered_ == 0) return true;  // Nothing has left.
-  const std::size_t at = slot_of(hash);
-  if (index_[at].hash == 0) return true;  // New, or forgotten: in, as least-recently-used has it.
-  const Departure& gone = ring_[index_[at].record];
-  recurred(gone.at);
+  if (buckets_.empty()) return true;  // Nothing has left.
+  sweep();
+  Record* gone = find(bucket_of(hash), tag_of(hash));
+  if (gone == nullptr) return true;  // New, or forgotten: in, as least-recently-used has it.
+  recurred(gone->left);
   // Note [Cache admission]: kept out if even the least recently used entry was used since.
-  if (lru_used && gone.used < *lru_used) {
-    remember(hash, now);
+  if (lru_used && gone->used < *lru_used) {
+    gone->used = now;  // Remembered again, in its own record.
+    gone->left = static_cast<std::uint32_t>(misses_);
     return false;
   }
-  erase_slot(at);  // Its record goes stale.
+  *gone = Record{};  // In: forgotten.
   return true;
 }
 
+CacheAdmission::Record* CacheAdmission::find(Bucket& bucket, std::uint32_t tag) {
+  for (Record& record : bucket.way) {
+    if (record.tag == tag && live(record)) return &record;
+  }
+  return nullptr;
+}
+
 void CacheAdmission::remember(std::uint64_t hash, std::uint64_t used) {
-  if (ring_.empty()) {
-    ring_.resize(limit_);
-    index_.resize(std::bit_ceil(2 * limit_));
+  if (buckets_.empty())
+    buckets_.resize(std::bit_ceil(std::size_t{limit_}) * kRecordsPerName / kWays);
+  Bucket& bucket = bucket_of(hash);
+  const std::uint32_t tag = tag_of(hash);
+  Record* to = find(bucket, tag);
+  if (to == nullptr) {  // Else a free record, or the one that left first (the most misses ago).
+    Record* free = std::ranges::find_if(bucket.way, [this](const Record& r) { return !live(r); });
+    if (free != std::end(bucket.way)) to = free;
   }
-  Departure& record = ring_[next_];
-  if (record.hash != 0) {
-    // The oldest departure, forgotten unless its name left again since (or got in: then its
-    // hash is not in the index, or points to another record).
-    const std::size_t oldest = slot_of(record.hash);
-    if (index_[oldest].hash != 0 && index_[oldest].record == next_) erase_slot(oldest);
+  if (to == nullptr) {
+    to = &*std::ranges::max_element(bucket.way, {}, [this](const Record& record) {
+      return static_cast<std::uint32_t>(misses_) - record.left;
+    });
+    ++forgotten_early_;
   }
-  record = Departure{.hash = hash, .used = used, .at = misses_};
-  const std::size_t at = slot_of(hash);
-  if (index_[at].hash == 0) {
-    index_[at].hash = hash;
-    ++remembered_;
-  }
-  index_[at].record = static_cast<std::uint32_t>(next_);
-  next_ = next_ + 1 == limit_ ? 0 : next_ + 1;
+  *to = Record{.used = used, .tag = tag, .left = static_cast<std::uint32_t>(misses_)};
 }
 
-std::size_t CacheAdmission::slot_of(std::uint64_t hash) const {
-  const std::size_t mask = index_.size() - 1;
-  std::size_t at = hash & mask;
-  while (index_[at].hash != 0 && index_[at].hash != hash) at = (at + 1) & mask;
-  return at;
+void CacheAdmission::sweep() {
+  for (Record& record : buckets_[sweep_].way) {
+    if (!live(record)) record = Record{};
+  }
+  sweep_ = (sweep_ + 1) & (buckets_.size() - 1);
 }
 
-void CacheAdmission::erase_slot(std::size_t at) {
-  erase_probed_slot(index_, at);
-  --remembered_;
+std::size_t CacheAdmission::remembered() const {
+  std::size_t count = 0;
+  for (const Bucket& bucket : buckets_) {
+    count += static_cast<std::size_t>(
+        std::ranges::count_if(bucket.way, [this](const Record& r) { return live(r); }));
+  }
+  return count;
 }
 
-void CacheAdmission::recurred(std::int64_t left_at) {
+void CacheAdmission::recurred(std::uint32_t left) {
   if (reported_) return;
   // The misses since it left, with the capacity's worth of names cached meanwhile: about the
   // names it recurs among (exactly, for names that recur in a fixed cycle).
-  const std::int64_t distance = misses_ - left_at + seen_.capacity;
+  const std::int64_t distance =
+      static_cast<std::int64_t>(static_cast<std::uint32_t>(misses_) - left) + seen_.capacity;
   ++seen_.recurrences;
   seen_.distance = std::max(seen_.distance, distance);
   if (seen_.recurrences < seen_.capacity) return;

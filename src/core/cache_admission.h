@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/base/prefetch.h"
+
 namespace tutti::core {
 
 // Note [Cache thrash]
@@ -24,18 +26,18 @@ namespace tutti::core {
 // hit.
 //
 // The cache cannot see a step, but it can see a name come back after it left: CacheAdmission
-// remembers the names (as their 64-bit name_hash()) of the latest entries evicted for room and of
-// the latest names it kept out, with the cache's count of misses (names negotiated in full) when
-// each left. A name that misses while remembered has recurred, at a distance of the misses since it
-// left plus the capacity: about the number of names it recurs among, which is the capacity the
-// cache would need for it to hit. Once as many recurrences as the capacity have been seen, the
-// report is due, once, with the largest distance seen: a cache that may grow grows (Note [Cache
-// growth] in response_cache.h); one that may not (TUTTI_CACHE_CAPACITY set, or grown to its
-// limit) keeps its capacity, and the coordinator logs a warning naming TUTTI_CACHE_CAPACITY. Names
-// that never recur (automatic ones, a name per step) fill the memory and are forgotten; they report
-// nothing. So is a name that comes back after more departures than the memory holds (eight times
-// the capacity, within kMinRemembered and kMaxRemembered): with the default 1,024 entries, names
-// recurring among up to about 17,000.
+// remembers the names (by their 64-bit name_hash()) of the entries evicted for room and of the
+// names it kept out, with the cache's count of misses (names negotiated in full) when each left,
+// for as many misses as its memory holds. A name that misses while remembered has recurred, at a
+// distance of the misses since it left plus the capacity: about the number of names it recurs
+// among, which is the capacity the cache would need for it to hit. Once as many recurrences as the
+// capacity have been seen, the report is due, once, with the largest distance seen: a cache that
+// may grow grows (Note [Cache growth] in response_cache.h); one that may not (TUTTI_CACHE_CAPACITY
+// set, or grown to its limit) keeps its capacity, and the coordinator logs a warning naming
+// TUTTI_CACHE_CAPACITY. Names that never recur (a name per step) fill the memory and are forgotten;
+// they report nothing. So is a name that comes back after more misses than the memory holds (eight
+// times the capacity, within kMinRemembered and kMaxRemembered; Note [Admission memory]): with the
+// default 1,024 entries, names recurring among up to about 17,000.
 //
 // Note [Cache admission]
 // A full cache lets a missed name in only if that name came back sooner than the least recently
@@ -60,15 +62,45 @@ namespace tutti::core {
 // for a round (the entries of the phase in between are the more recent), get in the next, and hit
 // from the round after.
 //
-// Cost: nothing while the cache has room (no lookup while nothing has left); once it is full, a
-// probe of a flat table per miss and per departure, beside the full negotiation those ops take
-// anyway. A name kept out builds no entry (CoordinatorCache::insert_made()): no copy of its
-// response, and its requests' slots stay with the coordinator's record for reuse (Note [Pending
-// ops by name] in negotiation/pending_ops.h). A first version kept the departures in
-// std::unordered_map and std::deque: on P3's names at 1,024 entries that was 5 % of rank 0's
-// samples (the nodes' allocations and cache misses). Memory, once the cache has evicted: 56 bytes a
-// remembered departure (0.9 MB at the default capacity, 3.5 MB at most), allocated at the first
-// one.
+// Cost: nothing while the cache has room (no lookup while nothing has left); once it is full, one
+// bucket of its memory per miss and per departure (Note [Admission memory]), beside the full
+// negotiation those ops take anyway. A name kept out builds no entry
+// (CoordinatorCache::insert_made()): no copy of its response, and its requests' slots stay with
+// the coordinator's record for reuse (Note [Pending ops by name] in negotiation/pending_ops.h).
+//
+// Note [Admission memory]
+// The memory is a table of buckets of eight 16-byte records, two cache lines a bucket (which CPUs
+// load as a pair): a name's bucket is its hash's low bits, and its record holds the hash's high
+// 32 bits (to tell the bucket's names apart), its last use and the miss count when it left
+// (modulo 2^32). A record lives for `limit_` misses after it left (eight times the capacity,
+// within kMinRemembered and kMaxRemembered); an older one is free space, whatever it still holds.
+// So a miss reads one bucket and writes it in place (a name kept out again updates its own
+// record), and the coordinator prefetches it an op ahead (Note [Admission prefetch]).
+//
+// A first version kept the departures in std::unordered_map and std::deque (5 % of rank 0's
+// samples on P3's names at 1,024 entries: the nodes' allocations and cache misses); the next, a
+// ring of the latest departures with a linear-probing index over it, exact but three cache misses
+// per name kept out, one after the other (its slot, its ring record, and the slot of the oldest
+// record it overwrote), and the fixed capacity of 1,024 still slower than the cache off on P3's
+// 10,000 names. A perf profile of rank 0 there (2 ranks on the 2-core AMD EPYC VM) had the ring at
+// 254-517 samples of 4K-7K; the buckets, prefetched, at 36-44 of 4K (examples/BENCHMARK_LOG.md,
+// fiftieth round).
+//
+// What the buckets give up: a bucket holds eight live names; a ninth pushes out the one that left
+// first, before its time (counted by forgotten_early()). That must stay rare, and not only for
+// the name: a name forgotten comes back as a new one and gets in, evicting the least recently
+// used entry, and the few names that get in so scatter the cache's ids among ops that miss. In a
+// first version of four-record buckets with twice as many records as names remembered, P3's
+// 10,000 names at 1,024 entries lost 59 names so in their first step; the cache settled with 59
+// ids apart from the rest, and the ops around them paid a lookup by name each
+// (Coordinator::receive() looks a request's name up while counted hits wait): slower than the
+// ring. With eight records a bucket and four times as many records as names remembered (two a
+// bucket on average with the memory full of live names), losing one needs a ninth in a bucket:
+// about one bucket in 4,000 then (Poisson odds), and one in 400,000 at P3's load (1.1 a bucket).
+// Misses counted modulo 2^32 cannot alias: each miss also frees the dead records of one bucket in
+// turn, so no record outlives `limit_` plus the buckets' count in misses. Memory, once the cache
+// has evicted: 64 bytes per name remembered (1 MB at the default capacity, 4 MB at most), allocated
+// at the first departure.
 class CacheAdmission {
  public:
   // What the watch found, once: the cache's capacity, the recurrences seen, and the largest
@@ -82,7 +114,8 @@ class CacheAdmission {
     bool grown = false;
   };
 
-  // The fewest and most departures remembered; between them, eight times the capacity.
+  // The fewest and most misses a departed name is remembered for; between them, eight times the
+  // capacity (Note [Admission memory]).
   static constexpr std::size_t kMinRemembered = 16384;
   static constexpr std::size_t kMaxRemembered = 65536;
 
@@ -98,39 +131,55 @@ class CacheAdmission {
   // The cache evicted the entry of the name whose hash is `hash`, last used at stamp `used`, to
   // make room for the name it admitted last.
   void evicted_for_room(std::uint64_t hash, std::uint64_t used) { remember(hash, used); }
+  // Starts loading what admits(hash, ...) and a departure of `hash` read: its bucket, if the
+  // memory exists (Note [Admission prefetch] in negotiation/coordinator.cc). Always inlined:
+  // Note [Prefetches kept] in src/base/prefetch.h.
+  [[gnu::always_inline]] void prefetch(std::uint64_t hash) const {
+    if (!buckets_.empty())
+      base::prefetch_lines(&buckets_[hash & (buckets_.size() - 1)], sizeof(Bucket));
+  }
   // The report, once in the cache's life, when the recurrences made it due (Note [Cache
   // thrash]); nullopt before and after.
   std::optional<Report> take_report() { return std::exchange(due_, std::nullopt); }
 
-  std::size_t remembered() const { return remembered_; }
+  // The names remembered now (a pass over the memory: for tests).
+  std::size_t remembered() const;
+  // Live names pushed out of a full bucket before their time, so far.
+  std::int64_t forgotten_early() const { return forgotten_early_; }
+  // The memory's buckets (0 before the first departure); a name's is its hash's low bits.
+  std::size_t buckets() const { return buckets_.size(); }
+  static constexpr int kWays = 8;
+  // Records in the memory per name it remembers at most (Note [Admission memory]).
+  static constexpr std::size_t kRecordsPerName = 4;
 
  private:
-  void remember(std::uint64_t hash, std::uint64_t used);
-  void recurred(std::int64_t left_at);
-  // The slot of `index_` holding `hash`, or the empty one where it would go.
-  std::size_t slot_of(std::uint64_t hash) const;
-  void erase_slot(std::size_t at);  // erase_probed_slot() in name_index.h.
-
-  std::size_t limit_;        // Departures remembered at most.
-  std::int64_t misses_ = 0;  // Calls to admits() so far.
-  // The latest `limit_` departures, oldest overwritten first; a record whose name left again
-  // since (or got in) is stale: index_ no longer points to it.
-  struct Departure {
-    std::uint64_t hash = 0;  // 0: never written (name_hash() is never 0).
+  struct Record {
     std::uint64_t used = 0;  // Stamp of its last use (or of its miss, if kept out).
-    std::int64_t at = 0;     // misses_ when it left.
+    std::uint32_t tag = 0;   // tag_of() its hash; 0: empty.
+    std::uint32_t left = 0;  // misses_ when it left, modulo 2^32.
   };
-  std::vector<Departure> ring_;  // limit_ records once the first name left; empty before.
-  std::size_t next_ = 0;         // The record the next departure overwrites.
-  // From a remembered name's hash to its latest record: linear probing over a power-of-two
-  // array at least twice limit_.
-  struct Slot {
-    std::uint64_t hash = 0;  // 0: empty.
-    std::uint32_t record = 0;
+  struct alignas(2 * base::kCacheLine) Bucket {  // Two cache lines, which CPUs load in pairs.
+    Record way[kWays];
   };
-  std::vector<Slot> index_;
-  std::size_t remembered_ = 0;  // Occupied slots of index_.
-  Report seen_;                 // Its capacity is the cache's, set at construction.
+  static std::uint32_t tag_of(std::uint64_t hash) {
+    return static_cast<std::uint32_t>(hash >> 32) | 1U;  // Never 0.
+  }
+  bool live(const Record& record) const {
+    return record.tag != 0 && static_cast<std::uint32_t>(misses_) - record.left < limit_;
+  }
+  Bucket& bucket_of(std::uint64_t hash) { return buckets_[hash & (buckets_.size() - 1)]; }
+  // `hash`'s live record in `bucket`, or nullptr.
+  Record* find(Bucket& bucket, std::uint32_t tag);
+  void remember(std::uint64_t hash, std::uint64_t used);
+  void recurred(std::uint32_t left);
+  void sweep();  // Frees the dead records of the next bucket in turn.
+
+  std::uint32_t limit_;          // Misses a departed name is remembered for.
+  std::uint64_t misses_ = 0;     // Calls to admits() so far.
+  std::vector<Bucket> buckets_;  // Empty until the first departure; then a power of two.
+  std::size_t sweep_ = 0;        // The bucket sweep() frees next.
+  std::int64_t forgotten_early_ = 0;
+  Report seen_;  // Its capacity is the cache's, set at construction.
   bool reported_ = false;
   std::optional<Report> due_;
 };

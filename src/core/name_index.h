@@ -35,7 +35,7 @@ inline std::uint64_t name_hash(OpKeyView key) {
 // Empties slot `at` of a linear-probing array and moves later members of its probe run back
 // (backward-shift deletion), so that no tombstones are left. The array's size is a power of two;
 // each slot has a `hash` member, 0 when empty, and its home is hash & (size - 1). For NameIndex
-// and for other flat tables keyed by such hashes (CacheAdmission's).
+// and for other flat tables keyed by such hashes.
 template <class Slot>
 void erase_probed_slot(std::vector<Slot>& slots, std::size_t at) {
   const std::size_t mask = slots.size() - 1;
@@ -75,7 +75,8 @@ class NameIndex {
 
   // Starts loading the slot where a lookup of `hash` begins, so that a loop over many keys can
   // overlap their cache misses (the index is larger than a core's cache at 10,000 names).
-  void prefetch(std::uint64_t hash) const {
+  // Always inlined: Note [Prefetches kept] in src/base/prefetch.h.
+  [[gnu::always_inline]] void prefetch(std::uint64_t hash) const {
     if (!slots_.empty()) __builtin_prefetch(&slots_[home(hash)]);
   }
 

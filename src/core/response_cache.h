@@ -107,9 +107,21 @@ class CoordinatorCache {
   // costs no Entry (a copy of the response; the requests, which the caller keeps).
   template <class Make>
   std::int32_t insert_made(OpKeyView key, Make&& make, std::vector<std::int32_t>* evicted) {
-    const std::uint64_t hash = name_hash(key);
+    return insert_made(key, name_hash(key), std::forward<Make>(make), evicted);
+  }
+  // The same, given `hash`, name_hash() of `key` (which the caller kept).
+  template <class Make>
+  std::int32_t insert_made(OpKeyView key, std::uint64_t hash, Make&& make,
+                           std::vector<std::int32_t>* evicted) {
     const std::optional<std::uint64_t> used = admit(key, hash, evicted);
     return used ? store(hash, *used, make()) : -1;
+  }
+  // Starts loading what an insert of the name whose name_hash() is `hash` reads first: its slot
+  // in the index by name and its record in the admission's memory (Note [Admission prefetch] in
+  // negotiation/coordinator.cc).
+  [[gnu::always_inline]] void prefetch_insert(std::uint64_t hash) const {
+    by_key_.prefetch(hash);
+    admission_.prefetch(hash);
   }
   void erase_set(int process_set_id, std::vector<std::int32_t>* evicted);
   // The entries of the ids appended to `evicted` since the last call, in the same order: the
@@ -230,7 +242,9 @@ class RankCache {
   std::optional<std::int32_t> lookup(const Request& request, std::uint64_t name_hash) const;
   std::optional<std::int32_t> lookup(const Request& request) const;
   // Starts loading what lookup(request, name_hash) reads first (NameIndex::prefetch()).
-  void prefetch(std::uint64_t name_hash) const { by_key_.prefetch(name_hash); }
+  [[gnu::always_inline]] void prefetch(std::uint64_t name_hash) const {
+    by_key_.prefetch(name_hash);
+  }
   // Starts loading the cached request that lookup(request, name_hash) compares `request` with,
   // once prefetch(name_hash) has loaded its index slot. See Note [Lookup pipeline].
   void prefetch_request(std::uint64_t name_hash) const;

@@ -82,10 +82,10 @@ struct Entry {
 // request's set and name, prefetch_request() all of its request as well (what the response
 // cache's lookup compares). For loops over many entries: Note [Lookup pipeline] in
 // negotiation/request_sender.cc.
-inline void prefetch_key(const Entry& entry) {
+[[gnu::always_inline]] inline void prefetch_key(const Entry& entry) {
   base::prefetch_lines(&entry.name_hash, &entry.request.name + 1);
 }
-inline void prefetch_request(const Entry& entry) {
+[[gnu::always_inline]] inline void prefetch_request(const Entry& entry) {
   base::prefetch_lines(&entry.name_hash, &entry.request + 1);
 }
 

@@ -218,7 +218,8 @@ void Coordinator::hit_to_named(std::int32_t id, const CoordinatorCache::Entry& o
   }
   if (!pending.queued && is_ready(set, pending)) {
     pending.queued = true;
-    ready_.push_back(Ready{.process_set_id = set_id, .op = &pending, .hit = -1});
+    ready_.push_back(
+        Ready{.process_set_id = set_id, .op = &pending, .hash = pending.hash, .hit = -1});
   }
 }
 
@@ -268,7 +269,8 @@ void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, 
   if (is_join) join(set_id, *set, global_rank);
   if (!pending.queued && is_ready(*set, pending)) {
     pending.queued = true;
-    ready_.push_back(Ready{.process_set_id = set_id, .op = &pending, .hit = -1});
+    ready_.push_back(
+        Ready{.process_set_id = set_id, .op = &pending, .hash = pending.hash, .hit = -1});
   }
 }
 
@@ -300,10 +302,22 @@ void Coordinator::join(int set_id, SetState& set, int global_rank) {
   });
   for (PendingOp* pending : released) {
     pending->queued = true;
-    ready_.push_back(Ready{.process_set_id = set_id, .op = pending, .hit = -1});
+    ready_.push_back(
+        Ready{.process_set_id = set_id, .op = pending, .hash = pending->hash, .hit = -1});
   }
 }
 
+// Note [Admission prefetch]
+// An op that misses the response cache is offered to it as it is answered (respond()). Once the
+// cache is full that reads the admission's memory (Note [Admission memory] in cache_admission.h,
+// 1 MB at the default capacity: larger than a core's cache) and the cache's index by name (as
+// large, at large capacities): a cache miss each for each op. The loop below starts loading both
+// for the op kAhead places on while it answers this one, from the hash the ready list keeps (its
+// record is not read: it may be gone, if its set was removed earlier in the list). On P3's 10,000
+// names at a fixed 1,024 entries (rank 0 under perf, the 2-core AMD EPYC VM) the buckets without
+// the prefetch (compiled away: Note [Prefetches kept] in src/base/prefetch.h) still waited for
+// one miss per op, 411-419 samples of 9K in `admits`; prefetched, 36-44 of 4K
+// (examples/BENCHMARK_LOG.md, fiftieth round).
 ResponseList Coordinator::take_ready() {
   ResponseList list;
   // ready_ gets the buffer of the previous list back, so that a steady stream of ops does not
@@ -313,7 +327,13 @@ ResponseList Coordinator::take_ready() {
   list.cache_ids.reserve(taking_.size());
   list.hit.reserve(taking_.size());
   Decided decided;
-  for (Ready& item : taking_) {
+  // Note [Admission prefetch].
+  constexpr std::size_t kAhead = 8;
+  const bool prefetch = cache_.enabled();
+  for (std::size_t i = 0; i < taking_.size(); ++i) {
+    if (prefetch && i + kAhead < taking_.size() && taking_[i + kAhead].hit < 0)
+      cache_.prefetch_insert(taking_[i + kAhead].hash);
+    Ready& item = taking_[i];
     if (item.hit >= 0) {
       take_hits(item, decided, list);
       continue;
@@ -377,7 +397,7 @@ void Coordinator::take_hits(const Ready& item, Decided& decided, ResponseList& l
     TUTTI_CHECK(op != nullptr, "ready cache id ", id, " lost what it stood for");
     PendingOp pending{.process_set_id = set_id,
                       .name = {},  // respond() takes the name from `op`.
-                      .hash = 0,
+                      .hash = name_hash(OpKeyView{set_id, op->name}),  // For the cache's insert.
                       .requests = op->requests,
                       .count = members,
                       .common_hit = id,
@@ -415,7 +435,7 @@ void Coordinator::respond(int set_id, SetState& set, const std::string& name, Pe
     // -1 if a full cache keeps the name out: the response goes uncached then (Note [Cache
     // admission] in cache_admission.h), and `pending` keeps its requests' slots for reuse.
     id = cache_.insert_made(
-        {set_id, name},
+        {set_id, name}, pending.hash,
         [&] {
           return CoordinatorCache::Entry{.process_set_id = set_id,
                                          .name = name,

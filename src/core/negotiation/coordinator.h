@@ -164,6 +164,9 @@ class Coordinator {
     // In pending_ until take_ready() takes it, unless its set was removed: it is read only
     // while its set exists. Null for a run of hits.
     PendingOp* op = nullptr;
+    // op's name_hash(), kept here so that take_ready() can prefetch for an op ahead without
+    // reading its record (Note [Admission prefetch] in coordinator.cc). 0 for a run of hits.
+    std::uint64_t hash = 0;
     std::int32_t hit = -1;
     std::int32_t hits = 0;
   };
@@ -200,7 +203,8 @@ class Coordinator {
   // if they continue it.
   static void append_hits(ResponseList& list, std::int32_t first, std::int32_t count);
   // Decides one ready op, files it in the cache if cacheable, and appends it to `list`; ids it
-  // evicts move their counted hits to the named bookkeeping.
+  // evicts move their counted hits to the named bookkeeping. `pending.hash` is name_hash() of
+  // (set_id, name): the cache files the op under it.
   void respond(int set_id, SetState& set, const std::string& name, PendingOp& pending,
                Decided& decided, ResponseList& list);
   // Every member has submitted the op or joined.

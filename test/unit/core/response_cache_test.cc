@@ -382,86 +382,150 @@ TEST_CASE("The cache grows only while TUTTI_CACHE_CAPACITY is unset, by the job'
 
 std::uint64_t hash_of(const std::string& name) { return name_hash(OpKeyView{0, name}); }
 
-TEST_CASE("Cache admission forgets the oldest departures beyond its bound", "[cache][thrash]") {
+TEST_CASE("Cache admission forgets a name the bound's count of misses after it left",
+          "[cache][thrash]") {
+  // Capacity 4: the bound is kMinRemembered misses. Name "gone<i>" leaves at miss i + 1 (evicted
+  // for "new<i>"), so at miss m it is remembered while m - (i + 1) < bound.
   CacheAdmission admission(4);
-  const std::size_t bound = CacheAdmission::kMinRemembered;
+  const std::uint64_t bound = CacheAdmission::kMinRemembered;
   std::uint64_t clock = 0;
-  for (std::size_t i = 0; i < 3 * bound; ++i) {
+  std::uint64_t misses = 0;
+  for (int i = 0; i < 1000; ++i) {
     const std::uint64_t used = ++clock;  // The entry evicted for it was last used then.
     CHECK(admission.admits(hash_of("new" + std::to_string(i)), used, ++clock));
+    ++misses;
     admission.evicted_for_room(hash_of("gone" + std::to_string(i)), used);
   }
-  CHECK(admission.remembered() == bound);
+  CHECK(admission.remembered() == 1000);
+  // Misses of new names while the cache has room, up to miss bound + 500: "gone0" to "gone499"
+  // left at misses 1 to 500, bound or more misses ago.
+  while (misses < bound + 500) {
+    CHECK(admission.admits(hash_of("room" + std::to_string(misses)), std::nullopt, ++clock));
+    ++misses;
+  }
+  CHECK(admission.remembered() == 500);
   const std::uint64_t lru_used = ++clock;  // Used after every departure.
-  // The first departures are forgotten: their names come back as new ones, and get in.
-  for (std::size_t i = 0; i < 8; ++i)
-    CHECK(admission.admits(hash_of("gone" + std::to_string(i)), lru_used, ++clock));
-  CHECK(admission.remembered() == bound);
-  CHECK_FALSE(admission.take_report().has_value());
-  // The latest are remembered and older than the cache's least recent use: kept out, and four
-  // of them coming back make the report due (capacity 4).
-  for (std::size_t i = 3 * bound - 4; i < 3 * bound; ++i)
-    CHECK_FALSE(admission.admits(hash_of("gone" + std::to_string(i)), lru_used, ++clock));
+  // Miss bound + 501: "gone0" is forgotten, so new to it: in.
+  CHECK(admission.admits(hash_of("gone0"), lru_used, ++clock));
+  // Miss bound + 502: "gone999" (left at miss 1000) is remembered, last used before the cache's
+  // least recent use: kept out.
+  CHECK_FALSE(admission.admits(hash_of("gone999"), lru_used, ++clock));
+  // Misses bound + 503 and + 504, at the edge: "gone502" left at miss 503, exactly bound misses
+  // before (forgotten); "gone504" at miss 505, one fewer (remembered).
+  CHECK(admission.admits(hash_of("gone502"), lru_used, ++clock));
+  CHECK_FALSE(admission.admits(hash_of("gone504"), lru_used, ++clock));
+  // Those two kept out now count as used after `lru_used`: they get in next time.
+  CHECK(admission.admits(hash_of("gone999"), lru_used, ++clock));
+  CHECK(admission.admits(hash_of("gone504"), lru_used, ++clock));
+  CHECK(admission.forgotten_early() == 0);  // 1,000 names in 8,192 buckets of eight.
+  // Four recurrences (the capacity) made the report due; the farthest was "gone504"'s first:
+  // bound - 1 misses since it left, plus the capacity.
   const std::optional<CacheAdmission::Report> report = admission.take_report();
   REQUIRE(report.has_value());
   CHECK(report->recurrences == 4);
-  // Kept out: remembered again, as used now; their new records pushed the four oldest out.
-  CHECK(admission.remembered() == bound - 4);
-  // Kept out at a use later than `lru_used`: now they are the more recent, and get in.
-  for (std::size_t i = 3 * bound - 4; i < 3 * bound; ++i)
-    CHECK(admission.admits(hash_of("gone" + std::to_string(i)), lru_used, ++clock));
-  CHECK(admission.remembered() == bound - 8);
-  CHECK_FALSE(admission.take_report().has_value());
+  CHECK(report->distance == static_cast<std::int64_t>(bound) + 3);
 }
 
-TEST_CASE("Cache admission remembers exactly the latest departures, as its model says",
+TEST_CASE("Cache admission remembers the latest departures, four to a bucket, as its model says",
           "[cache][thrash]") {
-  // Random misses and evictions over more names than it remembers, so that its flat index
-  // wraps, forgets and shifts back, against a model that keeps every departure.
+  // One miss a step, as the cache makes them: the name missed is kept out, or let in (and then,
+  // when the cache is full, another leaves for room). Over more names than the memory holds, so
+  // that names are forgotten by age and, where five live ones meet in a bucket, early (Note
+  // [Admission memory]). The model keeps each name's latest departure and its bucket's live
+  // names, and applies the rule as the Note words it.
   CacheAdmission admission(4);
-  const std::size_t bound = CacheAdmission::kMinRemembered;
+  const std::uint64_t bound = CacheAdmission::kMinRemembered;
   struct Latest {
     std::uint64_t used = 0;
-    std::size_t departure = 0;  // Its place among all departures.
+    std::uint64_t left = 0;  // The miss it left at.
   };
-  std::map<int, Latest> remembered;  // By name; only names whose latest departure is kept.
-  std::vector<int> departures;       // Every departure's name, in order.
-  const auto depart = [&](int name, std::uint64_t used) {
-    departures.push_back(name);
-    remembered[name] = Latest{.used = used, .departure = departures.size() - 1};
-    if (departures.size() > bound) {
-      const std::size_t oldest = departures.size() - 1 - bound;
-      auto it = remembered.find(departures[oldest]);
-      if (it != remembered.end() && it->second.departure == oldest) remembered.erase(it);
+  std::map<std::uint64_t, Latest> remembered;                   // By hash, live or not.
+  std::map<std::size_t, std::vector<std::uint64_t>> bucket_of;  // Its names, by bucket.
+  std::uint64_t misses = 0;
+  std::int64_t early = 0;
+  const auto live = [&](std::uint64_t hash) {
+    auto it = remembered.find(hash);
+    return it != remembered.end() && misses - it->second.left < bound;
+  };
+  const auto depart = [&](std::uint64_t hash, std::uint64_t used) {
+    std::vector<std::uint64_t>& names = bucket_of[hash & (admission.buckets() - 1)];
+    std::erase_if(names, [&](std::uint64_t other) { return other != hash && !live(other); });
+    if (std::ranges::find(names, hash) == names.end()) {
+      if (names.size() == CacheAdmission::kWays) {  // Full of live names: the first to leave goes.
+        auto first = std::ranges::min_element(
+            names, {}, [&](std::uint64_t other) { return remembered[other].left; });
+        remembered.erase(*first);
+        names.erase(first);
+        ++early;
+      }
+      names.push_back(hash);
     }
+    remembered[hash] = Latest{.used = used, .left = misses};
   };
   std::mt19937 random(11);
   std::uint64_t clock = 0;
   for (int step = 0; step < 200000; ++step) {
-    const int name = static_cast<int>(random() % 40000);
-    const std::uint64_t hash = hash_of("n" + std::to_string(name));
+    const std::uint64_t hash = hash_of("n" + std::to_string(random() % 40000));
     const std::uint64_t now = ++clock;
-    if (random() % 2 == 0) {
-      admission.evicted_for_room(hash, now);
-      depart(name, now);
-      continue;
-    }
+    ++misses;
     // A least recent use somewhere in the recent past, or room.
     std::optional<std::uint64_t> lru_used;
     if (random() % 4 != 0) lru_used = now - 1 - random() % 30000;
     bool expected = true;
-    if (auto it = remembered.find(name); it != remembered.end()) {
-      if (lru_used && it->second.used < *lru_used) {
+    if (live(hash)) {
+      if (lru_used && remembered[hash].used < *lru_used) {
         expected = false;
-        depart(name, now);
+        depart(hash, now);
       } else {
-        remembered.erase(it);
+        remembered[hash].left = misses - bound;  // Forgotten: let in.
       }
     }
     REQUIRE(admission.admits(hash, lru_used, now) == expected);
-    REQUIRE(admission.remembered() == remembered.size());
+    if (expected && lru_used) {  // Full: the least recently used entry leaves for it.
+      const std::uint64_t gone = hash_of("n" + std::to_string(random() % 40000));
+      if (gone != hash) {
+        admission.evicted_for_room(gone, *lru_used);
+        depart(gone, *lru_used);
+      }
+    }
+    if (step % 1000 == 999) {
+      const auto alive =
+          std::ranges::count_if(remembered, [&](const auto& r) { return live(r.first); });
+      REQUIRE(admission.remembered() == static_cast<std::size_t>(alive));
+      REQUIRE(admission.forgotten_early() == early);
+    }
   }
-  CHECK(remembered.size() > bound / 2);
+  CHECK(admission.remembered() > bound / 2);
+}
+
+TEST_CASE("A ninth live name in a bucket of cache admission pushes out the first to leave",
+          "[cache][thrash]") {
+  // Twelve names whose hashes share a bucket (found by trying names), each evicted for room at
+  // its own miss: the last eight are remembered, the first four were forgotten early.
+  CacheAdmission admission(4);
+  std::uint64_t clock = 0;
+  const std::uint64_t opened = ++clock;
+  CHECK(admission.admits(hash_of("first"), opened, ++clock));
+  admission.evicted_for_room(hash_of("opener"), opened);  // Makes the memory.
+  const std::size_t mask = admission.buckets() - 1;
+  REQUIRE(mask + 1 == 8192);  // kMinRemembered * 4 records / 8 a bucket.
+  std::vector<std::string> crowd;
+  for (int i = 0; crowd.size() < 12; ++i) {
+    const std::string name = "c" + std::to_string(i);
+    if ((hash_of(name) & mask) == 5) crowd.push_back(name);
+  }
+  const std::uint64_t used = ++clock;
+  for (const std::string& name : crowd) {
+    CHECK(admission.admits(hash_of("new" + name), used, ++clock));
+    admission.evicted_for_room(hash_of(name), used);
+  }
+  CHECK(admission.forgotten_early() == 4);
+  CHECK(admission.remembered() == 1 + 8);  // "opener" and the last eight.
+  const std::uint64_t lru_used = ++clock;  // Used after every departure.
+  for (std::size_t i = 0; i < crowd.size(); ++i) {
+    // Forgotten: new, so in. Remembered and older than the least recent use: kept out.
+    CHECK(admission.admits(hash_of(crowd[i]), lru_used, ++clock) == (i < 4));
+  }
 }
 
 TEST_CASE("A name kept out costs no entry: insert_made() builds one only for a name let in",
