@@ -71,11 +71,12 @@ namespace tutti::core {
 // Note [Admission memory]
 // The memory is a table of buckets of eight 16-byte records, two cache lines a bucket (which CPUs
 // load as a pair): a name's bucket is its hash's low bits, and its record holds the hash's high
-// 32 bits (to tell the bucket's names apart), its last use and the miss count when it left
-// (modulo 2^32). A record lives for `limit_` misses after it left (eight times the capacity,
-// within kMinRemembered and kMaxRemembered); an older one is free space, whatever it still holds.
-// So a miss reads one bucket and writes it in place (a name kept out again updates its own
-// record), and the coordinator prefetches it an op ahead (Note [Admission prefetch]).
+// 32 bits (to tell the bucket's names apart; two names of a bucket alike in those too, one pair
+// in 2^31, share a record, which costs at most a wrong admission), its last use and the miss count
+// when it left (modulo 2^32). A record lives for `limit_` misses after it left (eight times the
+// capacity, within kMinRemembered and kMaxRemembered); an older one is free space, whatever it
+// still holds. So a miss reads one bucket and writes it in place (a name kept out again updates its
+// own record), and the coordinator prefetches it an op ahead (Note [Admission prefetch]).
 //
 // A first version kept the departures in std::unordered_map and std::deque (5 % of rank 0's
 // samples on P3's names at 1,024 entries: the nodes' allocations and cache misses); the next, a
