@@ -426,13 +426,13 @@ TEST_CASE("Cache admission forgets a name the bound's count of misses after it l
   CHECK(report->distance == static_cast<std::int64_t>(bound) + 3);
 }
 
-TEST_CASE("Cache admission remembers the latest departures, four to a bucket, as its model says",
+TEST_CASE("Cache admission remembers the latest departures, eight to a bucket, as its model says",
           "[cache][thrash]") {
   // One miss a step, as the cache makes them: the name missed is kept out, or let in (and then,
   // when the cache is full, another leaves for room). Over more names than the memory holds, so
-  // that names are forgotten by age and, where five live ones meet in a bucket, early (Note
-  // [Admission memory]). The model keeps each name's latest departure and its bucket's live
-  // names, and applies the rule as the Note words it.
+  // that names are forgotten by age and, where nine live ones meet in a bucket (rarely: the next
+  // test crowds one on purpose), early (Note [Admission memory]). The model keeps each name's
+  // latest departure and its bucket's live names, and applies the rule as the Note words it.
   CacheAdmission admission(4);
   const std::uint64_t bound = CacheAdmission::kMinRemembered;
   struct Latest {
