@@ -34,8 +34,8 @@ inline std::uint64_t name_hash(OpKeyView key) {
 
 // Empties slot `at` of a linear-probing array and moves later members of its probe run back
 // (backward-shift deletion), so that no tombstones are left. The array's size is a power of two;
-// each slot has a `hash` member, 0 when empty, and its home is hash & (size - 1). For NameIndex
-// and for other flat tables keyed by such hashes.
+// each slot has a `hash` member, 0 when empty, and its home is hash & (size - 1). NameIndex's
+// (CacheAdmission's memory used it too until it became buckets updated in place).
 template <class Slot>
 void erase_probed_slot(std::vector<Slot>& slots, std::size_t at) {
   const std::size_t mask = slots.size() - 1;
