@@ -99,9 +99,16 @@ class ByteReader {
     return true;
   }
   bool get_string(std::string* s) {
+    std::string_view view;
+    if (!get_string_view(&view)) return false;
+    s->assign(view);
+    return true;
+  }
+  // A string written by put_string(), seen in place: valid while the reader's bytes are.
+  bool get_string_view(std::string_view* s) {
     std::size_t n = 0;
     if (!get_count(&n, 1)) return false;
-    s->assign(bytes_.data() + at_, n);
+    *s = bytes_.substr(at_, n);
     at_ += n;
     return true;
   }

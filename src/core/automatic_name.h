@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "src/base/inline_string.h"
 #include "src/core/request.h"
 
 namespace tutti::core {
@@ -21,7 +22,7 @@ namespace tutti::core {
 // negotiation/coordinator.cc). A name the user gives in that form is taken as automatic too.
 
 // "<op, lower case>.noname.<n>".
-std::string automatic_name(Collective op, std::uint64_t n);
+base::InlineString automatic_name(Collective op, std::uint64_t n);
 // n, if `name` ends in ".noname.<n>" (decimal digits, within uint64); nullopt otherwise.
 std::optional<std::uint64_t> automatic_number(std::string_view name);
 // `name` without the number of an automatic name ("allreduce.noname.17" -> "allreduce.noname");

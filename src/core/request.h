@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/base/inline_string.h"
 #include "src/base/inline_vector.h"
 #include "tutti/collectives.h"
 #include "tutti/error.h"
@@ -65,9 +66,9 @@ struct Request {
   Collective op = Collective::Allreduce;
   Device::Kind device = Device::Kind::CPU;
   ReduceOp reduce_op = ReduceOp::Sum;
-  std::string name;
-  int root_rank = -1;      // Broadcast, Reduce, Gather, Scatter: global rank.
-  int target_set_id = -1;  // RemoveProcessSet: the set to remove.
+  base::InlineString name;  // See Note [Names in place] in src/base/inline_string.h.
+  int root_rank = -1;       // Broadcast, Reduce, Gather, Scatter: global rank.
+  int target_set_id = -1;   // RemoveProcessSet: the set to remove.
   double prescale = 1.0;
   double postscale = 1.0;
   // One spec per tensor. Scatter: the root's input; a non-root's carries only the dtype (its
@@ -120,7 +121,7 @@ struct Response {
   Device::Kind device = Device::Kind::CPU;
   ReduceOp reduce_op = ReduceOp::Sum;
   bool ok = true;
-  std::string name;
+  base::InlineString name;  // See Note [Names in place] in src/base/inline_string.h.
   int root_rank = -1;
   int target_set_id = -1;  // AddProcessSet: the new set's id. RemoveProcessSet: the set.
   double prescale = 1.0;

@@ -154,7 +154,7 @@ void TensorQueue::take_all(std::span<Take> takes) {
   }
 }
 
-void TensorQueue::skip_automatic_name(int process_set_id, const std::string& name) {
+void TensorQueue::skip_automatic_name(int process_set_id, std::string_view name) {
   const std::optional<std::uint64_t> n = automatic_number(name);
   if (!n) return;
   detail::MutexLock lock(mutex_, spin_);

@@ -134,7 +134,7 @@ class TensorQueue {
   // carries an automatic name "<op>.noname.<n>", the set's counter moves past n, so that this
   // rank's next unnamed op matches the others' after the join (see Note [Join] in
   // negotiation/coordinator.h). Other names are ignored.
-  void skip_automatic_name(int process_set_id, const std::string& name) TUTTI_EXCLUDES(mutex_);
+  void skip_automatic_name(int process_set_id, std::string_view name) TUTTI_EXCLUDES(mutex_);
   // Communication thread. Removes and returns every in-flight entry of a set (being removed).
   std::vector<std::shared_ptr<Entry>> take_set(int process_set_id) TUTTI_EXCLUDES(mutex_);
   // Communication thread. The in-flight entries that were sent as the cache hits `ids`, in the

@@ -51,7 +51,10 @@ struct Submission {
                       "\" are reserved for Tutti's own ops"));
     }
     entry->request.op = op;
-    entry->request.name = std::move(name);
+    // Copied in place up to 31 characters (Note [Names in place] in src/base/inline_string.h);
+    // a longer name is copied to the heap once more here, the price of the in-place copies
+    // after this one.
+    entry->request.name = name;
     entry->request.process_set_id = process_set_id;
   }
 
@@ -127,11 +130,11 @@ struct Submission {
     return state;
   }
 
-  const std::string& name() const { return entry->request.name; }
+  std::string_view name() const { return entry->request.name; }
   int set_size() const { return set.size(); }
 };
 
-void check_reduce(const std::string& name, const TensorView& tensor, const ReduceOptions& options,
+void check_reduce(std::string_view name, const TensorView& tensor, const ReduceOptions& options,
                   Collective op) {
   // An enum class holds any value of its underlying type: an unknown one would reach the
   // coordinator, which takes the request for a corrupt message and stops the job.
@@ -218,7 +221,7 @@ Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> output
 // The splits of an alltoall, or of a scatter's root: a 1-d or larger input and `splits`
 // (filled in when empty: equal parts) of one non-negative row count per member, adding up to at
 // most dim 0.
-void check_splits(Collective op, const std::string& name, const TensorView& input,
+void check_splits(Collective op, std::string_view name, const TensorView& input,
                   std::vector<std::int64_t>& splits, int size) {
   if (input.dim() == 0) invalid(str_cat(to_string(op), " '", name, "' of a 0-d tensor"));
   const std::int64_t rows = input.shape()[0];

@@ -249,7 +249,7 @@ void Coordinator::file(int global_rank, std::shared_ptr<const Request> request, 
   if (set_rank < 0) return;  // Refused by the rank's own argument checks.
   const bool is_join = request->op == Collective::Join;
   // The request lives on in `pending`, and with it the name.
-  const std::string& name = request->name;
+  const base::InlineString& name = request->name;
   if (!is_join) set->last_submission = now;
   const OpKeyView key{set_id, name};
   bool made = false;

@@ -45,7 +45,7 @@ Status DesyncCheck::observe_one(int global_rank, const Request& request, std::in
   SetCheck& check = checks_[set_id];
   if (check.members.empty()) check.members.resize(static_cast<std::size_t>(info.value().size()));
   Member& member = check.members[static_cast<std::size_t>(set_rank)];
-  Seen seen{.sequence = sequence, .op = request.op, .name = request.name};
+  Seen seen{.sequence = sequence, .op = request.op, .name = request.name.str()};
   member.recent.push_back(seen);
   if (member.recent.size() > kRecentOps) member.recent.pop_front();
   const std::int64_t place = sequence - member.base;

@@ -70,12 +70,14 @@ bool get_common(ByteReader& r, M* m) {
   std::int32_t set = 0;
   std::int32_t root = 0;
   std::int32_t target = 0;
-  const bool ok = r.get(&set) && r.get_string(&m->name) && r.get_enum(&m->op, kCollectiveCount) &&
+  std::string_view name;
+  const bool ok = r.get(&set) && r.get_string_view(&name) && r.get_enum(&m->op, kCollectiveCount) &&
                   r.get_enum(&m->device, 2) &&
                   r.get_enum(&m->reduce_op, static_cast<int>(ReduceOp::Adasum) + 1) &&
                   r.get(&m->prescale) && r.get(&m->postscale) && r.get(&root) &&
                   get_specs(r, &m->tensors) && r.get_vector(&m->splits) &&
                   r.get_vector(&m->set_ranks) && r.get(&target);
+  m->name = name;  // In place up to 31 characters: no allocation (Note [Names in place]).
   m->process_set_id = set;
   m->root_rank = root;
   m->target_set_id = target;

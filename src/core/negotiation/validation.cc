@@ -28,7 +28,7 @@ std::string dims_after_first(std::span<const std::int64_t> shape) {
 // rank 2 sent [17, 4]".
 Response mismatch(const Request& first, int first_rank, int other_rank, std::string_view what,
                   const std::string& first_value, const std::string& other_value,
-                  const std::string& tensor) {
+                  std::string_view tensor) {
   Response response;
   response.ok = false;
   response.error_code = ErrorCode::Mismatch;
@@ -48,7 +48,7 @@ std::string exact(double value) {
 }
 
 std::string tensor_label(const Request& request, std::size_t index) {
-  return request.tensors.size() == 1 ? request.name : str_cat(request.name, "[", index, "]");
+  return request.tensors.size() == 1 ? request.name.str() : str_cat(request.name, "[", index, "]");
 }
 
 // Compares `other` with `first`; an error Response on the first difference.
@@ -64,7 +64,7 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
     return response;
   }
   auto differ = [&](std::string_view what, const std::string& a, const std::string& b,
-                    const std::string& tensor) {
+                    std::string_view tensor) {
     return mismatch(first, first_rank, other_rank, what, a, b, tensor);
   };
   if (other.device != first.device) {
@@ -102,10 +102,11 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
   for (std::size_t t = 0; t < first.tensors.size(); ++t) {
     const TensorSpec& a = first.tensors[t];
     const TensorSpec& b = other.tensors[t];
-    const std::string label = tensor_label(first, t);
+    // The label is made only for an error: a copy of a name longer than std::string keeps in
+    // place is an allocation, once per op and rank compared (an unnamed op's is).
     if (a.dtype != b.dtype) {
       return differ("data types", std::string(to_string(a.dtype)), std::string(to_string(b.dtype)),
-                    label);
+                    tensor_label(first, t));
     }
     // Only the root's shape counts in a scatter (negotiate_response takes it from its request).
     if (first.op == Collective::Scatter) continue;
@@ -113,12 +114,16 @@ std::optional<Response> compare(const Request& first, int first_rank, const Requ
     const bool rows_vary = first.op == Collective::Allgather || first.op == Collective::Gather ||
                            first.op == Collective::Alltoall;
     if (rows_vary) {
+      // Compared in place: printing both shapes for the comparison was two strings an op.
       if (a.shape.size() != b.shape.size() ||
-          dims_after_first(a.shape) != dims_after_first(b.shape)) {
-        return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape), label);
+          !std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
+                      b.shape.begin() + (b.shape.empty() ? 0 : 1))) {
+        return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape),
+                      tensor_label(first, t));
       }
     } else if (a.shape != b.shape) {
-      return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape), label);
+      return differ("tensor shapes", shape_string(a.shape), shape_string(b.shape),
+                    tensor_label(first, t));
     }
   }
   return std::nullopt;
@@ -209,7 +214,7 @@ bool fits_tensor(const std::vector<std::int64_t>& parts, const TensorSpec& spec)
 
 // Fails `response` with InvalidArgument: the rows `parts` that `whose` output ("rank 2's")
 // would put together into one tensor of `spec`'s other dims are more than a tensor holds.
-void refuse_rows(Response& response, const std::string& tensor, const std::string& whose,
+void refuse_rows(Response& response, std::string_view tensor, const std::string& whose,
                  const std::vector<std::int64_t>& parts, const TensorSpec& spec) {
   response.ok = false;
   response.error_code = ErrorCode::InvalidArgument;

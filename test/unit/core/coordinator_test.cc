@@ -22,7 +22,7 @@ using test::t0;
 
 std::vector<std::string> names(const ResponseList& list) {
   std::vector<std::string> result;
-  for (const Response& r : list.responses) result.push_back(r.name);
+  for (const Response& r : list.responses) result.push_back(r.name.str());
   return result;
 }
 

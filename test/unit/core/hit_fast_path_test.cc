@@ -227,7 +227,7 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
         }
         if (list.hit[i] == 0) {
           CHECK(list.responses[i].ok);
-          complete(list.responses[i].name);
+          complete(list.responses[i].name.str());
         }
       }
       evictions += static_cast<int>(list.evicted.size());
@@ -235,7 +235,7 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
         for (std::size_t i = 0; i < list.responses.size(); ++i) {
           if (list.hit[i] != 0 || list.cache_ids[i] < 0) continue;
           view.name_of[list.cache_ids[i]] = list.responses[i].name;
-          view.id_of[list.responses[i].name] = list.cache_ids[i];
+          view.id_of[list.responses[i].name.str()] = list.cache_ids[i];
         }
         for (std::int32_t id : list.evicted) {
           const std::string name = view.name_of.at(id);
@@ -276,7 +276,7 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
       RequestList batch = std::move(mine.back());
       mine.pop_back();
       for (std::int32_t id : batch.cache_hits) ++sent[hit_names.at(id)];
-      for (const Request& request : batch.requests) ++sent[request.name];
+      for (const Request& request : batch.requests) ++sent[request.name.str()];
       std::vector<std::int32_t> resend;
       c.receive(r, std::move(batch), t0, &resend);
       // Ids the coordinator no longer knows go again in full, next (as RequestSender does).

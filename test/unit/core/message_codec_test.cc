@@ -75,6 +75,39 @@ TEST_CASE("RequestList round-trips through bytes", "[codec]") {
   CHECK(decoded.value().sequences == list.sequences);
 }
 
+TEST_CASE("Names of every length round-trip, kept in place or on the heap", "[codec]") {
+  // 31 characters are the most a name keeps in place (Note [Names in place]); the decoder
+  // copies each name from the message, which the decoded list outlives.
+  RequestList requests;
+  ResponseList responses;
+  std::vector<std::string> names;
+  for (const std::size_t n : {0, 15, 16, 31, 32, 300}) {
+    names.push_back(std::string(n, static_cast<char>('a' + names.size())));
+    requests.requests.push_back(named(names.back()));
+    Response response;
+    response.name = names.back();
+    responses.responses.push_back(response);
+    responses.cache_ids.push_back(-1);
+    responses.hit.push_back(0);
+  }
+  Result<RequestList> got_requests = [&] {
+    const std::string bytes = encode(requests);
+    return decode_request_list(bytes);
+  }();
+  Result<ResponseList> got_responses = [&] {
+    const std::string bytes = encode(responses);
+    return decode_response_list(bytes);
+  }();
+  REQUIRE(got_requests.ok());
+  REQUIRE(got_responses.ok());
+  REQUIRE(got_requests.value().requests.size() == names.size());
+  REQUIRE(got_responses.value().responses.size() == names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    CHECK(got_requests.value().requests[i].name.str() == names[i]);
+    CHECK(got_responses.value().responses[i].name.str() == names[i]);
+  }
+}
+
 TEST_CASE("Sequence numbers that do not pair with the requests are a corrupt message", "[codec]") {
   RequestList list = sample_requests();
   list.sequences = {12};

@@ -57,7 +57,7 @@ TEST_CASE("take_new sends cached ops as their ids and the rest in full, in order
   REQUIRE(list.has_value());
   CHECK(list->cache_hits == expected_hits);
   std::vector<std::string> misses;
-  for (const Request& request : list->requests) misses.push_back(request.name);
+  for (const Request& request : list->requests) misses.push_back(request.name.str());
   CHECK(misses == expected_misses);
   int marked = 0;
   for (int i = 0; i < length; ++i) {
@@ -94,7 +94,7 @@ TEST_CASE("take_resend sends the asked hits in full, in the order asked, and onl
   REQUIRE(again.has_value());
   CHECK(again->cache_hits.empty());
   std::vector<std::string> names;
-  for (const Request& request : again->requests) names.push_back(request.name);
+  for (const Request& request : again->requests) names.push_back(request.name.str());
   std::vector<std::string> expected;
   for (std::int32_t id : once) expected.push_back("op" + std::to_string(id - 5000));
   CHECK(names == expected);

@@ -55,7 +55,7 @@ TEST_CASE("drain_new appends, and hands back entries in push order", "[queue]") 
   for (int i = 0; i < 2; ++i) REQUIRE(queue.push(entry_named("b" + std::to_string(i))).ok());
   queue.drain_new(&drained);
   std::vector<std::string> names;
-  for (const auto& entry : drained) names.push_back(entry->request.name);
+  for (const auto& entry : drained) names.push_back(entry->request.name.str());
   CHECK(names == std::vector<std::string>{"a0", "a1", "a2", "b0", "b1"});
   CHECK(queue.drain_new().empty());
   // Automatic names count per set, from 0.
@@ -116,7 +116,7 @@ TEST_CASE("Ops taken before they are drained leave the list to drain; the rest d
     takes.clear();                         // Their last references: the entries are freed.
     CHECK(queue.take_set(1).size() == 3);  // n4, n6, n7.
     std::vector<std::string> names;
-    for (const Entry* entry : queue.drain_new()) names.push_back(entry->request.name);
+    for (const Entry* entry : queue.drain_new()) names.push_back(entry->request.name.str());
     CHECK(names == std::vector<std::string>{"n1", "n3"});
   }
   SECTION("a drained op taken later, while others wait, leaves them in the list") {
