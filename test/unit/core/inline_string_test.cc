@@ -50,6 +50,17 @@ TEST_CASE("InlineString holds names of every length", "[inline_string]") {
   check_holds(InlineString(), "");
 }
 
+TEST_CASE("InlineString takes an empty view whose data is null", "[inline_string]") {
+  // A decoder's name before it is read; memcpy() from null is undefined even for 0 bytes.
+  check_holds(InlineString(std::string_view()), "");
+  InlineString s(text(40));
+  s = std::string_view();
+  check_holds(s, "");
+  s = text(5);
+  s.assign(std::string_view());
+  check_holds(s, "");
+}
+
 TEST_CASE("InlineString copies, moves and assigns between in place and heap", "[inline_string]") {
   const std::size_t from_size = GENERATE(0, 7, 31, 32, 64);
   const std::size_t to_size = GENERATE(0, 9, 31, 32, 80);
