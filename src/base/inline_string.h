@@ -71,20 +71,18 @@ class InlineString {
   InlineString& operator=(const char* s) { return *this = std::string_view(s); }
   ~InlineString() { release(); }
 
-  // `s` may be a part of this string.
+  // `s` may be a part of this string: its characters are moved in (memmove) before the heap
+  // buffer they may be in is freed. One call for a name in place, the common case (every op's
+  // submission assigns its name).
   void assign(std::string_view s) {
+    const char* const old_heap = on_heap() ? heap_data() : nullptr;
     if (s.size() <= kInPlace) {
-      // Copied first: the heap buffer it may point into is freed below.
-      char copy[kInPlace];
-      copy_chars(copy, s);
-      release();
-      copy_chars(bytes_, std::string_view(copy, s.size()));
+      if (!s.empty()) std::memmove(bytes_, s.data(), s.size());
       set_in_place(s.size());
-      return;
+    } else {
+      set_heap(allocate(s), s.size());
     }
-    char* buffer = allocate(s);
-    release();
-    set_heap(buffer, s.size());
+    delete[] old_heap;
   }
 
   std::size_t size() const noexcept {
@@ -126,11 +124,6 @@ class InlineString {
   }
   friend std::strong_ordering operator<=>(const InlineString& a, const char* b) noexcept {
     return a.view() <=> std::string_view(b);
-  }
-  friend std::string operator+(const InlineString& a, std::string_view b) {
-    std::string out(a.view());
-    out += b;
-    return out;
   }
   friend std::ostream& operator<<(std::ostream& out, const InlineString& s) {
     return out << s.view();
