@@ -131,6 +131,7 @@ TEST_CASE("InlineString compares, hashes and prints as its characters do", "[inl
       const InlineString y(b);
       CHECK((x == y) == (a == b));
       CHECK((x == std::string_view(b)) == (a == b));
+      CHECK((x == b) == (a == b));
       CHECK((x == b.c_str()) == (a == b));
       CHECK((x <=> y) == (a <=> b));
       CHECK((x < std::string_view(b)) == (a < b));
