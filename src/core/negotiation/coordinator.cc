@@ -48,7 +48,8 @@ bool cacheable(const Response& response) {
 // on: 8 samples of 399. Its default of 256 kept too few for batches of thousands. The thread
 // that frees a block keeps it, one that runs rank 0's cycle (the communication thread, or an
 // application thread that drives it while it waits: Note [A waiting thread runs the cycle] in
-// loop_driver.h): 3 MB at most per such thread.
+// loop_driver.h), up to as many as it once made and had out at once: 3 MB at most per such
+// thread.
 using RequestBlocks = base::RecyclingAllocator<Request, 16384>;
 
 Response error_response(const Response& about, ErrorCode code, std::string message) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // RecyclingAllocator: a thread's freed blocks come back to its next allocations, at most
-// kKeptBlocks of them; arrays and other threads' blocks do not; shared_ptr's blocks use it.
+// kKeptBlocks of them, and no more than the thread once had out beyond kMinKept; arrays do not;
+// shared_ptr's blocks use it.
 // Kept blocks left at a thread's exit are LeakSanitizer's to report in the sanitizer suites.
 #include "src/base/recycling_allocator.h"
 
@@ -180,6 +181,63 @@ TEST_CASE("An allocator that keeps more blocks keeps them, shared_ptr's blocks t
     first = shared.get();
   }
   CHECK(std::allocate_shared<const Block<8>>(Shared()).get() == first);
+}
+
+TEST_CASE("A thread keeps as many blocks as it once had out, within its bounds",
+          "[recycling_allocator]") {
+  using T = Block<9>;
+  constexpr std::uint32_t kKept = 1000;
+  using Many = RecyclingAllocator<T, kKept>;
+  static_assert(Many::kMinKept == 256);
+  static_assert(RecyclingAllocator<T, 100>::kMinKept == 100);  // Never above MaxKept.
+  static_assert(Alloc<T>::kMinKept == Alloc<T>::kKeptBlocks);  // The default keeps 256 alike.
+  Many alloc;
+  CHECK(Many::keeps_at_most() == 256);  // Nothing out yet: the floor.
+
+  // A batch of 600 out at once, freed: all kept, and taken back the next time.
+  std::vector<T*> blocks;
+  for (int i = 0; i < 600; ++i) blocks.push_back(alloc.allocate(1));
+  CHECK(Many::keeps_at_most() == 600);
+  for (T* block : blocks) alloc.deallocate(block, 1);
+  CHECK(Many::kept_blocks() == 600);
+  const std::set<T*> first(blocks.begin(), blocks.end());
+  for (T*& block : blocks) block = alloc.allocate(1);
+  CHECK(std::set<T*>(blocks.begin(), blocks.end()) == first);
+  CHECK(Many::kept_blocks() == 0);
+
+  // The peak stays: a smaller batch later still finds them kept. One past the peak is the new
+  // peak; past MaxKept it stops there.
+  for (int i = 0; i < 500; ++i) blocks.push_back(alloc.allocate(1));
+  CHECK(Many::keeps_at_most() == 1000);
+  for (T* block : blocks) alloc.deallocate(block, 1);
+  CHECK(Many::kept_blocks() == 1000);
+  blocks.clear();
+  for (int i = 0; i < 1000; ++i) alloc.deallocate(alloc.allocate(1), 1);  // One out at a time.
+  CHECK(Many::kept_blocks() == 1000);
+  CHECK(Many::keeps_at_most() == 1000);
+}
+
+TEST_CASE("A thread that frees blocks others made keeps at most kMinKept",
+          "[recycling_allocator]") {
+  // The communication thread, for ops whose Handles were dropped before they finished: it makes
+  // none of them, and would never reuse more.
+  using T = Block<10>;
+  using Many = RecyclingAllocator<T, 1000>;
+  Many alloc;
+  std::vector<T*> blocks;
+  for (int i = 0; i < 700; ++i) blocks.push_back(alloc.allocate(1));
+  std::uint32_t kept_there = 0;
+  std::uint32_t keeps_there = 0;
+  std::thread other([&] {
+    for (T* block : blocks) alloc.deallocate(block, 1);
+    kept_there = Many::kept_blocks();
+    keeps_there = Many::keeps_at_most();
+  });
+  other.join();
+  CHECK(kept_there == 256);
+  CHECK(keeps_there == 256);
+  CHECK(Many::kept_blocks() == 0);
+  CHECK(Many::keeps_at_most() == 700);  // This thread had 700 out, and keeps them if it frees them.
 }
 
 }  // namespace
