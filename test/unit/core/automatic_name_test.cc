@@ -35,6 +35,8 @@ TEST_CASE("Only a name ending in .noname. and decimal digits has an automatic nu
   CHECK_FALSE(automatic_number("noname.5").has_value());  // The marker's first '.' missing.
   CHECK_FALSE(automatic_number("grad.12").has_value());   // Digits, no marker.
   CHECK_FALSE(automatic_number("12").has_value());
+  // Only ASCII digits, whatever the locale calls a digit (Latin-1's superscript two).
+  CHECK_FALSE(automatic_number("x.noname.\xb2").has_value());
 }
 
 TEST_CASE("Taking the number off leaves the op and the marker, and other names alone", "[names]") {
