@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "src/core/runtime.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 #include "src/base/fast_tls.h"
@@ -67,6 +68,32 @@ Result<std::shared_ptr<Session>> Runtime::session() const {
     return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");
   }
   return session_;
+}
+
+// Note [Queries without the lock]
+// Applications ask rank() and size() in loops (a gradient divided by the number of ranks, a
+// shard picked per sample), and each query took the runtime's lock and copied the session's
+// shared pointer: 27-33 ns a query, 7 ns now (a loop of rank() and size(), 2 ranks on the
+// 2-core AMD EPYC VM of family 26; examples/BENCHMARK_LOG.md, fifty-second round). A session's
+// topology never changes, so each thread keeps the last one it read with the generation it
+// was current in (Note [Session for an op]) and answers from it while the generation is
+// unchanged: one load. A query racing with shutdown() may answer from the session that is
+// stopping, as one that took the lock just before it would have.
+Result<ops::Topology> Runtime::topology() const {
+  struct Known {
+    // None known yet: a generation never reached (generation_ is 0 before the first init()).
+    std::uint64_t generation = UINT64_MAX;
+    ops::Topology topology;
+  };
+  TUTTI_FAST_TLS thread_local Known known;  // Trivially destructible: no guard.
+  if (known.generation == generation_.load(std::memory_order_acquire)) return known.topology;
+  detail::MutexLock lock(mutex_);
+  if (session_ == nullptr) {
+    return Status(ErrorCode::NotInitialized, "Tutti is not initialized: call tutti::init() first");
+  }
+  known = Known{.generation = generation_.load(std::memory_order_relaxed),
+                .topology = session_->topology()};
+  return known.topology;
 }
 
 }  // namespace tutti::core

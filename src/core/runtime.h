@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "ops/transport.h"
 #include "src/common/mutex.h"
 #include "src/common/status.h"
 #include "src/core/session.h"
@@ -32,6 +33,9 @@ class Runtime {
   // ShutDown after shutdown() (API.md: every new op fails with ShutDown), or the session,
   // which itself refuses ops with ShutDown once it stopped after a fault or stall.
   Result<std::shared_ptr<Session>> session_for_op() const TUTTI_EXCLUDES(mutex_);
+  // The current session's topology, or NotInitialized (API.md's queries: rank(), size(), ...).
+  // No lock while the thread's last answer is current (Note [Queries without the lock]).
+  Result<ops::Topology> topology() const TUTTI_EXCLUDES(mutex_);
   // The current or, after shutdown(), the last session's flight recorder (tutti/debug.h);
   // NotInitialized before the first init().
   Result<std::shared_ptr<FlightRecorder>> flight_recorder() const TUTTI_EXCLUDES(mutex_);

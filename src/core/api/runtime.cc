@@ -9,7 +9,7 @@
 namespace tutti {
 namespace {
 
-ops::Topology topology() { return core::Runtime::get().session().value_or_throw()->topology(); }
+ops::Topology topology() { return core::Runtime::get().topology().value_or_throw(); }
 
 }  // namespace
 

@@ -2,9 +2,11 @@
 // Every error of API.md's allreduce part: argument errors from the call, cross-rank
 // disagreements as Mismatch on every rank (and the runtime usable afterwards), states before
 // init() and after shutdown(), re-init, and malformed settings.
+#include <atomic>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -193,7 +195,25 @@ TEST_CASE("after shutdown pending ops fail with ShutDown, new ones too, and init
   if (world_size() > 1 && world_rank() == world_size() - 1)
     lonely = allreduce_async(TensorView(v.data(), {3}), "lonely");
   MPI_Barrier(MPI_COMM_WORLD);
+  // Threads that asked before shutdown() keep their answer (Note [Queries without the lock] in
+  // src/core/runtime.cc) only while the session lasts: this one and another.
+  const int size_before = size();
+  std::atomic<int> stage{0};
+  int other_size = -1;
+  std::optional<ErrorCode> other_after;
+  std::thread other([&] {
+    other_size = size();
+    stage.store(1);
+    while (stage.load() != 2) std::this_thread::yield();
+    other_after = error_of([] { static_cast<void>(rank()); });
+  });
+  while (stage.load() != 1) std::this_thread::yield();
   shutdown();
+  stage.store(2);
+  other.join();
+  CHECK(size_before == world_size());
+  CHECK(other_size == world_size());
+  CHECK(other_after == ErrorCode::NotInitialized);
   CHECK(all_ranks(world_size() == 1 || world_rank() != world_size() - 1 ||
                   error_of([&] { lonely.wait(); }) == ErrorCode::ShutDown));
   CHECK(error_of([&] { allreduce_async(TensorView(v.data(), {3}), "late"); }) ==
