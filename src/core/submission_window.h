@@ -15,8 +15,8 @@
 // the cache; the CPU does the same work, sooner. The wait is bounded, so ranks that submit in
 // different orders (an op may wait for a peer that submits it last) lose at most kMaxWait per
 // chunk and never hang. Ops pushed in a burst shorter than the lag never wait. P3's driver
-// (10,000 ops a step, 2 ranks each bound to a core of the 2-core AMD EPYC VM): README "Issue 26's
-// tenth round" has the figures.
+// (10,000 ops a step, 2 ranks each bound to a core of the 2-core AMD EPYC VM): the figures are
+// in examples/BENCHMARK_LOG.md, "Issue 26's tenth round".
 #pragma once
 
 #include <array>
