@@ -33,11 +33,12 @@ namespace tutti::core {
 // among, which is the capacity the cache would need for it to hit. Once as many recurrences as the
 // capacity have been seen, the report is due, once, with the largest distance seen: a cache that
 // may grow grows (Note [Cache growth] in response_cache.h); one that may not (TUTTI_CACHE_CAPACITY
-// set, or grown to its limit) keeps its capacity, and the coordinator logs a warning naming
-// TUTTI_CACHE_CAPACITY. Names that never recur (a name per step) fill the memory and are forgotten;
-// they report nothing. So is a name that comes back after more misses than the memory holds (eight
-// times the capacity, within kMinRemembered and kMaxRemembered; Note [Admission memory]): with the
-// default 1,024 entries, names recurring among up to about 17,000.
+// set, or grown to its limit) keeps its capacity and settles (Note [Settled cache] there), and the
+// coordinator logs a warning naming TUTTI_CACHE_CAPACITY. Names that never recur (a name per step)
+// fill the memory and are forgotten; they report nothing. So is a name that comes back after more
+// misses than the memory holds (eight times the capacity, within kMinRemembered and kMaxRemembered;
+// Note [Admission memory]): with the default 1,024 entries, names recurring among up to about
+// 17,000.
 //
 // Note [Cache admission]
 // A full cache lets a missed name in only if that name came back sooner than the least recently
@@ -60,13 +61,15 @@ namespace tutti::core {
 // hits. A new name (not remembered) always gets in, so a job whose names change (a new phase, an
 // evaluation loop) takes its new names as before; names of an old phase that come back are kept out
 // for a round (the entries of the phase in between are the more recent), get in the next, and hit
-// from the round after.
+// from the round after. (A settled cache, which no longer asks, takes both later: Note [Settled
+// cache] in response_cache.h.)
 //
 // Cost: nothing while the cache has room (no lookup while nothing has left); once it is full, one
 // bucket of its memory per miss and per departure (Note [Admission memory]), beside the full
-// negotiation those ops take anyway. A name kept out builds no entry
-// (CoordinatorCache::insert_made()): no copy of its response, and its requests' slots stay with
-// the coordinator's record for reuse (Note [Pending ops by name] in negotiation/pending_ops.h).
+// negotiation those ops take anyway; nothing once the cache has settled. A name kept out builds no
+// entry (CoordinatorCache::insert_made()): no copy of its response, and its requests' slots stay
+// with the coordinator's record for reuse (Note [Pending ops by name] in
+// negotiation/pending_ops.h).
 //
 // Note [Admission memory]
 // The memory is a table of buckets of eight 16-byte records, two cache lines a bucket (which CPUs

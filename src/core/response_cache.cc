@@ -71,9 +71,20 @@ std::optional<std::uint64_t> CoordinatorCache::admit(OpKeyView key, std::uint64_
   if (const Keyed* old = by_key_.find(key, hash)) erase(old->id, evicted);
   const bool full = static_cast<std::int64_t>(entries_.size()) >= capacity_;
   const std::uint64_t used = ++clock_;
-  const bool admitted = admission_.admits(hash, full ? oldest_use() : std::nullopt, used);
+  const std::optional<std::uint64_t> lru_used = full ? oldest_use() : std::nullopt;
+  if (settled_ && lru_used) {  // Note [Settled cache].
+    if (used - *lru_used <= stale_after_) return std::nullopt;
+    settled_ = false;
+    kept_out_ = 0;
+  }
+  const bool admitted = admission_.admits(hash, lru_used, used);
   if (std::optional<CacheAdmission::Report> report = admission_.take_report()) settle(*report);
-  if (!admitted) return std::nullopt;
+  if (!admitted) {
+    // Settles again once the names have (Note [Settled cache]); kept out means the cache is full.
+    if (stale_after_ > 0 && ++kept_out_ >= capacity_ && used - *lru_used <= stale_after_)
+      settled_ = true;
+    return std::nullopt;
+  }
   if (static_cast<std::int64_t>(entries_.size()) >= capacity_) {  // Still full, if it grew.
     // Every live id has a record: a heap without one is a bug.
     const bool evicted_one = evict_least_recent(evicted);
@@ -97,6 +108,8 @@ void CoordinatorCache::settle(const CacheAdmission::Report& report) {
   if (capacity_ >= growth_limit_) {
     thrash_ = report;
     thrash_->grown = grows_;
+    stale_after_ = 2 * static_cast<std::uint64_t>(report.distance);
+    settled_ = true;
     return;
   }
   const std::int64_t to =

@@ -48,7 +48,8 @@ class CoordinatorCache {
   // [Cache thrash]), the capacity becomes the larger of twice itself and D + D / 4, up to
   // `growth_limit`, and the admission memory starts afresh (every name is new to it, and gets in
   // while there is room). It grows again if the names need more still; at `growth_limit` it
-  // reports, as a cache of fixed capacity does, and the coordinator warns. Only rank 0's cache
+  // reports and settles, as a cache of fixed capacity does (Note [Settled cache]), and the
+  // coordinator warns. Only rank 0's cache
   // has a capacity: the ranks' caches hold the ids it announces, and erase the ids it evicts.
   // The limit (cache_growth_limit()) bounds what the entries cost: rank 0 keeps every member's
   // request with each entry, so an entry costs it about 0.5 KB and 0.25 KB a member (Entry is 320
@@ -121,7 +122,7 @@ class CoordinatorCache {
   // negotiation/coordinator.cc).
   [[gnu::always_inline]] void prefetch_insert(std::uint64_t hash) const {
     by_key_.prefetch(hash);
-    admission_.prefetch(hash);
+    if (!settled_) admission_.prefetch(hash);  // A settled cache does not read it.
   }
   void erase_set(int process_set_id, std::vector<std::int32_t>* evicted);
   // The entries of the ids appended to `evicted` since the last call, in the same order: the
@@ -138,6 +139,9 @@ class CoordinatorCache {
     std::int64_t distance = 0;  // The names the recurring ones recur among, about.
   };
   std::optional<Growth> take_growth() { return std::exchange(growth_, {}); }
+  // Whether a full cache keeps every missed name out without asking its admission now (Note
+  // [Settled cache]).
+  bool settled() const { return settled_; }
   std::size_t size() const { return entries_.size(); }
   // Records in its least-recently-used heap, live or not (Note [Least recently used by
   // stamps]): for tests of their bound.
@@ -166,8 +170,37 @@ class CoordinatorCache {
   struct Slot;
   Slot* touch(std::int32_t id);  // Marks `id` as recently used; null if unknown.
 
-  // What a report of CacheAdmission's leads to: growth, or a report for the user.
+  // What a report of CacheAdmission's leads to: growth, or a report for the user and a settled
+  // cache (Note [Settled cache]).
   void settle(const CacheAdmission::Report& report);
+  // Note [Settled cache]
+  // A full cache asks its admission about every name it misses (Note [Cache admission]): one
+  // bucket of a memory of a megabyte or more, at a random place, per miss. Where a cache that
+  // cannot grow is too small for the names that recur, that is nearly every op, and once its
+  // names have settled the answer is always the same: kept out. On P3's 10,000 names at a fixed
+  // 1,024 entries (2 ranks, the 2-core AMD EPYC VM of family 26) the step took 10.6-10.9 ms
+  // against 8.7-10.7 with the cache off; with the memory left unasked it took the cache off's
+  // time (examples/BENCHMARK_LOG.md, fifty-third round). So once the admission has reported and
+  // the cache cannot grow, the cache settles: a full settled cache keeps each missed name out
+  // without asking, remembering nothing, as long as its least recently used entry was used
+  // within the last `stale_after_` stamps (twice the names the report says the recurring ones
+  // recur among: in a steady cycle every cached entry is used once a cycle). An entry older than
+  // that means the names cached no longer recur (a new phase of the job): the cache unsettles and
+  // asks the admission again, whose memory, left as it was when the cache settled, still knows
+  // the names of before (their last uses are older than any entry's: kept out) and takes the new
+  // ones (not remembered: in). Once the admission has kept `capacity_` names out again with the
+  // least recently used entry within `stale_after_` (the names have settled anew), the cache
+  // settles again, with the same `stale_after_`. What it gives up: where a cycle is a step, a
+  // new phase's names hit from its fourth step instead of its second, and an old phase's names
+  // that come back (remembered as used before the cache settled) from the fourth instead of the
+  // third (test/unit/core/response_cache_test.cc walks through both). Settled, P3's steps above
+  // took 9.15-9.58 ms against 10.60-11.49 unsettled and 8.68-11.96 with the cache off (six
+  // rounds in turns, fifty-fourth round); a switch to 10,000 other names had its one slow step
+  // (31-38 ms: every name negotiated, inserted and evicted) two steps after the switch instead of
+  // at it.
+  std::uint64_t stale_after_ = 0;  // 0 until the cache has reported: it never settles before.
+  bool settled_ = false;
+  std::int64_t kept_out_ = 0;  // Names the admission kept out since the cache last unsettled.
 
   std::int64_t capacity_;
   const std::int64_t growth_limit_;

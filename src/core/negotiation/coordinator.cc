@@ -318,7 +318,8 @@ void Coordinator::join(int set_id, SetState& set, int global_rank) {
 // names at a fixed 1,024 entries (rank 0 under perf, the 2-core AMD EPYC VM) the buckets without
 // the prefetch (compiled away: Note [Prefetches kept] in src/base/prefetch.h) still waited for
 // one miss per op, 411-419 samples of 9K in `admits`; prefetched, 36-44 of 4K
-// (examples/BENCHMARK_LOG.md, fiftieth round).
+// (examples/BENCHMARK_LOG.md, fiftieth round). A settled cache reads no memory (Note [Settled
+// cache] in response_cache.h), and prefetches none.
 ResponseList Coordinator::take_ready() {
   ResponseList list;
   // ready_ gets the buffer of the previous list back, so that a steady stream of ops does not

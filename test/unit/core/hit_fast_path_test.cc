@@ -187,25 +187,33 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
   // cache has the name and in full otherwise, in batches cut at random; the batches of the
   // ranks interleave at random, and lists are taken at random points and applied to every
   // rank's view. A small capacity makes evictions (of counted and of ready runs) and resends:
-  // each step has names of its own besides the recurring ones, since a full cache keeps
-  // recurring names out once it has settled (Note [Cache admission] in cache_admission.h) while
-  // new names always get in, evicting.
+  // a full cache too small for the names that recur soon settles, keeping every missed name out
+  // (Notes [Cache admission] in cache_admission.h and [Settled cache] in response_cache.h), so
+  // the recurring names change from kPhase on: the new phase's names get in once the old
+  // phase's entries go stale, evicting them while the ranks still send hits on them. Each step
+  // also has a name of its own.
   const int seed = GENERATE(range(0, 24));
   std::mt19937 random(static_cast<unsigned>(seed));
   const int size = 2 + seed % 3;
   const std::int64_t capacity =
       std::vector<std::int64_t>{6, 19, 64}[static_cast<std::size_t>(seed % 7 % 3)];
   constexpr int kOps = 25;
-  constexpr int kNewOps = 4;
+  constexpr int kNewOps = 1;
+  constexpr int kSteps = 10;
+  constexpr int kPhase = 4;
   Job job(size);
   Coordinator c(job.sets, capacity, nullptr);
   std::vector<RankView> views(static_cast<std::size_t>(size));
-  std::vector<std::string> recurring;
-  for (int i = 0; i < kOps; ++i) recurring.push_back("t" + std::to_string(i));
+  std::vector<std::string> first;
+  std::vector<std::string> second;
+  for (int i = 0; i < kOps; ++i) {
+    first.push_back("t" + std::to_string(i));
+    second.push_back("u" + std::to_string(i));
+  }
   int evictions = 0;
   int resends = 0;
-  for (int step = 0; step < 8; ++step) {
-    std::vector<std::string> names = recurring;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<std::string> names = step < kPhase ? first : second;
     for (int k = 0; k < kNewOps; ++k) {
       const auto at = static_cast<long>(random() % (names.size() + 1));
       names.insert(names.begin() + at, "s" + std::to_string(step) + "." + std::to_string(k));
@@ -301,7 +309,8 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
     INFO("step " << step);
     CHECK(c.empty());
   }
-  // The paths this test is for were taken: with 64 entries all 25 + 8 * 4 names fit.
+  // The paths this test is for were taken: with 64 entries all 2 * 25 + 10 * 1 names fit.
+  static_assert(2 * kOps + kSteps * kNewOps <= 64);
   INFO("capacity " << capacity);
   if (capacity < kOps + kNewOps) {
     CHECK(evictions > 0);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,16 +63,30 @@ TEST_CASE("The coordinator cache's use_set() names the set and counts as a use; 
   CHECK(cache.use_set(b) == std::nullopt);
 }
 
-// A reference model of the coordinator cache: least-recently-used eviction, and the admission
-// rule of Note [Cache admission] in cache_admission.h, on a clock that ticks once per use and
-// once per insert, as the cache's does.
+// A reference model of the coordinator cache of fixed capacity: least-recently-used eviction,
+// the admission rule of Note [Cache admission] and the report of Note [Cache thrash] in
+// cache_admission.h, and Note [Settled cache] in response_cache.h, on a clock that ticks once per
+// use and once per insert, as the cache's does. Names are remembered for good (the test makes
+// fewer misses than the admission's memory holds).
 struct CacheModel {
+  struct Gone {
+    std::uint64_t used = 0;  // Last use, or the miss that kept it out.
+    std::uint64_t left = 0;  // The admission's misses when it left or was kept out.
+  };
   std::size_t capacity = 0;
   std::uint64_t clock = 0;
   std::map<std::int32_t, std::string> names;       // Live ids.
   std::map<std::int32_t, std::uint64_t> last_use;  // Of live ids.
-  std::map<std::string, std::uint64_t> gone;       // Names evicted for room or kept out.
+  std::map<std::string, Gone> gone;                // Names evicted for room or kept out.
   std::int32_t next_id = 0;
+  std::uint64_t misses = 0;  // Names the admission was asked about.
+  std::uint64_t recurrences = 0;
+  std::uint64_t distance = 0;
+  std::uint64_t stale_after = 0;  // 0 until the report.
+  bool settled = false;
+  std::uint64_t kept_out = 0;  // By the admission, since the cache last unsettled.
+  int settlings = 0;
+  int unsettlings = 0;
 
   void use(std::int32_t id) { last_use[id] = ++clock; }
   // The ids insert(name) evicts, in order, and the id it returns (-1 if kept out).
@@ -86,13 +101,28 @@ struct CacheModel {
       const auto oldest =
           std::min_element(last_use.begin(), last_use.end(),
                            [](const auto& a, const auto& b) { return a.second < b.second; });
-      if (auto was = gone.find(name); was != gone.end() && was->second < oldest->second) {
-        was->second = now;
-        return {evicted, -1};
+      const std::uint64_t lru = oldest->second;
+      if (settled) {
+        if (now - lru <= stale_after) return {evicted, -1};  // Unasked.
+        settled = false;
+        kept_out = 0;
+        ++unsettlings;
+      }
+      ++misses;
+      if (auto was = gone.find(name); was != gone.end()) {
+        recurred(was->second.left);
+        if (was->second.used < lru) {
+          was->second = Gone{.used = now, .left = misses};
+          if (stale_after > 0 && ++kept_out >= capacity && now - lru <= stale_after) settle();
+          return {evicted, -1};
+        }
       }
       evicted.push_back(oldest->first);
-      gone[names[oldest->first]] = oldest->second;
+      gone[names[oldest->first]] = Gone{.used = lru, .left = misses};
       drop(oldest->first);
+    } else {
+      ++misses;
+      if (auto was = gone.find(name); was != gone.end()) recurred(was->second.left);
     }
     gone.erase(name);
     const std::int32_t id = next_id++;
@@ -103,6 +133,19 @@ struct CacheModel {
   void drop(std::int32_t id) {
     names.erase(id);
     last_use.erase(id);
+  }
+  // A remembered name missed again: the report is due at the capacity's count of them, and
+  // settles the cache.
+  void recurred(std::uint64_t left) {
+    if (stale_after > 0) return;  // Reported.
+    distance = std::max(distance, misses - left + capacity);
+    if (++recurrences < capacity) return;
+    stale_after = 2 * distance;
+    settle();
+  }
+  void settle() {
+    settled = true;
+    ++settlings;
   }
 };
 
@@ -129,6 +172,7 @@ TEST_CASE("The coordinator cache evicts least recently used and admits as its mo
       const std::int32_t id = cache.insert(entry(name), &evicted);
       REQUIRE(evicted == expected);
       REQUIRE(id == expected_id);
+      REQUIRE(cache.settled() == model.settled);
       kept_out += id < 0 ? 1 : 0;
       evictions_for_room += static_cast<int>(expected.size()) - (cached ? 1 : 0);
     } else if (!model.names.empty()) {
@@ -141,9 +185,11 @@ TEST_CASE("The coordinator cache evicts least recently used and admits as its mo
     }
     REQUIRE(cache.size() == model.names.size());
   }
-  // Both ways of a full cache were taken, many times.
+  // Both ways of a full cache were taken, many times, and it settled and unsettled often.
   CHECK(kept_out > 500);
-  CHECK(evictions_for_room > 500);
+  CHECK(evictions_for_room > 200);
+  CHECK(model.settlings > 100);
+  CHECK(model.unsettlings > 100);
   // Evicted ids stay unknown.
   for (std::int32_t id = 0; id < 100; ++id) {
     if (!model.names.contains(id)) CHECK(cache.find(id) == nullptr);
@@ -184,6 +230,11 @@ struct StepCount {
   int inserts = 0;
   int kept_out = 0;
   int evicted = 0;
+  friend bool operator==(const StepCount&, const StepCount&) = default;
+  friend std::ostream& operator<<(std::ostream& out, const StepCount& count) {
+    return out << "{hits " << count.hits << ", inserts " << count.inserts << ", kept out "
+               << count.kept_out << ", evicted " << count.evicted << "}";
+  }
 };
 
 // One step of `names` ops named "<prefix><i>", as the coordinator meets them: a cached name is
@@ -241,33 +292,60 @@ TEST_CASE("A cache too small for the names that recur keeps a capacity's worth a
   }
 }
 
-TEST_CASE("A full cache takes a new phase's names, and an old phase's back two steps after",
+TEST_CASE("A settled cache takes a new phase's names two of the old phase's steps later",
           "[cache][thrash]") {
-  // Phase a's 300 names settle as above: names a236-a299 cached. Phase b's names are new: all
-  // get in, and b settles in its second step. When a comes back, every a name was last used
-  // before every cached b name: all kept out (remembered as used then). In the next step the
-  // cached b names are the older ones: a0-a63 get in, each evicting a b name, and a64-a299 are
-  // again older than the a names now cached. From the step after, a0-a63 hit.
+  // A step of 300 names is 300 stamps (a hit or a miss each). Phase a settles as above: the
+  // report in its second step (distance 300) settles the cache with stale_after 600 (Note
+  // [Settled cache]), a236-a299 cached, used at stamps 837-900 in a's third step.
   CoordinatorCache cache(64);
   for (int step = 0; step < 3; ++step) run_step(cache, 300, "a");
-  const StepCount b_first = run_step(cache, 300, "b");
-  CHECK(b_first.inserts == 300);
-  CHECK(b_first.evicted == 300);
-  CHECK(run_step(cache, 300, "b").hits == 64);
-  const StepCount back = run_step(cache, 300, "a");
-  CHECK(back.hits == 0);
-  CHECK(back.kept_out == 300);
-  const StepCount next = run_step(cache, 300, "a");
-  CHECK(next.inserts == 64);
-  CHECK(next.evicted == 64);
-  CHECK(next.kept_out == 300 - 64);
+  REQUIRE(cache.settled());
+  // b's names are new, but settled, the cache keeps them out unasked while a236 (its least
+  // recently used) was used within 600 stamps: at b_k's stamp 901 + k, 64 + k ago.
+  CHECK(run_step(cache, 300, "b") == StepCount{.kept_out = 300});
+  CHECK(cache.settled());
+  // In b's second step a236 is 364 + k stamps old: b237 finds it stale, unsettles the cache and
+  // gets in (new to the admission), as do b238-b299, each evicting the least recently used a name.
+  CHECK(run_step(cache, 300, "b") == StepCount{.inserts = 63, .kept_out = 237, .evicted = 63});
+  CHECK_FALSE(cache.settled());
+  // b0-b236 were never remembered (a settled cache asks nothing): all get in, b0 evicting a299,
+  // b1-b63 evicting b237-b299 before they are reached, b64-b236 each other (b0-b172);
+  // b237-b299, remembered as they left, are older than the b names cached by then: kept out.
+  // 63 kept out: not yet settled again.
+  CHECK(run_step(cache, 300, "b") == StepCount{.inserts = 237, .kept_out = 63, .evicted = 237});
+  CHECK_FALSE(cache.settled());
+  // b0 is the 64th name kept out, with b173 (the least recently used) fresh: settled again,
+  // b173-b236 hit from now on.
   for (int step = 0; step < 2; ++step) {
-    const StepCount settled = run_step(cache, 300, "a");
-    CHECK(settled.hits == 64);
-    CHECK(settled.evicted == 0);
+    CHECK(run_step(cache, 300, "b") == StepCount{.hits = 64, .kept_out = 236});
+    CHECK(cache.settled());
   }
-  // Phase b's cached names are all gone: b's step now starts over.
-  CHECK(run_step(cache, 300, "b").hits == 0);
+  // a comes back: kept out unasked (b173 is fresh) for a step; in the next, b173 goes stale at
+  // a174, which unsettles the cache, and a174-a299 are asked: remembered as used long before
+  // b173, kept out, remembered as used now. The cached b names stay stale: no settling.
+  CHECK(run_step(cache, 300, "a") == StepCount{.kept_out = 300});
+  CHECK(run_step(cache, 300, "a") == StepCount{.kept_out = 300});
+  CHECK_FALSE(cache.settled());
+  // Now a174-a237 were used after the b names: they get in, evicting b173-b236; a238 on and
+  // a0-a173 are kept out, and the cache settles with a174-a237 fresh. From the step after, they
+  // hit.
+  CHECK(run_step(cache, 300, "a") == StepCount{.inserts = 64, .kept_out = 236, .evicted = 64});
+  CHECK(cache.settled());
+  CHECK(run_step(cache, 300, "a") == StepCount{.hits = 64, .kept_out = 236});
+  // Phase b's cached names are all gone, and b is kept out while a's are fresh.
+  CHECK(run_step(cache, 300, "b") == StepCount{.kept_out = 300});
+}
+
+TEST_CASE("A cache that can grow does not settle; one that stops growing does", "[cache][thrash]") {
+  // Growth starts the admission afresh (Note [Cache growth]); only the report at the limit settles.
+  CoordinatorCache grows(64, 1024);
+  for (int step = 0; step < 3; ++step) run_step(grows, 300);
+  CHECK_FALSE(grows.settled());
+  CHECK(grows.capacity() == 375);
+  CHECK(run_step(grows, 300).hits == 300);
+  CoordinatorCache limited(64, 100);
+  for (int step = 0; step < 8; ++step) run_step(limited, 300);
+  CHECK(limited.settled());
 }
 
 TEST_CASE("A cache with room, or names that never come back, reports nothing", "[cache][thrash]") {
@@ -530,10 +608,13 @@ TEST_CASE("A ninth live name in a bucket of cache admission pushes out the first
 
 TEST_CASE("A name kept out costs no entry: insert_made() builds one only for a name let in",
           "[cache]") {
-  CoordinatorCache cache(1);
+  // Two entries: "a" kept out is one recurrence of the two that make the report due, so the
+  // cache does not settle (Note [Settled cache] in response_cache.h).
+  CoordinatorCache cache(2);
   std::vector<std::int32_t> evicted;
   CHECK(cache.insert(entry("a"), &evicted) == 0);
-  CHECK(cache.insert(entry("b"), &evicted) == 1);  // New: let in, evicting "a" (used at 1).
+  CHECK(cache.insert(entry("b"), &evicted) == 1);
+  CHECK(cache.insert(entry("c"), &evicted) == 2);  // New: let in, evicting "a" (used at 1).
   CHECK(evicted == std::vector<std::int32_t>{0});
   int made = 0;
   const auto insert = [&](const std::string& name) {
@@ -549,14 +630,15 @@ TEST_CASE("A name kept out costs no entry: insert_made() builds one only for a n
   CHECK(insert("a") == -1);
   CHECK(made == 0);
   CHECK(evicted == std::vector<std::int32_t>{0});
-  CHECK(cache.size() == 1);
+  CHECK(cache.size() == 2);
+  CHECK_FALSE(cache.settled());
   // A new name gets in: built once, stored under the next id, "b" evicted for it.
-  CHECK(insert("c") == 2);
+  CHECK(insert("d") == 3);
   CHECK(made == 1);
   CHECK(evicted == std::vector<std::int32_t>{0, 1});
-  REQUIRE(cache.get(2) != nullptr);
-  CHECK(cache.get(2)->name == "c");
-  CHECK(cache.id_of({0, "c"}) == 2);
+  REQUIRE(cache.get(3) != nullptr);
+  CHECK(cache.get(3)->name == "d");
+  CHECK(cache.id_of({0, "d"}) == 3);
 }
 
 TEST_CASE("Re-negotiating a name evicts its old id; ids are never reused", "[cache]") {
