@@ -49,14 +49,13 @@ class CoordinatorCache {
   // `growth_limit`, and the admission memory starts afresh (every name is new to it, and gets in
   // while there is room). It grows again if the names need more still; at `growth_limit` it
   // reports and settles, as a cache of fixed capacity does (Note [Settled cache]), and the
-  // coordinator warns. Only rank 0's cache
-  // has a capacity: the ranks' caches hold the ids it announces, and erase the ids it evicts.
-  // The limit (cache_growth_limit()) bounds what the entries cost: rank 0 keeps every member's
-  // request with each entry, so an entry costs it about 0.5 KB and 0.25 KB a member (Entry is 320
-  // bytes and Request 168, with their allocations): at the limit, at most about 64 MB. P3's
-  // 10,000 names at 4 ranks (2 cores): rank 0's peak resident memory 54.0 MB grown (to 12,501
-  // entries) against 47.6 MB at a fixed 1,024; the other ranks' 37.7-38.3 MB either way. A
-  // capacity the user set is never changed.
+  // coordinator warns. Only rank 0's cache has a capacity: the ranks' caches hold the ids it
+  // announces, and erase the ids it evicts. The limit (cache_growth_limit()) bounds what the
+  // entries cost: rank 0 keeps every member's request with each entry, so an entry costs it about
+  // 0.5 KB and 0.25 KB a member (Entry is 320 bytes and Request 168, with their allocations): at
+  // the limit, at most about 64 MB. P3's 10,000 names at 4 ranks (2 cores): rank 0's peak
+  // resident memory 54.0 MB grown (to 12,501 entries) against 47.6 MB at a fixed 1,024; the other
+  // ranks' 37.7-38.3 MB either way. A capacity the user set is never changed.
   //
   // A P3 driver (one-float ops, 2 ranks on the 2-core AMD EPYC VM, median of 40 steps, three
   // rounds in turns; the growth's first steps among them): 10,000 names 2.8-4.0 ms a step
@@ -96,8 +95,8 @@ class CoordinatorCache {
   // The id cached for (set, name), if any.
   std::optional<std::int32_t> id_of(OpKeyView key) const;
   // Stores a negotiated op and returns its new id, or -1 when a full cache keeps the name out
-  // (Note [Cache admission] in cache_admission.h). Ids of the same name and of the least
-  // recently used entry, when it makes room, are appended to `evicted`.
+  // (Note [Cache admission] in cache_admission.h, and Note [Settled cache]). Ids of the same
+  // name and of the least recently used entry, when it makes room, are appended to `evicted`.
   std::int32_t insert(Entry entry, std::vector<std::int32_t>* evicted) {
     const OpKeyView key{entry.process_set_id, entry.name};
     return insert_made(
