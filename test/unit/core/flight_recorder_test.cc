@@ -390,6 +390,27 @@ TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are droppe
   CHECK(ring[2].name == "op4");
 }
 
+TEST_CASE("A batch finds its records out of order and across the ring's end",
+          "[flight_recorder]") {
+  // Ids 0-5 in 4 slots (a record's slot is its id modulo the capacity); the batch names ids 5
+  // (slot 1), 2 (slot 2), then 3 and 4 (slots 3, then 0 across the end).
+  FlightRecorder recorder(4);
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 6; ++i)
+    ids.push_back(recorder.submitted(recorded_request("op" + std::to_string(i)), i));
+  recorder.list_negotiated(std::vector<std::int64_t>{ids[5], ids[2], ids[3], ids[4]}, same_id);
+  const std::vector<std::size_t> all{0, 1, 2, 3};
+  recorder.batch_begun(all);
+  recorder.batch_executing("shm");
+  recorder.batch_finished(OpPhase::Done);
+  recorder.list_ended();
+  for (int i = 2; i < 6; ++i) CHECK(state_of(recorder, "op" + std::to_string(i)) == "done");
+  CHECK(state_of(recorder, "op0") == "absent");
+  const std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == 4);
+  for (int i = 0; i < 4; ++i) CHECK(ring[static_cast<std::size_t>(i)].sequence == i + 2);
+}
+
 // Note [Two lines a record]: names up to 40 bytes and shapes up to 3 dims live in the slot, the
 // rest beside it. Each side of both limits, and a slot reused by an op of the other kind.
 TEST_CASE(
