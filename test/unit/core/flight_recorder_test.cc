@@ -390,8 +390,7 @@ TEST_CASE("The ring keeps the newest ops; updates of overwritten ones are droppe
   CHECK(ring[2].name == "op4");
 }
 
-TEST_CASE("A batch finds its records out of order and across the ring's end",
-          "[flight_recorder]") {
+TEST_CASE("A batch finds its records out of order and across the ring's end", "[flight_recorder]") {
   // Ids 0-5 in 4 slots (a record's slot is its id modulo the capacity); the batch names ids 5
   // (slot 1), 2 (slot 2), then 3 and 4 (slots 3, then 0 across the end).
   FlightRecorder recorder(4);

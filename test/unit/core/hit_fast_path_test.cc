@@ -199,7 +199,7 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
       std::vector<std::int64_t>{6, 19, 64}[static_cast<std::size_t>(seed % 7 % 3)];
   constexpr int kOps = 25;
   constexpr int kNewOps = 1;
-  constexpr int kSteps = 10;
+  constexpr int kSteps = 12;
   constexpr int kPhase = 4;
   Job job(size);
   Coordinator c(job.sets, capacity, nullptr);
@@ -309,7 +309,7 @@ TEST_CASE("Hits cut into random runs, with evictions and resends, complete every
     INFO("step " << step);
     CHECK(c.empty());
   }
-  // The paths this test is for were taken: with 64 entries all 2 * 25 + 10 * 1 names fit.
+  // The paths this test is for were taken: with 64 entries all 2 * 25 + 12 * 1 names fit.
   static_assert(2 * kOps + kSteps * kNewOps <= 64);
   INFO("capacity " << capacity);
   if (capacity < kOps + kNewOps) {
