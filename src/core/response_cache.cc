@@ -73,7 +73,7 @@ std::optional<std::uint64_t> CoordinatorCache::admit(OpKeyView key, std::uint64_
   const std::uint64_t used = ++clock_;
   const std::optional<std::uint64_t> lru_used = full ? oldest_use() : std::nullopt;
   if (settled_ && lru_used) {  // Note [Settled cache].
-    if (used - *lru_used <= stale_after_) return std::nullopt;
+    if (fresh(*lru_used, used)) return std::nullopt;
     settled_ = false;
     kept_out_ = 0;
   }
@@ -81,8 +81,7 @@ std::optional<std::uint64_t> CoordinatorCache::admit(OpKeyView key, std::uint64_
   if (std::optional<CacheAdmission::Report> report = admission_.take_report()) settle(*report);
   if (!admitted) {
     // Settles again once the names have (Note [Settled cache]); kept out means the cache is full.
-    if (stale_after_ > 0 && ++kept_out_ >= capacity_ && used - *lru_used <= stale_after_)
-      settled_ = true;
+    if (stale_after_ > 0 && ++kept_out_ >= capacity_ && fresh(*lru_used, used)) settled_ = true;
     return std::nullopt;
   }
   if (static_cast<std::int64_t>(entries_.size()) >= capacity_) {  // Still full, if it grew.
