@@ -6,6 +6,7 @@
 // See Note [Collective assertions] in test/support/mpi_test_util.h.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -359,6 +360,74 @@ TEST_CASE("SyncBatchNorm over a process set; a rank outside it gets InvalidArgum
   }
   CHECK(all_ranks(ok));
   remove_process_set(pair);
+}
+
+TEST_CASE("SyncBatchNorm layers are named by their first training forward, not by creation",
+          "[sync_batch_norm][process_set]") {
+  // Rank 0 makes synchronized layers the others do not make, and with 3 ranks or more ranks 0
+  // and 1 train a layer of the set {0, 1} first: neither may change the name of the layer every
+  // rank then trains (Note [SyncBatchNorm names] in src/nn/parallel/sync_batch_norm_op.h).
+  // Numbered in creation order, the names differed and its forward stalled: a short stall
+  // timeout (read by init(), set alike on every rank) makes that a Stalled error, not a wait.
+  ::setenv("TUTTI_STALL_CHECK_TIME_SECONDS", "2", 1);
+  ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", "10", 1);
+  Session session;
+  ::unsetenv("TUTTI_STALL_CHECK_TIME_SECONDS");
+  ::unsetenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS");
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  std::vector<std::shared_ptr<nn::Module>> only_on_rank_0;
+  if (rank == 0) {
+    auto evaluated = std::make_shared<nn::SyncBatchNorm>(2);
+    evaluated->train(false);
+    static_cast<void>(evaluated->forward(pattern({4, 2}, 0, 0)));  // No collective.
+    only_on_rank_0 = {std::make_shared<nn::SyncBatchNorm>(2), evaluated,
+                      nn::convert_sync_batchnorm(std::make_shared<nn::BatchNorm1d>(2))};
+  }
+  bool ok = true;
+  std::string log;
+  const auto checked = [&](auto&& body) {
+    try {
+      body();
+    } catch (const Error& e) {
+      ok = false;
+      log += std::string(" ") + e.what();
+    }
+  };
+  if (size >= 3) {  // The same on every rank.
+    const ProcessSet pair = add_process_set({0, 1});
+    nn::SyncBatchNorm pair_layer(2, pair);
+    nn::BatchNorm1d plain(2);
+    if (rank <= 1) {  // Rows 3r .. 3r + 2 of a batch of 6.
+      checked([&] {
+        const nn::Variable y = pair_layer.forward(pattern({3, 2}, 3 * rank, 0));
+        const nn::Variable y_all = plain.forward(pattern({6, 2}, 0, 0));
+        const double diff = max_abs_diff(y.value().span<float>(), rows(y_all.value(), 3 * rank, 3));
+        ok = ok && diff < 1e-5;
+        log += " pair: " + std::to_string(diff);
+      });
+    }
+    remove_process_set(pair);
+  }
+  const UnevenShard part = uneven_shard(rank, size);
+  nn::SyncBatchNorm sync(2);
+  nn::BatchNorm1d plain(2);
+  checked([&] {
+    nn::Variable x(pattern({part.mine, 2}, part.first, 1), true);
+    nn::Variable x_all(pattern({part.total, 2}, 0, 1), true);
+    const nn::Variable y = sync.forward(x);
+    const nn::Variable y_all = plain.forward(x_all);
+    nn::sum(y * nn::Variable(pattern({part.mine, 2}, part.first, 7.0))).backward();
+    nn::sum(y_all * nn::Variable(pattern({part.total, 2}, 0, 7.0))).backward();
+    const double y_diff =
+        max_abs_diff(y.value().span<float>(), rows(y_all.value(), part.first, part.mine));
+    const double grad_diff =
+        max_abs_diff(x.grad().span<float>(), rows(x_all.grad(), part.first, part.mine));
+    ok = ok && y_diff < 1e-5 && grad_diff < 1e-5;
+    log += " global: " + std::to_string(y_diff) + ", gradient " + std::to_string(grad_diff);
+  });
+  INFO("rank " << rank << ", max |value - oracle| or the error:" << log);
+  CHECK(all_ranks(ok));
 }
 
 }  // namespace
