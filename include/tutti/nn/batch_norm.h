@@ -12,7 +12,7 @@
 namespace tutti::nn {
 
 namespace detail {
-struct BatchNormSync;
+class BatchNormSync;
 struct BatchNormAccess;
 }  // namespace detail
 

@@ -21,7 +21,7 @@ namespace tutti::nn {
 
 namespace detail {
 class Reducer;
-struct BatchNormSync;
+class BatchNormSync;
 }  // namespace detail
 
 struct DistributedDataParallelOptions {
