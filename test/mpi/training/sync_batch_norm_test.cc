@@ -370,7 +370,7 @@ TEST_CASE("SyncBatchNorm layers are named by their first training forward, not b
   // Numbered in creation order, the names differed and its forward stalled: a short stall
   // timeout (read by init(), set alike on every rank) makes that a Stalled error, not a wait.
   ::setenv("TUTTI_STALL_CHECK_TIME_SECONDS", "2", 1);
-  ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", "10", 1);
+  ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", std::to_string(10 * time_scale()).c_str(), 1);
   Session session;
   ::unsetenv("TUTTI_STALL_CHECK_TIME_SECONDS");
   ::unsetenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS");
