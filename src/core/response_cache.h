@@ -172,6 +172,11 @@ class CoordinatorCache {
   // What a report of CacheAdmission's leads to: growth, or a report for the user and a settled
   // cache (Note [Settled cache]).
   void settle(const CacheAdmission::Report& report);
+  // Whether the least recently used entry, last used at stamp `lru_used`, was used within
+  // `stale_after_` stamps of `now`: the names cached still recur.
+  bool fresh(std::uint64_t lru_used, std::uint64_t now) const {
+    return now - lru_used <= stale_after_;
+  }
   // Note [Settled cache]
   // A full cache asks its admission about every name it misses (Note [Cache admission]): one
   // bucket of a memory of a megabyte or more, at a random place, per miss. Where a cache that
@@ -197,11 +202,6 @@ class CoordinatorCache {
   // rounds in turns, fifty-fourth round); a switch to 10,000 other names had its one slow step
   // (31-38 ms: every name negotiated, inserted and evicted) two steps after the switch instead of
   // at it.
-  // Whether the least recently used entry, last used at stamp `lru_used`, was used within
-  // `stale_after_` stamps of `now`: the names cached still recur.
-  bool fresh(std::uint64_t lru_used, std::uint64_t now) const {
-    return now - lru_used <= stale_after_;
-  }
   std::uint64_t stale_after_ = 0;  // 0 until the cache has reported: it never settles before.
   bool settled_ = false;
   std::int64_t kept_out_ = 0;  // Names the admission kept out since the cache last unsettled.
