@@ -49,25 +49,26 @@ StatisticsReducer sync_reducer(const BatchNormSync& sync) {
   // Sum, not Average: a member that has joined contributes zeros, which leave the sums of the
   // others exact (its statistics are not gathered at all).
   const ReduceOptions options{.op = ReduceOp::Sum, .process_set = sync.process_set()};
+  const std::string& name = sync.name();
   return {
       // A name of its own: an allgather, where the backward's are allreduces.
       .gather =
           [set = sync.process_set(),
-           name = sync.name() + ".statistics"](std::span<const double> row) {
+           statistics = name + ".statistics"](std::span<const double> row) {
             const auto size = static_cast<std::int64_t>(row.size());
             // allgather() only reads its input.
-            return allgather(TensorView(const_cast<double*>(row.data()), Shape{1, size}), name,
-                             set);
+            return allgather(TensorView(const_cast<double*>(row.data()), Shape{1, size}),
+                             statistics, set);
           },
       .sum =
-          [options, name = sync.name()](std::span<double> values) {
+          [options, name](std::span<double> values) {
             allreduce(TensorView(values.data(), Shape{static_cast<std::int64_t>(values.size())}),
                       name, options);
           },
       // Started at once, not from a callback: the other ranks' backward waits in it, and their
       // DDP buckets behind it, which a callback queued earlier (DDP's) may be waiting for.
       .sum_zeros =
-          [options, name = sync.name()](std::int64_t count) {
+          [options, name](std::int64_t count) {
             auto zeros = std::make_shared<std::vector<double>>(static_cast<std::size_t>(count));
             Handle handle = allreduce_async(TensorView(zeros->data(), Shape{count}), name, options);
             // The buffer lives until the reduction is over; its error is the other ranks' to
