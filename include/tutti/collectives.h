@@ -110,10 +110,10 @@ TUTTI_API void wait_all(std::vector<Handle>& handles);
 // Reduces `tensor` in place: result = postscale · reduce(prescale · input) over the set.
 // Every numeric dtype; Float16/BFloat16 are reduced in float32; Bool only with Min/Max;
 // Adasum floating types only, and on CPU a power-of-two set size. Integers without scale
-// factors and not averaged are exact; otherwise each scaling is computed in double, truncated
-// toward zero and saturated: a value beyond the dtype's range becomes its nearest limit. The
-// sum between the scalings is the integer Sum, whose overflow is not defined (README,
-// Collectives and errors).
+// factors and not averaged are exact, and an overflowing integer Sum or Product is not defined
+// (README, Collectives and errors); otherwise the result is trunc(postscale · reduce(prescale ·
+// input) [/ size]) computed in double (API.md): truncated toward zero once, at the end, and
+// saturated (a value beyond the dtype's range becomes its nearest limit).
 // Throws InvalidArgument for an unsupported dtype/op, a name in flight, a set without this rank.
 TUTTI_API Handle allreduce_async(TensorView tensor, std::string name = {}, ReduceOptions = {});
 // Out of place: `input` is left unchanged, `output` (same dtype, element count and device)

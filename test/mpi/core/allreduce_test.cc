@@ -53,9 +53,9 @@ TEST_CASE("prescale and postscale apply before and after the reduction", "[allre
   CHECK(all_ranks(all_ok));
 }
 
-// The integer rule (collectives.h): each scaling in double, truncated toward zero and
-// saturated to the dtype's range. Inputs and factors keep every sum in range, so only the
-// scalings reach the limits; the expected values are closed forms in the set size.
+// The integer rule (API.md, collectives.h): trunc(postscale · Σ(prescale · x)) computed in
+// double, truncated toward zero once and saturated to the dtype's range; the expected values
+// are closed forms in the set size.
 TEST_CASE("integer scalings truncate toward zero and saturate to the dtype's range",
           "[allreduce]") {
   Session session;
@@ -92,6 +92,16 @@ TEST_CASE("integer scalings truncate toward zero and saturate to the dtype's ran
   CHECK(all_ranks(equal_all(negative, std::uint8_t{0})));
   CHECK(all_ranks(equal_all(huge, std::numeric_limits<std::int32_t>::max())));
   CHECK(all_ranks(equal_all(truncated, static_cast<std::int32_t>(std::trunc(-0.4 * n)))));
+  // Nothing in between is integer arithmetic: the sum of int8 100s is 100 n before the 0.5
+  // (an int8 sum would wrap from 2 ranks), and 13 · 1.5 is not truncated before the sum (19 n).
+  std::vector<std::int8_t> wide(kCount, 100);
+  allreduce(TensorView(wide.data(), {kCount}), "sat.wide",
+            {.op = ReduceOp::Sum, .postscale_factor = 0.5});
+  std::vector<std::int32_t> fraction(kCount, 13);
+  allreduce(TensorView(fraction.data(), {kCount}), "sat.fraction",
+            {.op = ReduceOp::Sum, .prescale_factor = 1.5});
+  CHECK(all_ranks(equal_all(wide, static_cast<std::int8_t>(std::min(50 * n, 127)))));
+  CHECK(all_ranks(equal_all(fraction, static_cast<std::int32_t>(std::trunc(19.5 * n)))));
 }
 
 TEST_CASE("a batch of mixed tensors submitted in a different order on each rank", "[allreduce]") {
