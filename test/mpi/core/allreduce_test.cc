@@ -93,7 +93,8 @@ TEST_CASE("integer scalings truncate toward zero and saturate to the dtype's ran
   CHECK(all_ranks(equal_all(huge, std::numeric_limits<std::int32_t>::max())));
   CHECK(all_ranks(equal_all(truncated, static_cast<std::int32_t>(std::trunc(-0.4 * n)))));
   // Nothing in between is integer arithmetic: the sum of int8 100s is 100 n before the 0.5
-  // (an int8 sum would wrap from 2 ranks), and 13 · 1.5 is not truncated before the sum (19 n).
+  // (an int8 sum would wrap from 2 ranks), and 13 · 1.5 = 19.5 is not truncated before the sum
+  // (which would give 19 n).
   std::vector<std::int8_t> wide(kCount, 100);
   allreduce(TensorView(wide.data(), {kCount}), "sat.wide",
             {.op = ReduceOp::Sum, .postscale_factor = 0.5});
