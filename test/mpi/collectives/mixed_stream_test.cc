@@ -337,6 +337,11 @@ TEST_CASE("every kind of collective on several sets in one stream, in each rank'
     members.push_back(std::vector<int>(members[0].begin() + 1, members[0].end()));
     for (std::size_t k = 1; k < members.size(); ++k) sets.push_back(add_process_set(members[k]));
   }
+  std::vector<int> set_rank;  // This rank's place in each set, -1 outside it.
+  for (const std::vector<int>& set : members) {
+    const auto at = std::find(set.begin(), set.end(), world_rank());
+    set_rank.push_back(at == set.end() ? -1 : static_cast<int>(at - set.begin()));
+  }
   constexpr int kSteps = 24;
   // Stops after the first step that failed on any rank (Note [Collective assertions]: a rank
   // that stopped alone would leave the others waiting for its next ops).
@@ -353,12 +358,10 @@ TEST_CASE("every kind of collective on several sets in one stream, in each rank'
     std::vector<Handle> handles;
     for (int j : order) {
       const Draw& d = draws[static_cast<std::size_t>(j)];
-      const std::vector<int>& set = members[static_cast<std::size_t>(d.set)];
-      const auto at = std::find(set.begin(), set.end(), world_rank());
-      if (at == set.end()) continue;
+      const auto set = static_cast<std::size_t>(d.set);
+      if (set_rank[set] < 0) continue;
       submitted[static_cast<std::size_t>(j)] =
-          submit(d, j, s, sets[static_cast<std::size_t>(d.set)], static_cast<int>(at - set.begin()),
-                 static_cast<int>(set.size()));
+          submit(d, j, s, sets[set], set_rank[set], static_cast<int>(members[set].size()));
       handles.push_back(submitted[static_cast<std::size_t>(j)].handle);
     }
     std::string error;
@@ -366,11 +369,10 @@ TEST_CASE("every kind of collective on several sets in one stream, in each rank'
     failures.check(!failed, "step " + std::to_string(s) + ": " + error);
     for (std::size_t j = 0; j < draws.size() && !failed; ++j) {
       const Draw& d = draws[j];
-      const std::vector<int>& set = members[static_cast<std::size_t>(d.set)];
-      const auto at = std::find(set.begin(), set.end(), world_rank());
-      if (at == set.end()) continue;
+      const auto set = static_cast<std::size_t>(d.set);
+      if (set_rank[set] < 0) continue;
       failures.expect_equal(
-          verify(d, submitted[j], set, static_cast<int>(j), s, static_cast<int>(at - set.begin())),
+          verify(d, submitted[j], members[set], static_cast<int>(j), s, set_rank[set]),
           "step " + std::to_string(s) + ": " + describe(d));
     }
   }
