@@ -5,11 +5,13 @@
 // its ops in an order of its own, and each result is checked against a closed form of the
 // members' inputs. The per-kind tests shuffle one kind at a time; here allreduces, gathers,
 // broadcasts, alltoalls, reducescatters and rooted ops of several sets share the negotiation,
-// the response cache and fusion in the same cycles.
+// the response cache and fusion in the same cycles. A second case has one member submit an op
+// of the stream with another dtype now and then: only that op fails, on every member.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -321,61 +323,109 @@ std::string verify(const Draw& d, const Submitted& got, const std::vector<int>& 
   return "unknown kind";
 }
 
+// The test's process sets: the global set, and from 3 ranks two sets whose set ranks differ
+// from the global ones.
+struct Sets {
+  std::vector<ProcessSet> sets = {ProcessSet::global()};
+  std::vector<std::vector<int>> members;
+  std::vector<int> set_rank;  // This rank's place in each set, -1 outside it.
+
+  Sets() {
+    const int size = world_size();
+    members.resize(1);
+    for (int r = 0; r < size; ++r) members[0].push_back(r);
+    if (size >= 3) {
+      members.push_back({0, size - 1});
+      members.push_back(std::vector<int>(members[0].begin() + 1, members[0].end()));
+      for (std::size_t k = 1; k < members.size(); ++k) sets.push_back(add_process_set(members[k]));
+    }
+    for (const std::vector<int>& set : members) {
+      const auto at = std::find(set.begin(), set.end(), world_rank());
+      set_rank.push_back(at == set.end() ? -1 : static_cast<int>(at - set.begin()));
+    }
+  }
+};
+
+// The draw of step s that one member submits with another dtype, or -1: from `first_step` on,
+// every other step's first draw on a set of two or more members.
+int mismatched_draw(const std::vector<Draw>& draws, const Sets& sets, int s, int first_step) {
+  if (s < first_step || (s - first_step) % 2 != 0) return -1;
+  for (std::size_t j = 0; j < draws.size(); ++j)
+    if (sets.members[static_cast<std::size_t>(draws[j].set)].size() >= 2)
+      return static_cast<int>(j);
+  return -1;
+}
+
+// Runs `steps` steps. From `mismatch_from` on (never if negative), every other step has one
+// draw that the last member of its set submits with another dtype: that op must fail with
+// Mismatch on every member, naming the op and the dtypes, and the step's other ops complete as
+// usual, before and after it (names recur, so the mismatched name is often a cached one, and
+// later steps use it again with one dtype on every rank).
+void run_stream(int steps, int mismatch_from, Failures& failures) {
+  Sets sets;
+  // Stops after the first step that failed on any rank (Note [Collective assertions]: a rank
+  // that stopped alone would leave the others waiting for its next ops).
+  for (int s = 0; s < steps && all_ranks(failures.ok()); ++s) {
+    std::mt19937 g(static_cast<unsigned>(1000 + s));  // The same draws on every rank.
+    std::vector<bool> names_taken(kKinds * kSets * kNames, false);
+    std::vector<Draw> draws(1 + g() % kMaxDraws);
+    for (Draw& d : draws) d = draw(g, sets.members, names_taken);
+    const int odd = mismatch_from < 0 ? -1 : mismatched_draw(draws, sets, s, mismatch_from);
+    std::vector<int> order(draws.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937 mine(static_cast<unsigned>(77 + 1000 * s + world_rank()));
+    std::shuffle(order.begin(), order.end(), mine);
+    std::vector<Submitted> submitted(draws.size());
+    for (int j : order) {
+      Draw d = draws[static_cast<std::size_t>(j)];
+      const auto set = static_cast<std::size_t>(d.set);
+      if (sets.set_rank[set] < 0) continue;
+      // Another dtype: float64, which holds every value drawn exactly, or float32 for a float64 op.
+      if (j == odd && world_rank() == sets.members[set].back())
+        d.dtype = d.dtype == DataType::Float64 ? DataType::Float32 : DataType::Float64;
+      submitted[static_cast<std::size_t>(j)] = submit(d, j, s, sets.sets[set], sets.set_rank[set],
+                                                      static_cast<int>(sets.members[set].size()));
+    }
+    const std::string step = "step " + std::to_string(s) + ": ";
+    for (std::size_t j = 0; j < draws.size(); ++j) {
+      const Draw& d = draws[j];
+      const auto set = static_cast<std::size_t>(d.set);
+      if (sets.set_rank[set] < 0) continue;
+      std::string error;
+      const std::optional<ErrorCode> code = error_of([&] { submitted[j].handle.wait(); }, &error);
+      if (static_cast<int>(j) == odd) {
+        failures.check(code == ErrorCode::Mismatch && error.find(d.name) != std::string::npos &&
+                           error.find("data types") != std::string::npos,
+                       step + describe(d) + " submitted with two dtypes gave '" + error + "'");
+        continue;
+      }
+      failures.check(!code.has_value(), step + describe(d) + ": " + error);
+      if (code.has_value()) continue;
+      failures.expect_equal(
+          verify(d, submitted[j], sets.members[set], static_cast<int>(j), s, sets.set_rank[set]),
+          step + describe(d));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("every kind of collective on several sets in one stream, in each rank's own order",
           "[mixed]") {
   Session session;
   Failures failures;
-  const int size = world_size();
-  // The global set, and from 3 ranks two sets whose set ranks differ from the global ones.
-  std::vector<ProcessSet> sets = {ProcessSet::global()};
-  std::vector<std::vector<int>> members(1);
-  for (int r = 0; r < size; ++r) members[0].push_back(r);
-  if (size >= 3) {
-    members.push_back({0, size - 1});
-    members.push_back(std::vector<int>(members[0].begin() + 1, members[0].end()));
-    for (std::size_t k = 1; k < members.size(); ++k) sets.push_back(add_process_set(members[k]));
-  }
-  std::vector<int> set_rank;  // This rank's place in each set, -1 outside it.
-  for (const std::vector<int>& set : members) {
-    const auto at = std::find(set.begin(), set.end(), world_rank());
-    set_rank.push_back(at == set.end() ? -1 : static_cast<int>(at - set.begin()));
-  }
-  constexpr int kSteps = 24;
-  // Stops after the first step that failed on any rank (Note [Collective assertions]: a rank
-  // that stopped alone would leave the others waiting for its next ops).
-  for (int s = 0; s < kSteps && all_ranks(failures.ok()); ++s) {
-    std::mt19937 g(static_cast<unsigned>(1000 + s));  // The same draws on every rank.
-    std::vector<bool> names_taken(kKinds * kSets * kNames, false);
-    std::vector<Draw> draws(1 + g() % kMaxDraws);
-    for (Draw& d : draws) d = draw(g, members, names_taken);
-    std::vector<int> order(draws.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::mt19937 mine(static_cast<unsigned>(77 + 1000 * s + world_rank()));
-    std::shuffle(order.begin(), order.end(), mine);
-    std::vector<Submitted> submitted(draws.size());
-    std::vector<Handle> handles;
-    for (int j : order) {
-      const Draw& d = draws[static_cast<std::size_t>(j)];
-      const auto set = static_cast<std::size_t>(d.set);
-      if (set_rank[set] < 0) continue;
-      submitted[static_cast<std::size_t>(j)] =
-          submit(d, j, s, sets[set], set_rank[set], static_cast<int>(members[set].size()));
-      handles.push_back(submitted[static_cast<std::size_t>(j)].handle);
-    }
-    std::string error;
-    const bool failed = error_of([&] { wait_all(handles); }, &error).has_value();
-    failures.check(!failed, "step " + std::to_string(s) + ": " + error);
-    for (std::size_t j = 0; j < draws.size() && !failed; ++j) {
-      const Draw& d = draws[j];
-      const auto set = static_cast<std::size_t>(d.set);
-      if (set_rank[set] < 0) continue;
-      failures.expect_equal(
-          verify(d, submitted[j], members[set], static_cast<int>(j), s, set_rank[set]),
-          "step " + std::to_string(s) + ": " + describe(d));
-    }
-  }
+  run_stream(/*steps=*/24, /*mismatch_from=*/-1, failures);
+  INFO(failures.first());
+  CHECK(all_ranks(failures.ok()));
+}
+
+TEST_CASE("an op of the stream submitted with two dtypes fails on every member, the rest completes",
+          "[mixed][mismatch]") {
+  if (world_size() < 2) return;  // No set has two members.
+  Session session;
+  Failures failures;
+  // Four steps first, so that the mismatched names are mostly cached ones.
+  run_stream(/*steps=*/16, /*mismatch_from=*/4, failures);
   INFO(failures.first());
   CHECK(all_ranks(failures.ok()));
 }
