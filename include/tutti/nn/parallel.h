@@ -98,10 +98,9 @@ struct DistributedDataParallelOptions {
 // Collective: every member must construct its DDPs in the same order, and run the same number
 // of synchronized forward/backward passes, or use tutti::join(): while a member has joined, the
 // others' bucket allreduces see zeros from it (the average still divides by the set size, as
-// allreduce does) and buffers are broadcast unless the root has joined. Limitation: the one-time
-// bucket rebuild needs every member's first synchronized backward(); a member that joins before
-// ever running one makes the others rebuild without it and the buckets then differ at the next
-// epoch (Mismatch).
+// allreduce does) and buffers are broadcast unless the root has joined. The one-time bucket
+// rebuild takes place in the first synchronized backward() that no member has joined (a member
+// with no batch in the first epoch rebuilds with the others in the next).
 //
 // Errors: a parameter without a gradient (find_unused_parameters = false) makes backward()
 // throw InvalidArgument naming it and the option, after the bucket reductions completed (so no

@@ -497,13 +497,17 @@ void Reducer::break_off(std::size_t b, const char* what, const std::exception_pt
       "start again");
 }
 
-// Rebuilds the buckets in the root's ready order of the first synchronized pass (hooks' order,
-// then the parameters finish_pass() marked). Collective: every member finishing its first pass
-// gets here, and the root's order decides on all.
+// Rebuilds the buckets in the root's ready order of the first synchronized pass that every
+// member ran (hooks' order, then the parameters finish_pass() marked). Collective: every
+// member finishing that pass gets here, and the root's order decides on all.
 void Reducer::rebuild() {
-  rebuilt_ = true;
-  // A member that had joined cannot take part: keep the initial buckets everywhere.
+  // A member that has joined cannot take part in the broadcast: the rebuild waits for a pass
+  // without one. A member that joined before its first pass (no batch at all this epoch) thus
+  // rebuilds with the others in its own first pass, where they rebuild too; counting the
+  // rebuild done here would leave it broadcasting alone then. Every member of a pass sees the
+  // same any_joined_ (bucket 0's reduced join flag).
   if (any_joined_) return;
+  rebuilt_ = true;
   const std::size_t n = parameters_.size();
   Tensor order(DataType::Int64, {static_cast<std::int64_t>(n)});
   std::span<std::int64_t> values = order.span<std::int64_t>();

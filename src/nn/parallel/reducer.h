@@ -36,10 +36,10 @@ namespace tutti::nn::detail {
 //  3. finish_pass(), once every gradient is final: parameters still not ready are marked ready
 //     with their current grad(), so every bucket is submitted on every rank and no member waits
 //     forever; then every bucket is waited for and its average written back into the grad()s
-//     that went through it. The first pass (without find_unused_parameters) rebuilds the
-//     buckets in the root's ready order, whatever this rank saw, so that every member takes
-//     part in the broadcast. Errors are thrown last: a reduction's first, else the unused
-//     parameters' InvalidArgument.
+//     that went through it. The first pass that no member has joined (without
+//     find_unused_parameters) rebuilds the buckets in the root's ready order, whatever this
+//     rank saw, so that every member takes part in the broadcast. Errors are thrown last: a
+//     reduction's first, else the unused parameters' InvalidArgument.
 // A backward() whose walk throws (a hook, a grad() of the wrong shape) still runs finish_pass()
 // (Note [Backward callbacks] in src/nn/variable.cc): the buckets this rank had not started go
 // out with its current grad()s, so the other members finish the same pass, and the walk's

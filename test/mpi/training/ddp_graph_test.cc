@@ -321,6 +321,59 @@ TEST_CASE("The rebuild takes rank 0's order on every rank", "[ddp][rebuild]") {
   CHECK(all_ranks(ddp.bucket_names_for_testing() == kReadyOrderBFirst));
 }
 
+TEST_CASE("A rank that joined before its first backward rebuilds with the others next epoch",
+          "[ddp][rebuild][join]") {
+  // The one-time rebuild is a broadcast of the root's order: while a member has joined it
+  // cannot take part, so the rebuild waits for a pass every member runs. Before, the others
+  // counted the rebuild done in their first pass and the late member broadcast alone in its
+  // own first pass (the next epoch), where no one else ever would: a hang until the stall
+  // inspector stopped the job.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const int late = GENERATE(0, 1) == 0 ? 0 : size - 1;  // The root, or the last rank.
+  if (size < 2) return;
+  DistributedDataParallel ddp(std::make_shared<Reordered>(true, 5), tiny_buckets());
+  Reordered reference(true, 5);
+  const nn::NamedParameters named = ddp.named_parameters();
+  const nn::NamedParameters ref_named = reference.named_parameters();
+  optim::SGD sgd(variables(named), {.lr = 0.1});
+  optim::SGD ref_sgd(variables(ref_named), {.lr = 0.1});
+  // Epoch 0: `late` has no batch; the others take two steps, reduced over the whole set (the
+  // joined rank contributes zeros). Epoch 1: everyone takes two steps, and the buckets are
+  // rebuilt in the first, with every member.
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    const int steps = epoch == 0 && rank == late ? 0 : 2;
+    for (int step = 0; step < steps; ++step) {
+      sgd.zero_grad();
+      forward_backward(ddp, shard(rank, size, 10 * epoch + step));
+      sgd.step();
+    }
+    const int last = tutti::join();
+    CHECK(all_ranks(ddp.bucket_names_for_testing() ==
+                    (epoch == 0 ? kRegistrationOrder : kReadyOrderBFirst)));
+    // The joined rank's parameters did not take the others' steps: as after any uneven epoch,
+    // the application brings them in line from a rank that trained to the end.
+    if (epoch == 0) optim::broadcast_parameters(named, last);
+  }
+  // Oracle: each step's gradient is the sum of the active ranks' shard gradients over the set
+  // size.
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (int step = 0; step < 2; ++step) {
+      ref_sgd.zero_grad();
+      for (int r = 0; r < size; ++r) {
+        if (epoch == 0 && r == late) continue;
+        forward_backward(reference, shard(r, size, 10 * epoch + step));
+      }
+      for (const auto& [name, p] : ref_named) {
+        for (float& g : p.grad().span<float>()) g /= static_cast<float>(size);
+      }
+      ref_sgd.step();
+    }
+  }
+  CHECK(all_ranks(max_diff(named, ref_named) < 1e-5));
+}
+
 TEST_CASE("join(): a rank with fewer batches contributes zeros and nobody hangs", "[ddp][join]") {
   Session session;
   const int rank = tutti::rank();
