@@ -404,6 +404,14 @@ class NetworkFailureTest(unittest.TestCase):
                 self.assertEqual(result.returncode, 2)
                 self.assertIn(f"TUTTI_NETWORK_TIMEOUT: '{value}' is not an integer",
                               result.stderr)
+        # A launcher knob, which init() never reads: the HOROVOD_ spelling is checked here too.
+        for value, message in (("30s", "'30s' is not an integer"),
+                               ("3", "'3' must be between 4 and 86400")):
+            with self.subTest(value=value):
+                result = run_launcher(["-np", "2", "--dry-run", "-H", "a,b", "true"],
+                                      env=clean_environ(HOROVOD_NETWORK_TIMEOUT=value))
+                self.assertEqual(result.returncode, 2)
+                self.assertIn(f"HOROVOD_NETWORK_TIMEOUT: {message}", result.stderr)
 
     def scan(self, text, returncode=205):
         scanner = tuttirun.HostFailureScanner()
@@ -726,6 +734,84 @@ class ErrorTest(unittest.TestCase):
         self.assertRegex(result.stdout, r"^tuttirun \d+\.\d+\.\d+\n$")
 
 
+class HorovodrunFlagsTest(unittest.TestCase):
+    """horovodrun's flags that tuttirun takes doing nothing, refuses with a reason, or took
+    for others they begin (README, Launching jobs)."""
+
+    def parse_error(self, argv):
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as caught:
+            tuttirun.parse_args(argv)
+        self.assertEqual(caught.exception.code, 2)
+        return stderr.getvalue().splitlines()[-1]
+
+    def test_no_flag_stands_for_another_it_begins(self):
+        # '--mpi' was taken for '--mpi-args' ("expected one argument"), '-n' for '-np' and
+        # '-c' for '-cb' (Python's allow_abbrev=False lets single-dash ones through).
+        args = parse(["-np", "2", "--mpi", "prog", "x"])
+        self.assertIsNone(args.mpi_args)
+        self.assertEqual(args.command, ["prog", "x"])
+        for argv, flag in ((["-n", "2", "prog"], "-n"), (["-c"], "-c"),
+                           (["-np", "2", "--mpi-arg=--oversubscribe", "prog"],
+                            "--mpi-arg=--oversubscribe"),
+                           (["-np", "2", "--fusion-threshold", "8", "prog"], "--fusion-threshold")):
+            with self.subTest(argv=argv):
+                self.assertIn(f"unrecognized arguments: {flag}", self.parse_error(argv))
+        # A one-letter flag's attached value is still read.
+        command, _ = build(["-np", "2", "-H", "a:2", "-p2222", "prog"])
+        self.assertIn("-p 2222", command)
+
+    def test_mpi_and_disable_cache_change_nothing(self):
+        # --mpi: Tutti always runs over MPI. --disable-cache: horovodrun's cache of its ssh and
+        # network-interface checks, which tuttirun does not make (not the response cache).
+        plain = build(["-np", "2", "prog"])
+        self.assertEqual(build(["-np", "2", "--mpi", "--disable-cache", "prog"]), plain)
+        command, env = build(["-np", "2", "--disable-cache", "--cache-capacity", "64", "prog"])
+        self.assertEqual(env["TUTTI_CACHE_CAPACITY"], "64")
+
+    REFUSED = [
+        (["--gloo"], "--gloo", "Tutti runs only over MPI (Open MPI's mpirun), never Gloo"),
+        (["--gloo-timeout-seconds", "30"], "--gloo-timeout-seconds", "never Gloo"),
+        (["--jsrun"], "--jsrun", "tuttirun launches only with Open MPI's mpirun"),
+        (["--config-file", "c.yaml"], "--config-file", "reads no YAML configuration"),
+        (["--network-interface", "eth0"], "--network-interface/--network-interfaces",
+         "--mpi-args='--mca btl_tcp_if_include IF --mca oob_tcp_if_include IF'"),
+        (["--network-interfaces", "eth0,eth1"], "--network-interface/--network-interfaces",
+         "picks no network interfaces"),
+        (["--tcp"], "--tcp", "--mpi-args='--mca btl tcp,self'"),
+        (["--mpi-threads-disable"], "--mpi-threads-disable", "MPI_THREAD_MULTIPLE"),
+        (["--prefix-output-with-timestamp"], "-prefix-timestamp/--prefix-output-with-timestamp",
+         "--mpi-args=--timestamp-output"),
+        (["-prefix-timestamp"], "-prefix-timestamp/--prefix-output-with-timestamp",
+         "--timestamp-output"),
+        (["--slots-per-host", "2"], "--slots-per-host", "the discovery script gives each host"),
+        (["--reset-limit", "3"], "--reset-limit", "(--max-restarts)"),
+        (["--blacklist-cooldown-range", "60", "300"], "--blacklist-cooldown-range",
+         "stops listing it and lists it again"),
+    ]
+
+    def test_refused_flags_say_why(self):
+        for flags, name, reason in self.REFUSED:
+            with self.subTest(flags=flags):
+                line = self.parse_error(["-np", "2"] + flags + ["prog"])
+                self.assertTrue(line.startswith(f"tuttirun: error: argument {name}: "), line)
+                self.assertIn(reason, line)
+        result = run_launcher(["-np", "2", "--gloo", "--dry-run", "true"])
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stdout, "")
+        self.assertIn("usage: tuttirun", result.stderr)
+        self.assertIn("argument --gloo: Tutti runs only over MPI", result.stderr)
+
+    def test_the_help_names_the_refused_flags(self):
+        result = run_launcher(["--help"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        text = " ".join(result.stdout.split())
+        for flags, _, _ in self.REFUSED:
+            with self.subTest(flag=flags[0]):
+                # argparse wraps the epilog at hyphens: compare without the spaces it adds.
+                self.assertIn(flags[0], text.replace("- ", "-"))
+
+
 class DryRunTest(unittest.TestCase):
     def test_prints_and_runs_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -826,6 +912,27 @@ class CheckBuildTest(unittest.TestCase):
             with open(path, "w", encoding="utf-8") as f:
                 f.write("#define TUTTI_HAVE_CUDA 0\n")
             self.assertEqual(tuttirun.find_build_config({}, repo_dir=repo), path)
+
+    def test_horovod_build_dir_is_the_fallback_of_tutti_build_dir(self):
+        # A tester's report: HOROVOD_BUILD_DIR was ignored, unlike every other knob's HOROVOD_
+        # spelling (README, Configuration).
+        with tempfile.TemporaryDirectory() as build_dir, \
+                tempfile.TemporaryDirectory() as empty:
+            path = os.path.join(build_dir, "tutti_config.h")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("#define TUTTI_HAVE_CUDA 1\n#define TUTTI_HAVE_NCCL 0\n")
+            result = run_launcher(["--check-build"],
+                                  env=clean_environ(HOROVOD_BUILD_DIR=build_dir))
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn(f"(build configuration: {path})", result.stdout)
+            self.assertIn("    [ ] NCCL\n    [X] CUDA\n", result.stdout)
+            # TUTTI_BUILD_DIR wins, as the runtime reads TUTTI_ first; set but empty is unset.
+            result = run_launcher(["--check-build"], env=clean_environ(
+                TUTTI_BUILD_DIR=empty, HOROVOD_BUILD_DIR=build_dir))
+            self.assertEqual(result.returncode, 1)
+            self.assertIn(f"no tutti_config.h in {empty};", result.stderr)
+            self.assertEqual(tuttirun.find_build_config(
+                {"TUTTI_BUILD_DIR": "", "HOROVOD_BUILD_DIR": build_dir}, repo_dir=empty), path)
 
     def test_check_build_with_np(self):
         # As a new user types it after scripts/demo: -np is accepted and ignored.
