@@ -209,7 +209,9 @@ TUTTI_API void barrier(ProcessSet = ProcessSet::global());
 // Returns the global rank whose join the coordinator saw last (the same on every rank).
 TUTTI_API int join(ProcessSet = ProcessSet::global());
 
-// Byte-string helpers over broadcast and allgather (for serialized objects).
+// Byte-string helpers over broadcast and allgather (for serialized objects). An empty `name`
+// is "broadcast_object.noname" / "allgather_object.noname", not a counted automatic name: two
+// threads calling one of them unnamed at once collide ("already in flight"); name them.
 TUTTI_API std::string broadcast_object(std::string_view bytes, int root_rank, std::string name = {},
                                        ProcessSet = ProcessSet::global());
 TUTTI_API std::vector<std::string> allgather_object(std::string_view bytes, std::string name = {},

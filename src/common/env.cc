@@ -59,6 +59,15 @@ std::optional<double> parse_double(const std::string& text) {
   return value;
 }
 
+// An integer knob's value: an integer, or a decimal with an exponent that is one exactly
+// ("1e6"; not "1.5", nor beyond 2^53, where a double no longer holds every integer).
+std::optional<std::int64_t> parse_integral(const std::string& text) {
+  if (std::optional<std::int64_t> value = parse_int(text)) return value;
+  const std::optional<double> x = parse_double(text);
+  if (!x || std::trunc(*x) != *x || !(std::fabs(*x) <= 9007199254740992.0)) return std::nullopt;
+  return static_cast<std::int64_t>(*x);
+}
+
 std::optional<bool> parse_bool(std::string_view v) {
   for (const char* yes : {"1", "true", "TRUE", "True", "yes", "YES", "on", "ON"}) {
     if (v == yes) return true;
@@ -140,16 +149,27 @@ std::optional<EnvSetting> KnobSource::find(std::string_view knob) const {
 
 namespace {
 
-Result<std::int64_t> int_from(const std::optional<EnvSetting>& setting, std::int64_t fallback) {
-  if (!setting) return fallback;
-  if (std::optional<std::int64_t> value = parse_int(setting->value)) return *value;
-  return invalid_argument(str_cat(setting->variable, "='", setting->value, "' is not an integer"));
+// "... is not an integer: must be an integer in [0, 10]": the README promises the range in
+// every refusal of a malformed value, not only of one out of range.
+Status not_parsed(const Knob& k, const EnvSetting& setting) {
+  const char* what = k.type == KnobType::Int ? "an integer" : "a number";
+  return invalid_argument(str_cat(setting.variable, "='", setting.value, "' is not ", what,
+                                  ": must be ", what, " in [", number_text(k.min), ", ",
+                                  number_text(k.max), "]"));
 }
 
-Result<double> double_from(const std::optional<EnvSetting>& setting, double fallback) {
+Result<std::int64_t> int_from(const Knob& k, const std::optional<EnvSetting>& setting,
+                              std::int64_t fallback) {
+  if (!setting) return fallback;
+  if (std::optional<std::int64_t> value = parse_integral(setting->value)) return *value;
+  return not_parsed(k, *setting);
+}
+
+Result<double> double_from(const Knob& k, const std::optional<EnvSetting>& setting,
+                           double fallback) {
   if (!setting) return fallback;
   if (std::optional<double> value = parse_double(setting->value)) return *value;
-  return invalid_argument(str_cat(setting->variable, "='", setting->value, "' is not a number"));
+  return not_parsed(k, *setting);
 }
 
 Result<bool> bool_from(const std::optional<EnvSetting>& setting, bool fallback) {
@@ -189,7 +209,7 @@ bool knob_default(KnobId<KnobType::Bool> id) {
 
 Result<std::int64_t> knob_value(KnobId<KnobType::Int> id, const KnobSource& source) {
   const Knob& k = knob_named(id.name);
-  TUTTI_ASSIGN_OR_RETURN(std::int64_t value, int_from(source.find(id.name), knob_default(id)));
+  TUTTI_ASSIGN_OR_RETURN(std::int64_t value, int_from(k, source.find(id.name), knob_default(id)));
   // Compared as doubles: the table's bounds are exact in double (at most 2^53).
   if (static_cast<double>(value) < k.min || static_cast<double>(value) > k.max) {
     return out_of_range(k, source);
@@ -199,7 +219,7 @@ Result<std::int64_t> knob_value(KnobId<KnobType::Int> id, const KnobSource& sour
 
 Result<double> knob_value(KnobId<KnobType::Double> id, const KnobSource& source) {
   const Knob& k = knob_named(id.name);
-  TUTTI_ASSIGN_OR_RETURN(double value, double_from(source.find(id.name), knob_default(id)));
+  TUTTI_ASSIGN_OR_RETURN(double value, double_from(k, source.find(id.name), knob_default(id)));
   // !(x >= min) also refuses NaN.
   if (!(value >= k.min) || !(value <= k.max)) return out_of_range(k, source);
   return value;
@@ -221,8 +241,8 @@ bool same_knob_value(const Knob& knob, const std::optional<std::string>& a,
   if (x == y) return true;
   switch (knob.type) {
     case KnobType::Int: {
-      const std::optional<std::int64_t> i = parse_int(x);
-      return i && i == parse_int(y);
+      const std::optional<std::int64_t> i = parse_integral(x);
+      return i && i == parse_integral(y);
     }
     case KnobType::Double: {
       const std::optional<double> d = parse_double(x);

@@ -86,8 +86,10 @@ struct Config {
   static std::chrono::microseconds ms_to_us(double ms) {
     return std::chrono::microseconds(static_cast<std::int64_t>(ms * 1000.0));
   }
+  // A positive limit under a millisecond is 1 ms, not 0, which means "never" to some knobs.
   static std::chrono::milliseconds seconds_to_ms(double seconds) {
-    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+    const auto ms = static_cast<std::int64_t>(seconds * 1000.0);
+    return std::chrono::milliseconds(seconds > 0 && ms == 0 ? 1 : ms);
   }
 };
 

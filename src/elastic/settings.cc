@@ -8,6 +8,7 @@
 #include <array>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -66,15 +67,28 @@ int int_knob(std::string_view name) {
   const std::optional<Setting> setting = find(name);
   const std::string variable = setting ? setting->variable : str_cat("TUTTI_", name);
   const std::string text = setting ? setting->value : std::string(knob.default_value);
+  const auto range = [&] {
+    return str_cat("an integer in [", static_cast<std::int64_t>(knob.min), ", ",
+                   static_cast<std::int64_t>(knob.max), "]");
+  };
+  // As init() reads it (src/common/env.cc's parse_integral): an integer, or a decimal with an
+  // exponent that is one exactly ("1e3").
+  const char* const last = text.data() + text.size();
   std::int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
-    detail::throw_invalid_argument(variable, "='", text, "' is not an integer");
+  const auto [end, error] = std::from_chars(text.data(), last, value);
+  if (text.empty() || error != std::errc() || end != last) {
+    double x = 0;
+    const auto [x_end, x_error] = std::from_chars(text.data(), last, x);
+    const bool integral = !text.empty() && text[0] != '+' && x_error == std::errc() &&
+                          x_end == last && std::trunc(x) == x && std::fabs(x) <= 9007199254740992.0;
+    if (!integral) {
+      detail::throw_invalid_argument(variable, "='", text, "' is not an integer: must be ",
+                                     range());
+    }
+    value = static_cast<std::int64_t>(x);
   }
   if (static_cast<double>(value) < knob.min || static_cast<double>(value) > knob.max) {
-    detail::throw_invalid_argument(
-        variable, "='", text, "' is out of range: must be an integer in [",
-        static_cast<std::int64_t>(knob.min), ", ", static_cast<std::int64_t>(knob.max), "]");
+    detail::throw_invalid_argument(variable, "='", text, "' is out of range: must be ", range());
   }
   return static_cast<int>(value);
 }

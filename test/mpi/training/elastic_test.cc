@@ -612,7 +612,13 @@ TEST_CASE("Bad names, keys and TUTTI_ELASTIC_KEEP are refused by the call", "[el
   CHECK(all_ranks(message.find("TUTTI_ELASTIC_KEEP='0' is out of range") == 0));
   ::setenv("TUTTI_ELASTIC_KEEP", "two", 1);
   CHECK(all_ranks(error_of([] { elastic::State(); }, &message) == ErrorCode::InvalidArgument));
-  CHECK(all_ranks(message == "TUTTI_ELASTIC_KEEP='two' is not an integer"));
+  CHECK(all_ranks(
+      message == "TUTTI_ELASTIC_KEEP='two' is not an integer: must be an integer in [1, 1000000]"));
+  ::setenv("TUTTI_ELASTIC_KEEP", "1.5", 1);
+  CHECK(all_ranks(error_of([] { elastic::State(); }, &message) == ErrorCode::InvalidArgument));
+  CHECK(all_ranks(message.find("TUTTI_ELASTIC_KEEP='1.5' is not an integer") == 0));
+  ::setenv("TUTTI_ELASTIC_KEEP", "1e1", 1);  // As init() takes it.
+  CHECK(all_ranks(!error_of([] { elastic::State("keep"); }).has_value()));
   ::unsetenv("TUTTI_ELASTIC_KEEP");
   // Note [One State per name] in src/elastic/state.cc: a second live State of a name would write
   // over the first one's commits; once the first is gone the name is free again.

@@ -69,7 +69,8 @@ TEST_CASE("Malformed values name the variable", "[env]") {
   Result<double> cycle = knob_value(knob::CYCLE_TIME);
   REQUIRE_FALSE(cycle.ok());
   CHECK(cycle.status().code() == ErrorCode::InvalidArgument);
-  CHECK(cycle.status().message() == "TUTTI_CYCLE_TIME='12x' is not a number");
+  CHECK(cycle.status().message() ==
+        "TUTTI_CYCLE_TIME='12x' is not a number: must be a number in [0, 10000]");
   ScopedEnv flag("HOROVOD_TIMELINE_MARK_CYCLES", "maybe");
   CHECK(knob_value(knob::TIMELINE_MARK_CYCLES)
             .status()
@@ -168,8 +169,25 @@ TEST_CASE("Numbers are plain decimals: no spaces, '+', hexadecimal or underflow"
   }
   ScopedEnv fine("TUTTI_CYCLE_TIME", "-0.0");
   CHECK(core::Config::from_env().ok());
+  // An integer knob takes an integer written with an exponent, and nothing that is not one.
+  {
+    ScopedEnv exponent("TUTTI_FUSION_THRESHOLD", "1e6");
+    CHECK(core::Config::from_env().value().fusion_threshold_bytes == 1000000);
+  }
+  for (const char* value : {"1.5", "1e-3", "1e16", "inf"}) {
+    ScopedEnv bad("TUTTI_FUSION_THRESHOLD", value);
+    Result<core::Config> config = core::Config::from_env();
+    INFO("TUTTI_FUSION_THRESHOLD='" << value << "'");
+    REQUIRE_FALSE(config.ok());
+    CHECK(config.status().message().find("TUTTI_FUSION_THRESHOLD='" + std::string(value) +
+                                         "' is ") == 0);
+  }
+  CHECK(core::Config::from_env().ok());
   ScopedEnv small("TUTTI_STALL_CHECK_TIME_SECONDS", ".5e-2");
   CHECK(core::Config::from_env().value().stall_check_time == std::chrono::milliseconds(5));
+  // Under a millisecond is one, not 0: a stall shutdown time of 0 means never.
+  ScopedEnv tiny("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", "0.0004");
+  CHECK(core::Config::from_env().value().stall_shutdown_time == std::chrono::milliseconds(1));
 }
 
 TEST_CASE("Knobs of absent features and elastic knobs fail init(), not later", "[env]") {
@@ -186,7 +204,8 @@ TEST_CASE("Knobs of absent features and elastic knobs fail init(), not later", "
     ScopedEnv keep("TUTTI_ELASTIC_KEEP", "two");
     Result<core::Config> config = core::Config::from_env();
     REQUIRE_FALSE(config.ok());
-    CHECK(config.status().message() == "TUTTI_ELASTIC_KEEP='two' is not an integer");
+    CHECK(config.status().message() ==
+          "TUTTI_ELASTIC_KEEP='two' is not an integer: must be an integer in [1, 1000000]");
     ScopedEnv three("TUTTI_ELASTIC_KEEP", "3");
     CHECK(core::Config::from_env().ok());
   }
