@@ -15,15 +15,17 @@ std::uint64_t reduction_code(ReduceOp op) {
   return op == ReduceOp::Adasum ? 15 : static_cast<std::uint64_t>(wire_op(op));
 }
 
-// Packs every tensor of `batch` into `buffer` as `wire` (prescaled; zeros for a joined rank),
-// tensor after tensor, and returns the element counts.
+// Packs every tensor of `batch` (of those that travel in `only`, if given) into `buffer` as
+// `wire` (prescaled; zeros for a joined rank), tensor after tensor, and returns the element
+// counts.
 Result<std::vector<std::size_t>> pack(std::span<Work> batch, DataType wire, std::byte* buffer,
-                                      Mover& mover) {
+                                      Mover& mover, std::optional<DataType> only = {}) {
   const std::size_t wire_bytes = tutti::detail::element_bytes(wire);
   std::vector<std::size_t> counts;
   std::size_t offset = 0;
   for (const Work& work : batch) {
     for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      if (!travels_in(*work.response, t, only)) continue;
       const std::size_t n = count_of(work.response->tensors[t]);
       std::byte* at = buffer + offset * wire_bytes;
       if (work.entry == nullptr) {
@@ -40,15 +42,17 @@ Result<std::vector<std::size_t>> pack(std::span<Work> batch, DataType wire, std:
   return counts;
 }
 
-// The inverse of pack: every output from `buffer`, times `factor(response)`.
+// The inverse of pack: every output (that travels in `only`) from `buffer`, times
+// `factor(response)`.
 template <class Factor>
 Status unpack(std::span<Work> batch, DataType wire, const std::byte* buffer, Mover& mover,
-              Factor factor) {
+              Factor factor, std::optional<DataType> only = {}) {
   const std::size_t wire_bytes = tutti::detail::element_bytes(wire);
   std::size_t offset = 0;
   for (const Work& work : batch) {
     const double f = factor(*work.response);
     for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      if (!travels_in(*work.response, t, only)) continue;
       const std::size_t n = count_of(work.response->tensors[t]);
       if (work.entry != nullptr) {
         const TensorView& output = work.entry->output(t);
@@ -128,24 +132,45 @@ std::size_t fusion_bytes(const Response& response) {
   return bytes;
 }
 
-DataType batch_wire_dtype(std::span<const Work> batch) { return wire_batch(batch).wire; }
-
 WireBatch wire_batch(std::span<const Work> batch) {
   const Response& first = *batch.front().response;
   WireBatch result{
       .wire =
           wire_dtype(first.tensors.front().dtype, first.reduce_op, first.prescale, first.postscale),
   };
-  bool mixed = false;
   for (const Work& work : batch) {
     const Response& r = *work.response;
     for (const TensorSpec& spec : r.tensors) {
-      mixed = mixed || wire_dtype(spec.dtype, r.reduce_op, r.prescale, r.postscale) != result.wire;
-      result.count += count_of(spec);
+      if (wire_dtype(spec.dtype, r.reduce_op, r.prescale, r.postscale) == result.wire) {
+        result.count += count_of(spec);
+      } else {
+        result.mixed = true;
+      }
     }
   }
-  if (mixed) result.wire = DataType::Float64;
   return result;
+}
+
+std::vector<DataType> wire_dtypes(std::span<const Work> batch) {
+  std::vector<DataType> wires;
+  for (const Work& work : batch) {
+    const Response& r = *work.response;
+    for (const TensorSpec& spec : r.tensors) {
+      const DataType wire = wire_dtype(spec.dtype, r.reduce_op, r.prescale, r.postscale);
+      if (std::find(wires.begin(), wires.end(), wire) == wires.end()) wires.push_back(wire);
+    }
+  }
+  return wires;
+}
+
+std::size_t wire_count(std::span<const Work> batch, DataType wire) {
+  std::size_t count = 0;
+  for (const Work& work : batch) {
+    for (std::size_t t = 0; t < work.response->tensors.size(); ++t) {
+      if (travels_in(*work.response, t, wire)) count += count_of(work.response->tensors[t]);
+    }
+  }
+  return count;
 }
 
 double output_factor(const Response& response, int size) {
@@ -210,11 +235,20 @@ void Executor::mark(std::span<Work> batch, std::string_view activity) const {
 Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
   const Response& first = *batch.front().response;
   if (first.reduce_op == ReduceOp::Adasum) return adasum(batch, backend, mover);
-  // One pass over the batch for both: a batch of 10,000 tiny tensors is common (P3).
-  const auto [wire, total] = wire_batch(batch);
+  const WireBatch wires = wire_batch(batch);
+  if (!wires.mixed) return allreduce_pass(batch, wires.wire, wires.count, {}, backend, mover);
+  for (const DataType wire : wire_dtypes(batch)) {  // Note [Mixed wire dtypes].
+    TUTTI_RETURN_IF_ERROR(
+        allreduce_pass(batch, wire, wire_count(batch, wire), wire, backend, mover));
+  }
+  return Status();
+}
+
+Status Executor::allreduce_pass(std::span<Work> batch, DataType wire, std::size_t total,
+                                std::optional<DataType> only, ops::Backend& backend, Mover& mover) {
   if (backend.reduces_tensors(total * tutti::detail::element_bytes(wire))) {
     mark(batch, "ALLREDUCE");
-    return allreduce_tensors(batch, wire, backend);
+    return allreduce_tensors(batch, wire, only, backend);
   }
   if (lone_in_wire_dtype(batch, wire)) {
     mark(batch, "ALLREDUCE");
@@ -223,24 +257,28 @@ Status Executor::allreduce(std::span<Work> batch, ops::Backend& backend, Mover& 
   mark(batch, "FUSION_PACK");
   TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
                          mover.scratch(total * tutti::detail::element_bytes(wire)));
-  TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover).status());
+  TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover, only).status());
   mark(batch, "ALLREDUCE");
-  TUTTI_RETURN_IF_ERROR(backend.allreduce(buffer, total, wire, wire_op(first.reduce_op)));
+  TUTTI_RETURN_IF_ERROR(
+      backend.allreduce(buffer, total, wire, wire_op(batch.front().response->reduce_op)));
   mark(batch, "FUSION_UNPACK");
   const int size = backend.size();
-  return unpack(batch, wire, buffer, mover,
-                [size](const Response& response) { return output_factor(response, size); });
+  return unpack(
+      batch, wire, buffer, mover,
+      [size](const Response& response) { return output_factor(response, size); }, only);
 }
 
 // Straight from the inputs into the outputs, the backend converting and scaling on the way (no
 // fusion buffer): each tensor's prescale on the way in, its output factor on the way out.
-Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire, ops::Backend& backend) {
+Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire,
+                                   std::optional<DataType> only, ops::Backend& backend) {
   std::vector<ops::FusedTensor> tensors;
   tensors.reserve(batch.size());
   for (const Work& work : batch) {
     const Response& response = *work.response;
     const double factor = output_factor(response, backend.size());
     for (std::size_t t = 0; t < response.tensors.size(); ++t) {
+      if (!travels_in(response, t, only)) continue;
       ops::FusedTensor tensor{.count = count_of(response.tensors[t])};
       if (work.entry != nullptr) {  // A joined rank adds zeros and keeps nothing.
         const TensorView& input = work.entry->inputs[t];
@@ -261,7 +299,16 @@ Status Executor::allreduce_tensors(std::span<Work> batch, DataType wire, ops::Ba
 // Adasum works on the packed batch: its coefficients are per tensor, so the backend gets the
 // tensor boundaries. Scale factors apply around it as for Sum.
 Status Executor::adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover) {
-  const auto [wire, total] = wire_batch(batch);
+  const WireBatch wires = wire_batch(batch);
+  // One pass for a mix too (its coefficients are over the whole batch): float64 holds every
+  // floating dtype, Adasum's only ones.
+  const DataType wire = wires.mixed ? DataType::Float64 : wires.wire;
+  std::size_t total = wires.count;
+  if (wires.mixed) {
+    total = 0;
+    for (const Work& work : batch)
+      for (const TensorSpec& spec : work.response->tensors) total += count_of(spec);
+  }
   if (lone_in_wire_dtype(batch, wire)) {
     return adasum_in_place(batch.front(), backend, mover);
   }
@@ -293,15 +340,29 @@ Status Executor::adasum_in_place(Work& work, ops::Backend& backend, Mover& mover
 // so none of their data is ever written (a prescale goes through scratch memory).
 Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mover,
                         int root_set_rank) {
+  const WireBatch wires = wire_batch(batch);
+  if (!wires.mixed) {
+    return reduce_pass(batch, wires.wire, wires.count, {}, backend, mover, root_set_rank);
+  }
+  for (const DataType wire : wire_dtypes(batch)) {  // Note [Mixed wire dtypes].
+    TUTTI_RETURN_IF_ERROR(
+        reduce_pass(batch, wire, wire_count(batch, wire), wire, backend, mover, root_set_rank));
+  }
+  return Status();
+}
+
+Status Executor::reduce_pass(std::span<Work> batch, DataType wire, std::size_t total,
+                             std::optional<DataType> only, ops::Backend& backend, Mover& mover,
+                             int root_set_rank) {
   const Response& first = *batch.front().response;
   const bool is_root = backend.rank() == root_set_rank;
-  const auto [wire, total] = wire_batch(batch);
   const ops::WireOp op = wire_op(first.reduce_op);
   if (backend.reduces_tensors(total * tutti::detail::element_bytes(wire))) {
     std::vector<ops::FusedTensor> tensors;
     for (const Work& work : batch) {
       const Response& response = *work.response;
       for (std::size_t t = 0; t < response.tensors.size(); ++t) {
+        if (!travels_in(response, t, only)) continue;
         ops::FusedTensor tensor{.count = count_of(response.tensors[t])};
         if (work.entry != nullptr) {  // A joined rank adds zeros; it is never the root.
           const TensorView& input = work.entry->inputs[t];
@@ -327,14 +388,15 @@ Status Executor::reduce(std::span<Work> batch, ops::Backend& backend, Mover& mov
   mark(batch, "FUSION_PACK");
   TUTTI_ASSIGN_OR_RETURN(std::byte * buffer,
                          mover.scratch(total * tutti::detail::element_bytes(wire)));
-  TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover).status());
+  TUTTI_RETURN_IF_ERROR(pack(batch, wire, buffer, mover, only).status());
   mark(batch, "REDUCE");
   TUTTI_RETURN_IF_ERROR(backend.reduce(buffer, buffer, total, wire, op, root_set_rank));
   if (!is_root) return Status();
   mark(batch, "FUSION_UNPACK");
   const int size = backend.size();
-  return unpack(batch, wire, buffer, mover,
-                [size](const Response& response) { return output_factor(response, size); });
+  return unpack(
+      batch, wire, buffer, mover,
+      [size](const Response& response) { return output_factor(response, size); }, only);
 }
 
 // A lone tensor that needs no conversion: the root reduces into it where it lies, scaling each

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -106,7 +107,14 @@ class Executor {
 
  private:
   Status allreduce_in_place(Work& work, ops::Backend& backend, Mover& mover);
-  Status allreduce_tensors(std::span<Work> batch, DataType wire, ops::Backend& backend);
+  // One pass of Note [Mixed wire dtypes]: the tensors that travel in `wire` (`only`), or all.
+  Status allreduce_pass(std::span<Work> batch, DataType wire, std::size_t total,
+                        std::optional<DataType> only, ops::Backend& backend, Mover& mover);
+  Status allreduce_tensors(std::span<Work> batch, DataType wire, std::optional<DataType> only,
+                           ops::Backend& backend);
+  Status reduce_pass(std::span<Work> batch, DataType wire, std::size_t total,
+                     std::optional<DataType> only, ops::Backend& backend, Mover& mover,
+                     int root_set_rank);
   Status adasum(std::span<Work> batch, ops::Backend& backend, Mover& mover);
   Status adasum_in_place(Work& work, ops::Backend& backend, Mover& mover);
   Status reduce_in_place(Work& work, ops::Backend& backend, Mover& mover, int root);
@@ -115,15 +123,33 @@ class Executor {
   Timeline* timeline_ = nullptr;
 };
 
-// The dtype a whole batch of reductions travels in: the wire dtype of every tensor if they
-// agree, else float64 (a grouped op may mix dtypes; float64 holds them all).
-DataType batch_wire_dtype(std::span<const Work> batch);
-// batch_wire_dtype() and the batch's element count, from one pass over it.
+// Note [Mixed wire dtypes]
+// A grouped op may mix dtypes, and fusion keys only a response's first tensor, so a batch of
+// reductions may hold tensors of several wire dtypes. Such a batch runs once per wire dtype,
+// each pass over that dtype's tensors only, so that every tensor is reduced as it would be
+// alone: one float64 pass for all (as before) was not exact for an int64 beyond 2^53, which
+// API.md promises for unscaled integers, and made a tensor's result depend on its company.
+// Adasum, floating only, still takes float64 for a mix (its coefficients span the batch).
+
+// The wire dtype of every tensor of `batch` if they agree (else `mixed`, and the first one's),
+// and the element count of the tensors of that wire dtype; one pass over the batch, the
+// common case (P3 has batches of 10,000 tiny tensors).
 struct WireBatch {
   DataType wire;
   std::size_t count = 0;
+  bool mixed = false;
 };
 WireBatch wire_batch(std::span<const Work> batch);
+// The wire dtypes of a mixed batch, in the order its tensors first use them (the same on
+// every rank: the responses are).
+std::vector<DataType> wire_dtypes(std::span<const Work> batch);
+// Elements of the tensors of `batch` whose wire dtype is `wire`.
+std::size_t wire_count(std::span<const Work> batch, DataType wire);
+// Whether tensor `t` of `response` travels in `only` (every tensor does where `only` is empty).
+inline bool travels_in(const Response& response, std::size_t t, std::optional<DataType> only) {
+  return !only || wire_dtype(response.tensors[t].dtype, response.reduce_op, response.prescale,
+                             response.postscale) == *only;
+}
 // The factor unpack applies: postscale, and 1/size for Average.
 double output_factor(const Response& response, int size);
 

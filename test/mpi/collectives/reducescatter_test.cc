@@ -102,6 +102,28 @@ TEST_CASE("grouped reducescatter of mixed dtypes scatters each tensor", "[reduce
   CHECK(all_ranks(failures.ok()));
 }
 
+TEST_CASE("a grouped int64 beside float32 is scattered exactly beyond 2^53", "[reducescatter]") {
+  // As allreduce_test's: the mixed group once travelled whole as float64.
+  Session session;
+  constexpr std::int64_t kBig = (std::int64_t{1} << 53) + 1;
+  const int size = world_size();
+  const int me = world_rank();
+  std::vector<std::int64_t> big(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; ++i) big[static_cast<std::size_t>(i)] = kBig + me + 2 * i;
+  std::vector<float> small(static_cast<std::size_t>(size), 1.0f);
+  std::vector<std::int64_t> sum(big.size());
+  MPI_Allreduce(big.data(), sum.data(), size, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  Handle h = grouped_reducescatter_async(
+      {TensorView(small.data(), {size}), TensorView(big.data(), {size})}, "int64.exact",
+      {.op = ReduceOp::Sum});                     // Average would compute in double (API.md).
+  const std::vector<Tensor>& outs = h.outputs();  // One row of each per rank.
+  const bool ok = outs.size() == 2 && outs[1].num_elements() == 1 &&
+                  outs[1].span<std::int64_t>()[0] == sum[static_cast<std::size_t>(me)] &&
+                  outs[0].num_elements() == 1 &&
+                  outs[0].span<float>()[0] == static_cast<float>(size);
+  CHECK(all_ranks(ok));
+}
+
 TEST_CASE("many async reducescatters in rank-dependent order fuse and stay correct",
           "[reducescatter]") {
   Session session;

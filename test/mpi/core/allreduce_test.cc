@@ -276,6 +276,24 @@ TEST_CASE("grouped allreduce of mixed dtypes completes as one unit", "[allreduce
   CHECK(all_ranks(a.compare(ea).empty() && b.compare(eb).empty() && c.compare(ec).empty()));
 }
 
+TEST_CASE("a grouped int64 beside float32 is exact beyond 2^53, as alone", "[allreduce]") {
+  // API.md: unscaled integers are exact in their own type. The group's float32 tensor makes the
+  // batch mixed; it once travelled whole as float64, which rounds 2^53 + 1 to 2^53.
+  Session session;
+  constexpr std::int64_t kBig = (std::int64_t{1} << 53) + 1;
+  const std::int64_t r = world_rank();
+  std::vector<std::int64_t> big = {kBig + r, -kBig - 3 * r, kBig * 64 + 1};
+  std::vector<float> small = {0.5f + static_cast<float>(r), -1.0f};
+  std::vector<std::int64_t> want(big.size());
+  MPI_Allreduce(big.data(), want.data(), static_cast<int>(big.size()), MPI_INT64_T, MPI_SUM,
+                MPI_COMM_WORLD);
+  const float n = static_cast<float>(world_size());
+  grouped_allreduce({TensorView(small.data(), {2}), TensorView(big.data(), {3})}, "int64.exact",
+                    {.op = ReduceOp::Sum});
+  CHECK(all_ranks(big == want));
+  CHECK(all_ranks(small[0] == 0.5f * n + (n - 1) * n / 2 && small[1] == -n));
+}
+
 TEST_CASE("out-of-place allreduce leaves the input alone", "[allreduce]") {
   Session session;
   const int size = world_size();

@@ -355,16 +355,24 @@ TEST_CASE("A batch's wire dtype and element count come from one pass", "[executo
   WireBatch one = wire_batch(batch({&floats, &more_floats}));
   CHECK(one.wire == DataType::Float32);
   CHECK(one.count == 14);
-  // Integers averaged travel as float64 (API.md), so a batch mixing them with floats does too.
+  // Integers averaged travel as float64 (API.md). A batch mixing them with floats is mixed: it
+  // runs once per wire dtype (Note [Mixed wire dtypes]), the first's counted here.
   WireBatch mixed = wire_batch(batch({&floats, &averaged_ints}));
-  CHECK(mixed.wire == DataType::Float64);
-  CHECK(mixed.count == 17);
-  CHECK(batch_wire_dtype(batch({&averaged_ints})) == DataType::Float64);
+  CHECK(mixed.mixed);
+  CHECK(mixed.wire == DataType::Float32);
+  CHECK(mixed.count == 13);
+  CHECK(wire_dtypes(batch({&floats, &averaged_ints})) ==
+        std::vector<DataType>{DataType::Float32, DataType::Float64});
+  CHECK(wire_count(batch({&floats, &averaged_ints}), DataType::Float64) == 4);
+  const WireBatch ints = wire_batch(batch({&averaged_ints}));
+  CHECK((ints.wire == DataType::Float64 && !ints.mixed && ints.count == 4));
+  CHECK_FALSE(one.mixed);
   // 16-bit floats travel as float32, each kind alike.
   WireBatch half = wire_batch(batch({&halves}));
   CHECK(half.wire == DataType::Float32);
   CHECK(half.count == 6);
   CHECK(wire_batch(batch({&halves, &floats})).wire == DataType::Float32);
+  CHECK_FALSE(wire_batch(batch({&halves, &floats})).mixed);
 }
 
 }  // namespace
