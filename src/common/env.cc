@@ -86,13 +86,21 @@ std::string number_text(double x) {
   return str_cat(x);
 }
 
+// "an integer", or "a number": what a value of the knob is.
+const char* kind_of(const Knob& k) { return k.type == KnobType::Int ? "an integer" : "a number"; }
+
+// "must be an integer in [0, 10]": the end of every refusal of a number, malformed or out of
+// range (the README promises the range in both).
+std::string valid_range(const Knob& k) {
+  return str_cat("must be ", kind_of(k), " in [", number_text(k.min), ", ", number_text(k.max),
+                 "]");
+}
+
 Status out_of_range(const Knob& k, const KnobSource& source) {
   const std::optional<EnvSetting> setting = source.find(k.name);
   TUTTI_CHECK(setting.has_value(), "the default of ", k.name, " is outside its own range");
-  return invalid_argument(str_cat(setting->variable, "='", setting->value,
-                                  "' is out of range: must be ",
-                                  k.type == KnobType::Int ? "an integer" : "a number", " in [",
-                                  number_text(k.min), ", ", number_text(k.max), "]"));
+  return invalid_argument(
+      str_cat(setting->variable, "='", setting->value, "' is out of range: ", valid_range(k)));
 }
 
 // Whether this pair of values is new to this process: a knob is looked up several times per
@@ -149,13 +157,10 @@ std::optional<EnvSetting> KnobSource::find(std::string_view knob) const {
 
 namespace {
 
-// "... is not an integer: must be an integer in [0, 10]": the README promises the range in
-// every refusal of a malformed value, not only of one out of range.
+// "... is not an integer: must be an integer in [0, 10]".
 Status not_parsed(const Knob& k, const EnvSetting& setting) {
-  const char* what = k.type == KnobType::Int ? "an integer" : "a number";
-  return invalid_argument(str_cat(setting.variable, "='", setting.value, "' is not ", what,
-                                  ": must be ", what, " in [", number_text(k.min), ", ",
-                                  number_text(k.max), "]"));
+  return invalid_argument(str_cat(setting.variable, "='", setting.value, "' is not ", kind_of(k),
+                                  ": ", valid_range(k)));
 }
 
 Result<std::int64_t> int_from(const Knob& k, const std::optional<EnvSetting>& setting,
