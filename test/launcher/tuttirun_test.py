@@ -620,6 +620,18 @@ class ErrorTest(unittest.TestCase):
                                 "between 1 and 2147483647")
         self.assert_usage_error(["-np", "2", "-p", "65536", "true"],
                                 "'65536' must be between 1 and 65535")
+        # Integers as init() reads integer knobs: exact ones with an exponent are taken, the
+        # rest refused as not integers.
+        for value in ("1.5", "inf", "nan", "0x10", "1e100", "\u0661\u0662"):
+            with self.subTest(value=value):
+                self.assert_usage_error(["-np", value, "true"], f"'{value}' is not an integer")
+
+    def test_integers_may_be_written_with_an_exponent(self):
+        command, env = build(["-np", "2e0", "--cache-capacity", "1e3", "--network-timeout",
+                              "30.0", "-H", "a,b", "prog"])
+        self.assertEqual(command[command.index("-np") + 1], "2")
+        self.assertEqual(env["TUTTI_CACHE_CAPACITY"], "1000")
+        self.assertEqual(env["TUTTI_NETWORK_TIMEOUT"], "30")
 
     def test_no_program(self):
         self.assert_usage_error(["-np", "2"], "no program given")
