@@ -124,7 +124,12 @@ void ReductionRounds::build_units(const char* who) {
   for (std::size_t i = 0; i < names_.size(); ++i) {
     if (!names_[i].empty()) trainable.push_back(i);
   }
-  const std::string group_prefix = "DistributedOptimizer.grouped_allreduce.";
+  // A group is named after its first parameter, as Horovod does: the names are the same on
+  // every rank, and two optimizers over disjoint parameters of one model (a body's and a head's,
+  // sharing each backward()) reduce under names of their own, which group indices were not.
+  const auto group_name = [this](const std::vector<std::size_t>& members) {
+    return "DistributedOptimizer.grouped_allreduce." + names_[members.front()];
+  };
   std::vector<bool> grouped(names_.size(), false);
   // Options that name no grouping get the job's default (TUTTI_GRADIENT_GROUPING), which is the
   // same on every rank, as the units' names must be.
@@ -145,7 +150,8 @@ void ReductionRounds::build_units(const char* who) {
           trainable.begin() + static_cast<std::ptrdiff_t>(next + size));
       next += size;
       for (std::size_t m : members) grouped[m] = true;
-      add_unit(group_prefix + std::to_string(g), std::move(members), true);
+      std::string unit_name = group_name(members);  // Before `members` is moved from.
+      add_unit(std::move(unit_name), std::move(members), true);
     }
   } else if (!options_.groups.empty()) {
     std::map<std::string, std::size_t> by_name;
@@ -167,7 +173,8 @@ void ReductionRounds::build_units(const char* who) {
         grouped[it->second] = true;
         members.push_back(it->second);
       }
-      add_unit(group_prefix + std::to_string(g), std::move(members), true);
+      std::string unit_name = group_name(members);  // Before `members` is moved from.
+      add_unit(std::move(unit_name), std::move(members), true);
     }
   }
   for (std::size_t i : trainable) {

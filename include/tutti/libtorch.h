@@ -71,11 +71,11 @@ elastic::Stateful stateful(torch::optim::Optimizer& optimizer);
 // semantics of every DistributedOptions field, synchronize(), skip_synchronize() and the
 // warning). A post-accumulate hook on each parameter's gradient accumulator starts that
 // gradient's allreduce (name "DistributedOptimizer.allreduce.<name>", groups
-// "DistributedOptimizer.grouped_allreduce.<index>") the moment autograd has accumulated it,
-// mid-backward. With Compression::None and a contiguous float gradient, grad() itself is
-// reduced in place (no copy); FP16/BF16 go through a 2-byte temporary. A parameter without a
-// gradient gets a zero-filled grad(). A tensor listed under two names is reduced once, under
-// its first name. Inside skip_synchronize() without an explicit synchronize(), the reductions
+// "DistributedOptimizer.grouped_allreduce.<first parameter's name>") the moment autograd has
+// accumulated it, mid-backward. With Compression::None and a contiguous float gradient, grad()
+// itself is reduced in place (no copy); FP16/BF16 go through a 2-byte temporary. A parameter
+// without a gradient gets a zero-filled grad(). A tensor listed under two names is reduced once,
+// under its first name. Inside skip_synchronize() without an explicit synchronize(), the reductions
 // the hooks started are waited for and applied, as in optim::DistributedOptimizer.
 //
 //   tutti::libtorch::DistributedOptimizer opt(sgd, model->named_parameters());

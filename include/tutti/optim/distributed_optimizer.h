@@ -25,12 +25,23 @@ namespace tutti::optim {
 //   loss.backward()   each parameter's hook fires when its gradient is final and starts
 //                     allreduce_async of it under the name
 //                     "DistributedOptimizer.allreduce.<parameter name>" (groups:
-//                     "DistributedOptimizer.grouped_allreduce.<group index>"), identical on
-//                     every rank. Uncompressed gradients are reduced where they lie;
-//                     FP16/BF16 ones through a 2-byte copy.
+//                     "DistributedOptimizer.grouped_allreduce.<its first parameter's name>",
+//                     as Horovod), identical on every rank. Uncompressed gradients are
+//                     reduced where they lie; FP16/BF16 ones through a 2-byte copy.
 //   opt.step()        synchronize(): starts the reductions still missing, waits for all, and
 //                     copies each result into its grad(); then inner.step().
 //   opt.zero_grad()   inner.zero_grad().
+// While a gradient's reduction is in flight (from the hook that starts it until synchronize()
+// waits for it), an uncompressed gradient is being reduced where it lies and its parameter's
+// grad() holds a spare tensor of its shape instead (zeros): what is read there is not the
+// gradient, and what is written there is lost. Read or change gradients in grad hooks
+// registered before this constructor (they run first; what they write is reduced), or after
+// synchronize(). With FP16/BF16 compression grad() keeps the local gradient until synchronize().
+//
+// Two optimizers over disjoint parameters of one model (a body's and a head's) may share each
+// backward(): their reductions are named after their parameters, so give both the model's
+// named_parameters (the default names "noname.<index>" would be the same in both).
+//
 // Gradient clipping and other edits of the reduced gradients:
 //   opt.synchronize(); clip(...);
 //   { auto guard = opt.skip_synchronize(); opt.step(); }

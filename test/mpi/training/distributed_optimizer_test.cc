@@ -726,6 +726,43 @@ bool cores_shared_by_mpi() {
 }
 
 // The mpi suite runs this binary with TUTTI_GRADIENT_GROUPING unset, =each and =one.
+// Two optimizers over one model, e.g. one for the body and one for the head, share each
+// backward(): their reductions must not take each other's names, grouped or not.
+TEST_CASE("Two DistributedOptimizers over disjoint parameters share one backward()",
+          "[distributed][grouping]") {
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const int num_groups = GENERATE(0, 1, 2);  // The job's default, one group, two groups.
+  INFO("num_groups " << num_groups);
+  auto model = make_model(41);
+  auto reference = make_model(41);
+  const nn::NamedParameters named = model->named_parameters();
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  std::vector<nn::Variable> body, head;
+  for (const auto& [name, p] : named) (name.starts_with("0.") ? body : head).push_back(p);
+  REQUIRE(!body.empty());
+  REQUIRE(!head.empty());
+  auto body_inner = make_optimizer(3, body);
+  auto head_inner = make_optimizer(3, head);
+  auto ref_opt = make_optimizer(3, variables(ref_named));
+  DistributedOptimizer body_opt(*body_inner, named, {.num_groups = num_groups});
+  DistributedOptimizer head_opt(*head_inner, named, {.num_groups = num_groups});
+  for (std::int64_t step = 0; step < 2; ++step) {
+    body_opt.zero_grad();
+    head_opt.zero_grad();
+    forward_backward(*model, shard(rank, size, step));
+    body_opt.step();
+    head_opt.step();
+    ref_opt->zero_grad();
+    forward_backward(*reference, full_batch(step));
+    ref_opt->step();
+  }
+  const double diff = max_diff(named, ref_named);
+  INFO("max |difference| " << diff);
+  CHECK(all_ranks(diff < 1e-5));
+}
+
 TEST_CASE("Options that name no grouping follow TUTTI_GRADIENT_GROUPING; auto, the hosts' cores",
           "[distributed][grouping]") {
   Session session;
