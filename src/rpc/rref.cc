@@ -57,22 +57,33 @@ Message RRef::to_here(double timeout_seconds) const {
   std::shared_ptr<detail::Agent> agent = live_agent(impl);
   const detail::Clock::duration timeout = detail::call_timeout(*agent, timeout_seconds);
   const double seconds = std::chrono::duration<double>(timeout).count();
-  if (impl.owned != nullptr) return owned_value(impl, detail::Clock::now() + timeout, seconds);
+  // One deadline for the whole call: the wait for remote() and the fetch share `timeout`, so
+  // to_here(t) returns or throws within t (the fetch once got all of t again, nearly 2t).
+  const detail::Clock::time_point deadline = detail::Clock::now() + timeout;
+  if (impl.owned != nullptr) return owned_value(impl, deadline, seconds);
   if (impl.user->released.load())
     throw Error(ErrorCode::ShutDown, "this RRef was released at rpc::shutdown()");
+  const auto too_late = [&](const char* what) {
+    return Error(ErrorCode::Timeout, str_cat("RRef::to_here(): the value on '", impl.owner.name,
+                                             "' ", what, " within ", seconds, " s"));
+  };
   if (const std::shared_ptr<detail::FutureState>& creation = impl.user->creation) {
     // Made by remote(): its outcome first (the owner answers once the value exists).
-    if (!creation->wait_until(detail::Clock::now() + timeout)) {
-      throw Error(ErrorCode::Timeout, str_cat("RRef::to_here(): the value on '", impl.owner.name,
-                                              "' did not exist within ", seconds, " s"));
-    }
+    if (!creation->wait_until(deadline)) throw too_late("did not exist");
     creation->result().status().throw_if_error();
   }
   impl.user->outcome().throw_if_error();  // remote() failed.
+  const detail::Clock::duration left = deadline - detail::Clock::now();
+  if (left <= detail::Clock::duration::zero()) throw too_late("could not be fetched");
   std::shared_ptr<detail::FutureState> fetched =
-      agent->call(impl.owner.id, "tutti.rref.fetch", {}, timeout, detail::current_context_id(),
+      agent->call(impl.owner.id, "tutti.rref.fetch", {}, left, detail::current_context_id(),
                   detail::rref_meta(impl.rref_id));
   const Result<Message>& result = fetched->wait();
+  // The fetch's own Timeout (its deadline is `deadline` or a moment later, so that has passed)
+  // names the internal call and what was left of the timeout: the user asked for to_here(t). A
+  // Timeout before the deadline is the value's own error (remote()'s function threw it).
+  if (result.status().code() == ErrorCode::Timeout && detail::Clock::now() >= deadline)
+    throw too_late("could not be fetched");
   result.status().throw_if_error();
   return result.value();
 }

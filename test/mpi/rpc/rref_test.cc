@@ -9,7 +9,9 @@
 #include <mpi.h>
 
 #include "src/rpc/rpc_runtime.h"
+#include "src/rpc/rref_context.h"
 #include "test/mpi/rpc/rpc_test_util.h"
+#include "test/support/error_of.h"
 
 namespace tutti::test {
 namespace {
@@ -32,6 +34,40 @@ TEST_CASE("An owner counts the values it holds for others", "[rpc][rref]") {
 
 TEST_CASE("Graceful shutdown releases the RRefs the application still holds", "[rpc][rref]") {
   check_on_ranks(shutdown_releases_rrefs());
+}
+
+TEST_CASE("to_here(t) ends within t when remote() took most of it and the fetch is slow",
+          "[rpc][rref]") {
+  // remote()'s function on worker 1 sleeps 0.6 t; then this worker's RPC thread is held for
+  // 0.7 t (a callback of remote()'s future runs there, at once after the answer), so the fetch
+  // cannot end before 1.3 t: it stands in for a big value or a loaded machine, but surely. One
+  // deadline gives Timeout at t; before, the fetch got all of t again and returned the value
+  // at 1.3 t (it could take up to 1.6 t). The bound below leaves 0.6 t for a loaded machine.
+  constexpr double kTimeout = 2.0;
+  std::string problem;
+  RpcGroup group;
+  if (world_size() > 1 && world_rank() == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    rpc::RRef ref = rpc::remote(worker(1), "sleep", bytes_only("1200"));
+    rpc::detail::RRefAccess::impl(ref)->user->creation->then(
+        [](const auto&) { std::this_thread::sleep_for(std::chrono::milliseconds(1400)); });
+    std::string message;
+    const auto code = error_of([&] { static_cast<void>(ref.to_here(kTimeout)); }, &message);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (code != ErrorCode::Timeout) {
+      problem = "to_here() did not throw Timeout: " + message;
+    } else if (took >= 1.6 * kTimeout) {
+      problem = "to_here() took " + std::to_string(took) + " s";
+    } else if (message.find("RRef::to_here()") == std::string::npos ||
+               message.find("'w1'") == std::string::npos ||
+               message.find("within 2 s") == std::string::npos ||
+               message.find("tutti.rref.fetch") != std::string::npos) {
+      problem = "the Timeout should name to_here(), its owner and its timeout: " + message;
+    }
+  }
+  INFO(problem);
+  CHECK(all_ranks(problem.empty()));
 }
 
 }  // namespace
