@@ -46,10 +46,12 @@ inline float lerp(float self, float end, float weight) {
   return weight < 0.5f ? self + weight * (end - self) : end - (end - self) * (1.0f - weight);
 }
 
-// One step (number `step`, counted from 1) over all trainable parameters.
+// One step (number `step`, counted from 1) over the trainable parameters `stepped` selects (all
+// when null).
 void adam_step(const std::vector<nn::Variable>& params, const AdamHyper& h, std::int64_t step,
                std::vector<std::optional<Tensor>>& exp_avg,
-               std::vector<std::optional<Tensor>>& exp_avg_sq) {
+               std::vector<std::optional<Tensor>>& exp_avg_sq,
+               const std::vector<bool>* stepped = nullptr) {
   const double bias_correction1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
   const auto step_size = static_cast<float>(h.lr / bias_correction1);
@@ -63,7 +65,7 @@ void adam_step(const std::vector<nn::Variable>& params, const AdamHyper& h, std:
 
   for (std::size_t i = 0; i < params.size(); ++i) {
     const nn::Variable& p = params[i];
-    if (!internal::trainable(p)) continue;
+    if (!internal::updated(params, i, stepped)) continue;
     // State is created lazily, per parameter, as PyTorch does; a loaded state dict may lack it.
     if (!exp_avg[i]) exp_avg[i] = Tensor(DataType::Float32, p.value().shape());
     if (!exp_avg_sq[i]) exp_avg_sq[i] = Tensor(DataType::Float32, p.value().shape());
@@ -86,6 +88,21 @@ void adam_step(const std::vector<nn::Variable>& params, const AdamHyper& h, std:
       value[j] += -step_size * (m[j] / denom);
     }
   }
+}
+
+// step_only(): checks, then one step, counted, if it updates any parameter.
+void adam_step_only(const std::vector<nn::Variable>& params, const AdamHyper& h,
+                    const std::vector<bool>& stepped, const char* who, std::int64_t& step,
+                    std::vector<std::optional<Tensor>>& exp_avg,
+                    std::vector<std::optional<Tensor>>& exp_avg_sq) {
+  internal::check_stepped(stepped, params.size(), who);
+  internal::check_gradients(params, who, &stepped);
+  bool any = false;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    any = any || internal::updated(params, i, &stepped);
+  if (!any) return;
+  ++step;
+  adam_step(params, h, step, exp_avg, exp_avg_sq, &stepped);
 }
 
 StateDict adam_state_dict(const AdamHyper& h, std::int64_t step,
@@ -177,6 +194,11 @@ void Adam::step() {
   adam_step(parameters(), hyper(options_, false), step_count_, exp_avg_, exp_avg_sq_);
 }
 
+void Adam::step_only(const std::vector<bool>& stepped) {
+  adam_step_only(parameters(), hyper(options_, false), stepped, "Adam::step_only", step_count_,
+                 exp_avg_, exp_avg_sq_);
+}
+
 StateDict Adam::state_dict() const {
   return adam_state_dict(hyper(options_, false), step_count_, exp_avg_, exp_avg_sq_);
 }
@@ -203,6 +225,11 @@ void AdamW::step() {
   internal::check_gradients(parameters(), "AdamW::step");
   ++step_count_;
   adam_step(parameters(), hyper(options_, true), step_count_, exp_avg_, exp_avg_sq_);
+}
+
+void AdamW::step_only(const std::vector<bool>& stepped) {
+  adam_step_only(parameters(), hyper(options_, true), stepped, "AdamW::step_only", step_count_,
+                 exp_avg_, exp_avg_sq_);
 }
 
 StateDict AdamW::state_dict() const {

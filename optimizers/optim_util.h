@@ -42,10 +42,21 @@ inline std::span<float> floats(const Tensor& t) { return t.span<float>(); }
 bool usable_gradient(const nn::Variable& p);
 
 // Throws InvalidArgument naming `who` (e.g. "SGD::step") and the parameter unless every
-// trainable parameter's grad() is usable_gradient().
+// trainable parameter's grad() is usable_gradient(); with `stepped` (step_only()'s), only of
+// the parameters it selects.
 // Optimizers check all of them before changing any, so a bad gradient loses nothing; grad()
 // is writable, so a user can have replaced it with anything.
-void check_gradients(const std::vector<nn::Variable>& parameters, const char* who);
+void check_gradients(const std::vector<nn::Variable>& parameters, const char* who,
+                     const std::vector<bool>* stepped = nullptr);
+
+// Throws InvalidArgument naming `who` unless step_only()'s `stepped` has one entry per parameter.
+void check_stepped(const std::vector<bool>& stepped, std::size_t num_parameters, const char* who);
+
+// Whether a step updates parameter `i`: it is trainable and `stepped` (null: all) selects it.
+inline bool updated(const std::vector<nn::Variable>& parameters, std::size_t i,
+                    const std::vector<bool>* stepped) {
+  return trainable(parameters[i]) && (stepped == nullptr || (*stepped)[i]);
+}
 
 // A state tensor key split into its parameter index and state name ("3.exp_avg" -> 3,
 // "exp_avg"). Throws InvalidArgument naming `who` for a malformed key or an index not below

@@ -18,10 +18,11 @@ bool usable_gradient(const nn::Variable& p) {
          grad.shape() == p.value().shape() && grad.device().kind == Device::Kind::CPU;
 }
 
-void check_gradients(const std::vector<nn::Variable>& parameters, const char* who) {
+void check_gradients(const std::vector<nn::Variable>& parameters, const char* who,
+                     const std::vector<bool>* stepped) {
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const nn::Variable& p = parameters[i];
-    if (!trainable(p) || usable_gradient(p)) continue;
+    if (!updated(parameters, i, stepped) || usable_gradient(p)) continue;
     const Tensor& grad = p.grad();
     detail::throw_invalid_argument(
         who, ": the gradient of parameter ", i, " (shape ", detail::shape_string(p.value().shape()),
@@ -30,6 +31,13 @@ void check_gradients(const std::vector<nn::Variable>& parameters, const char* wh
                                : detail::str_cat("a ", to_string(grad.dtype()), " tensor of shape ",
                                                  detail::shape_string(grad.shape())),
         "; grad() must stay a float32 CPU tensor of the parameter's shape");
+  }
+}
+
+void check_stepped(const std::vector<bool>& stepped, std::size_t num_parameters, const char* who) {
+  if (stepped.size() != num_parameters) {
+    detail::throw_invalid_argument(who, ": got ", stepped.size(), " flags for ", num_parameters,
+                                   " parameters (one per parameter)");
   }
 }
 
@@ -116,6 +124,32 @@ void Optimizer::zero_grad() {
     std::span<float> grad = internal::floats(handle.grad());
     std::fill(grad.begin(), grad.end(), 0.0f);
   }
+}
+
+void Optimizer::step_only(const std::vector<bool>& stepped) {
+  internal::check_stepped(stepped, parameters_.size(), "Optimizer::step_only");
+  bool any = false, all = true;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (!internal::trainable(parameters_[i])) continue;
+    any = any || stepped[i];
+    all = all && stepped[i];
+  }
+  if (!any) return;
+  if (!all) {
+    // This rule cannot leave a parameter out: the best it can do is a zero gradient.
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const nn::Variable& p = parameters_[i];
+      if (stepped[i] || !internal::trainable(p)) continue;
+      nn::Variable handle = p;  // Shares the parameter's gradient.
+      if (!internal::usable_gradient(p)) {
+        handle.grad() = Tensor(DataType::Float32, p.value().shape());
+      } else {
+        std::span<float> grad = internal::floats(handle.grad());
+        std::fill(grad.begin(), grad.end(), 0.0f);
+      }
+    }
+  }
+  step();
 }
 
 StateDict Optimizer::state_dict() const { return {}; }

@@ -44,15 +44,22 @@ void SGD::set_lr(double lr) {
   options_ = changed;
 }
 
-void SGD::step() {
-  internal::check_gradients(parameters(), "SGD::step");
+void SGD::step() { update(nullptr); }
+
+void SGD::step_only(const std::vector<bool>& stepped) {
+  internal::check_stepped(stepped, parameters().size(), "SGD::step_only");
+  update(&stepped);
+}
+
+void SGD::update(const std::vector<bool>* stepped) {
+  internal::check_gradients(parameters(), stepped ? "SGD::step_only" : "SGD::step", stepped);
   const auto weight_decay = static_cast<float>(options_.weight_decay);
   const auto momentum = static_cast<float>(options_.momentum);
   const auto keep = static_cast<float>(1.0 - options_.dampening);
   const auto lr = static_cast<float>(options_.lr);
   for (std::size_t i = 0; i < parameters().size(); ++i) {
     const nn::Variable& p = parameters()[i];
-    if (!internal::trainable(p)) continue;
+    if (!internal::updated(parameters(), i, stepped)) continue;
     const std::span<float> value = internal::floats(p.value());
     const std::span<const float> grad = internal::floats(p.grad());
     std::optional<Tensor>& buffer = momentum_buffers_[i];

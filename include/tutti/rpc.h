@@ -209,11 +209,15 @@ class TUTTI_API DistributedOptimizer {
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
   // Makes every owner step its optimizer, in parallel, with the gradients that context
-  // `context_id` accumulated on that owner (dist_autograd::get_gradient(); zeros for parameters
-  // the context has no gradient for) written into the parameters' grad(); returns when all have
-  // stepped. All steps on one owner are serialized (one lock per worker, as PyTorch's
-  // _LocalOptimizer), since the optimizers of several trainers may share parameters; forward
-  // passes that read those parameters meanwhile are the application's to coordinate.
+  // `context_id` accumulated on that owner (dist_autograd::get_gradient()) written into the
+  // parameters' grad(); returns when all have stepped. A parameter the context has no gradient
+  // for (the backward pass did not reach it) is left out of the step, as PyTorch's optimizers
+  // skip a parameter whose grad is None: its value, grad() and optimizer state stay as they
+  // are (optim::Optimizer::step_only(); a registered rule that does not override it steps
+  // such parameters with zero gradients). All steps on one owner are serialized (one lock per
+  // worker, as PyTorch's _LocalOptimizer), since the optimizers of several trainers may share
+  // parameters; forward passes that read those parameters meanwhile are the application's to
+  // coordinate.
   // Throws InvalidArgument, stepping nothing, if this worker knows no context `context_id`
   // (it ended, or was never created: step inside the Context); what an owner's step threw
   // (as rpc_sync()).

@@ -210,7 +210,11 @@ Message create(Agent& agent, OptimizerHost& host, Incoming& request) {
   return Message{.tensors = {}, .rrefs = {}, .bytes = out.take()};
 }
 
-// "tutti.optim.step": the context's gradients into grad(), then one step.
+// "tutti.optim.step": the context's gradients into grad(), then one step of the parameters they
+// are for. A parameter the context has no gradient for (the backward pass did not reach it, or
+// the context never reached this worker) is left out of the step, value and optimizer state, as
+// PyTorch's functional optimizers skip a None gradient: stepped with zeros, momentum, weight
+// decay and Adam's moments would move it.
 Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
   ByteReader meta(request.meta);
   std::uint64_t id = 0;
@@ -226,19 +230,19 @@ Message step(Agent& agent, OptimizerHost& host, Incoming& request) {
   }
   std::shared_ptr<DistContext> context = agent.contexts().find(context_id);
   const tutti::detail::MutexLock lock(host.step_mutex);
-  for (const nn::Variable& p : hosted->optimizer->parameters()) {
-    if (!p.requires_grad()) continue;
-    Tensor gradient = context ? context->gradient(nn::detail::node_of(p).get()) : Tensor();
-    std::span<float> grad = p.grad().span<float>();
-    if (gradient.data() == nullptr) {
-      std::fill(grad.begin(), grad.end(), 0.0f);
-    } else {
-      std::span<const float> g = gradient.span<float>();
-      std::copy(g.begin(), g.end(), grad.begin());
-    }
+  const std::vector<nn::Variable>& parameters = hosted->optimizer->parameters();
+  std::vector<bool> stepped(parameters.size(), false);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const nn::Variable& p = parameters[i];
+    if (!p.requires_grad() || context == nullptr) continue;
+    Tensor gradient = context->gradient(nn::detail::node_of(p).get());
+    if (gradient.data() == nullptr) continue;
+    std::span<const float> g = gradient.span<float>();
+    std::copy(g.begin(), g.end(), p.grad().span<float>().begin());
+    stepped[i] = true;
   }
   try {
-    hosted->optimizer->step();
+    hosted->optimizer->step_only(stepped);
   } catch (const Error& e) {
     throw Error(e.code(),
                 str_cat("DistributedOptimizer on worker '", agent.name(), "': ", e.what()));
@@ -347,9 +351,9 @@ DistributedOptimizer::~DistributedOptimizer() {
 
 void DistributedOptimizer::step(std::int64_t context_id) {
   std::shared_ptr<detail::Agent> agent = detail::current_agent().value_or_throw();
-  // An owner the context never reached rightly steps with zeros, so the id is checked here,
-  // where it must be known (PyTorch's step() retrieves the context first too): a released or
-  // made-up id would otherwise step every parameter with zero gradients (momentum, decay).
+  // An owner the context never reached rightly steps nothing, so the id is checked here, where
+  // it must be known (PyTorch's step() retrieves the context first too): a released or made-up
+  // id would otherwise step nothing anywhere, silently.
   if (agent->contexts().find(context_id) == nullptr) {
     throw Error(
         ErrorCode::InvalidArgument,

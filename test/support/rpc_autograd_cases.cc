@@ -233,11 +233,42 @@ Problems optimizer_steps_body(RpcWorld& world, int kind) {
   return p;
 }
 
+Problems optimizer_skips_body(RpcWorld& world) {
+  Problems p;
+  // Two values [1, 1] on the next worker, under one SGD (lr 0.1, momentum 0.9) there.
+  auto make = [&] {
+    return rpc::remote(world.peer(1), "echo", args({nn::Variable(filled({2}, 1.0f, 0.0f), true)}));
+  };
+  rpc::RRef ra = make(), rb = make();
+  rpc::DistributedOptimizer optimizer("sgd", {{"lr", 0.1}, {"momentum", 0.9}}, {ra, rb});
+  {  // Gradients 1 for both; the buffers start as 1: a = b = 1 - 0.1 = 0.9.
+    dist::Context context;
+    dist::backward(context.id(),
+                   {nn::sum(ra.to_here().tensors.at(0)) + nn::sum(rb.to_here().tensors.at(0))});
+    optimizer.step(context.id());
+  }
+  {  // a alone: buffer 0.9 * 1 + 1 = 1.9, a = 0.9 - 0.19 = 0.71. The context reached b's owner
+     // but not b, which keeps 0.9 (a zero gradient with its buffer of 1 made it 0.81).
+    dist::Context context;
+    dist::backward(context.id(), {nn::sum(ra.to_here().tensors.at(0))});
+    optimizer.step(context.id());
+  }
+  p.expect_close(max_difference(ra.to_here().tensors.at(0).value(), filled({2}, 0.71f, 0.0f)),
+                 "a, stepped twice");
+  p.expect_close(max_difference(rb.to_here().tensors.at(0).value(), filled({2}, 0.9f, 0.0f)),
+                 "b, left out of the second step");
+  return p;
+}
+
 }  // namespace
 
 RpcCase backward_equals_local() { return {.setup = {}, .body = backward_equals_local_body}; }
 
 RpcCase contexts_end_everywhere() { return {.setup = {}, .body = contexts_end_everywhere_body}; }
+
+RpcCase optimizer_skips_parameters_without_gradient() {
+  return {.setup = {}, .body = optimizer_skips_body};
+}
 
 RpcCase optimizer_steps(int kind) {
   return {.setup = {},

@@ -134,5 +134,9 @@ RpcCase contexts_end_everywhere();
 // "plain_sgd" (a factory registered by register_test_functions()); unknown optimizers and options
 // fail with InvalidArgument.
 RpcCase optimizer_steps(int kind);
+// rpc::DistributedOptimizer (SGD with momentum) leaves a parameter the context has no gradient
+// for out of the step: two steps, the second reaching only one of two values on one owner; the
+// other keeps its value (closed forms).
+RpcCase optimizer_skips_parameters_without_gradient();
 
 }  // namespace tutti::test

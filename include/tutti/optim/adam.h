@@ -30,8 +30,9 @@ struct AdamWOptions {
   double weight_decay = 0.01;  // Decoupled: p = p · (1 - lr · weight_decay) before the step.
 };
 
-// torch.optim.Adam. A step increments the step count t (shared by all parameters: every
-// parameter that requires grad is updated every step) and, for each such parameter p with
+// torch.optim.Adam. A step increments the step count t (shared by all parameters: step()
+// updates every parameter that requires grad; a step_only() that updates any counts as a step
+// for all, where PyTorch counts per parameter) and, for each parameter p it updates, with
 // g = p.grad():
 //   g = g + weight_decay · p                         (if weight_decay != 0)
 //   m = beta1 · m + (1 - beta1) · g                  (m, v start at zero)
@@ -49,6 +50,7 @@ class TUTTI_API Adam : public Optimizer {
   explicit Adam(std::vector<nn::Variable> params, AdamOptions options = {});
 
   void step() override;
+  void step_only(const std::vector<bool>& stepped) override;
   StateDict state_dict() const override;
   // Also sets the hyper-parameters and the step count from the scalars it contains; "step"
   // must be a non-negative integer.
@@ -74,6 +76,7 @@ class TUTTI_API AdamW : public Optimizer {
   explicit AdamW(std::vector<nn::Variable> params, AdamWOptions options = {});
 
   void step() override;
+  void step_only(const std::vector<bool>& stepped) override;
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
 

@@ -59,6 +59,18 @@ class TUTTI_API Optimizer {
   // grad() is not a float32 CPU tensor of its shape (grad() is writable: it may have been
   // replaced).
   virtual void step() = 0;
+  // Tutti addition, for rpc::DistributedOptimizer, whose owners step only the parameters that
+  // a distributed autograd context has gradients for (PyTorch's optimizers skip a parameter
+  // whose grad is None): one step over the parameters i with `stepped[i]` true. The built-in
+  // rules leave every other parameter as if it were not in the list: its value and its state
+  // (momentum buffer, moments) stay as they are, and its grad() is not read or checked; Adam's
+  // and AdamW's step count, which their parameters share, counts the step if any parameter takes
+  // it. With every entry true it is step(). The default, for rules that do not override it,
+  // does nothing if no parameter that requires grad is stepped, calls step() if all are, and
+  // otherwise zeroes the grad() of those left out first (as zero_grad() does), so that they take
+  // the step with zero gradients: override it where that would move them (momentum, decay).
+  // Throws InvalidArgument, having changed nothing, unless `stepped` has one entry per parameter.
+  virtual void step_only(const std::vector<bool>& stepped);
   // Sets the grad() of every parameter that requires grad to zero, in place (the tensors are
   // kept, so views of them stay valid). Local. A grad() that step() would refuse (replaced by
   // an empty tensor, or one of another dtype or shape) is replaced by a new zero-filled float32

@@ -40,6 +40,7 @@ class TUTTI_API SGD : public Optimizer {
   explicit SGD(std::vector<nn::Variable> params, SGDOptions options = {});
 
   void step() override;
+  void step_only(const std::vector<bool>& stepped) override;
   StateDict state_dict() const override;
   // Also sets the hyper-parameters from the scalars it contains, checked as by the constructor.
   void load_state_dict(const StateDict& state) override;
@@ -50,6 +51,9 @@ class TUTTI_API SGD : public Optimizer {
   void set_lr(double lr);
 
  private:
+  // One step over the parameters `stepped` selects (all when null).
+  void update(const std::vector<bool>* stepped);
+
   SGDOptions options_;
   std::vector<std::optional<Tensor>> momentum_buffers_;  // One slot per parameter.
 };

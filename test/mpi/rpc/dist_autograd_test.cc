@@ -25,5 +25,10 @@ TEST_CASE("DistributedOptimizer steps equal a local optimizer's", "[rpc][dist_op
   check_on_ranks(optimizer_steps(kind));
 }
 
+TEST_CASE("DistributedOptimizer leaves out parameters the context has no gradient for",
+          "[rpc][dist_optimizer]") {
+  check_on_ranks(optimizer_skips_parameters_without_gradient());
+}
+
 }  // namespace
 }  // namespace tutti::test

@@ -92,6 +92,38 @@ TEST_CASE("Adam and AdamW match the closed form over two steps", "[adam]") {
   CHECK(values(state.tensors[1].second)[0] == Approx(ref.v).margin(1e-6));
 }
 
+TEST_CASE("Adam::step_only leaves the other parameters and their moments as they are", "[adam]") {
+  const bool decoupled = GENERATE(false, true);
+  const double lr = 0.1, beta1 = 0.8, beta2 = 0.95, eps = 1e-3, wd = 0.2;
+  AdamReference ref{lr, beta1, beta2, eps, wd, decoupled, 1.5};
+  nn::Variable a = param({1.5f}), b = param({-1.0f});
+  std::unique_ptr<Optimizer> opt;
+  if (decoupled) {
+    opt = std::make_unique<AdamW>(
+        std::vector<nn::Variable>{a, b},
+        AdamWOptions{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd});
+  } else {
+    opt = std::make_unique<Adam>(
+        std::vector<nn::Variable>{a, b},
+        AdamOptions{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd});
+  }
+  opt->step_only({false, false});  // Nothing stepped: not even counted.
+  CHECK(opt->state_dict().scalars.at("step") == 0);
+  for (double g : {0.7, -0.4}) {
+    set_grad(a, {static_cast<float>(g)});
+    set_grad(b, {5.0f});
+    opt->step_only({true, false});
+    ref.step(g);
+    CHECK(values(a)[0] == Approx(ref.p).margin(1e-6));
+    CHECK(values(b)[0] == -1.0f);  // Weight decay and all.
+  }
+  const StateDict state = opt->state_dict();
+  CHECK(state.scalars.at("step") == 2);
+  REQUIRE(state.tensors.size() == 2);  // b has no moments: it never took a step.
+  CHECK(state.tensors[0].first == "0.exp_avg");
+  CHECK(state.tensors[1].first == "0.exp_avg_sq");
+}
+
 TEST_CASE("AdamW's first step decays the weight, then moves it by about lr", "[adam]") {
   nn::Variable p = param({2.0f});
   AdamW adamw({p}, {.lr = 0.01, .weight_decay = 0.5});

@@ -66,6 +66,23 @@ TEST_CASE("A user-defined optimizer works through the base class", "[optimizer]"
       }) == ErrorCode::InvalidArgument);
 }
 
+TEST_CASE("A rule without its own step_only() steps the others with zero gradients",
+          "[optimizer]") {
+  nn::Variable a = param({1.0f}), b = param({1.0f});
+  SignSGD opt({a, b}, 0.5);
+  set_grad(a, {2.0f});
+  set_grad(b, {2.0f});
+  opt.step_only({false, false});  // Nothing to step: step() does not run.
+  CHECK(values(a)[0] == 1.0f);
+  opt.step_only({true, false});  // b's gradient zeroed first: sign 0, no move.
+  CHECK(values(a)[0] == 0.5f);
+  CHECK(values(b)[0] == 1.0f);
+  CHECK(values(b.grad())[0] == 0.0f);
+  opt.step_only({true, true});  // step(): b's zero gradient stays zero.
+  CHECK(values(a)[0] == 0.0f);
+  CHECK(code_of([&] { opt.step_only({}); }) == ErrorCode::InvalidArgument);
+}
+
 TEST_CASE("Optimizer rejects an empty Variable", "[optimizer]") {
   CHECK(code_of([] { SignSGD({nn::Variable()}, 0.1); }) == ErrorCode::InvalidArgument);
 }

@@ -176,6 +176,30 @@ TEST_CASE("SGD validates its options like PyTorch", "[sgd]") {
   CHECK(sgd.state_dict().scalars.at("lr") == 0.5);
 }
 
+TEST_CASE("SGD::step_only leaves the other parameters and their buffers as they are", "[sgd]") {
+  nn::Variable a = param({1.0f}), b = param({1.0f});
+  SGD sgd({a, b}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.5});
+  set_grad(a, {1.0f});
+  set_grad(b, {1.0f});
+  sgd.step();  // d = 1 + 0.5 * 1 = 1.5 = the buffers; a = b = 1 - 0.15 = 0.85.
+  set_grad(a, {1.0f});
+  set_grad(b, {100.0f});  // Not read: b is left out.
+  sgd.step_only({true, false});
+  // a: d = 1 + 0.5 * 0.85 = 1.425, buffer 0.9 * 1.5 + 1.425 = 2.775, a = 0.85 - 0.2775.
+  CHECK(values(a)[0] == Approx(0.85 - 0.2775));
+  CHECK(values(b)[0] == Approx(0.85));
+  const StateDict state = sgd.state_dict();
+  REQUIRE(state.tensors.size() == 2);
+  CHECK(values(state.tensors[0].second)[0] == Approx(2.775));
+  CHECK(values(state.tensors[1].second)[0] == Approx(1.5));  // b's buffer untouched.
+  // Left out, a gradient step() would refuse is not checked either; one flag per parameter.
+  b.grad() = Tensor();
+  sgd.step_only({true, false});
+  CHECK(values(b)[0] == Approx(0.85));
+  CHECK(code_of([&] { sgd.step_only({true}); }) == ErrorCode::InvalidArgument);
+  CHECK(code_of([&] { sgd.step_only({true, true}); }) == ErrorCode::InvalidArgument);
+}
+
 TEST_CASE("SGD skips parameters that do not require grad", "[sgd]") {
   nn::Variable frozen(Tensor::from<float>(std::vector<float>{1.0f}, {1}));
   nn::Variable p = param({1.0f});

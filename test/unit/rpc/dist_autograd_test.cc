@@ -133,5 +133,10 @@ TEST_CASE("DistributedOptimizer steps equal a local optimizer's", "[rpc][dist_op
   check_on_threads(size, optimizer_steps(kind));
 }
 
+TEST_CASE("DistributedOptimizer leaves out parameters the context has no gradient for",
+          "[rpc][dist_optimizer]") {
+  check_on_threads(GENERATE(2, 3), optimizer_skips_parameters_without_gradient());
+}
+
 }  // namespace
 }  // namespace tutti::test
