@@ -33,7 +33,8 @@ struct WorkerInfo {
 
 struct RpcOptions {
   // Default deadline of every call (rpc_sync, rpc_async, remote, RRef::to_here) whose own
-  // timeout is 0; must be > 0. Also bounds how long shutdown(true) waits for the other workers.
+  // timeout is 0; must be > 0. Also sets how long shutdown(true) waits without progress (see
+  // shutdown()).
   double timeout_seconds = 60;
   // Threads that run the functions called on this worker, 1 to 4096 (each started by
   // init_rpc(); InvalidArgument outside that range). A function that waits on a
@@ -147,12 +148,19 @@ TUTTI_API void init_rpc(const std::string& name, RpcOptions options = {});
 // graceful (collective: every worker calls it): returns once every worker has called it and
 // the whole group is quiet: every RPC in flight anywhere has been answered, every function has
 // returned, and every RRef has been released (those the application still holds are released
-// now; see RRef), so owners have freed every value. If that takes longer than RpcOptions'
-// timeout (plus a few seconds), a warning is logged and the agent stops as below.
+// now; see RRef), so owners have freed every value. Until then this worker keeps serving and
+// calling, for as long as the group makes progress (a worker that calls it early, such as a
+// parameter server, serves its peers until they are done, as in PyTorch). It gives up only
+// after a whole window without progress (no request or response sent or received by this
+// worker, no worker newly calling shutdown()), the window being the larger of RpcOptions'
+// timeout plus 5 s and the stall-shutdown time (TUTTI_STALL_SHUTDOWN_TIME_SECONDS, unless 0 or
+// the stall inspector is off): then a warning is logged and the agent stops as below. Each
+// RpcOptions timeout of waiting it logs a warning naming the workers that have not called
+// shutdown() yet.
 // Not graceful (local): stops now; this worker's pending calls fail with ShutDown, and the
 // other workers are told, so their calls to this worker fail with ShutDown instead of waiting.
 // Once a worker has left that way the others cannot complete a graceful shutdown (it would wait
-// out the timeout above): they leave with shutdown(false) too.
+// out a window without progress, above): they leave with shutdown(false) too.
 // tutti::shutdown() shuts RPC down gracefully first if the application has not.
 TUTTI_API void shutdown(bool graceful = true);
 

@@ -36,7 +36,8 @@ Agent::Agent(ops::ControlPlane& plane, AgentOptions options,
       functions_(std::move(functions)),
       rrefs_(*this),
       contexts_(options_.rank),
-      gone_(options_.names.size(), 0) {}
+      gone_(options_.names.size(), 0),
+      intended_(options_.names.size(), false) {}
 
 Agent::~Agent() {
   // Only reached without shutdown() when an owner (a test) dropped the agent early.

@@ -97,6 +97,10 @@ struct AgentOptions {
   // Whether a thread waiting in call_sync() runs the pass itself (Note [A waiting caller runs
   // the pass] in agent_drive.cc): MPI_THREAD_MULTIPLE, and ranks not outnumbering the CPUs.
   bool callers_drive = false;
+  // The runtime's stall-shutdown time (TUTTI_STALL_SHUTDOWN_TIME_SECONDS; zero: none, or the
+  // stall inspector is off): how long shutdown(true) waits without progress, if longer than
+  // the RPC timeout (Note [Graceful shutdown] in agent_shutdown.cc).
+  Clock::duration stall_shutdown{};
 };
 
 // A request being served.
@@ -220,6 +224,10 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void peer_left(int rank, const Status& why);
   bool shutdown_step();  // True: leave the loop.
   bool locally_idle();
+  // shutdown(true)'s wait (Note [Graceful shutdown]): how long without progress before it gives
+  // up, and the names of the workers whose Intent has not arrived here.
+  Clock::duration shutdown_patience() const;
+  std::string missing_intents() TUTTI_EXCLUDES(intents_mutex_);
   void teardown(const Status& why) TUTTI_EXCLUDES(pending_mutex_, queue_mutex_, state_mutex_);
 
   // Driving (agent_drive.cc). One pass by a waiting caller if it gets pass_mutex_ at once
@@ -272,9 +280,17 @@ class Agent : public std::enable_shared_from_this<Agent> {
   bool intent_sent_ = false;
   std::uint64_t probe_round_ = 0;
   bool finished_ = false;
-  int intents_ = 0;  // Leader (rank 0): Note [Graceful shutdown].
+  int intents_ = 0;  // Intents arrived (the leader, rank 0, probes once all have).
   std::uint64_t round_ = 0;
   std::map<int, std::pair<std::uint64_t, std::uint64_t>> reports_, last_reports_;
+  std::uint64_t seen_sent_ = 0, seen_received_ = 0;  // sent_, received_ at the last progress.
+
+  // The workers whose Intent has arrived, for shutdown(true)'s warnings.
+  tutti::detail::Mutex intents_mutex_;
+  std::vector<bool> intended_ TUTTI_GUARDED_BY(intents_mutex_);
+  // When the pass last saw the group progress during a graceful shutdown: a request or response
+  // sent or received here, or an Intent arrived (Note [Graceful shutdown]).
+  std::atomic<Clock::time_point> last_progress_{Clock::time_point{}};
 
   std::atomic<int> in_progress_{0};  // Requests received and not answered yet.
   std::atomic<bool> graceful_requested_{false};

@@ -6,8 +6,9 @@
 // function running, every RRef released. A worker cannot tell that alone (a peer may still be
 // about to call it), so rank 0 leads a termination detection over control frames, which are
 // not counted as traffic:
-//  1. Each worker whose application called shutdown(true) sends Intent to the leader. Until the
-//     end every worker keeps serving and calling as usual.
+//  1. Each worker whose application called shutdown(true) sends Intent to every worker (the
+//     others only note it, for the wait below). Until the end every worker keeps serving and
+//     calling as usual.
 //  2. Once all Intents are in, the leader sends Probe(round) to everyone. A worker answers when
 //     it is locally idle (nothing queued, no call of its own pending, no request being served,
 //     pool idle) by first releasing the user RRefs nobody waits on (their deletes make it busy
@@ -21,9 +22,22 @@
 // wakes on a message, and the rounds do not overlap, so at the moment the last report of round r
 // was taken every worker was idle with nothing in flight, which is final.
 // A worker that leaves without the handshake (shutdown(false)) sends Goodbye to everyone; calls
-// waiting on it then fail with ShutDown. shutdown(true) gives up after the RpcOptions timeout
-// plus kShutdownSlack, logs a warning and stops as shutdown(false) does.
+// waiting on it then fail with ShutDown.
+// How long shutdown(true) waits: as long as the group makes progress, as PyTorch's graceful
+// shutdown waits without limit, since a worker that called it early (a parameter server) must
+// serve its peers' calls until they are done, however long that takes. Before, it gave up after
+// the RpcOptions timeout plus kShutdownSlack counted from the call, and left while its peers
+// still called it, failing their calls with ShutDown. But nothing may wait forever on a mistake
+// (a worker that never calls shutdown(), a function that never returns), so it gives up once a
+// whole window, shutdown_patience(), passes without progress: no request or response sent or
+// received by this worker, no worker's Intent arriving. The window is the larger of the RPC
+// timeout plus kShutdownSlack and the runtime's stall-shutdown time, after which a collective
+// waiting on a peer fails too. Each RPC timeout of waiting it logs a warning naming the workers
+// whose Intent has not arrived; giving up, a warning, and it stops as shutdown(false) does.
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "src/base/strings.h"
 #include "src/common/logging.h"
@@ -45,12 +59,19 @@ void Agent::handle_control(int source, const Frame& frame) {
       peer_left(source,
                 Status(ErrorCode::ShutDown, str_cat("worker '", info(source).name, "' shut down")));
       break;
-    case ControlKind::Intent:
-      if (++intents_ == size()) {
+    case ControlKind::Intent: {
+      {
+        const tutti::detail::MutexLock lock(intents_mutex_);
+        if (intended_[static_cast<std::size_t>(source)]) break;  // Once per worker.
+        intended_[static_cast<std::size_t>(source)] = true;
+      }
+      last_progress_.store(Clock::now());
+      if (++intents_ == size() && rank() == kLeader) {
         round_ = 1;
         for (int r = 0; r < size(); ++r) send_control(r, ControlKind::Probe, round_);
       }
       break;
+    }
     case ControlKind::Probe: probe_round_ = frame.round; break;
     case ControlKind::Report: {
       if (frame.round != round_) break;
@@ -98,13 +119,32 @@ bool Agent::shutdown_step() {
   if (finished_) return true;
   if (graceful_requested_.load() && !intent_sent_) {
     intent_sent_ = true;
-    send_control(kLeader, ControlKind::Intent);
+    for (int r = 0; r < size(); ++r) send_control(r, ControlKind::Intent);
+  }
+  if (sent_ != seen_sent_ || received_ != seen_received_) {  // Progress, for shutdown()'s wait.
+    seen_sent_ = sent_;
+    seen_received_ = received_;
+    last_progress_.store(Clock::now());
   }
   if (probe_round_ != 0 && locally_idle() && rrefs_.release_users() == 0) {
     send_control(kLeader, ControlKind::Report, probe_round_, sent_, received_);
     probe_round_ = 0;
   }
   return false;
+}
+
+Clock::duration Agent::shutdown_patience() const {
+  return std::max<Clock::duration>(default_timeout() + kShutdownSlack, options_.stall_shutdown);
+}
+
+std::string Agent::missing_intents() {
+  std::vector<std::string> missing;
+  const tutti::detail::MutexLock lock(intents_mutex_);
+  for (int r = 0; r < size(); ++r) {
+    if (!intended_[static_cast<std::size_t>(r)]) missing.push_back("'" + info(r).name + "'");
+  }
+  return missing.empty() ? std::string("none (calls or functions are still under way)")
+                         : ::tutti::detail::join_list(missing);
 }
 
 void Agent::shutdown(bool graceful) {
@@ -116,14 +156,29 @@ void Agent::shutdown(bool graceful) {
     wake();
     {
       const tutti::detail::MutexLock lock(state_mutex_);
-      const Clock::time_point deadline = Clock::now() + default_timeout() + kShutdownSlack;
-      while (!loop_done_ && state_cv_.wait_until(state_mutex_, deadline)) {
+      const Clock::time_point start = Clock::now();
+      const Clock::duration patience = shutdown_patience();
+      Clock::time_point next_warning = start + default_timeout();
+      while (!loop_done_) {
+        const Clock::time_point now = Clock::now();
+        const Clock::time_point give_up = std::max(start, last_progress_.load()) + patience;
+        if (now >= give_up) break;
+        if (now >= next_warning) {
+          if (graceful) {
+            TUTTI_LOG_WARNING(
+                "RPC: shutdown() on worker '", name(), "' has waited ", to_seconds(now - start),
+                " s for the group; workers that have not called shutdown(): ", missing_intents());
+          }
+          next_warning = now + default_timeout();
+        }
+        state_cv_.wait_until(state_mutex_, std::min(give_up, next_warning));
       }
       if (!loop_done_) {
-        TUTTI_LOG_WARNING(
-            "RPC: the graceful shutdown did not finish within ",
-            to_seconds(default_timeout() + kShutdownSlack),
-            " s (a worker did not call shutdown(), or a call never ended); stopping now");
+        TUTTI_LOG_WARNING("RPC: the graceful shutdown on worker '", name(),
+                          "' saw no progress for ", to_seconds(patience),
+                          " s (no call sent or answered here, no worker newly calling "
+                          "shutdown()); workers that have not called shutdown(): ",
+                          missing_intents(), "; stopping now");
         force_requested_.store(true);
         wake();
         while (!loop_done_) state_cv_.wait(state_mutex_);

@@ -209,7 +209,10 @@ void init_rpc(const std::string& name, RpcOptions options) {
                                      .options = options,
                                      .epoch = ++r.epochs,
                                      .max_piece_bytes = r.max_piece_bytes,
-                                     .callers_drive = session->waiting_threads_may_drive()};
+                                     .callers_drive = session->waiting_threads_may_drive(),
+                                     .stall_shutdown = session->config().stall_check_disabled
+                                                           ? detail::Clock::duration::zero()
+                                                           : session->config().stall_shutdown_time};
   r.agent =
       detail::Agent::start(*session->rpc_plane(), std::move(agent_options), r.functions, session);
   r.was_shut_down = false;

@@ -2,9 +2,11 @@
 // The RPC agent over MPI at 1-4 ranks: calls to self and others, every error, nested chains,
 // many concurrent calls, big messages and both shutdowns (cases shared with the unit tier,
 // test/support/rpc_agent_cases.cc); and init_rpc()'s checks.
+#include <chrono>
 #include <cstddef>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -97,6 +99,30 @@ TEST_CASE("Graceful shutdown waits for the calls in flight everywhere; later cal
 
 TEST_CASE("A worker that leaves fails the calls waiting on it with ShutDown", "[rpc][shutdown]") {
   check_on_ranks(worker_leaves());
+}
+
+TEST_CASE("A worker in graceful shutdown serves the others' calls for as long as they go on",
+          "[rpc][shutdown]") {
+  // Worker 1 (a parameter server, say) calls shutdown() at once; worker 0 calls it every 50 ms
+  // for 8.5 s, past the 2 s timeout plus 5 s after which shutdown() used to give up and leave
+  // (worker 0's calls then failed with ShutDown); the others call shutdown() at once too.
+  RpcSetup setup;
+  setup.rpc.timeout_seconds = 2;
+  RpcGroup group(setup);
+  std::string problem;
+  if (world_rank() == 0 && world_size() > 1) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(8500);
+    for (int call = 0; problem.empty() && std::chrono::steady_clock::now() < end; ++call) {
+      std::string message, answer;
+      const auto code = error_of(
+          [&] { answer = rpc::rpc_sync(worker(1), "echo", bytes_only("x")).bytes; }, &message);
+      if (code || answer != "x") problem = "call " + std::to_string(call) + ": " + message;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  rpc::shutdown();
+  INFO(problem);
+  CHECK(all_ranks(problem.empty()));
 }
 
 }  // namespace
