@@ -46,6 +46,18 @@ struct GradBucket {
   // every rank and unique among the ops in flight. A hook names its collectives with it (as is,
   // or plus a suffix of its own), so that they match across ranks whatever the order.
   std::string op_name;
+  // Tutti addition: the number of this synchronized pass in the set, from 0: the most passes of
+  // the set that any member of this pass has seen completed. Identical on every member of the
+  // pass, also after a tutti::join(), where a member that joined early has run fewer passes of
+  // its own than the others: hooks that change what they send with the iteration (PowerSGD's
+  // start_powerSGD_iter) decide from it, never from a count of their own calls. Every bucket of
+  // a pass has the same number. (Note [Set-wide pass numbers] in src/nn/parallel/reducer.h.)
+  std::int64_t pass_index = 0;
+  // Tutti addition: whether a member of this pass missed passes of the set since its previous
+  // one (it had joined while the others trained). State a hook keeps from pass to pass and must
+  // be the same on every member (PowerSGD's warm-start factors) differs on that member then, so
+  // the hook starts that state afresh, on every member alike. The same on every member.
+  bool resumed = false;
 };
 
 // The future of a hook's result: a tensor that is ready now, or once collectives complete,
@@ -185,17 +197,21 @@ struct PowerSGDState {
   // compressing: what is lost once is sent later. Costs a bucket-sized buffer per bucket.
   bool use_error_feedback = true;
   // Starts each iteration's power iteration from the previous Q instead of fresh random values:
-  // better approximations at the same rank. Costs the factors' memory per bucket.
+  // better approximations at the same rank. Costs the factors' memory per bucket. In a pass
+  // where a member comes back from a join (GradBucket::resumed), every member starts afresh.
   bool warm_start = true;
   // Added to each column norm in the Gram-Schmidt orthogonalization; 0 divides by the norm
   // alone (a zero column is then left zero). >= 0.
   double orthogonalization_epsilon = 0;
   // Seeds the random initial Q, identically on every rank (a fresh draw per bucket and
-  // initialization, derived from the seed, the bucket index and the draw count).
+  // initialization, derived from the seed, the bucket index, the pass number and the draw count
+  // within the pass).
   std::uint64_t random_seed = 0;
 
   // Counters, written by the hook (PyTorch's names; additions to API.md's fields).
-  std::int64_t iter = 0;  // Completed synchronized passes.
+  // Completed synchronized passes of the set (GradBucket::pass_index + 1 of the last pass this
+  // rank ran): a rank that joined early catches up in its next pass.
+  std::int64_t iter = 0;
   // Gradient elements handed to the hook since the start of compression, and the elements it
   // sent for them (P and Q: (n+m)·r per compressed matrix; the rest as they are). Their ratio is
   // PyTorch's compression_stats().
@@ -203,10 +219,12 @@ struct PowerSGDState {
   std::int64_t total_numel_after_compression = 0;
 };
 
-// PowerSGD (Vogels et al., 2019; PyTorch's powerSGD_hook): before start_powerSGD_iter, a plain
-// allreduce. From then on, per bucket: the error of the previous iteration is added (error
-// feedback); each gradient viewed as a matrix (n = dim 0, m = the rest: 2-D weights, conv
-// weights as out × in·k·k, vectors as n × 1) that passes min_compression_rate is compressed:
+// PowerSGD (Vogels et al., 2019; PyTorch's powerSGD_hook): before start_powerSGD_iter (counted
+// in the set's synchronized passes, GradBucket::pass_index, so that every member switches in the
+// same pass also after a tutti::join()), a plain allreduce. From then on, per bucket: the error
+// of the previous iteration is added (error feedback); each gradient viewed as a matrix
+// (n = dim 0, m = the rest: 2-D weights, conv weights as out × in·k·k, vectors as n × 1) that
+// passes min_compression_rate is compressed:
 //   P = M·Q (Q random, or last iteration's, orthogonalized); allreduce(Sum) all P's; orthogonalize
 //   P; Q = Mᵀ·P; allreduce(Average) all Q's; M ≈ P·Qᵀ,
 // the others are averaged uncompressed; this rank's own error M - P·(Mᵀ·P)ᵀ is kept for the

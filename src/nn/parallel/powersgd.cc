@@ -28,11 +28,24 @@ using nn::detail::throw_invalid_argument;
 // What PowerSGD keeps of a bucket between iterations. A bucket whose gradient shapes differ
 // from the ones it was made for (DDP rebuilt its buckets) starts over from zeros and fresh
 // random factors, identically on every rank.
+//
+// Note [PowerSGD after a join]
+// Whether a pass compresses, and which random Q's it draws, must be the same on every member,
+// and a member that joined early (tutti::join()) has made fewer passes of its own than the
+// others. So both come from the set's pass number (GradBucket::pass_index, Note [Set-wide pass
+// numbers] in src/nn/parallel/reducer.h), not from counting this hook's calls: before, such a
+// member's count fell behind, it sent a plain allreduce while the others compressed, and the
+// pass stalled. Its warm-start factors are those of its last pass, not the others' (which it
+// never received), so in a pass where a member is back (GradBucket::resumed) every member drops
+// its factors and draws fresh ones, alike. Error feedback is each rank's own (Note [Each rank's
+// own error]) and stays.
 struct Memory {
   std::vector<Shape> layout;
-  Tensor error;             // float32: the bucket's compression error (use_error_feedback).
-  Tensor p, q;              // float32 factors, kept for warm_start; undefined when none.
-  std::uint64_t draws = 0;  // Random initializations so far (each draws a fresh Q).
+  Tensor error;  // float32: the bucket's compression error (use_error_feedback).
+  Tensor p, q;   // float32 factors, kept for warm_start; undefined when none.
+  // Random draws in pass draw_pass so far (each draws a fresh Q, see next_draw()).
+  std::int64_t draw_pass = -1;
+  std::uint64_t draws = 0;
 };
 
 // A hook's shared state: the options as they were at creation, the user's counters, and the
@@ -53,14 +66,27 @@ struct Shared {
       memory_ptr = std::make_shared<Memory>();
       memory_ptr->layout = std::move(layout);
     }
+    if (bucket.resumed) memory_ptr->p = memory_ptr->q = Tensor();  // Note [PowerSGD after a join].
     return memory_ptr;
   }
 
-  // PyTorch's maybe_increase_iter: a pass is complete with its last bucket.
+  // PyTorch's maybe_increase_iter: a pass is complete with its last bucket. The set's count
+  // (Note [PowerSGD after a join]).
   void count_pass(const GradBucket& bucket) const {
-    if (bucket.is_last) ++state->iter;
+    if (bucket.is_last) state->iter = bucket.pass_index + 1;
   }
 };
+
+// The key of the next random draw for `bucket`: the pass number and the draws within the pass,
+// the same on every member (Note [PowerSGD after a join]). A pass draws at most once per
+// compressed matrix and once more, far below 2^20 per bucket.
+std::uint64_t next_draw(Memory& memory, const GradBucket& bucket) {
+  if (memory.draw_pass != bucket.pass_index) {
+    memory.draw_pass = bucket.pass_index;
+    memory.draws = 0;
+  }
+  return (static_cast<std::uint64_t>(bucket.pass_index) << 20) ^ memory.draws++;
+}
 
 void check_state(const std::shared_ptr<PowerSGDState>& state, const char* who) {
   if (!state) throw_invalid_argument(who, ": the state is null");
@@ -202,7 +228,7 @@ void refill_zero_columns(const Shared& shared, Memory& memory, const GradBucket&
                          std::int64_t rows, std::int64_t cols) {
   std::vector<float> fresh(static_cast<std::size_t>(rows * cols));
   nn::detail::fill_normal(fresh, shared.options.random_seed,
-                          static_cast<std::uint64_t>(bucket.index), memory.draws++);
+                          static_cast<std::uint64_t>(bucket.index), next_draw(memory, bucket));
   for (std::int64_t c = 0; c < cols; ++c) {
     bool zero = true;
     for (std::int64_t r = 0; r < rows && zero; ++r) zero = q[r * cols + c] == 0.0f;
@@ -222,7 +248,7 @@ void prepare_q(const Shared& shared, Memory& memory, const GradBucket& bucket,
     memory.p = Tensor(DataType::Float32, {p_size});
     memory.q = Tensor(DataType::Float32, {q_size});
     nn::detail::fill_normal(memory.q.span<float>(), shared.options.random_seed,
-                            static_cast<std::uint64_t>(bucket.index), memory.draws++);
+                            static_cast<std::uint64_t>(bucket.index), next_draw(memory, bucket));
   }
   for (const Matrix& m : matrices) {
     float* q = float_data(memory.q) + m.q_offset;
@@ -234,7 +260,7 @@ void prepare_q(const Shared& shared, Memory& memory, const GradBucket& bucket,
 CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket) {
   PowerSGDState& counters = *shared->state;
   const PowerSGDState& options = shared->options;
-  if (counters.iter < options.start_powerSGD_iter) {
+  if (bucket.pass_index < options.start_powerSGD_iter) {  // Note [PowerSGD after a join].
     shared->count_pass(bucket);
     return allreduce()(bucket);
   }
@@ -342,7 +368,7 @@ CommFuture per_matrix(const std::shared_ptr<Shared>& shared, GradBucket& bucket)
 CommFuture batched(const std::shared_ptr<Shared>& shared, GradBucket& bucket) {
   PowerSGDState& counters = *shared->state;
   const PowerSGDState& options = shared->options;
-  if (counters.iter < options.start_powerSGD_iter) {
+  if (bucket.pass_index < options.start_powerSGD_iter) {  // Note [PowerSGD after a join].
     shared->count_pass(bucket);
     return allreduce()(bucket);
   }

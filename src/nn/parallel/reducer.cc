@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <string>
@@ -226,6 +227,8 @@ void Reducer::start_pass() {
     bucket.pending = bucket.members.size();
     bucket.started = false;
   }
+  // Before any bucket can be launched (find_unused launches some below).
+  if (!hook_.empty()) start_pass_count();
   if (config_.find_unused) {
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       if (!reached_[i]) mark_ready(i);
@@ -322,7 +325,7 @@ void Reducer::launch_hook(std::size_t b) {
     if (other.in_flight) static_cast<void>(other.future.poll());  // Errors: see finish_hook().
   }
   const std::int64_t count = bucket.contents.num_elements() - (b == 0 ? 1 : 0);
-  GradBucket grad_bucket;
+  GradBucket grad_bucket;  // pass_index and resumed below, once the pass count is there.
   grad_bucket.index = static_cast<int>(b);
   grad_bucket.buffer = bucket.contents.slice(0, {count});
   grad_bucket.is_last = started_ == static_cast<int>(buckets_.size());
@@ -333,6 +336,9 @@ void Reducer::launch_hook(std::size_t b) {
     grad_bucket.gradients.push_back(slice_of(i));
   }
   try {
+    take_pass_count();  // Waits in the first bucket of the pass only.
+    grad_bucket.pass_index = pass_index_;
+    grad_bucket.resumed = resumed_;
     if (b == 0) {
       bucket.join_handle =
           allreduce_async(bucket.contents.slice(count, {1}), config_.op_prefix + ".join",
@@ -350,6 +356,40 @@ void Reducer::launch_hook(std::size_t b) {
     if (!pass_error_) pass_error_ = std::current_exception();  // As launch(): reported later.
     break_off(b, "the comm hook threw", std::current_exception());
   }
+}
+
+void Reducer::start_pass_count() {
+  const ProcessSet& set = config_.process_set;
+  if (set.size() == 1) {  // Nobody to agree with, nobody to miss a pass.
+    pass_index_ = passes_++;
+    resumed_ = false;
+    return;
+  }
+  pass_slots_ = Tensor(DataType::Int64, {set.size()});  // Zeros: every other member's slot.
+  pass_slots_.span<std::int64_t>()[static_cast<std::size_t>(set.rank())] = passes_ + 1;
+  try {
+    pass_handle_ = allreduce_async(pass_slots_, config_.op_prefix + ".pass",
+                                   {.op = ReduceOp::Sum, .process_set = set});
+    pass_count_in_flight_ = true;
+  } catch (...) {
+    if (!pass_error_) pass_error_ = std::current_exception();  // As launch(): reported later.
+    break_off(0, "its pass count could not be started", std::current_exception());
+  }
+}
+
+void Reducer::take_pass_count() {
+  if (!pass_count_in_flight_) return;
+  pass_count_in_flight_ = false;
+  pass_handle_.wait();
+  std::int64_t most = 0;
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  for (const std::int64_t slot : pass_slots_.span<std::int64_t>()) {
+    most = std::max(most, slot);
+    if (slot > 0) least = std::min(least, slot);  // Zero: a member that has joined.
+  }
+  pass_index_ = most - 1;  // most >= 1: this rank's own slot.
+  resumed_ = least < most;
+  passes_ = pass_index_ + 1;
 }
 
 // The hook's result for bucket `b` into its contents (throws what the future throws, or
@@ -382,6 +422,13 @@ void Reducer::finish_hook(std::size_t b) {
 // uses their memory until then).
 std::exception_ptr Reducer::wait_all(bool write_results) {
   std::exception_ptr first_error;
+  if (pass_count_in_flight_) {  // No bucket went to the hook (none, or an abandoned pass).
+    try {
+      take_pass_count();
+    } catch (...) {
+      first_error = std::current_exception();
+    }
+  }
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     bool join_ok = true;

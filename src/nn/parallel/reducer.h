@@ -56,7 +56,25 @@ namespace tutti::nn::detail {
 // then travels as its own allreduce "<prefix>.join") to the hook instead of starting the allreduce,
 // and step 3 waits for the hook's future and writes its result into the bucket. Before handing a
 // bucket over, the buckets in flight are polled, so hooks' chains of collectives (PowerSGD's three)
-// move on during backward().
+// move on during backward(). With a hook, step 1 also starts the pass count of Note [Set-wide
+// pass numbers], which the first bucket handed over waits for.
+//
+// Note [Set-wide pass numbers]
+// A hook that changes what it sends with the iteration (PowerSGD compresses from a given pass
+// on) must decide alike on every member of a pass. A member that has joined (tutti::join()) runs
+// no pass while the others go on (its runtime adds zeros to their collectives; this Reducer
+// sees nothing), so a count of its own passes falls behind theirs, and in the next epoch its
+// collectives were not the others': PowerSGD's pass stalled. So, with a hook, start_pass() also
+// starts "<prefix>.pass", a Sum of one int64 per member: each writes into its own slot one more
+// than passes_, the passes of the set it has seen completed, and a joined member adds zeros.
+// Before the first bucket goes to the hook, take_pass_count() waits for it: the largest slot less
+// one is GradBucket::pass_index (passes are run by members that do not join meanwhile, so a
+// member of the last pass knows them all), and a slot above zero but below the largest,
+// GradBucket::resumed (a member is back from a join having missed passes: state that hooks keep
+// from pass to pass, and that must agree, differs there). Every member of the pass sees the same
+// result, and sets passes_ to pass_index + 1. If the members that knew the most passes have all
+// joined, the others number their passes from what they know: lower than before, but again the
+// same on every member, which is what the decisions need. Without a hook, nothing is counted.
 //
 // Note [Gradients reduced in place]
 // Without views, compression or a hook, a bucket's gradients used to be copied into it when
@@ -154,6 +172,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(std::size_t index) TUTTI_REQUIRES(mutex_);
   void launch(std::size_t bucket) TUTTI_REQUIRES(mutex_);
   void launch_hook(std::size_t bucket) TUTTI_REQUIRES(mutex_);
+  // Note [Set-wide pass numbers]: starts this pass's count (start_pass(), with a hook), and
+  // waits for it, setting pass_index_, resumed_ and passes_ (throws the allreduce's error).
+  void start_pass_count() TUTTI_REQUIRES(mutex_);
+  void take_pass_count() TUTTI_REQUIRES(mutex_);
   void finish_hook(std::size_t bucket) TUTTI_REQUIRES(mutex_);
   std::exception_ptr wait_all(bool write_results) TUTTI_REQUIRES(mutex_);
   // Marks the DDP broken (every later forward() throws InvalidArgument) where bucket `b`'s
@@ -188,6 +210,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // finish_pass() to throw; empty: none.
   std::string replaced_ TUTTI_GUARDED_BY(mutex_);
   CommHook hook_ TUTTI_GUARDED_BY(mutex_);  // Empty: DDP's own allreduce.
+  // With a hook: Note [Set-wide pass numbers]. The slots (int64, one per member) are reduced in
+  // place while pass_count_in_flight_.
+  std::int64_t passes_ TUTTI_GUARDED_BY(mutex_) = 0;
+  std::int64_t pass_index_ TUTTI_GUARDED_BY(mutex_) = 0;
+  bool resumed_ TUTTI_GUARDED_BY(mutex_) = false;
+  Tensor pass_slots_ TUTTI_GUARDED_BY(mutex_);
+  Handle pass_handle_ TUTTI_GUARDED_BY(mutex_);
+  bool pass_count_in_flight_ TUTTI_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace tutti::nn::detail
