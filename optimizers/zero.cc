@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -73,10 +74,10 @@ std::vector<nn::Variable> variables_of(const nn::NamedParameters& parameters) {
   return variables;
 }
 
-// Starts one collective on elements [at, at + n) of `parameter`, whose owner has global rank
-// `root`, named `name`.
-using PieceOp = std::function<Handle(const nn::Variable& parameter, std::int64_t at, std::int64_t n,
-                                     int root, std::string name)>;
+// Starts one collective on elements [at, at + n) of parameter `index`, whose owner has global
+// rank `root`, named `name`.
+using PieceOp = std::function<Handle(std::size_t index, std::int64_t at, std::int64_t n, int root,
+                                     std::string name)>;
 
 // Note [ZeRO's collectives]
 // Each parameter (in pieces of at most bucket_cap_mb) goes to or from its owner in place: stage
@@ -94,27 +95,113 @@ using PieceOp = std::function<Handle(const nn::Variable& parameter, std::int64_t
 // parameter), stage 1 alone before the local step. Stage 1 counted beside its broadcasts
 // before, and its members had stepped their shards and optimizer state when the broadcasts
 // rooted at the joined member failed; the step threw with the parameters half updated.
+//
+// Note [Unusable gradients in a ZeRO step]
+// The built-in rules refuse a grad() that is not a float32 CPU tensor of its parameter's shape,
+// changing nothing (tutti/optim/optimizer.h). Stage 2 reduced such a gradient as it was: an
+// empty or short one threw at its reduce's submission on its rank, whose later reduces never
+// started, and the other members waited in theirs until the stall limit; a float64 one failed
+// its reduce everywhere with a Mismatch. Stage 1's local step refused it on its rank only, after
+// the other members had stepped their shards. Now each member finds the first gradient the step
+// cannot use (stage 2: of any trainable parameter, each is reduced; stage 1: of its shard, which
+// its local step reads) before it submits anything, stage 2 reduces zeros in its place, so
+// that every member starts the same collectives, and the step's count of the members carries
+// it (StepCount), so that every member throws InvalidArgument, naming the parameter and the
+// rank, before any local step: no parameter or optimizer state changes on any member. As after
+// any failed stage-2 step, the owners' grad() may hold the reduced averages.
+
+// The step's count of the members (slot 0: each member adds 1, a joined one 0) and, in slot
+// 1 + r, set rank r's first unusable gradient (parameter index + 1; 0: none). One allreduce;
+// check() once it is done throws what it found, joined members first.
+class StepCount {
+ public:
+  StepCount(const ProcessSet& set, const std::vector<std::string>& names,
+            const std::vector<nn::Variable>& parameters, std::optional<std::size_t> unusable)
+      : set_(set),
+        names_(names),
+        parameters_(parameters),
+        unusable_(unusable),
+        slots_(static_cast<std::size_t>(set.size()) + 1, 0) {
+    slots_[0] = 1;
+    if (unusable) {
+      slots_[static_cast<std::size_t>(set.rank()) + 1] = static_cast<std::int32_t>(*unusable + 1);
+    }
+  }
+  StepCount(const StepCount&) = delete;
+  StepCount& operator=(const StepCount&) = delete;
+
+  // Collective over the set; the slots must outlive the handle.
+  Handle start(const char* what) {
+    return allreduce_async(TensorView(slots_.data(), {static_cast<std::int64_t>(slots_.size())}),
+                           detail::str_cat(internal::kWho, ".", what, ".members"),
+                           {.op = ReduceOp::Sum, .process_set = set_});
+  }
+
+  void check() const {
+    internal::require_every_member(slots_[0], set_, "step");
+    std::string which;
+    for (std::size_t r = 0; r + 1 < slots_.size(); ++r) {
+      const std::int32_t slot = slots_[r + 1];
+      if (slot <= 0 || static_cast<std::size_t>(slot) > names_.size()) continue;
+      which += detail::str_cat(which.empty() ? "" : ", ", "'",
+                               names_[static_cast<std::size_t>(slot - 1)], "' on rank ",
+                               set_.ranks()[r]);
+    }
+    if (which.empty()) return;
+    std::string here;
+    if (unusable_) {
+      const nn::Variable& p = parameters_[*unusable_];
+      const Tensor& grad = p.grad();
+      here = detail::str_cat(
+          " (here: ",
+          grad.data() == nullptr
+              ? std::string("an empty tensor")
+              : detail::str_cat(to_string(grad.dtype()), detail::shape_string(grad.shape())),
+          " for ", detail::shape_string(p.value().shape()), ")");
+    }
+    detail::throw_invalid_argument(
+        internal::kWho, "::step: the gradient of ", which,
+        " is not a float32 CPU tensor of the parameter's shape", here,
+        "; no member stepped: no parameter or optimizer state changed (zero_grad() replaces it)");
+  }
+
+ private:
+  const ProcessSet& set_;
+  const std::vector<std::string>& names_;
+  const std::vector<nn::Variable>& parameters_;
+  std::optional<std::size_t> unusable_;
+  std::vector<std::int32_t> slots_;
+};
+
+// The first parameter whose grad() the step cannot use on this rank (Note [Unusable gradients
+// in a ZeRO step]): stage 2 reduces every trainable one, stage 1 steps `rank`'s shard.
+std::optional<std::size_t> first_unusable(const internal::ZeroLayout& layout,
+                                          const std::vector<nn::Variable>& parameters, bool stage2,
+                                          int rank) {
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const bool read = stage2 ? layout.owner[i] >= 0 : layout.owner[i] == rank;
+    if (read && !internal::usable_gradient(parameters[i])) return i;
+  }
+  return std::nullopt;
+}
 
 // Runs `start` on every piece (at most `bucket` elements) of every owned parameter, all in
-// flight at once, and waits; `what` names the ops. With `count`, the count of the members runs
-// beside them, and a missing member is the error reported (the pieces rooted at it fail with a
-// message of their own).
-void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
-                   const std::vector<nn::Variable>& params, std::int64_t bucket, const char* what,
-                   const PieceOp& start, bool count) {
+// flight at once, and waits; `what` names the ops. With `count`, the step's count runs beside
+// them, and what it finds is the error reported (the pieces rooted at a joined member fail with
+// a message of their own).
+void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set, std::int64_t bucket,
+                   const char* what, const PieceOp& start, StepCount* count) {
   if (set.size() == 1) return;
   const std::string prefix = detail::str_cat(internal::kWho, ".", what, ".");
   std::vector<Handle> handles;
-  std::int32_t live = 0;
   try {
-    if (count) handles.push_back(internal::count_members(live, set, what));
-    for (std::size_t i = 0; i < params.size(); ++i) {
+    if (count != nullptr) handles.push_back(count->start(what));
+    for (std::size_t i = 0; i < layout.counts.size(); ++i) {
       if (layout.owner[i] < 0) continue;
       const int root = set.ranks()[static_cast<std::size_t>(layout.owner[i])];
       for (std::int64_t at = 0; at < layout.counts[i]; at += bucket) {
         const std::int64_t n = std::min(bucket, layout.counts[i] - at);
-        handles.push_back(
-            start(params[i], at, n, root, detail::str_cat(prefix, i, ".", at / bucket)));
+        handles.push_back(start(i, at, n, root, detail::str_cat(prefix, i, ".", at / bucket)));
       }
     }
   } catch (...) {
@@ -125,14 +212,34 @@ void run_per_piece(const internal::ZeroLayout& layout, const ProcessSet& set,
     try {
       handles[h].wait();
     } catch (...) {
-      std::exception_ptr& error = count && h == 0 ? count_error : piece_error;
+      std::exception_ptr& error = count != nullptr && h == 0 ? count_error : piece_error;
       if (!error) error = std::current_exception();
     }
   }
   // A missing member explains the pieces' errors.
   if (count_error) std::rethrow_exception(count_error);
-  if (count) internal::require_every_member(live, set, "step");
+  if (count != nullptr) count->check();
   if (piece_error) std::rethrow_exception(piece_error);
+}
+
+// Stage 2: each gradient to its owner (Average), beside the step's count; zeros stand in for
+// this rank's unusable gradients (Note [Unusable gradients in a ZeRO step]).
+void reduce_gradients(const internal::ZeroLayout& layout, const ProcessSet& set,
+                      const std::vector<nn::Variable>& params, std::int64_t bucket,
+                      StepCount& count) {
+  std::vector<Tensor> sources;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const bool usable = layout.owner[i] < 0 || internal::usable_gradient(params[i]);
+    sources.push_back(usable ? params[i].grad()
+                             : Tensor(DataType::Float32, params[i].value().shape()));
+  }
+  run_per_piece(
+      layout, set, bucket, "reduce",
+      [&](std::size_t i, std::int64_t at, std::int64_t n, int root, std::string name) {
+        return reduce_async(sources[i].slice(at, {n}), root, std::move(name),
+                            {.op = ReduceOp::Average, .process_set = set});
+      },
+      &count);
 }
 
 }  // namespace
@@ -253,36 +360,30 @@ void ZeroRedundancyOptimizer::zero_grad() {
 
 void ZeroRedundancyOptimizer::prepare_step() {
   const ProcessSet& set = options_.process_set;
-  if (set.size() == 1) return;
-  if (options_.shard_gradients) {
-    reduce_gradients();
+  StepCount count(set, names_, parameters(),
+                  first_unusable(*layout_, parameters(), options_.shard_gradients, set.rank()));
+  if (set.size() == 1) {
+    count.check();  // This rank's own slots.
     return;
   }
-  std::int32_t live = 0;
-  Handle handle = internal::count_members(live, set, "step");
+  if (options_.shard_gradients) {
+    reduce_gradients(*layout_, set, parameters(), bucket_elements(), count);
+    return;
+  }
+  Handle handle = count.start("step");
   handle.wait();
-  internal::require_every_member(live, set, "step");
-}
-
-void ZeroRedundancyOptimizer::reduce_gradients() {
-  const ProcessSet& set = options_.process_set;
-  run_per_piece(
-      *layout_, set, parameters(), bucket_elements(), "reduce",
-      [&](const nn::Variable& p, std::int64_t at, std::int64_t n, int root, std::string name) {
-        return reduce_async(p.grad().slice(at, {n}), root, std::move(name),
-                            {.op = ReduceOp::Average, .process_set = set});
-      },
-      /*count=*/true);
+  count.check();
 }
 
 void ZeroRedundancyOptimizer::broadcast_parameters() {
   const ProcessSet& set = options_.process_set;
+  const std::vector<nn::Variable>& params = parameters();
   run_per_piece(
-      *layout_, set, parameters(), bucket_elements(), "broadcast",
-      [&](const nn::Variable& p, std::int64_t at, std::int64_t n, int root, std::string name) {
-        return broadcast_async(p.value().slice(at, {n}), root, std::move(name), set);
+      *layout_, set, bucket_elements(), "broadcast",
+      [&](std::size_t i, std::int64_t at, std::int64_t n, int root, std::string name) {
+        return broadcast_async(params[i].value().slice(at, {n}), root, std::move(name), set);
       },
-      /*count=*/false);  // prepare_step() counted.
+      /*count=*/nullptr);  // prepare_step() counted.
 }
 
 std::vector<std::string> ZeroRedundancyOptimizer::owned_parameters() const {

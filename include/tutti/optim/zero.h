@@ -88,6 +88,12 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   // failed reduce leaves every parameter unchanged). With a member joined it throws
   // InvalidArgument ("<k> of <n> members have joined") before any parameter or optimizer state
   // changes, in both stages. At set size 1 nothing is sent.
+  // Tutti addition: a grad() the step reads (stage 2: of every trainable parameter, each is
+  // reduced; stage 1: of this member's shard) that is not a float32 CPU tensor of its
+  // parameter's shape makes every member throw InvalidArgument, naming the parameter and the
+  // rank that had it, before any parameter or optimizer state changes on any member (stage 2
+  // reduces zeros in its place, so that no member waits; the owners' grad() may then hold
+  // averages, as after any failed step: compute the gradients again before the next step()).
   // Tutti addition: if the local optimizer's step() throws on a member, that member still
   // broadcasts its shard (as the local step left it; not updated by the built-in rules, which
   // change nothing when they throw) and then rethrows the local optimizer's exception; the
@@ -138,11 +144,11 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
 
   std::int64_t bucket_elements() const;
   // The collectives of a step (or of one skipped, see zero_grad()) before the local step:
-  // stage 2's reduce_gradients(), stage 1's count of the members alone. Throws InvalidArgument
-  // when a member has joined, before anything is stepped (Note [ZeRO's collectives]).
+  // stage 2's reduces of the gradients to their owners beside the step's count, stage 1's count
+  // alone. Throws InvalidArgument when a member has joined or a member's gradient cannot be
+  // used, before anything is stepped (Notes [ZeRO's collectives] and [Unusable gradients in a
+  // ZeRO step] in optimizers/zero.cc).
   void prepare_step();
-  // Stage 2: each gradient to its owner (Average), beside a count of the members.
-  void reduce_gradients();
   void broadcast_parameters();
   void skip_step();
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -726,6 +727,71 @@ TEST_CASE("ZeRO: a local step that throws on one rank throws there; the others' 
   }
   INFO(log);
   CHECK(all_ranks(ok));
+}
+
+TEST_CASE("ZeRO: an unusable gradient on one rank fails the step on every rank; nothing changes",
+          "[zero][errors]") {
+  // The last rank's grad() of its first owned parameter is replaced (empty, of 3 elements,
+  // float64). Every member's step() throws InvalidArgument naming that parameter and rank, with
+  // every parameter unchanged; the next step with good gradients gives the closed form. Before,
+  // stage 2's reduces stopped at the bad gradient on that rank and the others stalled (a short
+  // stall timeout, read by init(), makes that an error here, not a wait); stage 1 stepped the
+  // others' shards while that rank threw. Gradients and SGD (lr 0.5) as in the test above.
+  ::setenv("TUTTI_STALL_CHECK_TIME_SECONDS", "2", 1);
+  ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", std::to_string(10 * time_scale()).c_str(), 1);
+  Session session;
+  ::unsetenv("TUTTI_STALL_CHECK_TIME_SECONDS");
+  ::unsetenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS");
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool stage2 = GENERATE(false, true);
+  const int bad = GENERATE(0, 1, 2);  // Empty, 3 elements (no parameter has 3), float64.
+  INFO("stage " << (stage2 ? 2 : 1) << ", bad gradient " << bad);
+  const nn::NamedParameters named = four_parameters();
+  ZeroRedundancyOptimizer zero(named, sgd_factory(), {.shard_gradients = stage2});
+  // The last rank's first owned parameter (four parameters: every rank of 1-4 owns one).
+  int victim = 0;
+  if (rank == size - 1) {
+    while (named[static_cast<std::size_t>(victim)].first != zero.owned_parameters().front())
+      ++victim;
+  }
+  MPI_Bcast(&victim, 1, MPI_INT, size - 1, MPI_COMM_WORLD);
+  const std::string name = named[static_cast<std::size_t>(victim)].first;
+  auto set_grads = [&] {
+    for (std::size_t i = 0; i < named.size(); ++i) {
+      const double g = static_cast<double>(i + 1) * (stage2 ? rank + 1 : 1);
+      for (float& v : named[i].second.grad().span<float>()) v = static_cast<float>(g);
+    }
+  };
+  set_grads();
+  if (rank == size - 1) {
+    nn::Variable p = named[static_cast<std::size_t>(victim)].second;  // A shared handle.
+    Tensor& grad = p.grad();
+    grad = bad == 0   ? Tensor()
+           : bad == 1 ? Tensor(DataType::Float32, {3})
+                      : Tensor(DataType::Float64, grad.shape());
+  }
+  const auto [code, message] = error_from([&] { zero.step(); });
+  INFO(message);
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument &&
+                  message.find("'" + name + "'") != std::string::npos &&
+                  message.find("rank " + std::to_string(size - 1)) != std::string::npos));
+  bool unchanged = true;
+  for (const auto& [n, p] : named) {
+    for (const float v : p.value().span<float>()) unchanged = unchanged && v == 1.0f;
+  }
+  CHECK(all_ranks(unchanged));
+  zero.zero_grad();
+  set_grads();
+  const auto [next_code, next_message] = error_from([&] { zero.step(); });
+  INFO(next_message);
+  bool closed_form = next_code == ErrorCode::Internal;  // error_from's "nothing thrown".
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    const double mean = static_cast<double>(i + 1) * (stage2 ? (size + 1) / 2.0 : 1.0);
+    for (const float v : named[i].second.value().span<float>())
+      closed_form = closed_form && std::abs(v - (1 - 0.5 * mean)) <= 1e-6;
+  }
+  CHECK(all_ranks(closed_form));
 }
 
 TEST_CASE("ZeRO: state_dict needs a consolidation; bad arguments and states are refused",
