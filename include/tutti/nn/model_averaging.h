@@ -32,6 +32,19 @@ namespace tutti::nn {
 // replicas drift apart between averages. Averaging is not done during warm-up, so that the
 // replicas, started equal (broadcast or DDP), stay equal there only if something else keeps
 // them so (DDP's gradient averaging, as in PyTorch's post-local SGD).
+//
+// Uneven inputs: the schedule follows each member's own step(), the calls it made. A member
+// that runs out of data and joins (tutti::join()) makes fewer calls than the others, so after
+// the join its step() is behind theirs, and in the next epoch the members would average at
+// different calls: the averages pair different iterations of different members, silently (the
+// ops have one name), and the members can end an epoch with different numbers of averages.
+// After tutti::join() returns, call synchronize_step() on every member before training on:
+//
+//   for (each epoch) {
+//     for (each of this rank's batches) { ...; averager.average_parameters(params); }
+//     tutti::join();
+//     averager.synchronize_step();   // every member now at the largest step() of the set
+//   }
 class TUTTI_API PeriodicModelAverager {
  public:
   // Throws InvalidArgument for period < 1, warmup_steps < 0, or a set without this rank.
@@ -50,10 +63,18 @@ class TUTTI_API PeriodicModelAverager {
   // (step() advanced, as on the other members).
   void average_parameters(const NamedParameters& parameters);
 
-  // Calls of average_parameters() so far.
+  // Calls of average_parameters() so far (or the set's largest, see synchronize_step()).
   std::int64_t step() const { return step_; }
   // Tutti addition: how many of them averaged (communicated).
   std::int64_t num_averages() const { return averages_; }
+
+  // Tutti addition: sets step() to the largest step() among the members of the set and returns
+  // it, so that every member averages at the same calls again, e.g. after tutti::join() (see
+  // above). Collective over the set, blocking: one allreduce (Max) named
+  // "PeriodicModelAverager.<set id>.step"; every member calls it, and none has joined (a joined
+  // member's step() would not be in the maximum, and it would keep its own). Rethrows the
+  // allreduce's errors, step() unchanged.
+  std::int64_t synchronize_step();
 
  private:
   int period_;
@@ -68,7 +89,8 @@ class TUTTI_API PeriodicModelAverager {
 // divides step(), if any. E.g. on 2 hosts of 4 ranks, {2: this host's set, 8: the global set}
 // averages within the host every 2 steps and globally every 8 (then not also within the host).
 // Each rank passes the sets it belongs to: members of one host's set pass that set, those of
-// the other host theirs (process sets are made on every rank, see add_process_set()).
+// the other host theirs (process sets are made on every rank, see add_process_set()). After a
+// tutti::join(), call synchronize_step() on every member, as for PeriodicModelAverager.
 class TUTTI_API HierarchicalModelAverager {
  public:
   // Throws InvalidArgument for an empty map, a period < 1, warmup_steps < 0, a set without this
@@ -85,6 +107,9 @@ class TUTTI_API HierarchicalModelAverager {
   std::int64_t step() const { return step_; }
   // Tutti addition: how many calls averaged, over any set.
   std::int64_t num_averages() const { return averages_; }
+  // Tutti addition: as PeriodicModelAverager's, over the set of the largest period (which holds
+  // every other), named "HierarchicalModelAverager.<set id>.step". Collective over that set.
+  std::int64_t synchronize_step();
 
  private:
   std::map<int, ProcessSet> period_to_set_;

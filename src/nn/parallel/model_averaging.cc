@@ -55,6 +55,14 @@ void average(std::vector<TensorView> values, const ProcessSet& set, const char* 
   }
 }
 
+// The largest `step` among the members of `set` (Max over the set; blocking). A joined member
+// adds zero, below every step, which is never negative.
+std::int64_t largest_step(std::int64_t step, const ProcessSet& set, const char* who) {
+  allreduce(TensorView(&step, {}), std::string(who) + "." + std::to_string(set.id()) + ".step",
+            {.op = ReduceOp::Max, .process_set = set});
+  return step;
+}
+
 void check_warmup(int warmup_steps, const char* who) {
   if (warmup_steps < 0) {
     detail::throw_invalid_argument(who, ": warmup_steps must be >= 0, got ", warmup_steps);
@@ -85,6 +93,11 @@ void PeriodicModelAverager::average_parameters(const NamedParameters& parameters
   if (!due) return;
   ++averages_;
   average(std::move(values), process_set_, who);
+}
+
+std::int64_t PeriodicModelAverager::synchronize_step() {
+  step_ = largest_step(step_, process_set_, "PeriodicModelAverager");
+  return step_;
 }
 
 HierarchicalModelAverager::HierarchicalModelAverager(std::map<int, ProcessSet> period_to_set,
@@ -125,6 +138,12 @@ void HierarchicalModelAverager::average_parameters(const NamedParameters& parame
   if (set == nullptr) return;
   ++averages_;
   average(std::move(values), *set, who);
+}
+
+std::int64_t HierarchicalModelAverager::synchronize_step() {
+  // The sets nest, so the largest period's holds every member of every other.
+  step_ = largest_step(step_, period_to_set_.rbegin()->second, "HierarchicalModelAverager");
+  return step_;
 }
 
 }  // namespace tutti::nn

@@ -128,6 +128,45 @@ TEST_CASE("An average while a member has joined is over the members still traini
   CHECK(all_ranks(ok));
 }
 
+TEST_CASE("synchronize_step() after a join makes every member average at the same calls",
+          "[averaging][join]") {
+  // Period 2. Rank 0 makes three calls in the first epoch, the others two before they join;
+  // after synchronize_step() every step() is 3, and in the second epoch the calls at steps 4
+  // and 6 (the second and fourth) average on every member. Without it the early joiners
+  // averaged at their third call of that epoch and rank 0 at its second, paired silently.
+  // Closed form: before call i of the epoch, rank r's value is 1000 (r + 1) + i; an average is
+  // 1000 (size + 1) / 2 + i.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const bool hierarchical = GENERATE(false, true);
+  INFO("hierarchical " << hierarchical);
+  nn::Variable a(Tensor(DataType::Float32, {1}), true);
+  const nn::NamedParameters params = {{"a", a}};
+  PeriodicModelAverager periodic(2);
+  HierarchicalModelAverager nested({{2, ProcessSet::global()}});  // The same schedule.
+  const auto call = [&] {
+    if (hierarchical) {
+      nested.average_parameters(params);
+    } else {
+      periodic.average_parameters(params);
+    }
+  };
+  for (int i = 0; i < (rank == 0 ? 3 : 2); ++i) call();
+  tutti::join();
+  const std::int64_t step = hierarchical ? nested.synchronize_step() : periodic.synchronize_step();
+  CHECK(all_ranks(step == 3 && (hierarchical ? nested.step() : periodic.step()) == 3));
+  bool ok = true;
+  for (int i = 0; i < 4; ++i) {
+    a.value().span<float>()[0] = static_cast<float>(1000 * (rank + 1) + i);
+    call();
+    const bool averaged = i % 2 == 1;
+    const double expected = (averaged ? 1000.0 * (size + 1) / 2 : 1000.0 * (rank + 1)) + i;
+    ok = ok && a.value().span<float>()[0] == static_cast<float>(expected);
+  }
+  CHECK(all_ranks(ok));
+}
+
 TEST_CASE("HierarchicalModelAverager averages within pairs every 2 steps, globally every 4",
           "[averaging]") {
   Session session;
