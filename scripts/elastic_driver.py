@@ -15,11 +15,13 @@
 # runs, the discovery script is polled (TUTTI_ELASTIC_DISCOVERY_INTERVAL seconds); when the
 # launch it allows differs from the running one (a host added below --max-np, a host in use
 # removed), tuttirun sends SIGUSR2 to mpirun, which forwards it to every rank, and the job
-# stops at its next State::commit() (elastic::HostsUpdated). Each launch uses every usable
-# slot up to --max-np (as horovodrun; -np is what the first launch waits for); below --min-np it
-# waits up to --elastic-timeout seconds, then fails naming what is missing. --max-restarts
-# bounds the relaunches after failures over the whole job; relaunches tuttirun asked for do
-# not count. Every decision is one line on stderr starting "tuttirun: elastic: ".
+# stops at its next State::commit() (elastic::HostsUpdated) with status 75, or a rank with no
+# handler yet dies of the signal: both relaunch without counting; any other status still ends
+# the job as above. Each launch uses every usable slot up to --max-np (as horovodrun; -np is
+# what the first launch waits for); below --min-np it waits up to --elastic-timeout seconds,
+# then fails naming what is missing. --max-restarts bounds the relaunches after failures over
+# the whole job; relaunches tuttirun asked for do not count. Every decision is one line on
+# stderr starting "tuttirun: elastic: ".
 #
 # Python 3 standard library only; imported by scripts/tuttirun, which passes in what it owns
 # (the mpirun command builder, Open MPI's failure scanner) so this module can be tested with
@@ -302,10 +304,16 @@ class ElasticDriver:
             log(f"launch {number} ended (status {code}) after tuttirun received signal "
                 f"{self.interrupted}: not relaunching")
             return False, False
-        # A rank that had no handler for the stop request yet (State not constructed) died of it.
-        failed = {host: why for host, why in scanner.failures.items()
-                  if not (asked and f"signal {int(STOP_SIGNAL)}" in why)}
-        if code == RELAUNCH_EXIT_CODE or (asked and not failed):
+        # A rank that had no handler for the stop request yet (State not constructed) died of it
+        # (Open MPI names the signal, and mpirun exits 128+12 as it does for a signal).
+        died_of_stop = {host for host, why in scanner.failures.items()
+                        if asked and f"signal {int(STOP_SIGNAL)}" in why}
+        failed = {host: why for host, why in scanner.failures.items() if host not in died_of_stop}
+        stop_killed = asked and (died_of_stop or code == 128 + int(STOP_SIGNAL))
+        # After a stop request only status 75 or ranks dying of the request itself are the
+        # stop: another status is the program's own error, which ends the job below even though
+        # it came after the request (a relaunch would repeat it, uncounted, forever).
+        if code == RELAUNCH_EXIT_CODE or (stop_killed and not failed):
             why = "as asked" if asked else "its runtime stopped on an error"
             log(f"launch {number} stopped at a commit to be relaunched ({why}, status {code})")
             return True, not asked

@@ -204,6 +204,28 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(self.launches, [(2, "a:1,b:1"), (1, "a:1")])
         self.assertFalse(self.logged("excluding"), self.log)
 
+    def test_the_programs_own_error_after_a_stop_request_ends_the_job(self):
+        # Asked to stop, the program fails with a status of its own (not 75, no rank killed by
+        # SIGUSR2): that error would recur, so the job ends with it instead of relaunching.
+        cluster = Cluster("a:1")
+        self.addCleanup(cluster.remove)
+        ready = os.path.join(cluster.dir, "ready")
+
+        def add_a_host_once_ready():  # Not before the job handles SIGUSR2, however slow.
+            deadline = time.monotonic() + 20
+            while not os.path.exists(ready) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cluster.set_hosts("a:1,b:1")
+
+        threading.Thread(target=add_a_host_once_ready, daemon=True).start()
+        code = self.drive(cluster, [["fail-on-stop", "3", ready], ["exit", "0"]], max_np=2)
+        self.assertEqual(code, 3)
+        self.assertEqual(self.launches, [(1, "a:1")])
+        self.assertTrue(self.logged("asking the job to stop"), self.log)
+        self.assertTrue(self.logged("launch 1 failed with status 3, the program's own error"),
+                        self.log)
+        self.assertFalse(self.logged("stopped at a commit"), self.log)
+
     def test_below_min_np_it_waits_then_fails_naming_what_is_missing(self):
         cluster = Cluster("a:1")
         self.addCleanup(cluster.remove)

@@ -9,6 +9,9 @@
 #   wait-stop                  exits 75 (the relaunch status) on SIGUSR2; 0 after 30 s
 #   die-on-stop HOST           on SIGUSR2, reports a rank on HOST killed by it (a rank with no
 #                              handler yet) and exits 140; 0 after 30 s
+#   fail-on-stop CODE READY    on SIGUSR2, exits CODE (a program failing with its own error
+#                              after the stop request); creates the file READY once it handles
+#                              SIGUSR2; 0 after 30 s
 import signal
 import sys
 import time
@@ -34,13 +37,16 @@ def main(argv):
               'calling "abort". This may have caused other processes', file=sys.stderr,
               flush=True)
         return int(argv[2])
-    if action in ("wait-stop", "die-on-stop"):
+    if action in ("wait-stop", "die-on-stop", "fail-on-stop"):
         def on_stop(_signum, _frame):
             if action == "die-on-stop":
                 report_killed(argv[1], int(signal.SIGUSR2))
                 sys.exit(140)
-            sys.exit(75)
+            sys.exit(int(argv[1]) if action == "fail-on-stop" else 75)
         signal.signal(signal.SIGUSR2, on_stop)
+        if action == "fail-on-stop":
+            with open(argv[2], "w", encoding="utf-8"):
+                pass
         time.sleep(30)
         return 0
     print(f"fake_elastic_job: unknown action {action}", file=sys.stderr)
