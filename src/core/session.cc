@@ -176,7 +176,7 @@ void Session::run() {
 }
 
 Status Session::submit(std::shared_ptr<Entry> entry) {
-  if (loop_done_.load()) return Status(ErrorCode::ShutDown, "Tutti has shut down");
+  if (loop_done_.load()) return refused_;
   if (entry->request.device == Device::Kind::CUDA && !entry->inputs.empty()) {
     // Before the entry is visible to the communication thread, which waits for it on the GPU
     // (Note [Stream ordering] in ops/cuda/stream.h). A stream that cannot be recorded on fails
@@ -203,7 +203,7 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
 }
 
 Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
-  if (loop_done_.load()) return Status(ErrorCode::ShutDown, "Tutti has shut down");
+  if (loop_done_.load()) return refused_;
   if (p2p_->drivable()) {
     for (P2POpEntry& op : ops) op.entry->state->driver = detail::DriverKind::PointToPoint;
   }
@@ -258,9 +258,9 @@ void Session::stop() {
 }
 
 void Session::finish(const Status& status) {
-  const Status refused(ErrorCode::ShutDown, "Tutti has shut down");
+  const Status plain(ErrorCode::ShutDown, "Tutti has shut down");
   const std::optional<Status>& bye = loop_.shutdown_reason();
-  const Status pending = !status.ok() ? status : bye && !bye->ok() ? *bye : refused;
+  const Status pending = !status.ok() ? status : bye && !bye->ok() ? *bye : plain;
   if (!status.ok()) TUTTI_LOG_ERROR(status.message());
   // Stopped by an error here or on a peer: a stuck peer must not keep this process in
   // MPI_Finalize forever (issue: jobs that never ended after an error). A bye that only says
@@ -276,6 +276,15 @@ void Session::finish(const Status& status) {
   if (status.code() == ErrorCode::Communication) {
     ops::abort_job_after(config_.exit_grace, std::string(status.message()));
   }
+  // Ops submitted from now on are refused with ShutDown. Where the stop was not this rank's own
+  // shutdown() (a peer's, a stall, an error), the refusal names its cause as the pending ops'
+  // failure does: "Tutti has shut down" alone left a rank that never called shutdown() with
+  // nothing to go on.
+  const bool own_shutdown = stop_requested_.load() && !stopped_on_error_.load();
+  refused_ =
+      own_shutdown || pending.message() == plain.message()
+          ? plain
+          : Status(ErrorCode::ShutDown, detail::str_cat(plain.message(), ": ", pending.message()));
   // Before the pending ops fail below: the dump shows how far each got (waiting for other
   // ranks, or executing), which is what explains the stop. Wherever the job stopped on an
   // error, every rank dumps.
@@ -286,8 +295,8 @@ void Session::finish(const Status& status) {
   device_.finish(pending);
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.
-  completer_.complete(queue_.close(refused), pending);
-  p2p_->finish(pending);
+  completer_.complete(queue_.close(refused_), pending);
+  p2p_->finish(pending, refused_);
   ops::ControlPlane& plane = transport_->control_plane();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (!plane.sends_done() && std::chrono::steady_clock::now() < deadline)

@@ -135,6 +135,9 @@ class Session {
   std::atomic<std::uint64_t> set_changes_{0};
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> stopped_on_error_{false};  // Set by finish(): the job stopped on an error.
+  // What submissions get once the loop has ended (Session::finish()): written by finish() on
+  // the communication thread before it sets loop_done_, read only after loop_done_ is seen.
+  Status refused_;
   std::atomic<bool> loop_done_{false};
   std::thread thread_;  // Started by create(), joined by stop().
   // The coordinator's, where ranks of its host ring it: ends the communication thread's nap at

@@ -353,10 +353,10 @@ void P2PEngine::settle() {
   }
 }
 
-void P2PEngine::finish(const Status& status) {
+void P2PEngine::finish(const Status& status, const Status& refused) {
   detail::MutexLock lock(mutex_);
   finished_ = true;
-  for (P2POpEntry& op : queue_.close(Status(ErrorCode::ShutDown, "Tutti has shut down"))) {
+  for (P2POpEntry& op : queue_.close(refused)) {
     // A receive submitted before the end may still find its message (settle() below). A send
     // not started yet is not started now: its peer's session is ending too.
     if (op.send) {

@@ -178,9 +178,12 @@ class P2PEngine final : public detail::Driver {
   // The session ends: completes the receives whose messages already arrived and the transfers
   // MPI finished (Note [Settling at the end]; not when `status` is a Communication error), then
   // fails every other op in flight or queued with `status`, abandons transfers, and releases the
-  // channel. Later drive() and hand_back() calls do nothing, so an engine that a driving thread
-  // keeps past its session touches nothing of the session.
-  void finish(const Status& status) TUTTI_EXCLUDES(mutex_);
+  // channel; ops submitted later get `refused` (ShutDown). Later drive() and hand_back() calls
+  // do nothing, so an engine that a driving thread keeps past its session touches nothing of
+  // the session.
+  void finish(const Status& status,
+              const Status& refused = Status(ErrorCode::ShutDown, "Tutti has shut down"))
+      TUTTI_EXCLUDES(mutex_);
 
  private:
   struct Active {

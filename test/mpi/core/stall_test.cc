@@ -76,14 +76,21 @@ TEST_CASE("every rank gets Stalled naming the missing ranks within twice the lim
     CHECK(all_ranks(message.find(waited_text()) != std::string::npos));
     CHECK(all_ranks(message.find("Stalled: Stalled") == std::string::npos));
     CHECK(all_ranks(seconds < stall_bound_seconds()));
-    // The runtime has stopped: new ops fail with ShutDown, not a hang.
+    // The runtime has stopped: new ops fail with ShutDown, not a hang, naming the stall as the
+    // cause (no rank called shutdown()).
     bool refused = false;
+    std::string refusal;
     try {
       allreduce(TensorView(v.data(), {4}), "after.stall");
     } catch (const Error& e) {
       refused = e.code() == ErrorCode::ShutDown;
+      refusal = e.what();
     }
+    INFO(refusal);
     CHECK(all_ranks(refused));
+    CHECK(all_ranks(refusal.starts_with("Tutti has shut down: ")));
+    CHECK(all_ranks(refusal.find("rank " + std::to_string(last) + ": everyone.but.last") !=
+                    std::string::npos));
   }
   shutdown();
   init();  // And it starts again.

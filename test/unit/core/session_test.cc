@@ -7,6 +7,7 @@
 #include <latch>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -192,6 +193,36 @@ TEST_CASE("Stopping one rank fails the other's pending op with ShutDown", "[sess
     code = static_cast<int>(submitted.ok() ? lonely->state->wait().code() : submitted.code());
   });
   CHECK(code == static_cast<int>(ErrorCode::ShutDown));
+}
+
+TEST_CASE("Ops submitted after a peer's shutdown are refused naming it", "[session]") {
+  // Rank 1 never calls shutdown() itself: "Tutti has shut down" alone would not say why.
+  std::string pending, later;
+  int later_code = -1;
+  with_sessions(2, [&](core::Session& session, int rank) {
+    if (rank != 1) return;  // Rank 0 stops at once.
+    float x = 1.0f;
+    auto lonely = allreduce_entry("lonely", TensorView(&x, {1}));
+    const Status submitted = session.submit(lonely);
+    pending = std::string(submitted.ok() ? lonely->state->wait().message() : submitted.message());
+    while (!session.stopped()) std::this_thread::yield();
+    const Status refused = session.submit(allreduce_entry("later", TensorView(&x, {1})));
+    later_code = static_cast<int>(refused.code());
+    later = std::string(refused.message());
+  });
+  CHECK(later_code == static_cast<int>(ErrorCode::ShutDown));
+  CHECK(later == "Tutti has shut down: rank 0 shut down");
+  CHECK_THAT(pending, Catch::Contains("rank 0 shut down"));
+}
+
+TEST_CASE("Ops submitted after this rank's own stop are refused plainly", "[session]") {
+  std::string later;
+  with_sessions(1, [&](core::Session& session, int) {
+    session.stop();
+    float x = 1.0f;
+    later = std::string(session.submit(allreduce_entry("later", TensorView(&x, {1}))).message());
+  });
+  CHECK(later == "Tutti has shut down");
 }
 
 void (*sigpipe_handler())(int) {
