@@ -45,13 +45,14 @@ std::string_view to_string(OpPhase phase) {
   return "unknown";
 }
 
-std::string default_dump_path(const std::string& dir, int rank) {
+std::string default_dump_path(const std::string& dir, int rank, std::string_view tag) {
   std::string base = dir;
   if (base.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     base = detail::str_cat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tutti-flight-recorder");
   }
-  return detail::str_cat(base, "/rank", rank, ".json");
+  if (tag.empty()) return detail::str_cat(base, "/rank", rank, ".json");
+  return detail::str_cat(base, "/rank", rank, ".", tag, ".json");
 }
 
 FlightRecorder::FlightRecorder(std::size_t capacity) : capacity_(capacity) {
@@ -303,6 +304,17 @@ void FlightRecorder::set_process_sets(std::map<int, std::vector<int>> sets) {
 
 std::string FlightRecorder::default_path() const {
   detail::MutexLock lock(mutex_);
+  return default_dump_path(context_.dir, context_.rank);
+}
+
+std::string FlightRecorder::signal_dump_path(std::string_view signal) const {
+  detail::MutexLock lock(mutex_);
+  return default_dump_path(context_.dir, context_.rank, error_dumped_ ? signal : "");
+}
+
+std::string FlightRecorder::error_dump_path() {
+  detail::MutexLock lock(mutex_);
+  error_dumped_ = true;
   return default_dump_path(context_.dir, context_.rank);
 }
 

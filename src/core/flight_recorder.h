@@ -180,6 +180,15 @@ class FlightRecorder {
   void set_process_sets(std::map<int, std::vector<int>> sets) TUTTI_EXCLUDES(mutex_);
   // Where dump() goes when the user names no path: default_dump_path(context's dir, rank).
   std::string default_path() const TUTTI_EXCLUDES(mutex_);
+  // Where a signal's dump goes (`signal` "SIGTERM", "SIGUSR1"): default_path(), or, once
+  // error_dump_path() was asked for, rank<R>.<signal>.json beside it. The dump of the error that
+  // stopped the runtime (a stuck rank's "Stalled: ...") explains the job; the SIGTERM that
+  // MPI_Abort or mpirun sends next would otherwise replace it with one that says only "SIGTERM".
+  std::string signal_dump_path(std::string_view signal) const TUTTI_EXCLUDES(mutex_);
+  // default_path(), for the dump of an error that stopped the runtime; from now on
+  // signal_dump_path() leaves that file alone. Asked for before that dump is written, so that a
+  // signal's dump racing with it goes beside it too.
+  std::string error_dump_path() TUTTI_EXCLUDES(mutex_);
   // Writes the ring as JSON (format: README "Flight recorder") to `path`, through a temporary
   // file renamed over it, so a reader never sees half a dump. `reason` says why ("stall: ...",
   // "SIGUSR1"). InvalidArgument naming the path and the OS's reason on failure.
@@ -273,11 +282,13 @@ class FlightRecorder {
   std::vector<std::string> errors_ TUTTI_GUARDED_BY(mutex_);
   std::int64_t next_id_ TUTTI_GUARDED_BY(mutex_) = 0;
   DumpContext context_ TUTTI_GUARDED_BY(mutex_);
+  bool error_dumped_ TUTTI_GUARDED_BY(mutex_) = false;  // error_dump_path() was asked for.
   std::map<int, std::vector<int>> sets_ TUTTI_GUARDED_BY(mutex_);
 };
 
-// TUTTI_FLIGHT_RECORDER_DIR/rank<R>.json, `dir` defaulting to $TMPDIR/tutti-flight-recorder.
-std::string default_dump_path(const std::string& dir, int rank);
+// TUTTI_FLIGHT_RECORDER_DIR/rank<R>.json, `dir` defaulting to $TMPDIR/tutti-flight-recorder;
+// rank<R>.<tag>.json for a non-empty `tag`.
+std::string default_dump_path(const std::string& dir, int rank, std::string_view tag = {});
 
 std::string_view to_string(OpPhase phase);
 

@@ -306,7 +306,8 @@ void Session::finish(const Status& status) {
 
 void Session::dump_after_error(const Status& why) {
   if (!recorder_->enabled()) return;
-  const std::string path = recorder_->default_path();
+  // A signal's dump after this one (the SIGTERM of MPI_Abort) goes beside it.
+  const std::string path = recorder_->error_dump_path();
   // The message starts with the error's name ("Stalled: ...").
   const Status dumped = recorder_->dump(path, why.message());
   if (dumped.ok()) {

@@ -66,6 +66,16 @@ void restore_default(int signal) {
   sigaction(signal, &action, nullptr);
 }
 
+// Restores the default for `signal` only while request_dump is still its handler: one the
+// application installed after init() stays (the promise in signal_dump.h; resetting it would let
+// a later signal end the process the application meant to handle it in).
+void restore_default_if_ours(int signal) {
+  struct sigaction current = {};
+  if (sigaction(signal, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != request_dump) return;
+  restore_default(signal);
+}
+
 }  // namespace
 
 SignalDumper::SignalDumper(FlightRecorder& recorder) : recorder_(recorder) {
@@ -78,8 +88,8 @@ SignalDumper::SignalDumper(FlightRecorder& recorder) : recorder_(recorder) {
 }
 
 SignalDumper::~SignalDumper() {
-  if (usr1_installed_) restore_default(SIGUSR1);
-  if (term_installed_) restore_default(SIGTERM);
+  if (usr1_installed_) restore_default_if_ours(SIGUSR1);
+  if (term_installed_) restore_default_if_ours(SIGTERM);
   if (!thread_.joinable()) return;
   stopping_.store(true);
   while (!finished_.load()) {
@@ -101,9 +111,12 @@ void SignalDumper::run() {
       return;
     }
     const char* why = terminate ? "SIGTERM" : "SIGUSR1";
-    const std::string path = recorder_.default_path();
+    const std::string path = recorder_.signal_dump_path(why);
     const Status dumped = recorder_.dump(path, why);
-    if (dumped.ok())
+    if (dumped.ok() && path != recorder_.default_path())
+      TUTTI_LOG_WARNING(why, ": flight recorder dumped to ", path, "; ", recorder_.default_path(),
+                        " keeps the dump of the error that stopped the runtime");
+    else if (dumped.ok())
       TUTTI_LOG_WARNING(why, ": flight recorder dumped to ", path);
     else
       TUTTI_LOG_ERROR(why, ": ", dumped.message());

@@ -25,9 +25,15 @@
 // thread runs. (This and SIGPIPE, Note [SIGPIPE while a session runs] in sigpipe_guard.h, lost
 // a rank's dump in 8 of 91 runs of the cluster test "fault crash" there; none in 110 since.)
 //
+// Once the runtime has stopped on an error and dumped rank<R>.json for it, a signal's dump goes
+// to rank<R>.SIGTERM.json (.SIGUSR1) instead (FlightRecorder::signal_dump_path()): a stuck
+// rank's "Stalled: ..." dump must not be replaced by the "SIGTERM" one that MPI_Abort, called
+// on a peer after the same error, brings a moment later.
+//
 // Each handler is installed only where the signal still has its default action (an
 // application's own handler is left alone, and then that signal dumps nothing), and the
-// default is restored when the session ends.
+// default is restored when the session ends where Tutti's handler is still the one installed
+// (a handler the application installed after init() is left alone too).
 #pragma once
 
 #include <atomic>

@@ -7,6 +7,7 @@
 # 0 on success, 1 on failure, 77 (SKIP) where mpiexec is not Open MPI's.
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,7 +98,9 @@ def analyze(directory):
 def reasons(directory):
     out = {}
     for name in sorted(os.listdir(directory)):
-        if name.startswith("rank") and name.endswith(".json"):
+        # rank<R>.json only, as tutti-trace: rank<R>.SIGTERM.json is a signal's dump beside an
+        # error's.
+        if re.fullmatch(r"rank\d+\.json", name):
             with open(os.path.join(directory, name), encoding="utf-8") as f:
                 dump = json.load(f)
             out[dump["rank"]] = dump["reason"]

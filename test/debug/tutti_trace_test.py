@@ -146,6 +146,21 @@ class TraceTest(unittest.TestCase):
                       "waiting in it; rank 1's newest op of set 0 is seq 6 'grad.6' (done)", out)
         self.assertIn("rank 1: idle, last op seq 6 ALLREDUCE 'grad.6' of set 0 done", out)
 
+    def test_a_signals_dump_beside_an_errors_is_not_read(self):
+        # A rank that dumped on a stall and then got SIGTERM (a peer's MPI_Abort) keeps the
+        # stall's rank<R>.json; the signal's goes to rank<R>.SIGTERM.json, which says less.
+        for r in (0, 2):
+            write(self.dir, make_dump(r, 3, grads(7) + [op(7, "grad.7", "submitted")],
+                                      reason="Stalled: rank 1 never submitted"))
+        write(self.dir, make_dump(1, 3, grads(7), reason="Stalled: rank 1 never submitted"))
+        write(self.dir, make_dump(1, 3, grads(3), reason="SIGTERM"), name="rank1.SIGTERM.json")
+        out = self.analyse()
+        self.assertIn("job job-a: 3 of 3 ranks dumped", out)
+        self.assertIn("rank 1 on node1 pid 1001 at 100.0 s: Stalled: rank 1 never submitted",
+                      out)
+        self.assertIn("rank 1 never submitted seq 7 ALLREDUCE 'grad.7' of set 0", out)
+        self.assertNotIn("SIGTERM", out)
+
     def test_completed_holders_are_listed_with_states(self):
         write(self.dir, make_dump(0, 3, grads(2)))
         write(self.dir, make_dump(1, 3, grads(1) + [op(1, "grad.1", "executing")]))

@@ -542,6 +542,18 @@ TEST_CASE("Dumps from several threads to one path each replace the file whole",
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("A signal's dump goes beside the dump of an error, never over it", "[flight_recorder]") {
+  // A stuck rank's "Stalled: ..." dump explains the job; the SIGTERM of the MPI_Abort that
+  // follows must not replace it with one that says only "SIGTERM".
+  FlightRecorder recorder(2);
+  recorder.set_context({.job = "j", .rank = 3, .size = 4, .dir = "/d"});
+  CHECK(recorder.signal_dump_path("SIGTERM") == "/d/rank3.json");  // No error yet.
+  CHECK(recorder.error_dump_path() == "/d/rank3.json");
+  CHECK(recorder.signal_dump_path("SIGTERM") == "/d/rank3.SIGTERM.json");
+  CHECK(recorder.signal_dump_path("SIGUSR1") == "/d/rank3.SIGUSR1.json");
+  CHECK(recorder.default_path() == "/d/rank3.json");  // dump_flight_recorder()'s, as API.md.
+}
+
 TEST_CASE("A dump that cannot be written says where and why", "[flight_recorder]") {
   FlightRecorder recorder(2);
   const Status status = recorder.dump("/proc/no/such/dir/rank0.json", "test");
