@@ -14,7 +14,8 @@ namespace tutti {
 //   InvalidArgument  the call itself is wrong; thrown by the call, nothing was sent.
 //   Mismatch         ranks disagree about an op (shape, dtype, op, root, scale, device);
 //                    thrown by Handle::wait() on every rank; the runtime stays usable.
-//   NotInitialized   a query or op before init() (or after shutdown()).
+//   NotInitialized   a query or op before the first init(); a query (rank(), a set's size)
+//                    after shutdown() too, where ops fail with ShutDown instead.
 //   ShutDown         the runtime stopped (shutdown(), a fault or a stall) before the op ran.
 //   Stalled          some ranks never submitted the op; the message names them.
 //   Communication    the transport (MPI, NCCL, CUDA) reported an error.
