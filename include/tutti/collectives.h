@@ -124,7 +124,8 @@ TUTTI_API Handle allreduce_async(TensorView input, TensorView output, std::strin
 // Reduces all `tensors` in place as one unit: negotiated, fused and completed together. The
 // tensors may have different dtypes. The group is one op under `name` (no name of its own per
 // tensor: an op named "<name>.0" meanwhile is another op); errors name its i-th tensor
-// "<name>[i]".
+// "<name>[i]". Each tensor is written, so no two may share memory (one listed twice, or
+// overlapping views; empty ones never overlap): InvalidArgument from the call.
 TUTTI_API Handle grouped_allreduce_async(std::vector<TensorView> tensors, std::string name = {},
                                          ReduceOptions = {});
 

@@ -3,10 +3,13 @@
 // anything is queued), then an Entry on the session's queue and a Handle.
 #include "tutti/collectives.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
 #include <span>
+#include <string_view>
+#include <vector>
 
 #include "ops/device_ops.h"
 #include "ops/registry.h"
@@ -163,11 +166,47 @@ void check_reduce(std::string_view name, const TensorView& tensor, const ReduceO
   }
 }
 
+// A grouped in-place allreduce writes each of `tensors`: two that share memory (one tensor
+// listed twice, overlapping views) would make the result depend on how fusion copies in and out
+// (Sum of ones at 2 ranks, one tensor twice: 2 for 4 elements, 4 for 1,000,000). Refused with
+// InvalidArgument naming both. Sorted by address: groups of thousands of gradients are common.
+void check_group_disjoint(std::string_view name, std::span<const TensorView> tensors) {
+  struct Range {
+    std::uintptr_t begin;
+    std::uintptr_t end;
+    std::size_t index;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].byte_size() == 0) continue;
+    // Compared as integers: pointers into different objects have no order in C++.
+    const auto begin = reinterpret_cast<std::uintptr_t>(tensors[i].data());
+    ranges.push_back({begin, begin + tensors[i].byte_size(), i});
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::size_t reach = 0;  // The range reaching furthest among those before.
+  for (std::size_t k = 1; k < ranges.size(); ++k) {
+    if (ranges[k].begin < ranges[reach].end) {
+      const std::size_t a = std::min(ranges[k].index, ranges[reach].index);
+      const std::size_t b = std::max(ranges[k].index, ranges[reach].index);
+      invalid(str_cat("ALLREDUCE '", name, "': tensors ", name, "[", a, "] and ", name, "[", b,
+                      "] overlap (one tensor listed twice, or overlapping views); a grouped "
+                      "allreduce writes every tensor, so each needs memory of its own"));
+    }
+    if (ranges[k].end > ranges[reach].end) reach = k;
+  }
+}
+
 // `outputs` empty: in place. The views are moved into the op.
 Handle allreduce_impl(std::span<TensorView> inputs, std::span<TensorView> outputs,
                       std::string&& name, const ReduceOptions& options, bool grouped) {
   Submission submission(Collective::Allreduce, std::move(name), options.process_set.id());
   if (grouped && inputs.empty()) invalid("grouped_allreduce_async needs at least one tensor");
+  if (inputs.size() > 1 && outputs.empty()) {
+    check_group_disjoint(submission.entry->request.name, inputs);
+  }
   submission.reserve(inputs.size(), /*outputs=*/!outputs.empty());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TensorView& input = inputs[i];

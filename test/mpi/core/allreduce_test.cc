@@ -17,6 +17,7 @@
 
 #include "test/mpi/core/oracle.h"
 #include "test/support/capture_stderr.h"
+#include "test/support/error_of.h"
 #include "test/support/mpi_test_util.h"
 #include "tutti/tutti.h"
 
@@ -292,6 +293,42 @@ TEST_CASE("a grouped int64 beside float32 is exact beyond 2^53, as alone", "[all
                     {.op = ReduceOp::Sum});
   CHECK(all_ranks(big == want));
   CHECK(all_ranks(small[0] == 0.5f * n + (n - 1) * n / 2 && small[1] == -n));
+}
+
+TEST_CASE("a grouped allreduce of overlapping tensors is InvalidArgument; nothing runs",
+          "[allreduce]") {
+  // Every tensor of the group is written: before, one tensor listed twice was summed twice or
+  // not, by size (Sum of ones at 2 ranks: 2 for 4 elements, 4 for 1,000,000). Every rank passes
+  // the same list here, so every rank's call refuses it.
+  Session session;
+  bool ok = true;
+  std::string messages;
+  for (const std::int64_t n : {std::int64_t{4}, std::int64_t{1000000}}) {
+    std::vector<float> v(static_cast<std::size_t>(n) + 8, 1.0f);
+    const std::vector<std::vector<TensorView>> groups = {
+        {TensorView(v.data(), {n}), TensorView(v.data(), {n})},      // The same twice.
+        {TensorView(v.data() + 8, {n}), TensorView(v.data(), {9})},  // Views that overlap.
+        {TensorView(v.data(), {n}), TensorView(v.data() + 8, {0}),   // Empty: never overlaps;
+         TensorView(v.data() + 2, {1})},                             // [2] inside [0].
+    };
+    for (const std::vector<TensorView>& group : groups) {
+      std::string message;
+      ok = ok && error_of([&] { grouped_allreduce(group, "overlap", {.op = ReduceOp::Sum}); },
+                          &message) == ErrorCode::InvalidArgument;
+      ok = ok && message.find("overlap[0]") != std::string::npos;
+      messages += message + "\n";
+    }
+    ok = ok && std::all_of(v.begin(), v.end(), [](float x) { return x == 1.0f; });
+    // Adjacent views and an empty view at a tensor's address are separate memory: reduced.
+    grouped_allreduce(
+        {TensorView(v.data(), {4}), TensorView(v.data() + 4, {4}), TensorView(v.data() + 4, {0})},
+        "adjacent", {.op = ReduceOp::Sum});
+    ok = ok && std::all_of(v.begin(), v.begin() + 8,
+                           [](float x) { return x == static_cast<float>(world_size()); });
+    ok = ok && v[8] == 1.0f;
+  }
+  INFO(messages);
+  CHECK(all_ranks(ok));
 }
 
 TEST_CASE("out-of-place allreduce leaves the input alone", "[allreduce]") {
