@@ -37,7 +37,10 @@ class TUTTI_API ProcessSet {
 // Creates a process set of the given global ranks. Collective over ALL ranks of the job (not
 // only the members): every rank makes the same calls, with the same ranks, in the same order.
 // Blocking. Throws InvalidArgument (on every rank) for an empty list, a rank out of range, a
-// repeated rank, or ranks equal to an existing set's (in any order).
+// repeated rank, or ranks equal to an existing set's (in any order). The first three are
+// refused by the call itself, before anything is sent (API.md): a list bad on one rank only
+// fails that rank's call alone, and the others wait for its change as for any missing rank
+// (the stall inspector names it, and stops the job with Stalled after the shutdown limit).
 TUTTI_API ProcessSet add_process_set(std::vector<int> ranks);
 // Removes a set. Collective over all ranks like add_process_set(). Ops still in flight on the
 // set fail with ShutDown: collectives, and point-to-point ops except transfers already under
