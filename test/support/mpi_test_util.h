@@ -58,4 +58,22 @@ inline double time_scale() {
   return end != text && *end == '\0' && scale >= 1.0 ? scale : 1.0;
 }
 
+// Sets the stall inspector's limits short for the next init(), which reads them (alike on every
+// rank); ShortStallSession unsets them once init() has.
+struct ShortStallLimits {
+  ShortStallLimits() {
+    ::setenv("TUTTI_STALL_CHECK_TIME_SECONDS", "2", 1);
+    ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", std::to_string(10 * time_scale()).c_str(), 1);
+  }
+};
+
+// A Session whose stall inspector fails a stalled op within seconds instead of minutes: for tests
+// of what used to stall, so that the old behaviour ends in a Stalled error, not a long wait.
+struct ShortStallSession : ShortStallLimits, Session {
+  ShortStallSession() {
+    ::unsetenv("TUTTI_STALL_CHECK_TIME_SECONDS");
+    ::unsetenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS");
+  }
+};
+
 }  // namespace tutti::test

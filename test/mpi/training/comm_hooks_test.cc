@@ -384,11 +384,7 @@ TEST_CASE("PowerSGD after a join: every rank compresses from the same pass in th
   // with it and warm start, this model's first weight drifts from allreduce by rounding that
   // grows pass after pass, also without a join (up to 7e-5 by the eighth pass at 3 ranks, for
   // some seeds); the test "Hooks under join" covers feedback across a join.
-  ::setenv("TUTTI_STALL_CHECK_TIME_SECONDS", "2", 1);
-  ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", std::to_string(10 * time_scale()).c_str(), 1);
-  Session session;
-  ::unsetenv("TUTTI_STALL_CHECK_TIME_SECONDS");
-  ::unsetenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS");
+  ShortStallSession session;
   const int rank = tutti::rank();
   const int size = tutti::size();
   const bool batched = GENERATE(false, true);  // make_model: 58 elements, side 8 <= rank 64.

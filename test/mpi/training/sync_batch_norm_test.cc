@@ -369,11 +369,7 @@ TEST_CASE("SyncBatchNorm layers are named by their first training forward, not b
   // rank then trains (Note [SyncBatchNorm names] in src/nn/parallel/sync_batch_norm_op.h).
   // Numbered in creation order, the names differed and its forward stalled: a short stall
   // timeout (read by init(), set alike on every rank) makes that a Stalled error, not a wait.
-  ::setenv("TUTTI_STALL_CHECK_TIME_SECONDS", "2", 1);
-  ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", std::to_string(10 * time_scale()).c_str(), 1);
-  Session session;
-  ::unsetenv("TUTTI_STALL_CHECK_TIME_SECONDS");
-  ::unsetenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS");
+  ShortStallSession session;
   const int rank = tutti::rank();
   const int size = tutti::size();
   std::vector<std::shared_ptr<nn::Module>> only_on_rank_0;

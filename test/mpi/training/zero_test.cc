@@ -737,11 +737,7 @@ TEST_CASE("ZeRO: an unusable gradient on one rank fails the step on every rank; 
   // stage 2's reduces stopped at the bad gradient on that rank and the others stalled (a short
   // stall timeout, read by init(), makes that an error here, not a wait); stage 1 stepped the
   // others' shards while that rank threw. Gradients and SGD (lr 0.5) as in the test above.
-  ::setenv("TUTTI_STALL_CHECK_TIME_SECONDS", "2", 1);
-  ::setenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS", std::to_string(10 * time_scale()).c_str(), 1);
-  Session session;
-  ::unsetenv("TUTTI_STALL_CHECK_TIME_SECONDS");
-  ::unsetenv("TUTTI_STALL_SHUTDOWN_TIME_SECONDS");
+  ShortStallSession session;
   const int rank = tutti::rank();
   const int size = tutti::size();
   const bool stage2 = GENERATE(false, true);
