@@ -32,7 +32,8 @@ class P2PChannel {
   };
 
   virtual ~P2PChannel() = default;
-  // The largest channel tag (at least 2^24 - 1 on MPI).
+  // The largest channel tag: on MPI (MPI_TAG_UB - 1) / 2, which the standard lets be as low as
+  // 16383 (2^30 - 1 on Open MPI, 2^27 - 1 on Debian's MPICH).
   virtual int max_tag() const = 0;
   // Starts sending `header`, then `bytes` bytes at `data` (which must stay valid until the
   // send completes), to rank `destination` under `tag`.

@@ -43,7 +43,7 @@ inline constexpr int any_source = -1;
 // Tags: 0 ... 32767. A negative or larger tag, a peer outside the set, any_source as a
 // destination, a set this rank is not in, or a set with an id above 127 (each set's tags are
 // carved out of MPI's tag space; ids count up within a session) is InvalidArgument from the
-// call.
+// call; so is a tag beyond the tag space of an MPI whose MPI_TAG_UB is below 2^23 - 1.
 TUTTI_API Handle isend(TensorView tensor, int dst, int tag = 0,
                        ProcessSet process_set = ProcessSet::global());
 TUTTI_API Handle irecv(TensorView tensor, int src = any_source, int tag = 0,

@@ -44,8 +44,10 @@ class TUTTI_API ProcessSet {
 TUTTI_API ProcessSet add_process_set(std::vector<int> ranks);
 // Removes a set. Collective over all ranks like add_process_set(). Ops still in flight on the
 // set fail with ShutDown: collectives, and point-to-point ops except transfers already under
-// way (a receive some message has reached, a send being taken), which finish. Throws
-// InvalidArgument for the global set or an unknown set.
+// way (a receive some message has reached, a send being taken), which finish. A send of more
+// than 2 KB that no receive takes cannot fail (MPI keeps its buffer until a receive takes it):
+// the stall inspector stops the job with Stalled naming it. Throws InvalidArgument for the
+// global set or an unknown set.
 TUTTI_API void remove_process_set(const ProcessSet& set);
 
 }  // namespace tutti

@@ -204,6 +204,7 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
 
 Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
   if (loop_done_.load()) return refused_;
+  for (const P2POpEntry& op : ops) TUTTI_RETURN_IF_ERROR(p2p_->check_tag(op));  // All or none.
   if (p2p_->drivable()) {
     for (P2POpEntry& op : ops) op.entry->state->driver = detail::DriverKind::PointToPoint;
   }

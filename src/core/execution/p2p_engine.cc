@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <set>
 #include <thread>
@@ -82,14 +83,25 @@ P2PEngine::P2PEngine(std::unique_ptr<ops::P2PChannel> channel, P2PQueue& queue,
       completer_(completer),
       config_(config),
       drivable_(drivable),
+      max_channel_tag_(channel_ != nullptr ? channel_->max_tag() : std::numeric_limits<int>::max()),
       wake_loop_(std::move(wake_loop)) {}
 
 int P2PEngine::channel_tag(int set_id, int tag) {
-  // 2^24 - 1 is the least MPI_TAG_UB MPI allows for the channel's doubled tags: 2^22 channel
-  // tags, 32768 for each of the sets 0 ... kMaxSetId.
+  // 2^22 channel tags, 32768 for each of the sets 0 ... kMaxSetId; the MPI channel doubles them
+  // (Note [P2P protocol]), which Open MPI's MPI_TAG_UB (2^31 - 1) and Debian's MPICH's (2^28 - 1)
+  // hold. The MPI standard asks only for 32767: check_tag() refuses what lies beyond.
   static_assert((kMaxSetId + 1) * (kMaxUserTag + 1) == (1 << 22));
   if (set_id < 0 || set_id > kMaxSetId) return -1;
   return set_id * (kMaxUserTag + 1) + tag;
+}
+
+Status P2PEngine::check_tag(const P2POpEntry& op) const {
+  if (op.channel_tag <= max_channel_tag_) return Status();
+  return invalid_argument(str_cat(
+      op.send ? "isend" : "irecv", ": tag ", op.tag, " on process set ", op.set_id,
+      " lies beyond this MPI's tag space (its MPI_TAG_UB leaves point-to-point ",
+      max_channel_tag_ + 1, " tags: tags 0 to ", std::min(max_channel_tag_, kMaxUserTag),
+      " on set 0", max_channel_tag_ > kMaxUserTag ? ", and likewise on the next sets" : "", ")"));
 }
 
 std::string P2PEngine::describe(const P2POpEntry& op) {

@@ -154,6 +154,9 @@ class P2PEngine final : public detail::Driver {
 
   // The channel tag of (set, tag), or -1 if the set id is too large for the channel.
   static int channel_tag(int set_id, int tag);
+  // InvalidArgument for an op whose channel tag lies beyond the channel's tag space (an MPI
+  // whose MPI_TAG_UB is below what channel_tag() uses). Any thread.
+  Status check_tag(const P2POpEntry& op) const;
 
   // Communication thread. One step, unless an application thread is running one: new ops,
   // arrived headers, completed transfers, stalls. Sets *did_work when anything moved. Returns
@@ -222,6 +225,7 @@ class P2PEngine final : public detail::Driver {
   const Completer& completer_;
   const Config& config_;
   const bool drivable_;
+  const int max_channel_tag_;  // The channel's max_tag() (no limit without a channel).
   const std::function<void()> wake_loop_;
   std::deque<P2POpEntry> waiting_ TUTTI_GUARDED_BY(mutex_);  // Receives before their header.
   std::map<ops::P2PChannel::Id, Active> active_ TUTTI_GUARDED_BY(mutex_);  // In progress.

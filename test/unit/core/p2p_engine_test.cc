@@ -39,6 +39,7 @@ class ScriptedChannel final : public ops::P2PChannel {
   struct Script {
     std::atomic<int> sends{0};
     std::atomic<bool> sends_finish{true};
+    int max_tag = 1 << 24;
     std::atomic<int> header_probes{0};
     std::atomic<bool> destroyed{false};
     Status header_error;              // take_header() fails with it if not OK.
@@ -53,7 +54,7 @@ class ScriptedChannel final : public ops::P2PChannel {
   explicit ScriptedChannel(Script& script) : script_(script) {}
   ~ScriptedChannel() override { script_.destroyed = true; }
 
-  int max_tag() const override { return 1 << 24; }
+  int max_tag() const override { return script_.max_tag; }
   Result<Id> start_send(int, int, std::string, const void*, std::size_t) override {
     ++script_.sends;
     (script_.sends_finish ? done_ : unfinished_).push_back(next_);
@@ -115,7 +116,8 @@ struct Fixture {
   // Room for a message of more than P2PEngine::kInlineBytes.
   std::vector<float> data = std::vector<float>(P2PEngine::kInlineBytes, 1.0f);
 
-  Fixture() {
+  explicit Fixture(int max_tag = 1 << 24) {
+    script.max_tag = max_tag;
     engine = std::make_shared<P2PEngine>(std::make_unique<ScriptedChannel>(script), queue,
                                          completer, config, /*drivable=*/true, [this] { ++wakes; });
   }
@@ -146,6 +148,27 @@ TEST_CASE("Channel tags: 32768 per set for sets 0 to 127, none beyond", "[p2p]")
   CHECK(P2PEngine::channel_tag(127, 32767) == (1 << 22) - 1);
   CHECK(P2PEngine::channel_tag(128, 0) == -1);
   CHECK(P2PEngine::channel_tag(131, 5) == -1);
+}
+
+TEST_CASE("An op beyond the channel's tag space is InvalidArgument", "[p2p]") {
+  // An MPI whose MPI_TAG_UB is below the doubled channel tags (the standard asks only 32767).
+  Fixture f(40000);
+  const auto op = [](int set_id, int tag) {
+    return P2POpEntry{.send = true,
+                      .peer = 1,
+                      .tag = tag,
+                      .set_id = set_id,
+                      .channel_tag = P2PEngine::channel_tag(set_id, tag),
+                      .entry = nullptr};
+  };
+  CHECK(f.engine->check_tag(op(0, 32767)).ok());
+  CHECK(f.engine->check_tag(op(1, 40000 - 32768)).ok());
+  const Status beyond = f.engine->check_tag(op(1, 40000 - 32768 + 1));
+  CHECK(beyond.code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(std::string(beyond.message()),
+             Catch::Contains("tag 7233 on process set 1") &&
+                 Catch::Contains("MPI_TAG_UB leaves point-to-point 40001 tags"));
+  CHECK(f.engine->check_tag(op(2, 0)).code() == ErrorCode::InvalidArgument);
 }
 
 TEST_CASE("A driven step starts and completes a send without waking the loop", "[p2p]") {
