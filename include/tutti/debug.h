@@ -30,7 +30,7 @@ namespace tutti::debug {
 struct OpRecord {
   std::int64_t sequence = 0;  // Per process set, in submission order on this rank, from 0.
   std::string name, op;       // op as to_string() writes it ("ALLREDUCE", "BROADCAST", ...).
-  std::string dtype;          // "float32", ...
+  std::string dtype;          // "float32", ...; "" for an op without tensors (barrier, join).
   Shape shape;                // A grouped op's first tensor's.
   int process_set_id = 0;
   std::string state;       // "submitted", "negotiated", "executing", "done", "failed".

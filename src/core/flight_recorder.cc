@@ -20,6 +20,12 @@
 namespace tutti::core {
 namespace {
 
+// An op without tensors (barrier, join, a process set's change) has no dtype: "", not the
+// float32 its record holds.
+std::string_view dtype_name(std::int32_t tensors, DataType dtype) {
+  return tensors == 0 ? std::string_view() : to_string(dtype);
+}
+
 void append_number(std::string& out, double value) {
   char text[32];
   std::snprintf(text, sizeof text, "%.6f", value);
@@ -282,7 +288,7 @@ std::vector<debug::OpRecord> FlightRecorder::snapshot() const {
     records.push_back(debug::OpRecord{.sequence = slot.sequence,
                                       .name = std::string(name_of(index, slot)),
                                       .op = std::string(to_string(slot.op)),
-                                      .dtype = std::string(to_string(slot.dtype)),
+                                      .dtype = std::string(dtype_name(slot.tensors, slot.dtype)),
                                       .shape = shape_of(index, slot),
                                       .process_set_id = slot.process_set_id,
                                       .state = std::string(to_string(slot.phase)),
@@ -326,7 +332,7 @@ void FlightRecorder::append_json(std::string& out, std::size_t index, const Slot
   out += ", \"op\": \"";
   out += to_string(slot.op);
   out += "\", \"dtype\": \"";
-  out += to_string(slot.dtype);
+  out += dtype_name(slot.tensors, slot.dtype);
   out += "\", \"shape\": ";
   out += detail::shape_string(shape_of(index, slot));  // "[3, 2]": a JSON array as it is.
   out += ", \"tensors\": " + std::to_string(slot.tensors);

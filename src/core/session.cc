@@ -292,7 +292,7 @@ void Session::finish(const Status& status) {
   // Also where a peer's shutdown() leaves ops of this rank's pending: they fail for a reason
   // this rank's own code did not give.
   if (stopped_on_error_.load() || (!stop_requested_.load() && !queue_.empty()))
-    dump_after_error(pending);
+    dump_after_error(error_reason(pending));
   device_.finish(pending);
   // Every pending op fails with the reason the loop ended (for a stall: the same explanation
   // on every rank, as API.md asks); later ops are refused with ShutDown.
@@ -305,12 +305,17 @@ void Session::finish(const Status& status) {
   loop_done_.store(true);
 }
 
-void Session::dump_after_error(const Status& why) {
+std::string Session::error_reason(const Status& why) {
+  const std::string name = detail::str_cat(to_string(why.code()), ": ");
+  const std::string_view message = why.message();
+  return message.starts_with(name) ? std::string(message) : detail::str_cat(name, message);
+}
+
+void Session::dump_after_error(std::string_view reason) {
   if (!recorder_->enabled()) return;
   // A signal's dump after this one (the SIGTERM of MPI_Abort) goes beside it.
   const std::string path = recorder_->error_dump_path();
-  // The message starts with the error's name ("Stalled: ...").
-  const Status dumped = recorder_->dump(path, why.message());
+  const Status dumped = recorder_->dump(path, reason);
   if (dumped.ok()) {
     TUTTI_LOG_ERROR(
         "flight recorder dumped to ", path,

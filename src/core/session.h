@@ -73,10 +73,14 @@ class Session {
   // process left it (Note [One TUTTI_TIMELINE file per process] in session.cc).
   Status start_env_timeline();
   void stop_timeline() { timeline_.stop(); }
-  // Any thread. Writes the flight recorder's dump after the runtime stopped on `why` (Note
-  // [Flight recorder]), or the process is ending on it (Note [An uncaught exception leaves its
-  // traces] in terminate_dump.h), and says where in the log.
-  void dump_after_error(const Status& why);
+  // Any thread. Writes the flight recorder's dump after the runtime stopped for `reason` (Note
+  // [Flight recorder]; error_reason() words an error), or the process is ending for it (Note [An
+  // uncaught exception leaves its traces] in terminate_dump.h), and says where in the log.
+  void dump_after_error(std::string_view reason);
+  // A dump's reason for `why`: its error's name, then its message ("Mismatch: desync in ...";
+  // a message that starts with the name already, as the stall inspector's "Stalled: ...", keeps
+  // that one).
+  static std::string error_reason(const Status& why);
   // Any thread. This rank's flight recorder (tutti/debug.h), which outlives the session.
   const std::shared_ptr<FlightRecorder>& flight_recorder() const { return recorder_; }
 

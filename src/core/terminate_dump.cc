@@ -49,7 +49,7 @@ void leave_traces(const std::string& reason) {
     const Result<std::shared_ptr<Session>> session = Runtime::get().session();
     if (session.ok()) {
       session.value()->stop_timeline();
-      session.value()->dump_after_error(Status(ErrorCode::Internal, reason));
+      session.value()->dump_after_error(reason);  // "std::terminate(): ..."
     }
     const std::lock_guard<std::mutex> lock(done->mutex);
     done->finished = true;

@@ -149,7 +149,7 @@ def main():
             if seconds > DESYNC_BOUND_S:
                 fail(f"the job took {seconds:.1f} s: the check should stop it within "
                      f"{DESYNC_BOUND_S} s (the stall limit is {DESYNC_STALL_LIMIT_S} s)")
-            if not all(r.startswith("desync in process set 0 (TUTTI_DEBUG=DETAIL)")
+            if not all(r.startswith("Mismatch: desync in process set 0 (TUTTI_DEBUG=DETAIL)")
                        for r in why.values()):
                 fail(f"dumps not made by the desync check: {why}")
             for rank in range(RANKS):

@@ -72,6 +72,30 @@ TEST_CASE("The queue numbers each process set's ops on their own; records carry 
   CHECK(ring[0].dtype == "float64");
 }
 
+TEST_CASE("An op without tensors has no dtype in its record or the dump", "[flight_recorder]") {
+  // Before, a barrier's record said "float32", a dtype no tensor of it had.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tutti_fr_dtype_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  FlightRecorder recorder(4);
+  recorder.set_context({.job = "job-1", .rank = 0, .size = 2, .dir = dir.string()});
+  Request barrier;
+  barrier.name = "barrier.0";
+  barrier.op = Collective::Barrier;
+  recorder.submitted(barrier, 0);
+  recorder.submitted(recorded_request("g"), 1);
+  const std::vector<debug::OpRecord> ring = recorder.snapshot();
+  REQUIRE(ring.size() == 2);
+  CHECK(ring[0].dtype.empty());
+  CHECK(ring[1].dtype == "float64");
+  const std::string path = recorder.default_path();
+  REQUIRE(recorder.dump(path, "test").ok());
+  const std::string text = file_text(path);
+  CHECK_THAT(text, Catch::Contains("\"op\": \"BARRIER\", \"dtype\": \"\", \"shape\": [],"));
+  CHECK_THAT(text, Catch::Contains("\"op\": \"ALLREDUCE\", \"dtype\": \"float64\""));
+  std::filesystem::remove_all(dir);
+}
+
 // Records are stamped with the coarse clock, up to a tick behind an exact reading: an op
 // recorded right after the recorder started must not read as submitted before it.
 TEST_CASE("An op recorded at once is not stamped before the recorder started",
