@@ -127,7 +127,9 @@ Variable batch_norm(const Variable& input, const Variable& weight, const Variabl
   if (training) {
     stats = batch_statistics(x, n, c, inner, reduce);
     const tutti::detail::MutexLock lock(running_stats_mutex());
-    for (std::int64_t ch = 0; ch < c; ++ch) {
+    // An empty batch has no statistics: the buffers stay as they are (as PyTorch's), and the
+    // output is empty.
+    for (std::int64_t ch = 0; ch < c && stats.count > 0; ++ch) {
       const auto k = static_cast<std::size_t>(ch);
       r_mean[ch] = static_cast<float>((1.0 - kMomentum) * r_mean[ch] + kMomentum * stats.mean[k]);
       // Unbiased for the buffer, biased to normalize (as PyTorch).
@@ -227,8 +229,9 @@ Variable BatchNorm1d::forward(const Variable& input) {
                                    detail::shape_string(shape));
   }
   const std::int64_t inner = shape.size() == 3 ? shape[2] : 1;
-  // Converted layers check the count over every rank, in detail::batch_norm().
-  if (is_training() && !sync_ && shape[0] * inner <= 1) {
+  // Converted layers check the count over every rank, in detail::batch_norm(). An empty batch
+  // is fine (detail::batch_norm()).
+  if (is_training() && !sync_ && shape[0] * inner == 1) {
     detail::throw_invalid_argument("BatchNorm1d(", features_,
                                    ") in training mode needs more than "
                                    "one value per channel, got input ",
@@ -259,8 +262,9 @@ Variable BatchNorm2d::forward(const Variable& input) {
                                    ", h, w], got ", detail::shape_string(shape));
   }
   const std::int64_t inner = shape[2] * shape[3];
-  // Converted layers check the count over every rank, in detail::batch_norm().
-  if (is_training() && !sync_ && shape[0] * inner <= 1) {
+  // Converted layers check the count over every rank, in detail::batch_norm(). An empty batch
+  // is fine (detail::batch_norm()).
+  if (is_training() && !sync_ && shape[0] * inner == 1) {
     detail::throw_invalid_argument("BatchNorm2d(", channels_,
                                    ") in training mode needs more than "
                                    "one value per channel, got input ",

@@ -33,7 +33,8 @@ class TUTTI_API BatchNorm1d : public Module {
   explicit BatchNorm1d(std::int64_t features);
 
   // input [n, features] or [n, features, l] -> same shape. Throws InvalidArgument for another
-  // shape, or in training mode when a channel has a single value (n * l == 1).
+  // shape, or in training mode when a channel has a single value (n * l == 1). An empty batch
+  // (n * l == 0) gives an empty output and leaves the running statistics alone, as PyTorch's.
   Variable forward(const Variable& input) override;
 
  private:

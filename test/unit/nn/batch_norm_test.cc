@@ -156,6 +156,21 @@ TEST_CASE("BatchNorm gradients match finite differences", "[nn][batch_norm]") {
   }
 }
 
+TEST_CASE("An empty batch in training mode gives an empty output and keeps the buffers",
+          "[nn][batch_norm]") {
+  // As PyTorch's BatchNorm (before, InvalidArgument as for a single value per channel).
+  BatchNorm1d bn1(3);
+  const Variable y1 = bn1.forward(Variable(tensor({}, {0, 3})));
+  CHECK(y1.value().shape() == Shape{0, 3});
+  CHECK(values(bn1.named_buffers()[0].second.value()) == std::vector<float>(3, 0.0f));
+  CHECK(values(bn1.named_buffers()[1].second.value()) == std::vector<float>(3, 1.0f));
+  BatchNorm2d bn2(2);
+  const Variable y2 = bn2.forward(Variable(tensor({}, {4, 2, 0, 3})));
+  CHECK(y2.value().shape() == Shape{4, 2, 0, 3});
+  CHECK(values(bn2.named_buffers()[0].second.value()) == std::vector<float>(2, 0.0f));
+  CHECK(values(bn2.named_buffers()[1].second.value()) == std::vector<float>(2, 1.0f));
+}
+
 TEST_CASE("BatchNorm rejects bad sizes and inputs", "[nn][batch_norm]") {
   CHECK_THROWS_MATCHES(BatchNorm1d(0), Error, invalid_argument());
   CHECK_THROWS_MATCHES(BatchNorm2d(-2), Error, invalid_argument());
