@@ -108,7 +108,8 @@ TUTTI_API void synchronize(Handle& h);  // h.wait()
 TUTTI_API void wait_all(std::vector<Handle>& handles);
 
 // Reduces `tensor` in place: result = postscale · reduce(prescale · input) over the set.
-// Every numeric dtype; Float16/BFloat16 are reduced in float32; Bool only with Min/Max;
+// Every numeric dtype; Float16/BFloat16 are reduced in float32; Bool only with Min/Max and
+// without scale factors;
 // Adasum floating types only, and on CPU a power-of-two set size. Integers without scale
 // factors and not averaged are exact, and an overflowing integer Sum or Product is not defined
 // (README, Collectives and errors); otherwise the result is trunc(postscale · reduce(prescale ·

@@ -157,6 +157,13 @@ void check_reduce(std::string_view name, const TensorView& tensor, const ReduceO
     invalid(str_cat(to_string(op), " '", name, "': bool tensors reduce only with MIN or MAX, not ",
                     to_string(options.op)));
   }
+  // A bool scaled would be x * factor != 0: true unless the factor is 0, not the truncation
+  // integers get (API.md). No use either way: refused.
+  if (dtype == DataType::Bool &&
+      (options.prescale_factor != 1.0 || options.postscale_factor != 1.0)) {
+    invalid(str_cat(to_string(op), " '", name, "': bool tensors take no scale factors (prescale ",
+                    options.prescale_factor, ", postscale ", options.postscale_factor, ")"));
+  }
   if (options.op == ReduceOp::Adasum && !is_floating(dtype)) {
     invalid(str_cat(to_string(op), " '", name, "': ADASUM needs a floating-point tensor, not ",
                     to_string(dtype)));
@@ -176,7 +183,9 @@ void check_group_disjoint(std::string_view name, std::span<const TensorView> ten
     std::uintptr_t end;
     std::size_t index;
   };
-  std::vector<Range> ranges;
+  // Kept per thread: a training loop groups the same thousands of gradients every step.
+  thread_local std::vector<Range> ranges;
+  ranges.clear();
   ranges.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].byte_size() == 0) continue;

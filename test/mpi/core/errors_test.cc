@@ -65,6 +65,20 @@ TEST_CASE("argument errors are thrown by the call", "[errors]") {
   }
   CHECK(error_of([&] { allreduce_async(TensorView(flags.data(), DataType::Bool, {4}), "b"); }) ==
         ErrorCode::InvalidArgument);
+  // Bool with Max is fine, but not scaled (before, a factor turned each element into
+  // x * factor != 0, unlike the integers' truncation).
+  CHECK(error_of(
+            [&] {
+              allreduce_async(TensorView(flags.data(), DataType::Bool, {4}), "b.scaled",
+                              {.op = ReduceOp::Max, .prescale_factor = 0.5});
+            },
+            &message) == ErrorCode::InvalidArgument);
+  CHECK(message.find("bool tensors take no scale factors (prescale 0.5, postscale 1)") !=
+        std::string::npos);
+  CHECK(error_of([&] {
+          reduce_async(TensorView(flags.data(), DataType::Bool, {4}), 0, "b.reduce",
+                       {.op = ReduceOp::Min, .postscale_factor = 0.0});
+        }) == ErrorCode::InvalidArgument);
   CHECK(error_of([&] { allreduce_async(t, TensorView(d.data(), {4}), "oop"); }) ==
         ErrorCode::InvalidArgument);
   CHECK(error_of([&] { allreduce_async(t, "p", {.process_set = ProcessSet(42)}); }) ==
