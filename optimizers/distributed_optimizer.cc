@@ -94,9 +94,12 @@ class VariableBuffers final : public internal::GradientBuffers {
   std::exception_ptr cannot_travel(std::size_t index) const {
     const Tensor& grad = params_[index].grad();
     const std::string what =
-        grad.data() == nullptr ? std::string("an empty tensor")
-                               : detail::str_cat("a ", to_string(grad.dtype()), " tensor of shape ",
-                                                 detail::shape_string(grad.shape()));
+        grad.data() == nullptr
+            ? std::string(
+                  "an empty tensor (frozen with set_requires_grad(false) after the "
+                  "optimizer was built?)")
+            : detail::str_cat("a ", to_string(grad.dtype()), " tensor of shape ",
+                              detail::shape_string(grad.shape()));
     return std::make_exception_ptr(
         Error(ErrorCode::InvalidArgument,
               detail::str_cat("DistributedOptimizer: the grad() of '", names_[index], "' is ", what,

@@ -157,7 +157,11 @@ class StepCount {
           grad.data() == nullptr
               ? std::string("an empty tensor")
               : detail::str_cat(to_string(grad.dtype()), detail::shape_string(grad.shape())),
-          " for ", detail::shape_string(p.value().shape()), ")");
+          " for ", detail::shape_string(p.value().shape()),
+          grad.data() == nullptr
+              ? "; frozen with set_requires_grad(false) after the optimizer was built?"
+              : "",
+          ")");
     }
     detail::throw_invalid_argument(
         internal::kWho, "::step: the gradient of ", which,

@@ -58,6 +58,10 @@ Variable Module::register_parameter(std::string name, Variable value) {
   return value;
 }
 
+void Module::set_requires_grad(bool on) {
+  for (auto& [name, parameter] : named_parameters()) parameter.set_requires_grad(on);
+}
+
 Variable Module::register_buffer(std::string name, Variable value) {
   check_new_name(name, "register_buffer");
   if (!value.defined() || value.requires_grad()) {

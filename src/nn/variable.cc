@@ -275,6 +275,23 @@ Tensor& Variable::value() { return detail::checked(impl_).value; }
 const Tensor& Variable::grad() const { return detail::checked(impl_).grad; }
 Tensor& Variable::grad() { return detail::checked(impl_).grad; }
 bool Variable::requires_grad() const { return detail::checked(impl_).requires_grad; }
+
+void Variable::set_requires_grad(bool on) {
+  detail::VariableImpl& node = detail::checked(impl_);
+  if (!node.is_leaf()) {
+    detail::throw_invalid_argument(
+        "set_requires_grad() needs a leaf Variable (a parameter), not the result of an "
+        "operation");
+  }
+  if (on) {
+    detail::enable_grad(*this);
+    return;
+  }
+  // The walk reads the flag as it goes (backward_walk.cc): a graph recorded before still runs,
+  // without this leaf. No gradient is kept, as for any Variable that does not require grad.
+  node.requires_grad = false;
+  node.grad = Tensor();
+}
 bool Variable::defined() const { return impl_ != nullptr; }
 bool Variable::is_leaf() const { return impl_ != nullptr && impl_->is_leaf(); }
 

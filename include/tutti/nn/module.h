@@ -45,6 +45,11 @@ class TUTTI_API Module {
     return children_;
   }
 
+  // Tutti addition (torch.nn.Module.requires_grad_()): Variable::set_requires_grad(on) on every
+  // parameter of this module and its descendants; model.body->set_requires_grad(false) freezes a
+  // body while its head trains. Its conditions are Variable::set_requires_grad()'s.
+  void set_requires_grad(bool on);
+
   // Switches this module and all its descendants to training (true) or evaluation (false) mode,
   // which Dropout and BatchNorm honour.
   void train(bool on = true);

@@ -55,6 +55,18 @@ class TUTTI_API Variable {
   const Tensor& grad() const;
   Tensor& grad();
   bool requires_grad() const;
+  // Tutti addition (torch.Tensor.requires_grad_()): turns this leaf's gradient off, to freeze a
+  // parameter (a pretrained layer), or on again. Off: grad() becomes an empty Tensor and
+  // backward() passes leave the leaf out (no gradient, no hooks); on: grad() is a zero-filled
+  // tensor, as the constructor makes it. Change it between steps: not between a forward pass and
+  // its backward(), and not while backward() runs on another thread. Plain optimizers skip, at
+  // each step, the parameters that do not require grad; the data-parallel wrappers
+  // (nn::DistributedDataParallel, optim::DistributedOptimizer, optim::ZeroRedundancyOptimizer)
+  // fix which parameters they reduce when they are constructed, so freeze before constructing
+  // them, as with PyTorch's DDP (one frozen later fails their next backward() or step() with
+  // InvalidArgument). Throws InvalidArgument for an empty Variable or the result of an
+  // operation.
+  void set_requires_grad(bool on);
   // Tutti additions: false for a default-constructed Variable; true for Variables made by the
   // constructor (as opposed to results of operations). Neither throws.
   bool defined() const;

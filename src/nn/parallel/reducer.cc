@@ -516,9 +516,11 @@ void Reducer::finish_pass() {
     for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;
     throw_invalid_argument(
         "DistributedDataParallel: backward() produced no gradient for ", names,
-        " (the forward pass did not use them); their buckets were reduced with this rank's "
-        "current grad(). Set DistributedDataParallelOptions::find_unused_parameters = true if "
-        "the model leaves parameters unused, or use every parameter in forward()");
+        " (the forward pass did not use them, or they were frozen with set_requires_grad(false) "
+        "after the DDP was built); their buckets were reduced with this rank's current grad(). "
+        "Set DistributedDataParallelOptions::find_unused_parameters = true if the model leaves "
+        "parameters unused, or use every parameter in forward(); freeze parameters before "
+        "building the DDP");
   }
 }
 

@@ -76,6 +76,48 @@ TEST_CASE("DDP: N ranks on shards end with the parameters of one process on the 
                      1e-5});
 }
 
+TEST_CASE("DDP over a model with a frozen layer trains the rest like one process", "[ddp]") {
+  // Variable::set_requires_grad(false) on the first Linear before the DDP is built: the DDP
+  // leaves it out (as PyTorch's DDP leaves out what does not require grad), and the rest ends
+  // where one process on the whole batch ends.
+  Session session;
+  const int rank = tutti::rank();
+  const int size = tutti::size();
+  const auto frozen_first = [] {
+    std::shared_ptr<nn::Sequential> net = make_net(/*cnn=*/false, 7);
+    net->named_children().front().second->set_requires_grad(false);  // "0": Linear(4, 8).
+    return net;
+  };
+  auto reference = frozen_first();
+  DistributedDataParallel ddp(frozen_first());
+  const nn::NamedParameters named = ddp.named_parameters();  // module.0.weight, .0.bias, .2.*
+  const nn::NamedParameters ref_named = reference->named_parameters();
+  REQUIRE(named.size() == 4);
+  optim::SGD sgd(variables(named), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref_sgd(variables(ref_named), {.lr = 0.1, .momentum = 0.9});
+  const nn::NamedParameters trained(named.begin() + 2, named.end());
+  const nn::NamedParameters ref_trained(ref_named.begin() + 2, ref_named.end());
+  for (std::int64_t step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    forward_backward(ddp, batch_for(false, rank, size, step));
+    ref_sgd.zero_grad();
+    forward_backward(*reference, whole_batch(false, step));
+    const double diff = max_diff(trained, ref_trained, /*grads=*/true);
+    INFO("step " << step << " max |gradient difference| " << diff);
+    CHECK(all_ranks(diff < 1e-5 && named[0].second.grad().num_elements() == 0 &&
+                    named[1].second.grad().num_elements() == 0));
+    sgd.step();
+    ref_sgd.step();
+  }
+  const nn::NamedParameters initial = make_net(false, 7)->named_parameters();
+  const nn::NamedParameters frozen(named.begin(), named.begin() + 2);
+  CHECK(all_ranks(max_diff(frozen, nn::NamedParameters(initial.begin(), initial.begin() + 2)) ==
+                  0.0));
+  CHECK(all_ranks(max_diff(trained, ref_trained) < 1e-5));
+  CHECK(all_ranks(max_diff(trained, nn::NamedParameters(initial.begin() + 2, initial.end())) >
+                  1e-3));  // Trained.
+}
+
 TEST_CASE("DDP with FP16 and BF16 compression is close to the whole batch's", "[ddp]") {
   Session session;
   const bool view = GENERATE(false, true);

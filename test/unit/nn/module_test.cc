@@ -102,6 +102,29 @@ TEST_CASE("A module registered twice (tied weights) lists its tensors once", "[n
   CHECK(values(tied->weight().value())[0] == Approx(3.0f - 0.1f * 6.0f));
 }
 
+TEST_CASE("set_requires_grad() freezes the whole tree; SGD steps only the rest", "[nn][module]") {
+  Net net;
+  net.body->set_requires_grad(false);
+  for (const auto& [name, p] : net.named_parameters()) {
+    INFO(name);
+    CHECK(p.requires_grad() == (name == "scale"));
+  }
+  std::vector<Variable> params;
+  for (const auto& [name, p] : net.named_parameters()) params.push_back(p);
+  optim::SGD sgd(params, {.lr = 0.1});
+  const std::vector<float> body_before =
+      values(net.body->named_parameters().front().second.value());
+  Variable y = sum(net.forward(Variable(random_tensor({2, 1, 4, 4}, 3))));
+  y.backward();  // dL/dscale: the frozen body's output, summed.
+  const float grad_scale = values(net.scale.grad())[0];
+  sgd.step();
+  CHECK(values(net.body->named_parameters().front().second.value()) == body_before);
+  CHECK(values(net.scale.value())[0] == Approx(1.0f - 0.1f * grad_scale));
+  CHECK(grad_scale != 0.0f);
+  net.set_requires_grad(true);
+  for (const auto& [name, p] : net.named_parameters()) CHECK(p.requires_grad());
+}
+
 TEST_CASE("train() switches the whole tree", "[nn][module]") {
   Net net;
   CHECK(net.is_training());

@@ -82,6 +82,52 @@ TEST_CASE("backward() accumulates d/dw sum(w * w) = 2w, and adds again when repe
   CHECK(values(w.grad()) == std::vector<float>{4, -8, 12});
 }
 
+TEST_CASE("set_requires_grad(false) freezes a leaf; true trains it again", "[nn][variable]") {
+  // d/dw sum(w * x + b) = x, d/db = 1, for w frozen in the middle pass only.
+  Variable w(tensor({1, 2}, {2}), true);
+  Variable b(tensor({0, 0}, {2}), true);
+  const Variable x(tensor({3, -4}, {2}));
+  int w_hooks = 0;
+  w.register_grad_hook([&w_hooks](Variable&) { ++w_hooks; });
+  sum(w * x + b).backward();
+  CHECK(values(w.grad()) == std::vector<float>{3, -4});
+  CHECK(w_hooks == 1);
+
+  w.set_requires_grad(false);
+  CHECK_FALSE(w.requires_grad());
+  CHECK(w.grad().num_elements() == 0);
+  sum(w * x + b).backward();  // b still requires grad.
+  CHECK(w.grad().num_elements() == 0);
+  CHECK(w_hooks == 1);
+  CHECK(values(b.grad()) == std::vector<float>{2, 2});
+  // A graph recorded while w required grad runs without it.
+  w.set_requires_grad(true);
+  Variable recorded = sum(w * x + b);
+  w.set_requires_grad(false);
+  recorded.backward();
+  CHECK(w.grad().num_elements() == 0);
+  CHECK(values(b.grad()) == std::vector<float>{3, 3});
+
+  w.set_requires_grad(true);
+  CHECK(values(w.grad()) == std::vector<float>{0, 0});  // Fresh zeros, nothing kept.
+  sum(w * x + b).backward();
+  CHECK(values(w.grad()) == std::vector<float>{3, -4});
+  CHECK(w_hooks == 2);
+  // A graph of frozen leaves alone has nothing to differentiate.
+  w.set_requires_grad(false);
+  b.set_requires_grad(false);
+  CHECK_THROWS_MATCHES(sum(w * x + b).backward(), Error, invalid_argument());
+}
+
+TEST_CASE("set_requires_grad() refuses an empty Variable and an operation's result",
+          "[nn][variable]") {
+  CHECK_THROWS_MATCHES(Variable().set_requires_grad(false), Error, invalid_argument());
+  Variable w(tensor({1}, {1}), true);
+  CHECK_THROWS_MATCHES((w * w).set_requires_grad(false), Error, invalid_argument());
+  CHECK_THROWS_MATCHES((w * w).set_requires_grad(true), Error, invalid_argument());
+  CHECK(w.requires_grad());
+}
+
 TEST_CASE("backward() on a scalar leaf adds one", "[nn][variable]") {
   Variable w(tensor({3}, {1}), true);
   int calls = 0;
