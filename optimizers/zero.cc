@@ -362,7 +362,63 @@ void ZeroRedundancyOptimizer::zero_grad() {
   Optimizer::zero_grad();
 }
 
+// Note [ZeRO layouts compared]
+// Every member must list the same parameters, names and sizes in the same order: the layout
+// gives each an owner, and a step's reduces and broadcasts are named and rooted after it. A
+// member with a parameter more or fewer (a model built differently on one rank) met the others'
+// collectives under other names or roots: a Mismatch where a root differed, but where the
+// layouts agreed but for the extra parameter, nothing noticed in time (four parameters of 1,000
+// floats on both of 2 ranks and one more of 1 float on rank 1: at stage 1 rank 0 stepped and
+// went on while rank 1 waited in the extra broadcast until rank 0 shut down; at stage 2 both
+// stopped with Stalled at the stall limit). So the first step (or consolidate_state_dict())
+// compares each member's parameter count and a hash of its names and sizes, gathered in one
+// small allreduce (each member writes its own slots, a joined member none), and every member
+// throws the same InvalidArgument where they differ. Once per optimizer: the lists are fixed at
+// construction.
+void ZeroRedundancyOptimizer::check_layout() {
+  const ProcessSet& set = options_.process_set;
+  if (layout_checked_ || set.size() == 1) return;
+  // FNV-1a over the names and element counts, kept to 31 bits: the allreduce sums int32 slots.
+  std::uint32_t hash = 2166136261u;
+  const auto mix = [&hash](const void* data, std::size_t bytes) {
+    for (std::size_t i = 0; i < bytes; ++i) {
+      hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 16777619u;
+    }
+  };
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    mix(names_[i].data(), names_[i].size() + 1);  // With its '\0': "ab","c" differs from "a","bc".
+    const std::int64_t count = parameters()[i].value().num_elements();
+    mix(&count, sizeof count);
+  }
+  const auto members = static_cast<std::size_t>(set.size());
+  const auto me = static_cast<std::size_t>(set.rank());
+  std::vector<std::int32_t> slots(1 + 2 * members, 0);  // Members, then (count, hash) each.
+  slots[0] = 1;
+  slots[1 + 2 * me] = static_cast<std::int32_t>(names_.size());
+  slots[2 + 2 * me] = static_cast<std::int32_t>(hash & 0x7fffffffu);
+  allreduce_async(TensorView(slots.data(), {static_cast<std::int64_t>(slots.size())}),
+                  detail::str_cat(internal::kWho, ".layout"),
+                  {.op = ReduceOp::Sum, .process_set = set})
+      .wait();
+  if (slots[0] != set.size()) return;  // A member has joined: the step's count says so.
+  std::string counts;
+  bool differ = false;
+  for (std::size_t r = 0; r < members; ++r) {
+    differ =
+        differ || slots[1 + 2 * r] != slots[1 + 2 * me] || slots[2 + 2 * r] != slots[2 + 2 * me];
+    counts += detail::str_cat(r == 0 ? "" : ", ", "rank ", set.ranks()[r], ": ", slots[1 + 2 * r]);
+  }
+  if (differ) {
+    detail::throw_invalid_argument(
+        internal::kWho, ": the members list different parameters (", counts,
+        " parameters; where the counts agree, their names or sizes differ); every member must "
+        "pass the same parameters in the same order");
+  }
+  layout_checked_ = true;
+}
+
 void ZeroRedundancyOptimizer::prepare_step() {
+  check_layout();
   const ProcessSet& set = options_.process_set;
   StepCount count(set, names_, parameters(),
                   first_unusable(*layout_, parameters(), options_.shard_gradients, set.rank()));

@@ -102,6 +102,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     detail::throw_invalid_argument(internal::kWho, "::consolidate_state_dict: rank ", to,
                                    " is not a member of process set ", set.id());
   }
+  check_layout();
   const int me = set.rank();
   const std::string mine =
       encode_shard(local_->state_dict(), layout_->shards[static_cast<std::size_t>(me)]);

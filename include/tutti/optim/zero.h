@@ -151,6 +151,10 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   void prepare_step();
   void broadcast_parameters();
   void skip_step();
+  // Once, before the first collective of a step or consolidate_state_dict(): InvalidArgument on
+  // every member unless all list the same parameters (Note [ZeRO layouts compared] in
+  // optimizers/zero.cc).
+  void check_layout();
 
   std::vector<std::string> names_;
   ZeroOptions options_;
@@ -161,6 +165,7 @@ class TUTTI_API ZeroRedundancyOptimizer : public Optimizer {
   std::optional<StateDict> consolidated_;
   // Set by the parameters' failed-pass hooks, which hold it weakly; see zero_grad().
   std::shared_ptr<std::atomic<bool>> pass_failed_ = std::make_shared<std::atomic<bool>>(false);
+  bool layout_checked_ = false;  // check_layout() found the members' lists equal.
 };
 
 }  // namespace tutti::optim

@@ -193,6 +193,35 @@ TEST_CASE("ZeRO with a huge bucket_cap_mb moves each parameter in one piece", "[
   CHECK(all_ranks(broadcasts == expected && reduces == (stage2 ? expected : 0) && pieces == 0));
 }
 
+TEST_CASE("ZeRO: members that list different parameters fail the first step alike",
+          "[zero][errors]") {
+  // Note [ZeRO layouts compared] in optimizers/zero.cc. The last rank lists one parameter more,
+  // a float too small to change who owns the others: before, stage 1's other members stepped
+  // and went on while it waited, and stage 2 stopped at the stall limit. Now every member throws
+  // InvalidArgument from the step, and again from the next (nothing was sent under the layout).
+  ShortStallSession session;
+  if (tutti::size() < 2) return;
+  const bool stage2 = GENERATE(false, true);
+  INFO((stage2 ? "stage 2" : "stage 1"));
+  nn::NamedParameters named;
+  for (int i = 0; i < 4; ++i) {
+    named.emplace_back("p" + std::to_string(i),
+                       nn::Variable(Tensor(DataType::Float32, {1000}), /*requires_grad=*/true));
+  }
+  if (tutti::rank() == tutti::size() - 1) {
+    named.emplace_back("extra", nn::Variable(Tensor(DataType::Float32, {1}), true));
+  }
+  ZeroRedundancyOptimizer zero(named, sgd_factory(), {.shard_gradients = stage2});
+  const auto [code, message] = error_from([&] { zero.step(); });
+  INFO(message);
+  const std::string counts = "rank " + std::to_string(tutti::size() - 1) + ": 5";
+  CHECK(all_ranks(code == ErrorCode::InvalidArgument &&
+                  message.find("the members list different parameters") != std::string::npos &&
+                  message.find(counts) != std::string::npos));
+  CHECK(all_ranks(error_from([&] { zero.consolidate_state_dict(0); }).first ==
+                  ErrorCode::InvalidArgument));
+}
+
 TEST_CASE("ZeRO: every parameter is owned by exactly one rank", "[zero]") {
   Session session;
   auto model = make_deep_model(1);
