@@ -378,17 +378,13 @@ void ZeroRedundancyOptimizer::zero_grad() {
 void ZeroRedundancyOptimizer::check_layout() {
   const ProcessSet& set = options_.process_set;
   if (layout_checked_ || set.size() == 1) return;
-  // FNV-1a over the names and element counts, kept to 31 bits: the allreduce sums int32 slots.
-  std::uint32_t hash = 2166136261u;
-  const auto mix = [&hash](const void* data, std::size_t bytes) {
-    for (std::size_t i = 0; i < bytes; ++i) {
-      hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 16777619u;
-    }
-  };
+  // A hash of the names and element counts, kept to 31 bits: the allreduce sums int32 slots.
+  std::uint64_t hash = detail::kFnv1aBasis;
   for (std::size_t i = 0; i < names_.size(); ++i) {
-    mix(names_[i].data(), names_[i].size() + 1);  // With its '\0': "ab","c" differs from "a","bc".
+    // With its '\0': "ab","c" differs from "a","bc".
+    hash = detail::fnv1a(hash, names_[i].data(), names_[i].size() + 1);
     const std::int64_t count = parameters()[i].value().num_elements();
-    mix(&count, sizeof count);
+    hash = detail::fnv1a(hash, &count, sizeof count);
   }
   const auto members = static_cast<std::size_t>(set.size());
   const auto me = static_cast<std::size_t>(set.rank());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <sstream>
@@ -68,6 +69,18 @@ std::string join_list(const std::vector<T>& values, std::string_view separator =
     out << values[i];
   }
   return out.str();
+}
+
+// FNV-1a (64-bit) over `size` bytes at `bytes`, continuing from `hash` (kFnv1aBasis to start):
+// the same on every rank and build, unlike std::hash, for the signatures ranks compare to agree
+// on a model's or an optimizer's parameters (names, shapes).
+inline constexpr std::uint64_t kFnv1aBasis = 0xcbf29ce484222325ULL;
+inline std::uint64_t fnv1a(std::uint64_t hash, const void* bytes, std::size_t size) {
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= static_cast<const unsigned char*>(bytes)[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
 }
 
 }  // namespace tutti::detail

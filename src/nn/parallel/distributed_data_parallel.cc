@@ -86,15 +86,6 @@ bool broadcast_all(const std::vector<std::pair<std::string, Tensor>>& tensors, i
   return completed;
 }
 
-// FNV-1a over `bytes`, from `hash`: the same on every rank and build, unlike std::hash.
-std::uint64_t fnv1a(std::uint64_t hash, const void* bytes, std::size_t size) {
-  for (std::size_t i = 0; i < size; ++i) {
-    hash ^= static_cast<const unsigned char*>(bytes)[i];
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
 // Note [One model on every rank]
 // The initial broadcasts are matched by name: a rank whose model has other parameters (more,
 // fewer, other names) submitted names its peers never did, and the job stalled until the stall
@@ -103,13 +94,14 @@ std::uint64_t fnv1a(std::uint64_t hash, const void* bytes, std::size_t size) {
 // compares it with its own, and a MIN allreduce of the answers fails every member alike with
 // Mismatch when any differs.
 std::uint64_t model_signature(const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  std::uint64_t hash = tutti::detail::kFnv1aBasis;
   for (const auto& [name, tensor] : tensors) {
-    hash = fnv1a(hash, name.data(), name.size() + 1);  // With the terminator: "ab","c" != "a","bc".
+    hash = tutti::detail::fnv1a(hash, name.data(),
+                                name.size() + 1);  // With the terminator: "ab","c" != "a","bc".
     const Shape& shape = tensor.shape();
     const auto dims = static_cast<std::int64_t>(shape.size());
-    hash = fnv1a(hash, &dims, sizeof dims);
-    hash = fnv1a(hash, shape.data(), shape.size() * sizeof(std::int64_t));
+    hash = tutti::detail::fnv1a(hash, &dims, sizeof dims);
+    hash = tutti::detail::fnv1a(hash, shape.data(), shape.size() * sizeof(std::int64_t));
   }
   return hash;
 }
