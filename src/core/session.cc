@@ -202,7 +202,7 @@ Status Session::submit(std::shared_ptr<Entry> entry) {
   return Status();
 }
 
-Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
+Status Session::submit_p2p(std::vector<P2POpEntry> ops, bool caller_waits) {
   if (loop_done_.load()) return refused_;
   for (const P2POpEntry& op : ops) TUTTI_RETURN_IF_ERROR(p2p_->check_tag(op));  // All or none.
   if (p2p_->drivable()) {
@@ -213,11 +213,19 @@ Status Session::submit_p2p(std::vector<P2POpEntry> ops) {
   // This thread starts the ops itself; its step wakes the loop if some are left in flight
   // (Note [A waiting thread drives point-to-point]). If another thread holds the engine, the
   // ops are still queued, or that thread's step took them and wakes the loop as this one's
-  // would.
-  if (p2p_->drivable()) p2p_->drive();
+  // would. A caller that waits at once owes the wake instead.
+  if (p2p_->drivable()) {
+    if (caller_waits) {
+      p2p_->drive_before_wait();
+    } else {
+      p2p_->drive();
+    }
+  }
   if (!p2p_->drivable() || !p2p_queue_.empty()) queue_.wake();
   return Status();
 }
+
+void Session::p2p_waited() { p2p_->pay_owed_wake(); }
 
 Status Session::start_env_timeline() {
   if (topology().rank != 0) return Status();

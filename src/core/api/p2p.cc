@@ -71,40 +71,57 @@ Context context(const char* what, const ProcessSet& process_set) {
   return c;
 }
 
-std::vector<Handle> submit(Context& c, std::vector<core::P2POpEntry> ops) {
+std::vector<Handle> submit(Context& c, std::vector<core::P2POpEntry> ops,
+                           bool caller_waits = false) {
   std::vector<Handle> handles;
   handles.reserve(ops.size());
   for (const core::P2POpEntry& op : ops) {
     handles.push_back(detail::HandleAccess::make(op.entry->state));
   }
-  c.session->submit_p2p(std::move(ops)).throw_if_error();
+  c.session->submit_p2p(std::move(ops), caller_waits).throw_if_error();
   return handles;
 }
 
-Handle one(const char* what, bool is_send, TensorView tensor, int peer, int tag,
-           const ProcessSet& process_set) {
-  Context c = context(what, process_set);
+Handle one(Context& c, bool is_send, TensorView tensor, int peer, int tag,
+           bool caller_waits = false) {
   std::vector<core::P2POpEntry> ops;
   ops.push_back(make_op(c.set, is_send, tensor, peer, tag));
-  return submit(c, std::move(ops)).front();
+  return submit(c, std::move(ops), caller_waits).front();
+}
+
+// send() and recv(): the op, waited on at once. The step that starts it owes the
+// communication thread its wake-up, paid after the wait (Note [Waking the loop for
+// point-to-point] in src/core/execution/p2p_engine.h).
+int blocking(const char* what, bool is_send, TensorView tensor, int peer, int tag,
+             const ProcessSet& process_set) {
+  Context c = context(what, process_set);
+  Handle handle = one(c, is_send, tensor, peer, tag, /*caller_waits=*/true);
+  struct Payer {
+    core::Session& session;
+    ~Payer() { session.p2p_waited(); }
+  } payer{*c.session};
+  handle.wait();
+  return is_send ? -1 : handle.source();
 }
 
 }  // namespace
 
 Handle isend(TensorView tensor, int dst, int tag, ProcessSet process_set) {
-  return one("isend", true, tensor, dst, tag, process_set);
+  Context c = context("isend", process_set);
+  return one(c, true, tensor, dst, tag);
 }
 
 Handle irecv(TensorView tensor, int src, int tag, ProcessSet process_set) {
-  return one("irecv", false, tensor, src, tag, process_set);
+  Context c = context("irecv", process_set);
+  return one(c, false, tensor, src, tag);
 }
 
 void send(TensorView tensor, int dst, int tag, ProcessSet process_set) {
-  isend(tensor, dst, tag, std::move(process_set)).wait();
+  blocking("isend", true, tensor, dst, tag, process_set);
 }
 
 int recv(TensorView tensor, int src, int tag, ProcessSet process_set) {
-  return irecv(tensor, src, tag, std::move(process_set)).source();
+  return blocking("irecv", false, tensor, src, tag, process_set);
 }
 
 std::vector<Handle> batch_isend_irecv(std::vector<P2POp> ops, ProcessSet process_set) {
