@@ -6,9 +6,12 @@
 // [Bandwidth in turns]); the bandwidths are each one's median.
 //
 // Usage: mpirun -n 2 build/examples/p2p_benchmark [--iterations N] [--mb-iterations M]
+//                                               [--sweep-sizes]
 //   --iterations     1-float round trips timed, 1 to 10^6 (default 2000)
 //   --mb-iterations  64 MB round trips timed of each, Tutti's and raw MPI's, each in a turn of its
 //                    own (a pause and a warm-up round trip first), 1 to 10^6 (default 20)
+//   --sweep-sizes    also the sizes between P6's two, 4 KB to 16 MB (Note [Sizes between]): a line
+//                    per size, after P6's
 // Ends with: P6 latency_us=<x> raw_us=<y> bandwidth_ratio=<tutti 64 MB bandwidth / raw>
 // Before it, for the latency runs, what a profile would say first (examples/process_usage.h):
 //   P6 detail tutti: latency_us by tenth of the run=<median of each tenth, in order>
@@ -39,7 +42,8 @@ using tutti::examples::ProcessUsage;
 using tutti::examples::usage_by_rank;
 using Clock = std::chrono::steady_clock;
 
-constexpr char kUsage[] = "usage: p2p_benchmark [--iterations N] [--mb-iterations M]\n";
+constexpr char kUsage[] =
+    "usage: p2p_benchmark [--iterations N] [--mb-iterations M] [--sweep-sizes]\n";
 constexpr std::int64_t kMaxIterations = 1'000'000;
 
 double median(std::vector<double> samples) {
@@ -120,17 +124,75 @@ std::vector<double> time_raw(MPI_Comm comm, int rank, std::vector<float>& buffer
   return samples;
 }
 
+// Note [Sizes between]
+// P6 times 1 float, which rides inside its header, and 64 MB, where the copy dominates. Between
+// them a message is a header and a payload, and a wake-up of the communication thread that P6's
+// latency does not pay may cost what the copy does not hide: with blocking send() and recv(),
+// 4 KB to 1 MB took 1.2-3.1x raw MPI's time on the 2-core AMD EPYC VM while P6 was met there,
+// 1.1-1.4x once they stopped waking it (examples/BENCHMARK_LOG.md, fifty-seventh round). So
+// each size is timed two ways beside raw MPI_Send/MPI_Recv: both ranks with blocking send() and
+// recv(), and P6's way (rank 0 posts irecv() before its send() and then waits; rank 1 blocks),
+// where the receive is submitted before its thread waits on it. Medians of one-way time, rank
+// 0's clock, the three kinds in turns of `kSweepTurn` round trips after a warm-up of each.
+constexpr int kSweepTurn = 20;
+
+// Round trips of `buffer` with blocking tutti::send/recv on both ranks, in microseconds.
+std::vector<double> time_tutti_blocking(int rank, std::vector<float>& buffer, int iterations) {
+  const tutti::TensorView t(buffer.data(), {static_cast<std::int64_t>(buffer.size())});
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    if (rank == 0) {
+      const Clock::time_point start = Clock::now();
+      tutti::send(t, 1);
+      tutti::recv(t, 1);
+      samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    } else if (rank == 1) {
+      tutti::recv(t, 0);
+      tutti::send(t, 0);
+    }
+  }
+  return samples;
+}
+
+void sweep_sizes(MPI_Comm comm, int rank) {
+  for (const std::size_t bytes :
+       {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    std::vector<float> buffer(bytes / sizeof(float), 1.0f);
+    const int turns = bytes >= (std::size_t{1} << 20) ? 5 : 50;
+    std::vector<double> blocking, posted, raw;
+    static_cast<void>(time_tutti_blocking(rank, buffer, 2));
+    static_cast<void>(time_tutti(rank, buffer, 2));
+    static_cast<void>(time_raw(comm, rank, buffer, 2));
+    for (int turn = 0; turn < turns; ++turn) {
+      for (double x : time_tutti_blocking(rank, buffer, kSweepTurn)) blocking.push_back(x);
+      for (double x : time_tutti(rank, buffer, kSweepTurn)) posted.push_back(x);
+      for (double x : time_raw(comm, rank, buffer, kSweepTurn)) raw.push_back(x);
+    }
+    MPI_Barrier(comm);
+    if (rank != 0) continue;
+    const double raw_us = median(raw) / 2;
+    std::printf(
+        "P6 sizes bytes=%zu send_recv_us=%.2f (%.2fx raw) irecv_send_wait_us=%.2f (%.2fx raw) "
+        "raw_us=%.2f\n",
+        bytes, median(blocking) / 2, median(blocking) / 2 / raw_us, median(posted) / 2,
+        median(posted) / 2 / raw_us, raw_us);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int iterations = 2000;
   int mb_iterations = 20;
+  bool sizes = false;
   tutti::examples::FlagReader flags("p2p_benchmark", argc, argv);
   while (flags.next()) {
     if (flags.is("--iterations"))
       iterations = static_cast<int>(flags.integer(1, kMaxIterations));
     else if (flags.is("--mb-iterations"))
       mb_iterations = static_cast<int>(flags.integer(1, kMaxIterations));
+    else if (flags.is("--sweep-sizes"))
+      sizes = true;
     else
       flags.unknown();
   }
@@ -205,6 +267,7 @@ int main(int argc, char** argv) {
     std::printf("P6 latency_us=%.2f raw_us=%.2f bandwidth_ratio=%.3f\n", tutti_latency, raw_latency,
                 tutti_gbs / raw_gbs);
   }
+  if (sizes) sweep_sizes(comm, rank);
   MPI_Comm_free(&comm);
   tutti::shutdown();
   MPI_Finalize();

@@ -13,6 +13,7 @@
 #include "src/base/fast_tls.h"
 #include "src/base/host_memory_cache.h"
 #include "src/base/strings.h"
+#include "src/common/check.h"
 #include "src/common/logging.h"
 #include "src/core/cpu_sharing.h"
 #include "src/core/op_state.h"
@@ -209,14 +210,16 @@ Status Session::submit_p2p(std::vector<P2POpEntry> ops, bool caller_waits) {
     for (P2POpEntry& op : ops) op.entry->state->driver = detail::DriverKind::PointToPoint;
   }
   // As submit(): finish() closes the queue, so a racing push is refused or failed there.
-  TUTTI_RETURN_IF_ERROR(p2p_queue_.push(std::move(ops)));
   // This thread starts the ops itself; its step wakes the loop if some are left in flight
   // (Note [A waiting thread drives point-to-point]). If another thread holds the engine, the
   // ops are still queued, or that thread's step took them and wakes the loop as this one's
-  // would. A caller that waits at once owes the wake instead.
+  // would. The op of a caller that waits at once is its own to drive.
+  TUTTI_CHECK(!caller_waits || ops.size() == 1, "a blocking point-to-point call submits one op");
+  const std::shared_ptr<Entry> own = caller_waits ? ops.front().entry : nullptr;
+  TUTTI_RETURN_IF_ERROR(p2p_queue_.push(std::move(ops)));
   if (p2p_->drivable()) {
-    if (caller_waits) {
-      p2p_->drive_before_wait();
+    if (own != nullptr) {
+      p2p_->drive_before_wait(*own);
     } else {
       p2p_->drive();
     }
@@ -224,8 +227,6 @@ Status Session::submit_p2p(std::vector<P2POpEntry> ops, bool caller_waits) {
   if (!p2p_->drivable() || !p2p_queue_.empty()) queue_.wake();
   return Status();
 }
-
-void Session::p2p_waited() { p2p_->pay_owed_wake(); }
 
 Status Session::start_env_timeline() {
   if (topology().rank != 0) return Status();

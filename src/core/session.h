@@ -45,12 +45,9 @@ class Session {
   // Any thread. Queues an op (argument checks are the caller's); ShutDown once stopped.
   Status submit(std::shared_ptr<Entry> entry);
   // Any thread. Queues point-to-point ops (all or none; checks are the caller's); ShutDown
-  // once stopped. `caller_waits`: the calling thread waits on the ops at once, and then calls
-  // p2p_waited(), also when the wait failed (Note [Waking the loop for point-to-point] in
-  // execution/p2p_engine.h).
+  // once stopped. `caller_waits`: the calling thread waits on the op (one) at once (Note [Waking
+  // the loop for point-to-point] in execution/p2p_engine.h).
   Status submit_p2p(std::vector<P2POpEntry> ops, bool caller_waits = false);
-  // Any thread, after waiting on ops it submitted with `caller_waits`.
-  void p2p_waited();
   // Any thread. The set, or InvalidArgument if unknown. The global set, which every op of most
   // programs names, without the table's lock.
   Result<SetInfo> process_set(int id) const {

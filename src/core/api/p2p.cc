@@ -89,17 +89,13 @@ Handle one(Context& c, bool is_send, TensorView tensor, int peer, int tag,
   return submit(c, std::move(ops), caller_waits).front();
 }
 
-// send() and recv(): the op, waited on at once. The step that starts it owes the
-// communication thread its wake-up, paid after the wait (Note [Waking the loop for
-// point-to-point] in src/core/execution/p2p_engine.h).
+// send() and recv(): the op, waited on at once, so the step that starts it does not wake the
+// communication thread for it (Note [Waking the loop for point-to-point] in
+// src/core/execution/p2p_engine.h).
 int blocking(const char* what, bool is_send, TensorView tensor, int peer, int tag,
              const ProcessSet& process_set) {
   Context c = context(what, process_set);
   Handle handle = one(c, is_send, tensor, peer, tag, /*caller_waits=*/true);
-  struct Payer {
-    core::Session& session;
-    ~Payer() { session.p2p_waited(); }
-  } payer{*c.session};
   handle.wait();
   return is_send ? -1 : handle.source();
 }

@@ -125,11 +125,11 @@ Status P2PEngine::progress(Clock::time_point now, bool* did_work) {
   return status;
 }
 
-void P2PEngine::drive() { step_on_app_thread(/*owe_wake=*/false); }
+void P2PEngine::drive() { step_on_app_thread(nullptr); }
 
-void P2PEngine::drive_before_wait() { step_on_app_thread(/*owe_wake=*/true); }
+void P2PEngine::drive_before_wait(const Entry& own) { step_on_app_thread(&own); }
 
-void P2PEngine::step_on_app_thread(bool owe_wake) {
+void P2PEngine::step_on_app_thread(const Entry* own) {
   if (!mutex_.try_lock()) return;
   if (!finished_ && failed_.ok()) {
     bool did_work = false;
@@ -145,41 +145,24 @@ void P2PEngine::step_on_app_thread(bool owe_wake) {
                  str_cat("point-to-point progress on an application thread failed: ", e.what()));
     }
     // The loop may be asleep, not knowing of the ops this step started (perhaps other
-    // threads' ops) that are still in flight (Note [Waking the loop for point-to-point]). An
-    // error is its to stop on at once.
-    if (!failed_.ok()) {
-      wake_loop_();
-    } else if (started_ && needs_polling()) {
-      if (owe_wake) {
-        wake_owed_.store(true, std::memory_order_relaxed);
-      } else {
-        wake_loop_();
-      }
-    }
+    // threads' ops) that are still in flight (Note [Waking the loop for point-to-point]).
+    if (!failed_.ok() || (started_ && needs_polling(own))) wake_loop_();
   }
   mutex_.unlock();
 }
 
-void P2PEngine::pay_owed_wake() {
-  // The thread that owes the wake stored the flag itself; another thread's debt it may pay
-  // early (a wake the loop would have had before), or leave to that thread.
-  if (!wake_owed_.load(std::memory_order_relaxed)) return;
-  detail::MutexLock lock(mutex_);
-  if (!wake_owed_.exchange(false, std::memory_order_relaxed)) return;
-  if (!finished_ && needs_polling()) wake_loop_();
-}
-
 void P2PEngine::hand_back() {
   detail::MutexLock lock(mutex_);
-  wake_owed_.store(false, std::memory_order_relaxed);
   if (!finished_) wake_loop_();
 }
 
-bool P2PEngine::needs_polling() const {
-  return !active_.empty() ||
-         std::any_of(waiting_.begin(), waiting_.end(), [](const P2POpEntry& op) {
-           return op.entry->inputs[0].byte_size() > kInlineBytes;
-         });
+bool P2PEngine::needs_polling(const Entry* own) const {
+  for (const auto& [id, active] : active_) {
+    if (active.op.entry.get() != own) return true;
+  }
+  return std::any_of(waiting_.begin(), waiting_.end(), [own](const P2POpEntry& op) {
+    return op.entry.get() != own && op.entry->inputs[0].byte_size() > kInlineBytes;
+  });
 }
 
 Status P2PEngine::step(Clock::time_point now, bool* did_work) {

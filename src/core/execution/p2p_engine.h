@@ -75,17 +75,19 @@
 // such a receive on its own: it naps for at most kQuietCap (Note [Quiet naps] in idle_policy.h),
 // then polls while ops are in flight, so a receive nobody waits on is still watched for stalls
 // and completed.
-// A blocking send() or recv() defers even that wake: its thread waits on the op right after
-// submitting it, and drives the engine while it waits (for up to 200 us, then it hands the op
-// back, which wakes the loop), so the loop's wake-up only takes turns with it where the two
-// share a CPU. The submitting step owes the wake instead, and the caller pays it once its wait
-// ends, if ops that need polling are still in flight then (another thread's, or its own after
-// an error). Paying it on every step of the wait would wake the loop at the first one, since
-// the op the thread waits on is in flight until its last step. A ping-pong with blocking send()
-// and recv() on the 2-core AMD EPYC VM (family 26; two ranks, each bound to one core it shares
-// with its communication thread), medians of one-way time in three alternated pairs of runs:
-// 4 KB 6.2-12.4 us before, 5.9-6.1 after (raw MPI 4.2-4.9); 64 KB 15.1-15.8 before, 8.2-8.7
-// after (raw 6.6-7.0); 1 MB 86-104 before, 70-77 after (raw 58-74).
+// For a blocking send() or recv() the loop is not woken even then: its thread waits on the op after
+// submitting it and drives the engine while it waits (for up to 200 us, then it hands the op
+// back, which wakes the loop), so the loop's wake-up would only take turns with it where the
+// two share a CPU. Its submitting step wakes the loop only for the other ops it started (other
+// threads' ops it took from the queue) that need polling. A ping-pong with blocking send() and
+// recv() (p2p_benchmark --sweep-sizes) on the 2-core AMD EPYC VM (family 26; two ranks, each
+// bound to one core it shares with its communication thread), medians of one-way time in three
+// alternated pairs of runs: 4 KB 10.5-13.8 us before, 6.1-7.6 after (raw MPI 4.4-5.3); 64 KB
+// 21.3-24.8 before, 12.3-15.1 after (raw 10.8-12.5); 16 MB at 1.06-1.16x raw either way
+// (examples/BENCHMARK_LOG.md, fifty-seventh round). (Owing the wake instead, paid after the wait
+// if anything still needed polling, woke the loop after each send of P6's pattern for the
+// irecv() posted before it, which the loop already watched: 64 KB in that pattern took 28.5-32.6
+// us against 20.3-26.5 before.)
 #pragma once
 
 #include <atomic>
@@ -184,13 +186,9 @@ class P2PEngine final : public detail::Driver {
   // polled (Note [Waking the loop for point-to-point]), and for an error, which its progress()
   // then returns. Nothing after an error or finish().
   void drive() override TUTTI_EXCLUDES(mutex_);
-  // Application threads: drive()'s step for ops the calling thread submitted and waits on at
-  // once, which owes the wake drive() would make instead (Note [Waking the loop for
-  // point-to-point]); the caller must call pay_owed_wake() once its wait ends.
-  void drive_before_wait() TUTTI_EXCLUDES(mutex_);
-  // Wakes the communication thread if a step owed it the wake and ops that move only while
-  // polled are still in flight. Any thread; nothing after finish().
-  void pay_owed_wake() TUTTI_EXCLUDES(mutex_);
+  // Application threads: drive()'s step for a thread that submitted op `own` and waits on it at
+  // once: `own` does not count toward the wake (Note [Waking the loop for point-to-point]).
+  void drive_before_wait(const Entry& own) TUTTI_EXCLUDES(mutex_);
   // Wakes the communication thread, which polls for the op a thread stopped driving.
   void hand_back() override TUTTI_EXCLUDES(mutex_);
   // Communication thread, as process set `set_id` is removed: fails its queued ops and its
@@ -212,12 +210,12 @@ class P2PEngine final : public detail::Driver {
     Status status;              // The receive's end (Mismatch if consumed into scratch).
     std::vector<char> scratch;  // A mismatched payload lands here.
   };
-  // drive() and drive_before_wait(): one step if the lock is free, then the wake, made at once
-  // or owed.
-  void step_on_app_thread(bool owe_wake) TUTTI_EXCLUDES(mutex_);
-  // Whether ops in flight move only while this rank polls (Note [Waking the loop for
-  // point-to-point]).
-  bool needs_polling() const TUTTI_REQUIRES(mutex_);
+  // drive() and drive_before_wait(): one step if the lock is free, then the wake if ops it
+  // started, besides `own` (if not null), need polling.
+  void step_on_app_thread(const Entry* own) TUTTI_EXCLUDES(mutex_);
+  // Whether ops in flight, besides `own` (if not null), move only while this rank polls (Note
+  // [Waking the loop for point-to-point]).
+  bool needs_polling(const Entry* own = nullptr) const TUTTI_REQUIRES(mutex_);
   // How long finish() waits for messages already in flight (Note [Settling at the end]).
   static constexpr std::chrono::milliseconds kSettleTime{50};
   // finish()'s matching of what already arrived (Note [Settling at the end]).
@@ -257,9 +255,6 @@ class P2PEngine final : public detail::Driver {
   bool finished_ TUTTI_GUARDED_BY(mutex_) = false;
   bool started_ TUTTI_GUARDED_BY(mutex_) = false;  // The last step took ops from the queue.
   std::atomic<bool> busy_{false};  // waiting_ or active_ non-empty, as of the last step.
-  // A drive_before_wait() step owes the loop a wake. Written under mutex_; pay_owed_wake() reads
-  // it first without the lock, so that a blocking op that owes nothing takes no lock.
-  std::atomic<bool> wake_owed_{false};
 };
 
 }  // namespace tutti::core

@@ -2,8 +2,8 @@
 // P2PEngine's sharing between threads (Note [A waiting thread drives point-to-point] in
 // src/core/execution/p2p_engine.h), on a scripted channel: a driving thread starts and completes
 // ops and wakes the loop only for what stays in flight and moves only while polled (Note [Waking
-// the loop for point-to-point]), a thread that waits at once owes that wake until its wait ends;
-// its errors reach the loop's progress();
+// the loop for point-to-point]), and not for the op of a thread that waits on it at once; its
+// errors reach the loop's progress();
 // the loop skips a step while another thread runs one; finish() first completes what already
 // arrived or finished (Note [Settling at the end]); nothing is driven after finish().
 #include "src/core/execution/p2p_engine.h"
@@ -114,6 +114,7 @@ struct Fixture {
   Config config;
   std::atomic<int> wakes{0};
   std::shared_ptr<P2PEngine> engine;
+  std::shared_ptr<Entry> last;  // The entry of the op push() queued last.
   // Room for a message of more than P2PEngine::kInlineBytes.
   std::vector<float> data = std::vector<float>(P2PEngine::kInlineBytes, 1.0f);
 
@@ -135,6 +136,7 @@ struct Fixture {
     op.entry->state = std::make_shared<detail::OpState>();
     op.entry->submitted = std::chrono::steady_clock::now();
     std::shared_ptr<detail::OpState> state = op.entry->state;
+    last = op.entry;
     std::vector<P2POpEntry> ops;
     ops.push_back(std::move(op));
     REQUIRE(queue.push(std::move(ops)).ok());
@@ -233,66 +235,51 @@ TEST_CASE("A driven step that leaves a send unfinished wakes the loop", "[p2p]")
   CHECK(receive->wait().code() == ErrorCode::ShutDown);
 }
 
-TEST_CASE("A step before a wait owes the wake, and the wait's own steps do not pay it", "[p2p]") {
+TEST_CASE("A step before a wait does not wake the loop for the waiter's own op", "[p2p]") {
   Fixture f;
   f.script.sends_finish = false;
   std::shared_ptr<detail::OpState> send = f.push(true);
-  f.engine->drive_before_wait();
+  const std::shared_ptr<Entry> own = f.last;
+  f.engine->drive_before_wait(*own);
   CHECK(f.script.sends == 1);
   CHECK_FALSE(send->done());
   CHECK(f.wakes == 0);
-  // The waiting thread drives: the send still needs polling, and the loop is not woken for it.
-  f.engine->drive();
+  // The waiting thread drives it to the end; its steps start nothing new and wake nothing.
   f.engine->drive();
   CHECK(f.wakes == 0);
   f.script.sends_finish = true;
   f.engine->drive();
   CHECK(send->done());
-  // Nothing left in flight: the debt lapses.
-  f.engine->pay_owed_wake();
   CHECK(f.wakes == 0);
-  f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
-}
-
-TEST_CASE("An owed wake is paid after the wait for ops still in flight", "[p2p]") {
-  Fixture f;
-  // Another thread's large receive, queued first, and the waiting thread's own small send,
-  // which completes in the step that starts both.
+  // The same for a large receive, which drive() wakes the loop for.
   std::shared_ptr<detail::OpState> receive =
       f.push(false, static_cast<std::int64_t>(P2PEngine::kInlineBytes / sizeof(float)) + 1);
-  std::shared_ptr<detail::OpState> send = f.push(true);
-  f.engine->drive_before_wait();
-  CHECK(send->done());
+  f.engine->drive_before_wait(*f.last);
   CHECK_FALSE(receive->done());
   CHECK(f.wakes == 0);
-  f.engine->pay_owed_wake();
-  CHECK(f.wakes == 1);
-  // Paid once.
-  f.engine->pay_owed_wake();
-  CHECK(f.wakes == 1);
   f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
   CHECK(receive->wait().code() == ErrorCode::ShutDown);
 }
 
-TEST_CASE("A hand-back wakes the loop and settles an owed wake", "[p2p]") {
+TEST_CASE("A step before a wait wakes the loop for other ops it starts", "[p2p]") {
   Fixture f;
-  f.script.sends_finish = false;
+  // Another thread's large receive, queued first, then the waiting thread's own small send.
+  std::shared_ptr<detail::OpState> receive =
+      f.push(false, static_cast<std::int64_t>(P2PEngine::kInlineBytes / sizeof(float)) + 1);
   std::shared_ptr<detail::OpState> send = f.push(true);
-  f.engine->drive_before_wait();
-  CHECK(f.wakes == 0);
-  f.engine->hand_back();
-  CHECK(f.wakes == 1);
-  f.engine->pay_owed_wake();
+  f.engine->drive_before_wait(*f.last);
+  CHECK(send->done());
+  CHECK_FALSE(receive->done());
   CHECK(f.wakes == 1);
   f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
-  CHECK(send->wait().code() == ErrorCode::ShutDown);
+  CHECK(receive->wait().code() == ErrorCode::ShutDown);
 }
 
 TEST_CASE("A step before a wait that meets an error wakes the loop at once", "[p2p]") {
   Fixture f;
   f.script.header_error = Status(ErrorCode::Communication, "scripted failure");
   f.push(false);
-  f.engine->drive_before_wait();
+  f.engine->drive_before_wait(*f.last);
   CHECK(f.wakes == 1);
   bool did_work = false;
   CHECK(f.engine->progress(std::chrono::steady_clock::now(), &did_work).code() ==
