@@ -209,14 +209,14 @@ Status Session::submit_p2p(std::vector<P2POpEntry> ops, bool caller_waits) {
   if (p2p_->drivable()) {
     for (P2POpEntry& op : ops) op.entry->state->driver = detail::DriverKind::PointToPoint;
   }
-  // As submit(): finish() closes the queue, so a racing push is refused or failed there.
-  // This thread starts the ops itself; its step wakes the loop if some are left in flight
-  // (Note [A waiting thread drives point-to-point]). If another thread holds the engine, the
-  // ops are still queued, or that thread's step took them and wakes the loop as this one's
-  // would. The op of a caller that waits at once is its own to drive.
   TUTTI_CHECK(!caller_waits || ops.size() == 1, "a blocking point-to-point call submits one op");
   const std::shared_ptr<Entry> own = caller_waits ? ops.front().entry : nullptr;
+  // As submit(): finish() closes the queue, so a racing push is refused or failed there.
   TUTTI_RETURN_IF_ERROR(p2p_queue_.push(std::move(ops)));
+  // This thread starts the ops itself; its step wakes the loop if some are left in flight
+  // (Note [A waiting thread drives point-to-point]), but not for the op of a caller that waits
+  // on it at once, which is its own to drive. If another thread holds the engine, the ops are
+  // still queued, or that thread's step took them and wakes the loop as this one's would.
   if (p2p_->drivable()) {
     if (own != nullptr) {
       p2p_->drive_before_wait(*own);
