@@ -87,16 +87,24 @@ std::string latency_by_tenth(const std::vector<double>& samples) {
 // thirty-ninth round).
 void pause_before_turn() { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
 
-// Round trips of `buffer` with tutti::isend/irecv, in microseconds (rank 0's clock).
-std::vector<double> time_tutti(int rank, std::vector<float>& buffer, int iterations) {
+// Round trips of `buffer` with tutti's point-to-point ops, in microseconds (rank 0's clock): P6's
+// way (rank 0 posts irecv() before its send(), then waits), or with `blocking` send() and
+// recv() on both ranks (Note [Sizes between]). Rank 1 blocks either way.
+std::vector<double> time_tutti(int rank, std::vector<float>& buffer, int iterations,
+                               bool blocking = false) {
   const tutti::TensorView t(buffer.data(), {static_cast<std::int64_t>(buffer.size())});
   std::vector<double> samples;
   for (int i = 0; i < iterations; ++i) {
     if (rank == 0) {
       const Clock::time_point start = Clock::now();
-      tutti::Handle r = tutti::irecv(t, 1);
-      tutti::send(t, 1);
-      r.wait();
+      if (blocking) {
+        tutti::send(t, 1);
+        tutti::recv(t, 1);
+      } else {
+        tutti::Handle r = tutti::irecv(t, 1);
+        tutti::send(t, 1);
+        r.wait();
+      }
       samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
     } else if (rank == 1) {
       tutti::recv(t, 0);
@@ -136,35 +144,18 @@ std::vector<double> time_raw(MPI_Comm comm, int rank, std::vector<float>& buffer
 // 0's clock, the three kinds in turns of `kSweepTurn` round trips after a warm-up of each.
 constexpr int kSweepTurn = 20;
 
-// Round trips of `buffer` with blocking tutti::send/recv on both ranks, in microseconds.
-std::vector<double> time_tutti_blocking(int rank, std::vector<float>& buffer, int iterations) {
-  const tutti::TensorView t(buffer.data(), {static_cast<std::int64_t>(buffer.size())});
-  std::vector<double> samples;
-  for (int i = 0; i < iterations; ++i) {
-    if (rank == 0) {
-      const Clock::time_point start = Clock::now();
-      tutti::send(t, 1);
-      tutti::recv(t, 1);
-      samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-    } else if (rank == 1) {
-      tutti::recv(t, 0);
-      tutti::send(t, 0);
-    }
-  }
-  return samples;
-}
-
 void sweep_sizes(MPI_Comm comm, int rank) {
   for (const std::size_t bytes :
        {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
     std::vector<float> buffer(bytes / sizeof(float), 1.0f);
     const int turns = bytes >= (std::size_t{1} << 20) ? 5 : 50;
     std::vector<double> blocking, posted, raw;
-    static_cast<void>(time_tutti_blocking(rank, buffer, 2));
+    static_cast<void>(time_tutti(rank, buffer, 2, /*blocking=*/true));
     static_cast<void>(time_tutti(rank, buffer, 2));
     static_cast<void>(time_raw(comm, rank, buffer, 2));
     for (int turn = 0; turn < turns; ++turn) {
-      for (double x : time_tutti_blocking(rank, buffer, kSweepTurn)) blocking.push_back(x);
+      for (double x : time_tutti(rank, buffer, kSweepTurn, /*blocking=*/true))
+        blocking.push_back(x);
       for (double x : time_tutti(rank, buffer, kSweepTurn)) posted.push_back(x);
       for (double x : time_raw(comm, rank, buffer, kSweepTurn)) raw.push_back(x);
     }
