@@ -96,8 +96,8 @@ bool broadcast_all(const std::vector<std::pair<std::string, Tensor>>& tensors, i
 std::uint64_t model_signature(const std::vector<std::pair<std::string, Tensor>>& tensors) {
   std::uint64_t hash = tutti::detail::kFnv1aBasis;
   for (const auto& [name, tensor] : tensors) {
-    hash = tutti::detail::fnv1a(hash, name.data(),
-                                name.size() + 1);  // With the terminator: "ab","c" != "a","bc".
+    // With the terminator: "ab","c" != "a","bc".
+    hash = tutti::detail::fnv1a(hash, name.data(), name.size() + 1);
     const Shape& shape = tensor.shape();
     const auto dims = static_cast<std::int64_t>(shape.size());
     hash = tutti::detail::fnv1a(hash, &dims, sizeof dims);
