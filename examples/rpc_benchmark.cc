@@ -5,9 +5,19 @@
 // The raw ping-pong runs on a duplicate of MPI_COMM_WORLD while the RPC agent idles. Medians.
 //
 // Usage: mpirun -n 2 build/examples/rpc_benchmark [--iterations N] [--mb-iterations M]
+//                                               [--sweep-sizes]
 //   --iterations     empty round trips timed, 1 to 10^6 (default 2000)
 //   --mb-iterations  1 MiB round trips timed, 1 to 10^6 (default 200)
+//   --sweep-sizes    then larger tensors, 4, 16 and 64 MiB (Note [Large payloads]): a line each,
+//                    P7 sizes bytes=<size> rpc_us=<median round trip> raw_us=<raw> ratio=<rpc/raw>
 // Ends with: P7 rpc_us=<empty rpc_sync> raw_us=<empty raw ping-pong> mb_ratio=<1 MiB rpc / raw>
+//
+// Note [Large payloads]
+// P7 has only a 1 MiB tensor, and tensors of tens of MiB (a model's layer, a shard) went through
+// RPC 25-114x slower than raw MPI before their buffers were kept for reuse (Note [Byte buffers
+// kept for reuse] in src/common/byte_buffers.h): what fresh memory costs shows only above
+// glibc's mapping threshold. Each size runs max(3, M / size in MiB) round trips after one
+// warm-up, then the raw ping-pong as many times.
 #include <tutti/nn.h>
 #include <tutti/rpc.h>
 #include <tutti/tutti.h>
@@ -29,7 +39,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kUsage[] = "usage: rpc_benchmark [--iterations N] [--mb-iterations M]\n";
+constexpr char kUsage[] =
+    "usage: rpc_benchmark [--iterations N] [--mb-iterations M] [--sweep-sizes]\n";
 constexpr std::int64_t kMaxIterations = 1'000'000;
 
 double median_us(std::vector<double> samples) {
@@ -68,10 +79,44 @@ std::vector<double> time_raw(MPI_Comm comm, int rank, std::size_t bytes, int ite
   return samples;
 }
 
+// A message with one tensor of `bytes` (a multiple of 4).
+tutti::rpc::Message tensor_message(std::size_t bytes) {
+  return {.tensors = {tutti::nn::Variable(tutti::Tensor(
+              tutti::DataType::Float32, {static_cast<std::int64_t>(bytes / sizeof(float))}))},
+          .rrefs = {},
+          .bytes = {}};
+}
+
+// Note [Large payloads]. Collective over ranks 0 and 1.
+void sweep_sizes(int rank, int mb_iterations) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  for (const std::size_t mib : {4, 16, 64}) {
+    const std::size_t bytes = mib * kMiB;
+    const int iterations = std::max(3, static_cast<int>(mb_iterations / static_cast<int>(mib)));
+    double rpc = 0;
+    if (rank == 0) {
+      const tutti::rpc::Message message = tensor_message(bytes);
+      time_rpc("w1", message, 1);
+      rpc = median_us(time_rpc("w1", message, iterations));
+    }
+    tutti::barrier();
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    time_raw(comm, rank, bytes, 1);
+    const double raw = median_us(time_raw(comm, rank, bytes, iterations));
+    MPI_Comm_free(&comm);
+    if (rank == 0) {
+      std::printf("P7 sizes bytes=%zu rpc_us=%.0f raw_us=%.0f ratio=%.2f (median of %d)\n", bytes,
+                  rpc, raw, rpc / raw, iterations);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int iterations = 2000, mb_iterations = 200;
+  bool sweep = false;
   // At least one of each: a median of none would print 0 and a ratio of NaN.
   tutti::examples::FlagReader flags("rpc_benchmark", argc, argv);
   while (flags.next()) {
@@ -79,6 +124,8 @@ int main(int argc, char** argv) {
       iterations = static_cast<int>(flags.integer(1, kMaxIterations));
     else if (flags.is("--mb-iterations"))
       mb_iterations = static_cast<int>(flags.integer(1, kMaxIterations));
+    else if (flags.is("--sweep-sizes"))
+      sweep = true;
     else
       flags.unknown();
   }
@@ -99,10 +146,7 @@ int main(int argc, char** argv) {
   const int rank = tutti::rank();
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   const tutti::rpc::Message empty;
-  const tutti::rpc::Message mib{
-      .tensors = {tutti::nn::Variable(tutti::Tensor(tutti::DataType::Float32, {kMiB / 4}))},
-      .rrefs = {},
-      .bytes = {}};
+  const tutti::rpc::Message mib = tensor_message(kMiB);
   double rpc_empty = 0, rpc_mib = 0;
   if (rank == 0) {
     time_rpc("w1", empty, iterations / 10 + 1);  // Warm-up.
@@ -125,6 +169,9 @@ int main(int argc, char** argv) {
     std::printf(
         "P7 1 MiB tensor:  rpc_sync round trip %.1f us, raw MPI ping-pong %.1f us (median of %d)\n",
         rpc_mib, raw_mib, mb_iterations);
+  }
+  if (sweep) sweep_sizes(rank, mb_iterations);
+  if (rank == 0) {
     std::printf("P7 rpc_us=%.1f raw_us=%.1f mb_ratio=%.2f\n", rpc_empty, raw_empty,
                 rpc_mib / raw_mib);
   }

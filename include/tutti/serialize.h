@@ -24,6 +24,11 @@ namespace tutti {
 // Appends values to a byte string. Not thread-safe; one writer per thread.
 class ByteWriter {
  public:
+  ByteWriter() = default;
+  // Tutti addition: writes into `buffer`, emptied first; its room is kept, so a writer given a
+  // buffer with room for everything it writes allocates nothing.
+  explicit ByteWriter(std::string buffer) : bytes_(std::move(buffer)) { bytes_.clear(); }
+
   template <class T>
   requires std::is_trivially_copyable_v<T>
   void put(const T& value) {

@@ -2,9 +2,11 @@
 #include "ops/mpi/mpi_control_plane.h"
 
 #include <string>
+#include <utility>
 
 #include "ops/mpi/mpi_error.h"
 #include "ops/mpi/mpi_types.h"
+#include "src/common/byte_buffers.h"
 #include "src/common/logging.h"
 
 namespace tutti::ops::mpi {
@@ -97,6 +99,7 @@ bool MpiControlPlane::sends_done() {
     if (MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) {
       return false;
     }
+    ::tutti::detail::give_back_byte_buffer(std::move(sends_.front().bytes));
     sends_.pop_front();
   }
   return true;
@@ -115,8 +118,9 @@ Result<std::optional<Message>> MpiControlPlane::poll() {
     }
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
-    receiving_.emplace(Message{.source = status.MPI_SOURCE,
-                               .bytes = std::string(static_cast<std::size_t>(count), '\0')});
+    receiving_.emplace(
+        Message{.source = status.MPI_SOURCE,
+                .bytes = ::tutti::detail::take_byte_buffer(static_cast<std::size_t>(count))});
     // A blocking receive here would wait for every byte of a large message, however long its
     // sender takes to push them (issue 30: RPC payloads stalled a loaded rank's agent).
     TUTTI_MPI_RETURN_IF_ERROR(

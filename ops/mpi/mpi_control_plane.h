@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // ControlPlane over MPI point-to-point on a communicator of its own: MPI_Isend with the bytes
 // kept alive until the send completes, MPI_Improbe + MPI_Imrecv to receive: a large message
-// (RPC's payloads) completes over later polls, and poll() never waits for its bytes.
+// (RPC's payloads) completes over later polls, and poll() never waits for its bytes. Large
+// buffers come from, and sent ones go back to, the kept byte buffers (Note [Byte buffers kept
+// for reuse] in src/common/byte_buffers.h).
 #pragma once
 
 #include <atomic>

@@ -14,13 +14,6 @@ namespace {
 // 64-byte alignment suits vector loads.
 constexpr std::size_t kAlignment = 64;
 
-// `bytes` (kMinCachedBytes or more) rounded up to a multiple of an eighth of its largest power of
-// two: at most 8 classes per doubling, each a multiple of kAlignment.
-std::size_t size_class(std::size_t bytes) {
-  const std::size_t step = std::bit_floor(bytes) / 8;
-  return (bytes + step - 1) / step * step;
-}
-
 void* allocate_block(std::size_t bytes) {
   void* block = std::aligned_alloc(kAlignment, bytes);
   if (block == nullptr) throw std::bad_alloc();
@@ -124,6 +117,11 @@ Cache& cache() {
 }
 
 }  // namespace
+
+std::size_t size_class(std::size_t bytes) {
+  const std::size_t step = std::bit_floor(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
 
 std::shared_ptr<void> allocate_host(std::size_t bytes) {
   // Room for at least one byte, so that data() is never null.

@@ -32,6 +32,10 @@ namespace tutti::base {
 // kernel (128 KiB is glibc's default threshold for mapping a block on its own).
 inline constexpr std::size_t kMinCachedBytes = 128 * 1024;
 
+// `bytes` (kMinCachedBytes or more) rounded up to a multiple of an eighth of its largest power of
+// two: at most 8 classes per doubling, each a multiple of 64 bytes. The cache keeps blocks by it.
+std::size_t size_class(std::size_t bytes);
+
 // Storage of at least `bytes` on the CPU, 64-byte aligned, contents unspecified, never null
 // (also for 0 bytes). A cached block of the size class when there is one. Throws std::bad_alloc.
 std::shared_ptr<void> allocate_host(std::size_t bytes);

@@ -13,6 +13,7 @@
 #include "src/base/fast_tls.h"
 #include "src/base/host_memory_cache.h"
 #include "src/base/strings.h"
+#include "src/common/byte_buffers.h"
 #include "src/common/check.h"
 #include "src/common/logging.h"
 #include "src/core/cpu_sharing.h"
@@ -264,7 +265,8 @@ void Session::stop() {
   // Communicators are freed collectively: every rank reaches here from its own shutdown().
   // Not after an error, when a peer may be stuck and never get here.
   sets_.clear(stopped_on_error_.load());
-  base::set_host_cache_capacity(0);  // Frees every cached block.
+  base::set_host_cache_capacity(0);  // Frees every cached block,
+  detail::release_byte_buffers();    // and every kept buffer.
 }
 
 void Session::finish(const Status& status) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "src/base/strings.h"
+#include "src/common/byte_buffers.h"
 #include "src/common/logging.h"
 #include "src/dist_autograd/dist_engine.h"
 #include "src/rpc/optimizer_host.h"
@@ -363,6 +364,8 @@ bool Agent::poll_incoming(Status* fatal) {
 
 void Agent::process(int source, std::string bytes) {
   Result<Frame> frame = decode(bytes);
+  // The frame holds copies of everything (its tensors' storage comes from the host memory cache).
+  ::tutti::detail::give_back_byte_buffer(std::move(bytes));
   if (!frame.ok()) {
     TUTTI_LOG_ERROR("RPC: dropped a frame from rank ", source, ": ", frame.status().message());
     return;

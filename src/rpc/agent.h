@@ -79,9 +79,10 @@ using dist_autograd::detail::make_global_id;
 inline constexpr std::chrono::microseconds kSpinWindow{2000};
 inline constexpr std::chrono::microseconds kMinSleep{50};
 inline constexpr std::chrono::microseconds kMaxSleep{1000};
-// Frames bigger than this cross the plane in pieces (MPI counts are int; and a piece this size
-// already runs at full bandwidth).
-inline constexpr std::size_t kDefaultMaxPieceBytes = std::size_t{64} << 20;
+// Frames bigger than this cross the plane in pieces (MPI counts are int). Below it a frame goes
+// whole: its pieces would be copies, in buffers not kept for reuse (Note [Byte buffers kept for
+// reuse] in src/common/byte_buffers.h). At 64 MiB, a 64 MiB tensor's frame went in two pieces.
+inline constexpr std::size_t kDefaultMaxPieceBytes = std::size_t{1} << 30;
 
 // `seconds` (finite, >= 0) as a duration, capped so that deadlines cannot overflow.
 Clock::duration to_duration(double seconds);

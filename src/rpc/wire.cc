@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "src/base/strings.h"
+#include "src/common/byte_buffers.h"
 
 namespace tutti::rpc::detail {
 namespace {
@@ -72,7 +73,7 @@ bool get_tensor(ByteReader& r, WireTensor* tensor, std::string* what) {
     count *= static_cast<std::uint64_t>(d);
   }
   tensor->requires_grad = requires_grad == 1;
-  tensor->value = Tensor(DataType::Float32, std::move(shape));
+  tensor->value = Tensor::empty(DataType::Float32, std::move(shape));  // Overwritten whole.
   return r.get_bytes(tensor->value.data(), count * sizeof(float));
 }
 
@@ -96,19 +97,37 @@ bool get_payload(ByteReader& r, WirePayload* payload, std::string* what) {
   return r.get_string(&payload->bytes);
 }
 
+// What put_payload() writes, to the byte.
 std::size_t payload_bytes(const WirePayload& payload) {
-  std::size_t bytes = 64 + payload.bytes.size() + payload.rrefs.size() * 24;
+  std::size_t bytes = 8 + 8 + payload.rrefs.size() * 24 + 8 + payload.bytes.size();
   for (const WireTensor& t : payload.tensors)
-    bytes += 8 * t.value.shape().size() + t.value.byte_size() + 3;
+    bytes += 3 + 8 * t.value.shape().size() + t.value.byte_size();
   return bytes;
 }
 
 }  // namespace
 
+std::size_t encoded_size(const Frame& frame) {
+  constexpr std::size_t kHead = 1 + 4 + 1 + 1 + 4 + 8;  // Flag to id.
+  constexpr std::size_t kIds = 8 + 8;                   // Context, autograd message.
+  switch (frame.kind) {
+    case FrameKind::Request:
+      return kHead + 8 + frame.function.size() + 8 + frame.meta.size() + kIds +
+             payload_bytes(frame.payload);
+    case FrameKind::Response:
+      return kHead + 1 + 8 + frame.status.message().size() + 8 + frame.meta.size() + kIds +
+             payload_bytes(frame.payload);
+    case FrameKind::Control: return kHead + 1 + 8 + 8 + 8;
+  }
+  return kHead;
+}
+
 std::string encode(const Frame& frame) {
-  ByteWriter w;
-  w.reserve(payload_bytes(frame.payload) + frame.function.size() + frame.meta.size() +
-            frame.status.message().size());
+  // A buffer of the exact size, kept for reuse if large (Note [Byte buffers kept for reuse] in
+  // src/common/byte_buffers.h): a frame carrying a large tensor is written once, into one
+  // buffer, without the copy into a buffer twice as large that a reservation a few bytes short
+  // cost for its last bytes.
+  ByteWriter w(::tutti::detail::take_byte_buffer(encoded_size(frame)));
   w.put<std::uint8_t>(0);  // Fragment flag: see fragment().
   w.put<std::uint32_t>(kMagic);
   w.put<std::uint8_t>(kFormat);

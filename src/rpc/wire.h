@@ -83,6 +83,8 @@ struct Frame {
 // The frame's bytes. They start with the one-byte fragment flag of fragment() (0), so a frame
 // that fits one plane message goes out without a copy.
 std::string encode(const Frame& frame);
+// encode()'s size, to the byte: encode() allocates once.
+std::size_t encoded_size(const Frame& frame);
 // The frame, or Internal naming what is wrong with the bytes.
 Result<Frame> decode(std::string_view bytes);
 

@@ -193,7 +193,9 @@ Problems big_messages_body(RpcWorld& world, std::size_t max_piece_bytes) {
            "1 MiB echo");
   if (kEchoesHugeMessage && max_piece_bytes == rpc::detail::kDefaultMaxPieceBytes &&
       world.rank() == 0) {
-    // 68 MiB: two pieces. Once, from worker 0: fresh memory is slow to touch on the test
+    // 68 MiB: one piece at the default piece size (1 GiB), and above the mapping threshold of
+    // glibc's malloc, so its buffers come from the kept ones after the first call (Note [Byte
+    // buffers kept for reuse]). Once, from worker 0: fresh memory is slow to touch on the test
     // machines.
     nn::Variable huge(filled({17, 1 << 20}, 1.0f, 0.0f));
     Message h = rpc::rpc_sync(world.peer(1), "echo", {.tensors = {huge}, .rrefs = {}, .bytes = {}});
