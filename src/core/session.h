@@ -78,9 +78,9 @@ class Session {
   // [Flight recorder]; error_reason() words an error), or the process is ending for it (Note [An
   // uncaught exception leaves its traces] in terminate_dump.h), and says where in the log.
   void dump_after_error(std::string_view reason);
-  // A dump's reason for `why`: its error's name, then its message ("Mismatch: desync in ...";
-  // a message that starts with the name already, as the stall inspector's "Stalled: ...", keeps
-  // that one).
+  // A dump's reason for `why`: its error's name, then its message ("Mismatch: desync in ...",
+  // "Stalled: ops were submitted by some ranks but not by others ..."; a message that starts
+  // with the name already keeps that one).
   static std::string error_reason(const Status& why);
   // Any thread. This rank's flight recorder (tutti/debug.h), which outlives the session.
   const std::shared_ptr<FlightRecorder>& flight_recorder() const { return recorder_; }

@@ -68,11 +68,11 @@ std::optional<Status> StallInspector::inspect(const Coordinator& coordinator,
     // Every pending op fails with this status, so every one still missing a rank is named,
     // however young: with the shutdown limit below the check time the ops old enough to be
     // listed were only those past the limit, and an op a late rank submitted a moment after the
-    // stalled one went unnamed.
+    // stalled one went unnamed. The message does not repeat the error's name: code that prints
+    // the name, then what() ("Stalled: " + ...) showed it twice.
     return Status(
         ErrorCode::Stalled,
-        str_cat("Stalled: ops were submitted by some ranks but not by others, the oldest for "
-                "more than ",
+        str_cat("ops were submitted by some ranks but not by others, the oldest for more than ",
                 seconds(shutdown_after_), " s (TUTTI_STALL_SHUTDOWN_TIME_SECONDS); missing: ",
                 missing_list(coordinator.stalls(now, Clock::duration::zero()))));
   }

@@ -285,7 +285,7 @@ TEST_CASE("The bye records why the job stops", "[executor][shutdown]") {
     ResponseList bye = responses_of({});
     bye.shutdown = true;
     bye.shutdown_code = ErrorCode::Stalled;
-    bye.shutdown_message = "Stalled: ...";
+    bye.shutdown_message = "ops were submitted by some ranks but not by others ...";
     const bool ran = rank.executor.execute(std::move(bye)).ok();
     const std::optional<Status>& why = rank.executor.shutdown();
     ok[static_cast<std::size_t>(r)] = ran && why && why->code() == ErrorCode::Stalled;
