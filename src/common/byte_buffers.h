@@ -8,8 +8,9 @@
 // largest mapping threshold (32 MiB) fresh from the kernel on every allocation and unmaps it when
 // it is freed, so each of those buffers faulted its pages in, zero-filled, on every call. On the
 // 2-core AMD EPYC VM (family 26) a page fault costs some 15 us, 250 ms for a 64 MiB buffer:
-// rpc_sync() echoing a 32 MiB tensor took 604 ms and a 64 MiB one 2.4 s, against 13 and 12 ms
-// for raw MPI's ping-pong of the same bytes. Tensors have the host memory cache for that (Note
+// rpc_sync() echoing a 64 MiB tensor took 2.8-3.5 s, against 34-38 ms for raw MPI's ping-pong of
+// the same bytes, and 54-65 ms with the buffers kept (rpc_benchmark --sweep-sizes, three
+// alternated pairs of runs; README, "RPC"). Tensors have the host memory cache for that (Note
 // [Host memory cache] in src/base/host_memory_cache.h), which strings cannot use (their
 // allocator is std::allocator's), so the planes and the agent take their large buffers here and
 // give them back once done with them: a ping-pong of frames then cycles through a few buffers
