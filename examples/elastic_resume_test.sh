@@ -14,7 +14,9 @@ shift 3
 rm -rf "$dir"
 mkdir -p "$dir/tmp"
 export TMPDIR="$dir/tmp"
-printf '#!/bin/sh\necho localhost:2\n' > "$dir/hosts.sh"
+# The host as Open MPI names it in its failure reports: this machine is never excluded, whichever
+# name the script gives it (before, this name excluded the only host and the job ended).
+printf '#!/bin/sh\necho %s:2\n' "$(hostname)" > "$dir/hosts.sh"
 chmod +x "$dir/hosts.sh"
 # run NAME FLAG...: the commits of each run in a folder of its own under SCRATCH_DIR (not
 # tuttirun's default under /tmp, which outlives the test).

@@ -6,8 +6,9 @@
 #   - the job exits with status 75 (tutti::elastic::kRelaunchExitCode): it stopped at a commit
 #     because tuttirun asked it to (below), or because Tutti's runtime stopped on an error;
 #   - Open MPI reports a rank killed by a signal or a host lost: the host is excluded from
-#     later launches until the discovery script drops it and lists it again (it was replaced);
-#     a rank that aborted or exited without finalizing is relaunched where it was.
+#     later launches until the discovery script drops it and lists it again (it was replaced),
+#     unless it is the machine tuttirun runs on, which was not lost; a rank that aborted or
+#     exited without finalizing is relaunched where it was.
 # A rank that died of SIGABRT (an uncaught exception, a failed assert; Tutti's runtime stops
 # with status 75 or MPI_Abort instead) or another non-zero status is the program's own error,
 # which a relaunch would repeat: the job ends with it, as Horovod's elastic mode resets on
@@ -52,6 +53,16 @@ PROGRAM_KIND = "program"
 # keeps the dumps that explain why (unset, every launch dumps to the one default folder).
 PER_LAUNCH_PATHS = ("TUTTI_TIMELINE", "TUTTI_AUTOTUNE_LOG", "TUTTI_FLIGHT_RECORDER_DIR",
                     "HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE_LOG", "HOROVOD_FLIGHT_RECORDER_DIR")
+
+
+def this_machine_names():
+    """The names this machine goes by: tuttirun runs here, so a rank killed here did not take
+    the machine with it, whatever Open MPI or the discovery script calls it."""
+    name = socket.gethostname()
+    names = {name, name.split(".")[0], "localhost", "127.0.0.1", "::1"}
+    with contextlib.suppress(OSError):
+        names.add(socket.getfqdn())
+    return names
 
 
 class ElasticError(Exception):
@@ -197,7 +208,7 @@ class ElasticDriver:
     parses one line of 'host[:slots]' entries, calling an entry `what` in its errors."""
 
     def __init__(self, args, environ, make_command, make_scanner, relay, parse_hosts,
-                 forward_sigint=True):
+                 forward_sigint=True, here=None):
         self.script = args.host_discovery_script
         self.min_np = args.min_np
         self.max_np = args.max_np
@@ -212,6 +223,9 @@ class ElasticDriver:
         self.parse_hosts = parse_hosts
         self.forward_sigint = forward_sigint
         self.excluded = {}  # host -> why
+        # Never excluded (this_machine_names()): on one machine a killed rank excluded the only
+        # host when the script named it as Open MPI does (`hostname`), and the job ended.
+        self.here = this_machine_names() if here is None else set(here)
         self.interrupted = None  # The signal the user sent us, if any.
         self.launch = None
         self.discovered = None  # The script's last list.
@@ -325,10 +339,15 @@ class ElasticDriver:
                 "which a relaunch would repeat: not relaunching")
             return False, False
         if failed:
-            blamed = [host for host in failed if scanner.kinds.get(host) in EXCLUDING_KINDS]
+            hit = [host for host in failed if scanner.kinds.get(host) in EXCLUDING_KINDS]
+            blamed = [host for host in hit if host not in self.here]
             for host in blamed:
                 self.excluded[host] = failed[host]
             excluded = f"; excluding {', '.join(blamed)}" if blamed else ""
+            kept = [host for host in hit if host in self.here]
+            if kept:
+                excluded += (f"; not excluding {', '.join(kept)}: tuttirun runs there, so it "
+                             "was not lost")
             log(f"launch {number} failed (status {code}): {detail}{excluded}")
             return True, True
         log(f"launch {number} failed with status {code}, the program's own error (no rank was "

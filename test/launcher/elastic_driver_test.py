@@ -15,6 +15,7 @@ import io
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -91,7 +92,7 @@ class DriverTest(unittest.TestCase):
         elastic_driver.log = self.saved_log
 
     def drive(self, cluster, actions, min_np=1, max_np=None, max_restarts=3, timeout=5.0,
-              num_proc=None):
+              num_proc=None, here=("tuttirun-host",)):
         args = argparse.Namespace(host_discovery_script=cluster.script, min_np=min_np,
                                   max_np=max_np, num_proc=num_proc, max_restarts=max_restarts,
                                   elastic_timeout=timeout, discovery_interval=0.1)
@@ -102,7 +103,7 @@ class DriverTest(unittest.TestCase):
 
         driver = elastic_driver.ElasticDriver(args, {"PATH": os.environ["PATH"]}, make_command,
                                               tuttirun.HostFailureScanner, tuttirun._relay,
-                                              tuttirun.parse_hosts)
+                                              tuttirun.parse_hosts, here=here)
         return driver.run()
 
     def logged(self, text):
@@ -123,6 +124,25 @@ class DriverTest(unittest.TestCase):
         self.assertTrue(self.logged("launch 1 failed (status 137): host b: rank 1 was killed by "
                                     "signal 9 (Killed); excluding b"), self.log)
         self.assertTrue(self.logged("relaunching (restart 1 of at most 3)"), self.log)
+
+    def test_a_rank_killed_on_tuttiruns_own_machine_does_not_exclude_it(self):
+        # One machine, its script printing the name Open MPI reports (`hostname`): excluding it
+        # left no host, and the job ended instead of relaunching.
+        cluster = Cluster("a:2")
+        self.addCleanup(cluster.remove)
+        code = self.drive(cluster, [["killed", "a", "9", "137"], ["exit", "0"]], min_np=2,
+                          here=("a",))
+        self.assertEqual(code, 0)
+        self.assertEqual(self.launches, [(2, "a:2"), (2, "a:2")])
+        self.assertTrue(self.logged("launch 1 failed (status 137): host a: rank 1 was killed by "
+                                    "signal 9 (Killed); not excluding a: tuttirun runs there, so "
+                                    "it was not lost"), self.log)
+        self.assertFalse(self.logged("excluding a;"), self.log)
+
+    def test_this_machine_goes_by_its_host_name_and_localhost(self):
+        names = elastic_driver.this_machine_names()
+        self.assertIn(socket.gethostname(), names)
+        self.assertIn("localhost", names)
 
     def test_max_restarts_0_means_none(self):
         cluster = Cluster("a:2,b:2")
