@@ -159,6 +159,9 @@ TUTTI_API void init_rpc(const std::string& name, RpcOptions options = {});
 // shutdown() yet.
 // Not graceful (local): stops now; this worker's pending calls fail with ShutDown, and the
 // other workers are told, so their calls to this worker fail with ShutDown instead of waiting.
+// Requests queued for this worker's pool are dropped; a function already running on it is
+// waited for (a thread cannot be stopped from outside; PyTorch's agent joins its pool too):
+// its own RPCs fail fast from then on, so only its own computation delays the return.
 // Once a worker has left that way the others cannot complete a graceful shutdown (it would wait
 // out a window without progress, above): they leave with shutdown(false) too.
 // tutti::shutdown() shuts RPC down gracefully first if the application has not.
