@@ -32,13 +32,13 @@ class Pool {
   }
 
   void give_back(std::string buffer, std::size_t limit) TUTTI_EXCLUDES(mutex_) {
-    const MutexLock lock(mutex_);
     const std::size_t room = buffer.capacity();
+    if (room > limit) return;  // Freed on return; the kept ones stay.
+    const MutexLock lock(mutex_);
     while (!kept_.empty() && (kept_.size() >= kMaxBuffers || kept_bytes_ + room > limit)) {
       kept_bytes_ -= kept_.front().capacity();
       kept_.pop_front();
     }
-    if (room > limit) return;  // Freed on return.
     kept_bytes_ += room;
     kept_.push_back(std::move(buffer));
   }

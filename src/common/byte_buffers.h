@@ -26,14 +26,15 @@ namespace tutti::detail {
 
 inline constexpr std::size_t kMaxBuffers = 4;
 
-// A string of `bytes` bytes (room for them, when it is to be cleared and written), its contents
-// unspecified: a kept buffer with room for `bytes` and at most a quarter more when there is one,
-// else a new one (zero-filled) with room up to the host memory cache's size class of `bytes`, so
-// that frames of nearly the same size share buffers.
+// A string of size `bytes`, its contents unspecified, for a caller that overwrites it whole (or
+// hands it to a ByteWriter, which empties it and keeps its room): a kept buffer with room for
+// `bytes` and at most a quarter more when there is one, else a new one (zero-filled) with room
+// up to the host memory cache's size class of `bytes`, so that frames of nearly the same size
+// share buffers.
 std::string take_byte_buffer(std::size_t bytes);
 
-// Keeps `buffer` for a later take_byte_buffer() if it is large and there is room, else frees it;
-// the oldest kept buffer goes first. Never throws.
+// Keeps `buffer` for a later take_byte_buffer() if it is large and no larger than the limit in
+// bytes, making room by freeing the oldest kept buffers; else frees it. Never throws.
 void give_back_byte_buffer(std::string buffer) noexcept;
 
 // Frees every kept buffer (shutdown()).

@@ -5,6 +5,7 @@
 // neither exits nor progresses. TUTTI_EXIT_GRACE_SECONDS must end the job.
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -20,7 +21,9 @@ int main() {
   try {
     tutti::allreduce(tutti::TensorView(v.data(), {4}), "never.matched");
   } catch (const tutti::Error& e) {
-    std::printf("rank %d: %s\n", tutti::rank(), e.what());
+    const std::string_view code = tutti::to_string(e.code());
+    std::printf("rank %d: %.*s: %s\n", tutti::rank(), static_cast<int>(code.size()), code.data(),
+                e.what());
   }
   return 0;  // No shutdown(): exit shuts Tutti down, then MPI_Finalize waits for the stuck rank.
 }

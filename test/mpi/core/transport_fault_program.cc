@@ -5,6 +5,7 @@
 // waits), so only Tutti's bound can end the job.
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -21,7 +22,9 @@ int main() {
     tutti::allreduce(tutti::TensorView(v.data(), {1 << 16}), "faulty.allreduce");
     std::printf("rank %d: allreduce returned\n", tutti::rank());
   } catch (const tutti::Error& e) {
-    std::printf("rank %d: %s\n", tutti::rank(), e.what());
+    const std::string_view code = tutti::to_string(e.code());
+    std::printf("rank %d: %.*s: %s\n", tutti::rank(), static_cast<int>(code.size()), code.data(),
+                e.what());
   }
   std::fflush(stdout);
   if (faulty) std::this_thread::sleep_for(std::chrono::seconds(600));
