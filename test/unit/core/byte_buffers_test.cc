@@ -20,17 +20,19 @@ using tutti::detail::kMaxBuffers;
 using tutti::detail::release_byte_buffers;
 using tutti::detail::take_byte_buffer;
 
-namespace {
+// A namespace of its own: the test build compiles this file in one unit with others (unity),
+// where another file's kMiB or CapacityForTest would clash.
+namespace byte_buffers_test {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 // Sets the capacity for one test case and leaves the pool empty and the cache off after it.
-struct CapacityForTest {
-  explicit CapacityForTest(std::size_t bytes) {
+struct PoolCapacityForTest {
+  explicit PoolCapacityForTest(std::size_t bytes) {
     release_byte_buffers();
     set_host_cache_capacity(bytes);
   }
-  ~CapacityForTest() {
+  ~PoolCapacityForTest() {
     set_host_cache_capacity(0);
     release_byte_buffers();
   }
@@ -47,10 +49,8 @@ const void* give_back_new(std::size_t bytes) {
   return data;
 }
 
-}  // namespace
-
 TEST_CASE("A buffer given back is taken again for a size it has room for", "[byte_buffers]") {
-  const CapacityForTest capacity(64 * kMiB);
+  const PoolCapacityForTest capacity(64 * kMiB);
   const void* data = give_back_new(4 * kMiB);
   CHECK(kept_byte_buffers() == 1);
   std::string again = take_byte_buffer(4 * kMiB - 100);  // A frame a few bytes shorter.
@@ -67,7 +67,7 @@ TEST_CASE("A buffer given back is taken again for a size it has room for", "[byt
 }
 
 TEST_CASE("A new buffer has the size asked for and room up to its size class", "[byte_buffers]") {
-  const CapacityForTest capacity(64 * kMiB);
+  const PoolCapacityForTest capacity(64 * kMiB);
   const std::string buffer = take_byte_buffer(4 * kMiB + 1);
   CHECK(buffer.size() == 4 * kMiB + 1);
   CHECK(buffer.capacity() >= 4 * kMiB + kMiB / 2);  // The next eighth of 4 MiB.
@@ -77,17 +77,17 @@ TEST_CASE("A new buffer has the size asked for and room up to its size class", "
 TEST_CASE("Buffers are kept only while the capacity allows, kMaxBuffers at most",
           "[byte_buffers]") {
   SECTION("capacity 0 keeps none") {
-    const CapacityForTest capacity(0);
+    const PoolCapacityForTest capacity(0);
     give_back_new(4 * kMiB);
     CHECK(kept_byte_buffers() == 0);
   }
   SECTION("small buffers are malloc's") {
-    const CapacityForTest capacity(64 * kMiB);
+    const PoolCapacityForTest capacity(64 * kMiB);
     give_back_new(kMinCachedBytes / 2);
     CHECK(kept_byte_buffers() == 0);
   }
   SECTION("the oldest leaves first past kMaxBuffers") {
-    const CapacityForTest capacity(64 * kMiB);
+    const PoolCapacityForTest capacity(64 * kMiB);
     give_back_new(1 * kMiB);
     for (std::size_t i = 1; i <= kMaxBuffers; ++i) give_back_new((i + 1) * kMiB);
     CHECK(kept_byte_buffers() == kMaxBuffers);
@@ -97,7 +97,7 @@ TEST_CASE("Buffers are kept only while the capacity allows, kMaxBuffers at most"
     CHECK(kept_byte_buffers() == kMaxBuffers - 1);
   }
   SECTION("past the capacity in bytes the oldest leaves") {
-    const CapacityForTest capacity(10 * kMiB);
+    const PoolCapacityForTest capacity(10 * kMiB);
     give_back_new(4 * kMiB);
     give_back_new(5 * kMiB);
     CHECK(kept_byte_buffers() == 2);
@@ -107,10 +107,12 @@ TEST_CASE("Buffers are kept only while the capacity allows, kMaxBuffers at most"
     CHECK(kept_byte_buffers() == 2);
   }
   SECTION("release frees them all") {
-    const CapacityForTest capacity(64 * kMiB);
+    const PoolCapacityForTest capacity(64 * kMiB);
     give_back_new(4 * kMiB);
     give_back_new(8 * kMiB);
     release_byte_buffers();
     CHECK(kept_byte_buffers() == 0);
   }
 }
+
+}  // namespace byte_buffers_test
