@@ -14,7 +14,7 @@
 //
 // Note [Large payloads]
 // P7 has only a 1 MiB tensor, and tensors of tens of MiB (a model's layer, a shard) went through
-// RPC 25-114x slower than raw MPI before their buffers were kept for reuse (Note [Byte buffers
+// RPC 15-114x slower than raw MPI before their buffers were kept for reuse (Note [Byte buffers
 // kept for reuse] in src/common/byte_buffers.h): what fresh memory costs shows only above
 // glibc's mapping threshold. Each size runs max(3, M / size in MiB) round trips after one
 // warm-up, then the raw ping-pong as many times.
