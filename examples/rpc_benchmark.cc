@@ -87,8 +87,8 @@ tutti::rpc::Message tensor_message(std::size_t bytes) {
           .bytes = {}};
 }
 
-// Note [Large payloads]. Collective over ranks 0 and 1.
-void sweep_sizes(int rank, int mb_iterations) {
+// Note [Large payloads]. Collective over ranks 0 and 1; the raw ping-pong on `comm`.
+void sweep_sizes(MPI_Comm comm, int rank, int mb_iterations) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   for (const std::size_t mib : {4, 16, 64}) {
     const std::size_t bytes = mib * kMiB;
@@ -100,11 +100,8 @@ void sweep_sizes(int rank, int mb_iterations) {
       rpc = median_us(time_rpc("w1", message, iterations));
     }
     tutti::barrier();
-    MPI_Comm comm = MPI_COMM_NULL;
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     time_raw(comm, rank, bytes, 1);
     const double raw = median_us(time_raw(comm, rank, bytes, iterations));
-    MPI_Comm_free(&comm);
     if (rank == 0) {
       std::printf("P7 sizes bytes=%zu rpc_us=%.0f raw_us=%.0f ratio=%.2f (median of %d)\n", bytes,
                   rpc, raw, rpc / raw, iterations);
@@ -161,7 +158,6 @@ int main(int argc, char** argv) {
   const double raw_empty = median_us(time_raw(comm, rank, 0, iterations));
   time_raw(comm, rank, kMiB, mb_iterations / 10 + 1);
   const double raw_mib = median_us(time_raw(comm, rank, kMiB, mb_iterations));
-  MPI_Comm_free(&comm);
   if (rank == 0) {
     std::printf(
         "P7 empty message: rpc_sync round trip %.1f us, raw MPI ping-pong %.1f us (median of %d)\n",
@@ -170,7 +166,8 @@ int main(int argc, char** argv) {
         "P7 1 MiB tensor:  rpc_sync round trip %.1f us, raw MPI ping-pong %.1f us (median of %d)\n",
         rpc_mib, raw_mib, mb_iterations);
   }
-  if (sweep) sweep_sizes(rank, mb_iterations);
+  if (sweep) sweep_sizes(comm, rank, mb_iterations);
+  MPI_Comm_free(&comm);
   if (rank == 0) {
     std::printf("P7 rpc_us=%.1f raw_us=%.1f mb_ratio=%.2f\n", rpc_empty, raw_empty,
                 rpc_mib / raw_mib);
