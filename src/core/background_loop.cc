@@ -19,6 +19,9 @@ using std::chrono::microseconds;
 // While an application thread runs the cycles, the loop looks in this often anyway (a stop
 // request; a stream of overlapping drivers): Note [A waiting thread runs the cycle].
 constexpr microseconds kDrivenWatch{1000};
+// Else a driving thread that starts point-to-point ops during a nap of the busy loop would wake
+// it (Note [A wake left to the loop's next look] in execution/p2p_engine.h).
+static_assert(P2PEngine::kLookWithin >= kBusyCap);
 // The coordinator waits this long for every rank's last message.
 constexpr std::chrono::seconds kShutdownAnswerTimeout{10};
 
@@ -137,6 +140,10 @@ std::optional<Status> BackgroundLoop::step(const std::atomic<bool>& stop_request
   // Read only by an idle loop's cap: not worked out between the polls of a busy one.
   facts.messages_may_wait = facts.queue_empty && !facts.p2p_busy && messages_may_wait();
   *pause = idle_pause(facts);
+  // Says when this loop looks next, and naps shorter if a driving thread has meanwhile started
+  // point-to-point ops without waking it (Note [A wake left to the loop's next look] in
+  // execution/p2p_engine.h).
+  pause->nap = parts_.p2p.before_pause(now, pause->nap);
   // Only the idle coordinator's naps (no op of its own in flight) go past kBusyCap, and only
   // they are rung: shorter ones end soon anyway, and each ring costs the sender a system call.
   if (pause->nap > kBusyCap && parts_.plane.rung_here()) {

@@ -119,6 +119,9 @@ Status P2PEngine::progress(Clock::time_point now, bool* did_work) {
   // Held: an application thread is running a step (Note [A waiting thread drives
   // point-to-point]).
   if (!mutex_.try_lock()) return Status();
+  // This step sees what driving threads left to it; the loop's naps after it are short while
+  // any of it is in flight (busy()).
+  left_to_loop_.store(false, std::memory_order_relaxed);
   if (failed_.ok()) failed_ = step(now, did_work);
   Status status = failed_;
   mutex_.unlock();
@@ -145,8 +148,14 @@ void P2PEngine::step_on_app_thread(const Entry* own) {
                  str_cat("point-to-point progress on an application thread failed: ", e.what()));
     }
     // The loop may be asleep, not knowing of the ops this step started (perhaps other
-    // threads' ops) that are still in flight (Note [Waking the loop for point-to-point]).
-    if (!failed_.ok() || (started_ && needs_polling(own))) wake_loop_();
+    // threads' ops) that are still in flight (Note [Waking the loop for point-to-point]),
+    // unless it looks soon anyway (Note [A wake left to the loop's next look]).
+    if (!failed_.ok()) {
+      wake_loop_();
+    } else if (started_ && needs_polling(own)) {
+      left_to_loop_.store(true);  // Before next_look_ is read: before_pause() reads the two.
+      if (!loop_looks_soon()) wake_loop_();
+    }
   }
   mutex_.unlock();
 }
@@ -154,6 +163,21 @@ void P2PEngine::step_on_app_thread(const Entry* own) {
 void P2PEngine::hand_back() {
   detail::MutexLock lock(mutex_);
   if (!finished_) wake_loop_();
+}
+
+std::chrono::microseconds P2PEngine::before_pause(Clock::time_point now,
+                                                  std::chrono::microseconds nap) {
+  // See Note [A wake left to the loop's next look]: the announcement, then left_to_loop_, in this
+  // order.
+  next_look_.store((now + nap).time_since_epoch().count());
+  if (nap <= kLookWithin || !left_to_loop_.load()) return nap;
+  next_look_.store((now + kLookWithin).time_since_epoch().count());
+  return kLookWithin;
+}
+
+bool P2PEngine::loop_looks_soon() const {
+  // left_to_loop_ was stored before this load, in sequential consistency.
+  return next_look_.load() <= (Clock::now() + kLookWithin).time_since_epoch().count();
 }
 
 bool P2PEngine::needs_polling(const Entry* own) const {

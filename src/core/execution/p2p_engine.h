@@ -87,7 +87,37 @@
 // (examples/BENCHMARK_LOG.md, fifty-seventh round). (Owing the wake instead, paid after the wait
 // if anything still needed polling, woke the loop after each send of P6's pattern for the
 // irecv() posted before it, which the loop already watched: 64 KB in that pattern took 28.5-32.6
-// us against 20.3-26.5 before.)
+// us against 20.3-26.5 before.) Nor is the loop woken where it looks soon anyway (next Note).
+//
+// Note [A wake left to the loop's next look]
+// In P6's own pattern (irecv(), then send(), then a wait on the receive) the receive's submission
+// woke the loop for a message above kInlineBytes, which moves only while this rank polls if nobody
+// waits on it. But its thread was about to wait on it: the loop, woken on the core the thread spins
+// on, took turns with it, and 4-64 KB took 1.5-3.8x raw MPI (fifty-seventh round of
+// examples/BENCHMARK_LOG.md). A probe that never woke the loop took 1.46x at 4 KB and 1.17x at 64
+// KB, and left an op nobody waits on to the loop's next look, up to 100 ms away. What the op needs
+// is a look soon, not a wake-up now. So the loop says, each time it pauses, when it runs its next
+// cycle at the latest (before_pause(): the end of its nap, or now when it only yields), and a
+// driving thread that started such ops wakes it only if that is more than kLookWithin away (an idle
+// job's nap, up to 100 ms). A loop with ops in flight naps at most kBusyCap (idle_policy.h), which
+// kLookWithin covers, so a stream of such ops does not wake it, and an op nobody waits on still has
+// the loop look within 200 us, then poll it as any op in flight. The race: the loop decides a long
+// nap while no op is in flight, and a driving thread starts one before the loop lies down. Each
+// side stores, then reads the other's word in sequential consistency (the loop its announcement,
+// then left_to_loop_; the thread left_to_loop_, then next_look_), so at least one of them sees the
+// other: the thread the long nap (it wakes the loop), or the loop the op left to it (it naps
+// kLookWithin at most). The flag is set only for ops that need polling, and cleared by the loop's
+// own step, which then sees them in flight: a first version read busy_ instead, and cut the loop's
+// naps for any op, small receives included, which raised the CPU of P6's 1-float ping-pong from
+// 3.0-3.3 us a round trip to 3.4-3.7 (most likely as its loop woke every 200 us instead of every 10
+// ms; not counted). While an application thread runs the loop's cycles (Note [A waiting thread runs
+// the cycle] in loop_driver.h) nothing is announced: those cycles poll point-to-point too, and a
+// wake does not end that sleep anyway (it lasts up to 1 ms, kDrivenWatch in background_loop.cc).
+// p2p_benchmark --sweep-sizes, P6's pattern, the 2-core AMD EPYC VM (family 26; two ranks, each
+// bound to a core it shares with its communication thread), six alternated pairs, against raw
+// MPI: 4 KB 1.51-3.47x before, 1.44-1.53x after; 64 KB 1.30-2.75x before, 1.18-1.26x after;
+// blocking send/recv, 1-16 MB and P6 alike either way (examples/BENCHMARK_LOG.md, fifty-ninth
+// round).
 #pragma once
 
 #include <atomic>
@@ -96,6 +126,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -191,6 +222,14 @@ class P2PEngine final : public detail::Driver {
   void drive_before_wait(const Entry& own) TUTTI_EXCLUDES(mutex_);
   // Wakes the communication thread, which polls for the op a thread stopped driving.
   void hand_back() override TUTTI_EXCLUDES(mutex_);
+  // Communication thread, about to pause for `nap` (0: it runs its next cycle at once): says
+  // when it looks next, and returns the nap to take: `nap`, or kLookWithin if that is shorter
+  // and a driving thread has, since the loop's last step, started ops that need polling,
+  // counting on a look within kLookWithin (Note [A wake left to the loop's next look]).
+  std::chrono::microseconds before_pause(Clock::time_point now, std::chrono::microseconds nap);
+  // A driving thread that starts ops needing polling does not wake the loop if the loop looks
+  // within this anyway (Note [A wake left to the loop's next look]).
+  static constexpr std::chrono::microseconds kLookWithin{200};
   // Communication thread, as process set `set_id` is removed: fails its queued ops and its
   // receives that no message has reached yet with `status`. Transfers under way finish.
   void fail_set(int set_id, const Status& status) TUTTI_EXCLUDES(mutex_);
@@ -255,6 +294,16 @@ class P2PEngine final : public detail::Driver {
   bool finished_ TUTTI_GUARDED_BY(mutex_) = false;
   bool started_ TUTTI_GUARDED_BY(mutex_) = false;  // The last step took ops from the queue.
   std::atomic<bool> busy_{false};  // waiting_ or active_ non-empty, as of the last step.
+  // A driving thread started ops that need polling and did not wake the loop, counting on its
+  // next look; cleared by the loop's own step. Stored and read in sequential consistency beside
+  // next_look_ (Note [A wake left to the loop's next look]).
+  std::atomic<bool> left_to_loop_{false};
+  // When the communication thread runs its next cycle at the latest, as nanoseconds on Clock:
+  // the end of its nap, or the start of its next cycle (before_pause()). Never, until its first
+  // pause says: a driving thread wakes it until then.
+  std::atomic<std::int64_t> next_look_{std::numeric_limits<std::int64_t>::max()};
+  // Whether the communication thread's next look is due within kLookWithin of now.
+  bool loop_looks_soon() const;
 };
 
 }  // namespace tutti::core

@@ -15,7 +15,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -100,6 +102,61 @@ TEST_CASE("a 64 MB message pipelined by MPI moves at plain MPI's pace", "[p2p][f
                             << " round trips of 64 MB; bound " << bound << " s");
   CHECK(all_ranks(intact));
   CHECK(all_ranks(world_rank() != 0 || best_tutti <= bound));
+}
+
+// A receive that no thread waits on or polls moves only through the communication thread:
+// Open MPI hands over the payload (a message of its own, pipelined here) only while both ends
+// poll. A driving thread that starts such a receive wakes the loop unless the loop looks within
+// P2PEngine::kLookWithin anyway (Note [A wake left to the loop's next look] in
+// src/core/execution/p2p_engine.h): once with rank 1's loop in an idle job's long nap (it must
+// be woken), once while another receive of its own keeps it in short ones (it is not woken, and
+// must look by itself). Rank 1 sleeps outside Tutti for 0.3 s (times TEST_TIME_SCALE) after
+// posting the receive; rank 0's blocking send must end within a tenth of that (it took 0.4-1.8 ms
+// here; with no wake at all, 68-100 ms in the idle case, the loop's nap, and it failed there).
+TEST_CASE("a receive nobody waits on still takes its message", "[p2p][flow]") {
+  if (world_size() < 2) return;
+  constexpr std::int64_t kCount = 1 << 18;  // 1 MB: dozens of fragments.
+  const auto asleep = std::chrono::duration<double>(0.3 * time_scale());
+  Session session;
+  std::vector<float> out(static_cast<std::size_t>(kCount));
+  for (std::int64_t i = 0; i < kCount; ++i) out[static_cast<std::size_t>(i)] = 0.5f * i;
+  for (const bool loop_idle : {true, false}) {
+    std::vector<float> in(out.size(), -1.0f);
+    float other = -1.0f;  // The other receive (rank 0 sends it last).
+    std::optional<Handle> received, pending;
+    if (loop_idle) {
+      // An idle job's nap grows to its longest after 0.8 s (Note [Quiet naps]).
+      std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    }
+    if (world_rank() == 1) {
+      if (!loop_idle) {
+        pending = irecv(TensorView(&other, {1}), 0, 9);
+        // Past the loop's nap from before (up to 10 ms): its naps are short from here on.
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      received = irecv(TensorView(in.data(), {kCount}), 0, 8);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    double send_seconds = 0.0;
+    if (world_rank() == 0) {
+      const Clock::time_point start = Clock::now();
+      send(TensorView(out.data(), {kCount}), 1, 8);
+      send_seconds = seconds_since(start);
+      if (!loop_idle) {
+        float one = 1.0f;
+        send(TensorView(&one, {1}), 1, 9);
+      }
+    } else if (world_rank() == 1) {
+      std::this_thread::sleep_for(asleep);
+      received->wait();
+      if (pending) pending->wait();
+    }
+    INFO((loop_idle ? "an idle loop" : "a busy loop")
+         << ": rank 0's send took " << send_seconds << " s; rank 1 slept " << asleep.count()
+         << " s");
+    CHECK(all_ranks(world_rank() != 0 || send_seconds < asleep.count() / 10));
+    CHECK(all_ranks(world_rank() != 1 || (in == out && (loop_idle || other == 1.0f))));
+  }
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // P2PEngine's sharing between threads (Note [A waiting thread drives point-to-point] in
 // src/core/execution/p2p_engine.h), on a scripted channel: a driving thread starts and completes
 // ops and wakes the loop only for what stays in flight and moves only while polled (Note [Waking
-// the loop for point-to-point]), and not for the op of a thread that waits on it at once; its
+// the loop for point-to-point]), and not for the op of a thread that waits on it at once, nor
+// when the loop looks within kLookWithin anyway (Note [A wake left to the loop's next look]); its
 // errors reach the loop's progress();
 // the loop skips a step while another thread runs one; finish() first completes what already
 // arrived or finished (Note [Settling at the end]); nothing is driven after finish().
@@ -213,6 +214,52 @@ TEST_CASE("A driven step that leaves a large receive waiting wakes the loop once
   // Later steps start nothing new: the loop already knows.
   f.engine->drive();
   CHECK(f.script.header_probes == 2);
+  CHECK(f.wakes == 1);
+  f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
+  CHECK(receive->wait().code() == ErrorCode::ShutDown);
+}
+
+TEST_CASE("A driven step leaves a large receive to a loop that looks within kLookWithin", "[p2p]") {
+  // Note [A wake left to the loop's next look].
+  using std::chrono::microseconds;
+  const auto large = static_cast<std::int64_t>(P2PEngine::kInlineBytes / sizeof(float)) + 1;
+  Fixture f;
+  const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
+  // A small receive needs no look: the loop keeps a long nap it decided on before it.
+  std::shared_ptr<detail::OpState> small = f.push(false);
+  f.engine->drive();
+  CHECK(f.engine->before_pause(now, microseconds(100000)) == microseconds(100000));
+  // A nap within kLookWithin is taken as asked.
+  CHECK(f.engine->before_pause(now, microseconds(100)) == microseconds(100));
+  std::shared_ptr<detail::OpState> first = f.push(false, large);
+  f.engine->drive();
+  CHECK(f.engine->busy());
+  CHECK(f.wakes == 0);  // Its nap ends within kLookWithin: no wake-up.
+  // The loop lies down for longer meanwhile (it decided before the op came): it naps
+  // kLookWithin at most, and says so.
+  CHECK(f.engine->before_pause(now, microseconds(100000)) == P2PEngine::kLookWithin);
+  std::shared_ptr<detail::OpState> second = f.push(false, large);
+  f.engine->drive();
+  CHECK(f.wakes == 0);
+  // The loop's own step sees them in flight (its idle policy keeps its naps short from then on).
+  bool did_work = false;
+  CHECK(f.engine->progress(std::chrono::steady_clock::now(), &did_work).ok());
+  CHECK(f.engine->before_pause(now, microseconds(100000)) == microseconds(100000));
+  f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
+  CHECK(small->wait().code() == ErrorCode::ShutDown);
+  CHECK(first->wait().code() == ErrorCode::ShutDown);
+  CHECK(second->wait().code() == ErrorCode::ShutDown);
+}
+
+TEST_CASE("A driven step wakes a loop whose nap ends past kLookWithin", "[p2p]") {
+  using std::chrono::microseconds;
+  Fixture f;
+  // An idle loop's long nap, said before the op (nothing in flight: it keeps the whole nap).
+  CHECK(f.engine->before_pause(std::chrono::steady_clock::now(), microseconds(100000)) ==
+        microseconds(100000));
+  std::shared_ptr<detail::OpState> receive =
+      f.push(false, static_cast<std::int64_t>(P2PEngine::kInlineBytes / sizeof(float)) + 1);
+  f.engine->drive();
   CHECK(f.wakes == 1);
   f.engine->finish(Status(ErrorCode::ShutDown, "test over"));
   CHECK(receive->wait().code() == ErrorCode::ShutDown);
