@@ -94,10 +94,10 @@
 // woke the loop for a message above kInlineBytes, which moves only while this rank polls if nobody
 // waits on it. But its thread was about to wait on it: the loop, woken on the core the thread spins
 // on, took turns with it, and 4-64 KB took 1.5-3.8x raw MPI (fifty-seventh round of
-// examples/BENCHMARK_LOG.md). A probe that never woke the loop took 1.46x at 4 KB and 1.17x at 64
-// KB, and left an op nobody waits on to the loop's next look, up to 100 ms away. What the op needs
-// is a look soon, not a wake-up now. So the loop says, each time it pauses, when it runs its next
-// cycle at the latest (before_pause(): the end of its nap, or now when it only yields), and a
+// examples/BENCHMARK_LOG.md). A probe that never woke the loop took 1.46x at 4 KB and 1.17x at
+// 64 KB, and left an op nobody waits on to the loop's next look, up to 100 ms away. What the op
+// needs is a look soon, not a wake-up now. So the loop says, each time it pauses, when it runs its
+// next cycle at the latest (before_pause(): the end of its nap, or now when it only yields), and a
 // driving thread that started such ops wakes it only if that is more than kLookWithin away (an idle
 // job's nap, up to 100 ms). A loop with ops in flight naps at most kBusyCap (idle_policy.h), which
 // kLookWithin covers, so a stream of such ops does not wake it, and an op nobody waits on still has
@@ -109,15 +109,14 @@
 // kLookWithin at most). The flag is set only for ops that need polling, and cleared by the loop's
 // own step, which then sees them in flight: a first version read busy_ instead, and cut the loop's
 // naps for any op, small receives included, which raised the CPU of P6's 1-float ping-pong from
-// 3.0-3.3 us a round trip to 3.4-3.7 (most likely as its loop woke every 200 us instead of every 10
-// ms; not counted). While an application thread runs the loop's cycles (Note [A waiting thread runs
-// the cycle] in loop_driver.h) nothing is announced: those cycles poll point-to-point too, and a
-// wake does not end that sleep anyway (it lasts up to 1 ms, kDrivenWatch in background_loop.cc).
+// 3.0-3.3 us a round trip to 3.4-3.7 (most likely as its loop woke every 200 us instead of every
+// 10 ms; not counted). While an application thread runs the loop's cycles (Note [A waiting thread
+// runs the cycle] in loop_driver.h) nothing is announced: those cycles poll point-to-point too, and
+// a wake does not end that sleep anyway (it lasts up to 1 ms, kDrivenWatch in background_loop.cc).
 // p2p_benchmark --sweep-sizes, P6's pattern, the 2-core AMD EPYC VM (family 26; two ranks, each
-// bound to a core it shares with its communication thread), six alternated pairs, against raw
-// MPI: 4 KB 1.51-3.47x before, 1.44-1.53x after; 64 KB 1.30-2.75x before, 1.18-1.26x after;
-// blocking send/recv, 1-16 MB and P6 alike either way (examples/BENCHMARK_LOG.md, fifty-ninth
-// round).
+// bound to a core it shares with its communication thread), six alternated pairs, against raw MPI:
+// 4 KB 1.51-3.47x before, 1.44-1.53x after; 64 KB 1.30-2.75x before, 1.18-1.26x after; blocking
+// send/recv, 1-16 MB and P6 alike either way (examples/BENCHMARK_LOG.md, fifty-ninth round).
 #pragma once
 
 #include <atomic>
