@@ -227,11 +227,12 @@ TEST_CASE("the timeline stays valid when restarted while threads record", "[time
   TempDir dir;
   core::Timeline timeline;
   std::atomic<bool> done{false};
+  std::atomic<int> iterations{0};  // Finished by all threads together.
   constexpr int kThreads = 4;
   std::vector<std::thread> threads;
   threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&timeline, &done, t] {
+    threads.emplace_back([&timeline, &done, &iterations, t] {
       // Spans cut by a restart: their B in one file, their E dropped or in the next one.
       for (int i = 0; !done.load(); ++i) {
         const std::string name = "t" + std::to_string(t) + "." + std::to_string(i % 50);
@@ -241,6 +242,7 @@ TEST_CASE("the timeline stays valid when restarted while threads record", "[time
         timeline.op_start(name, "ALLREDUCE", "float32", "[1]");
         timeline.activity_start(name, "MPI_ALLREDUCE");
         timeline.op_end(name, "OK");
+        iterations.fetch_add(1);
       }
     });
   }
@@ -248,7 +250,17 @@ TEST_CASE("the timeline stays valid when restarted while threads record", "[time
   for (int round = 0; round < 5; ++round) {
     paths.push_back(dir.file("trace" + std::to_string(round) + ".json"));
     REQUIRE(timeline.start(paths.back(), round % 2 == 0).ok());
+    // At least 20 ms, and until some thread has run a whole iteration inside this round: after
+    // kThreads + 1 more, one thread finished two, the second begun after start() returned. A
+    // fixed 20 ms alone let a loaded machine (the ASan build beside the other builds) record
+    // nothing in a round.
+    const int before = iterations.load();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (iterations.load() < before + kThreads + 1 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   timeline.stop();
   done.store(true);
