@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
@@ -46,16 +47,14 @@ constexpr char kUsage[] =
     "usage: p2p_benchmark [--iterations N] [--mb-iterations M] [--sweep-sizes]\n";
 constexpr std::int64_t kMaxIterations = 1'000'000;
 
-double median(std::vector<double> samples) {
+// The value `tenths` tenths of `samples` lie below (5: the median).
+double tenths_point(std::vector<double> samples, std::size_t tenths) {
   std::sort(samples.begin(), samples.end());
-  return samples.empty() ? 0 : samples[samples.size() / 2];
+  return samples.empty() ? 0 : samples[samples.size() * tenths / 10];
 }
 
-// The value a tenth of `samples` lie above.
-double p90(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  return samples.empty() ? 0 : samples[samples.size() * 9 / 10];
-}
+double median(std::vector<double> samples) { return tenths_point(std::move(samples), 5); }
+double p90(std::vector<double> samples) { return tenths_point(std::move(samples), 9); }
 
 double mean(const std::vector<double>& samples) {
   double sum = 0;
